@@ -1,0 +1,19 @@
+"""Op rules, one module per op family; importing this package fills the registry."""
+
+from . import (  # noqa: F401  (imported for their registrations)
+    conv_pool,
+    control,
+    detection,
+    elementwise,
+    indexing,
+    linalg,
+    normalization,
+    reduce,
+    resize,
+    rnn,
+    shape_ops,
+)
+from .context import EvalContext, InferContext
+from .registry import REGISTRY, OpRule, define, lookup
+
+__all__ = ["EvalContext", "InferContext", "OpRule", "REGISTRY", "define", "lookup"]
