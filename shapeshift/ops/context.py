@@ -49,11 +49,19 @@ class InferContext(_NodeView):
     """The view of a node that a type rule gets."""
 
     def __init__(self, node: Node, opset: int, symbols: SymbolTable,
-                 input_types: Optional[Sequence[Optional[ValueType]]] = None):
+                 input_types: Optional[Sequence[Optional[ValueType]]] = None,
+                 infer_subgraph: Optional[Callable[[Graph, list], list]] = None):
         super().__init__(node, opset)
         self.symbols = symbols
         self._input_types = input_types
+        self._infer_subgraph = infer_subgraph
         self.output_contents: dict[int, tuple] = {}
+
+    def infer_subgraph(self, graph: Graph, input_types: list) -> list:
+        """Type the body ``graph`` given its input types; returns its output types."""
+        if self._infer_subgraph is None:
+            return [v.type for v in graph.outputs]
+        return self._infer_subgraph(graph, input_types)
 
     def input_type(self, index: int) -> Optional[ValueType]:
         """The type of input ``index``; None if the input is absent or untyped."""

@@ -1,3 +1,152 @@
-"""(being written)"""
-def delegated_rule(domain, op_type, opset):
+"""Rules for ops outside our own tables, delegated to the onnx package.
+
+Evaluation goes to onnx's reference implementation (``onnx.reference``) and
+static type inference to ``onnx.shape_inference.infer_node_outputs``.  Only ops
+that shapeshift does not define itself land here; every op of the project's
+required list has its own rule (see docs/ops.md).  Delegated type inference
+sees only static information, so symbolic dims become fresh symbols.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..frontend.attributes import make_attribute
+from ..ir.types import OptionalType, SequenceType, TensorType, ValueType
+from ..symbolic import Expr
+from .registry import OpRule
+
+
+@lru_cache(maxsize=None)
+def _reference_class(domain: str, op_type: str, opset: int):
+    from onnx.reference.ops import load_op
+
+    try:
+        return load_op(domain, op_type, opset)
+    except Exception:  # noqa: BLE001 - any failure means "not available"
+        return None
+
+
+def _has_schema(domain: str, op_type: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, opset, domain)
+        return True
+    except Exception:  # noqa: BLE001 - onnx raises SchemaError
+        return False
+
+
+def delegated_rule(domain: str, op_type: str, opset: int) -> Optional[OpRule]:
+    """A rule backed by the onnx package, or None when onnx does not know the op."""
+    if domain == "ai.onnx":
+        domain = ""
+    if _reference_class(domain, op_type, opset) is None:
+        return None
+    return OpRule(op_type, _infer, _evaluate, domain, 1, (), delegated=True)
+
+
+def _node_proto(node, opset: int) -> onnx.NodeProto:
+    inputs = [v.name if v is not None else "" for v in node.inputs]
+    outputs = [v.name for v in node.outputs]
+    proto = helper.make_node(node.op_type, inputs, outputs, domain=node.domain, name=node.name)
+    for name, value in node.attrs.items():
+        if any(hasattr(v, "nodes") for v in (value if isinstance(value, list) else [value])):
+            from ..frontend.onnx_export import graph_to_proto
+
+            proto.attribute.append(make_attribute(name, value, node.attr_types.get(name), graph_to_proto))
+        else:
+            proto.attribute.append(make_attribute(name, value, node.attr_types.get(name)))
+    return proto
+
+
+def _evaluate(ctx, *inputs):
+    node = ctx.node
+    cls = _reference_class(node.domain, node.op_type, ctx.opset)
+    proto = _node_proto(node, ctx.opset)
+    run_params = {"log": lambda *a: None, "opsets": {node.domain: ctx.opset}, "verbose": 0, "new_ops": None}
+    op = cls(proto, run_params)
+    results = op.run(*inputs)
+    if not isinstance(results, (tuple, list)):
+        results = (results,)
+    return [np.asarray(r) if isinstance(r, np.generic) else r for r in results]
+
+
+# -- type inference through onnx.shape_inference ----------------------------------
+
+
+def _type_to_proto(t: Optional[ValueType]) -> onnx.TypeProto:
+    proto = onnx.TypeProto()
+    if isinstance(t, TensorType):
+        proto.tensor_type.elem_type = t.dtype
+        if t.shape is not None:
+            shape = proto.tensor_type.shape
+            shape.SetInParent()
+            for d in t.shape:
+                dim = shape.dim.add()
+                if isinstance(d, Expr):
+                    dim.dim_param = str(d)
+                else:
+                    dim.dim_value = int(d)
+    elif isinstance(t, SequenceType):
+        proto.sequence_type.elem_type.CopyFrom(_type_to_proto(t.elem))
+    elif isinstance(t, OptionalType):
+        proto.optional_type.elem_type.CopyFrom(_type_to_proto(t.elem))
+    return proto
+
+
+def type_from_proto(proto: onnx.TypeProto, dim_of=None) -> Optional[ValueType]:
+    """Convert a TypeProto; ``dim_of(dim_proto)`` maps a symbolic dim to a Dim."""
+    kind = proto.WhichOneof("value")
+    if kind == "tensor_type":
+        tt = proto.tensor_type
+        if not tt.HasField("shape"):
+            return TensorType(tt.elem_type, None)
+        dims = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif dim_of is not None:
+                dims.append(dim_of(d))
+            else:
+                return TensorType(tt.elem_type, None)
+        return TensorType(tt.elem_type, tuple(dims))
+    if kind == "sequence_type":
+        return SequenceType(type_from_proto(proto.sequence_type.elem_type, dim_of))
+    if kind == "optional_type":
+        return OptionalType(type_from_proto(proto.optional_type.elem_type, dim_of))
     return None
+
+
+def _infer(ctx):
+    node = ctx.node
+    proto = _node_proto(node, ctx.opset)
+    input_types = {}
+    initializers = {}
+    for i, value in enumerate(node.inputs):
+        if value is None:
+            continue
+        input_types[value.name] = _type_to_proto(ctx.input_type(i))
+        if value.const is not None and value.const.size <= 4096:
+            try:
+                initializers[value.name] = onnx.numpy_helper.from_array(value.const, value.name)
+            except Exception:  # noqa: BLE001 - exotic contents: infer without them
+                pass
+    try:
+        inferred = onnx.shape_inference.infer_node_outputs(
+            onnx.defs.get_schema(node.op_type, ctx.opset, node.domain), proto, input_types,
+            initializers, opset_imports=[helper.make_opsetid(node.domain, ctx.opset)])
+    except Exception:  # noqa: BLE001 - delegated inference failing means "unknown"
+        return [None] * ctx.num_outputs
+    fresh = {}
+
+    def dim_of(d):
+        key = d.dim_param or id(d)
+        if key not in fresh:
+            fresh[key] = ctx.fresh_dim()
+        return fresh[key]
+
+    return [type_from_proto(inferred[v.name], dim_of) if v.name in inferred else None for v in node.outputs]

@@ -1,0 +1,29 @@
+"""shapeshift: a compiler for neural networks whose tensor shapes change at run time."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import onnx
+
+from .errors import ShapeshiftError
+from .frontend.onnx_import import ModelSource, import_model
+from .ir.graph import Graph
+from .runtime.session import InferenceSession
+
+__version__ = "0.1.0"
+
+
+def load(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None) -> Graph:
+    """Import an ONNX model (path, bytes or ModelProto) into a typed Graph."""
+    return import_model(model, dict(dynamic or {}))
+
+
+def to_onnx(graph: Graph) -> onnx.ModelProto:
+    """Export a Graph back to an ONNX ModelProto."""
+    from .frontend.onnx_export import export_model
+
+    return export_model(graph)
+
+
+__all__ = ["Graph", "InferenceSession", "ShapeshiftError", "load", "to_onnx", "__version__"]

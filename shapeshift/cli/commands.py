@@ -1,0 +1,129 @@
+"""The bodies of the CLI subcommands; each takes the parsed arguments."""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..errors import InputError, ModelLoadError, ShapeshiftError
+from ..frontend.onnx_import import import_model, read_model, unsupported_ops
+from ..ir.graph import Graph
+from ..ir.types import TensorType, dtype_name
+from ..ops.registry import REGISTRY
+from ..runtime.session import InferenceSession
+from .feeds import random_feed
+
+
+def _shape_text(value_info: onnx.ValueInfoProto) -> str:
+    """A value's type exactly as the model names it (dim_param text kept)."""
+    t = value_info.type
+    if t.HasField("tensor_type"):
+        tt = t.tensor_type
+        name = dtype_name(tt.elem_type)
+        if not tt.HasField("shape"):
+            return f"{name}[?]"
+        dims = [d.dim_param if d.dim_param else (str(d.dim_value) if d.HasField("dim_value") else "?")
+                for d in tt.shape.dim]
+        return f"{name}[{', '.join(dims)}]"
+    return t.WhichOneof("value") or "?"
+
+
+def _op_histogram(graph: Graph) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+    for node in graph.walk_nodes():
+        counts[f"{node.domain}::{node.op_type}" if node.domain else node.op_type] += 1
+    return counts
+
+
+def cmd_info(args) -> int:
+    model = read_model(args.model)
+    graph = import_model(model, args.dynamic, check=False)
+    unsupported = unsupported_ops(model)
+    initializers = {t.name for t in model.graph.initializer}
+    opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in graph.opset.items())
+    print(f"model:   {args.model}")
+    print(f"opset:   {opsets}   (IR version {model.ir_version}, producer {model.producer_name or '?'} "
+          f"{model.producer_version})")
+    print("inputs:")
+    for vi in model.graph.input:
+        if vi.name not in initializers:
+            print(f"  {vi.name}: {_shape_text(vi)}")
+    print("outputs:")
+    by_name = {v.name: v for v in graph.outputs}
+    for vi in model.graph.output:
+        inferred = by_name.get(vi.name)
+        extra = f"   (inferred {inferred.type})" if inferred is not None and inferred.type is not None else ""
+        print(f"  {vi.name}: {_shape_text(vi)}{extra}")
+    counts = _op_histogram(graph)
+    print(f"nodes:   {sum(counts.values())} (including subgraphs), {len(graph.initializers)} initializers")
+    print("ops:")
+    for op, count in counts.most_common():
+        print(f"  {op:<28} {count}")
+    delegated = sorted(op for op in counts if (("", op) not in REGISTRY and "::" not in op))
+    listed = ", ".join(f"{op} x{n}" for op, n in sorted(unsupported.items()))
+    print(f"unsupported ops: {listed or 'none'}")
+    if delegated:
+        print(f"evaluated through onnx.reference: {', '.join(delegated)}")
+    warnings = graph.metadata.get("inference_warnings") or []
+    for warning in warnings[:10]:
+        print(f"warning: {warning}")
+    return 0
+
+
+def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
+    feed = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--input {spec!r}: expected NAME=FILE.npy")
+        if not os.path.exists(path):
+            raise InputError(f"--input {name}: {path}: no such file")
+        try:
+            feed[name] = np.load(path, allow_pickle=False)
+        except Exception as exc:  # noqa: BLE001 - numpy raises several kinds
+            raise InputError(f"--input {name}: {path}: not a .npy array ({type(exc).__name__}: {exc})") from None
+    return feed
+
+
+def cmd_run(args) -> int:
+    session = InferenceSession(args.model, dynamic=args.dynamic)
+    feed = _load_inputs(args.input)
+    missing = [v for v in session.graph.inputs if v.name not in feed]
+    if missing and not args.random:
+        raise InputError(f"no value for input(s) {', '.join(repr(v.name) for v in missing)}; "
+                         f"pass --input NAME=FILE.npy or --random")
+    if missing:
+        feed.update(random_feed(session.graph, missing, args.dynamic, np.random.default_rng(args.seed), given=feed))
+    for name, array in feed.items():
+        print(f"input  {name}: {array.dtype}{list(array.shape)}")
+    start = time.perf_counter()
+    outputs = session.run(None, feed)
+    elapsed = time.perf_counter() - start
+    for value, array in zip(session.graph.outputs, outputs):
+        print(f"output {value.name}: {_summary(array)}")
+    print(f"ran in {elapsed * 1000:.1f} ms on the {session.backend} backend")
+    if args.save:
+        out_dir = Path(args.save)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for value, array in zip(session.graph.outputs, outputs):
+            np.save(out_dir / f"{_safe(value.name)}.npy", np.asarray(array))
+    return 0
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def _summary(array) -> str:
+    if not isinstance(array, np.ndarray):
+        return f"{type(array).__name__}"
+    head = f"{array.dtype}{list(array.shape)}"
+    if array.size == 0 or array.dtype.kind not in "biufc":
+        return head
+    data = array.astype(np.float64)
+    return f"{head} min {data.min():.4g} max {data.max():.4g} mean {data.mean():.4g}"

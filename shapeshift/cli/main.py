@@ -1,0 +1,72 @@
+"""The ``shapeshift`` command line: info, run.
+
+Every failure the user can cause (a bad model, a bad input file, a wrong
+feed) is a ShapeshiftError: it is printed as one line on stderr and the
+command exits with status 2, never with a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from ..errors import ShapeshiftError
+from .commands import cmd_info, cmd_run
+
+EXIT_USER_ERROR = 2
+
+
+class UsageError(ShapeshiftError):
+    """A command-line argument could not be understood."""
+
+
+def parse_range(text: str) -> tuple[str, tuple[int, int]]:
+    """``seq=1:512`` -> ("seq", (1, 512)); ``seq=8`` fixes the symbol to 8."""
+    name, sep, bounds = text.partition("=")
+    lo_text, colon, hi_text = bounds.partition(":")
+    try:
+        lo = int(lo_text)
+        hi = int(hi_text) if colon else lo
+    except ValueError:
+        raise UsageError(f"--dynamic {text!r}: expected SYMBOL=LO:HI with integer bounds") from None
+    if not sep or not name or lo > hi or lo < 0:
+        raise UsageError(f"--dynamic {text!r}: expected SYMBOL=LO:HI with 0 <= LO <= HI")
+    return name, (lo, hi)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shapeshift", description="A compiler for dynamic-shape neural networks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="describe a model: opset, inputs, outputs, op histogram")
+    info.add_argument("model")
+    info.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
+    info.set_defaults(handler=cmd_info)
+
+    run = sub.add_parser("run", help="run a model on given or random inputs")
+    run.add_argument("model")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    run.add_argument("--random", action="store_true", help="feed random inputs for any input not given")
+    run.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--save", metavar="DIR", help="write each output as DIR/NAME.npy")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.dynamic = dict(parse_range(t) for t in args.dynamic)
+        return args.handler(args) or 0
+    except ShapeshiftError as exc:
+        print(f"shapeshift {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

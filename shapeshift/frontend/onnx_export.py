@@ -1,0 +1,113 @@
+"""Export the graph IR back to an ONNX ModelProto.
+
+Symbolic dims are written as ``dim_param`` text (``seq``, ``past_seq + seq``);
+unknown dims and ranks are left out.  Inputs, outputs, initializers, node
+attributes and nested subgraphs are written as the importer read them; the
+opset imports, IR version and producer of the imported model are kept.
+Outputs of a node that nothing reads and that are not graph outputs keep the
+empty name ONNX uses for "not requested".
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..ir.graph import Graph, Value
+from ..ir.types import OptionalType, SequenceType, TensorType, ValueType
+from ..symbolic import Expr, to_string
+from .attributes import make_attribute
+
+#: The IR version written when the graph was not imported from a model.
+DEFAULT_IR_VERSION = 10
+
+
+def type_proto(t: Optional[ValueType]) -> onnx.TypeProto:
+    proto = onnx.TypeProto()
+    if isinstance(t, TensorType):
+        proto.tensor_type.elem_type = t.dtype
+        if t.shape is not None:
+            proto.tensor_type.shape.SetInParent()
+            for d in t.shape:
+                dim = proto.tensor_type.shape.dim.add()
+                if isinstance(d, Expr):
+                    dim.dim_param = to_string(d)
+                else:
+                    dim.dim_value = int(d)
+    elif isinstance(t, SequenceType):
+        proto.sequence_type.elem_type.CopyFrom(type_proto(t.elem))
+    elif isinstance(t, OptionalType):
+        proto.optional_type.elem_type.CopyFrom(type_proto(t.elem))
+    return proto
+
+
+def _value_info(value: Value) -> onnx.ValueInfoProto:
+    info = onnx.ValueInfoProto(name=value.name)
+    if value.type is not None:
+        info.type.CopyFrom(type_proto(value.type))
+    if value.doc:
+        info.doc_string = value.doc
+    return info
+
+
+def _tensor(value: Value) -> onnx.TensorProto:
+    array = value.const
+    if array.dtype == object:
+        tensor = helper.make_tensor(value.name, onnx.TensorProto.STRING, array.shape,
+                                    [s if isinstance(s, bytes) else str(s).encode() for s in array.reshape(-1)])
+    else:
+        tensor = numpy_helper.from_array(np.asarray(array), value.name)
+    return tensor
+
+
+def graph_to_proto(graph: Graph) -> onnx.GraphProto:
+    proto = onnx.GraphProto(name=graph.name, doc_string=graph.doc)
+    outputs = {id(v) for v in graph.outputs}
+    for value in graph.inputs:
+        proto.input.append(_value_info(value))
+    for value in graph.initializers.values():
+        proto.initializer.append(_tensor(value))
+    for node in graph.nodes:
+        node_proto = onnx.NodeProto(op_type=node.op_type, domain=node.domain, name=node.name, doc_string=node.doc)
+        node_proto.input.extend("" if v is None else v.name for v in node.inputs)
+        node_proto.output.extend(
+            v.name if (v.users or id(v) in outputs or _read_by_outer_output(v, graph)) else "" for v in node.outputs)
+        for name, value in node.attrs.items():
+            node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name), graph_to_proto))
+        proto.node.append(node_proto)
+    for value in graph.outputs:
+        proto.output.append(_value_info(value))
+    return proto
+
+
+def _read_by_outer_output(value: Value, graph: Graph) -> bool:
+    return any(value is out for g in _ancestors(graph) for out in g.outputs)
+
+
+def _ancestors(graph: Graph):
+    while graph is not None:
+        yield graph
+        graph = graph.parent
+
+
+def export_model(graph: Graph) -> onnx.ModelProto:
+    """A ModelProto for ``graph`` (a root graph)."""
+    meta = graph.metadata
+    opsets = meta.get("opset_imports") or graph.opset
+    model = helper.make_model(
+        graph_to_proto(graph),
+        opset_imports=[helper.make_opsetid(domain, version) for domain, version in opsets.items()],
+        producer_name=meta.get("producer_name") or "shapeshift",
+        producer_version=meta.get("producer_version") or "",
+    )
+    model.ir_version = meta.get("ir_version") or DEFAULT_IR_VERSION
+    if meta.get("doc_string"):
+        model.doc_string = meta["doc_string"]
+    if meta.get("model_version"):
+        model.model_version = meta["model_version"]
+    for key, value in (meta.get("metadata_props") or {}).items():
+        model.metadata_props.add(key=key, value=value)
+    return model

@@ -1,0 +1,264 @@
+"""Import ONNX models into the graph IR.
+
+Accepts a path, serialized bytes or a ModelProto.  Named dynamic dims
+(``dim_param``) become symbols (a dim_param that reads as an expression, such
+as ``past_seq+seq``, becomes that expression); unnamed dynamic dims get fresh
+symbols.  Model-local functions are inlined.  Every op of every (sub)graph is
+checked against the registry first, so an unsupported model fails with one
+error naming all of its unsupported ops.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import onnx
+from onnx import numpy_helper
+
+from ..errors import ExpressionError, ModelLoadError, UnsupportedModelError
+from ..ir.graph import Graph, Node, SymbolTable, Value
+from ..ops import lookup
+from ..ops.delegated import type_from_proto
+from ..passes.infer_types import infer_types
+from ..symbolic import Dim, free_symbols, parse_dim, substitute
+from .attributes import attribute_value
+
+ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
+
+#: The oldest default-domain opset we accept (the ONNX backend tests go back to 1).
+MIN_OPSET = 1
+
+
+def read_model(source: ModelSource) -> onnx.ModelProto:
+    """Load a ModelProto with its external data; errors name the file."""
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, (bytes, bytearray)):
+        model = onnx.ModelProto()
+        try:
+            model.ParseFromString(bytes(source))
+        except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError and others
+            raise ModelLoadError(f"the given bytes are not an ONNX model ({type(exc).__name__}: {exc})") from None
+        if not model.graph.node and not model.graph.output and not model.opset_import:
+            raise ModelLoadError("the given bytes are not an ONNX model (no graph, no opset)")
+        return model
+    path = Path(source)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX model")
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"{path}: external data file missing ({exc.filename or exc})") from None
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not model.graph.node and not model.graph.output and not model.opset_import:
+        raise ModelLoadError(f"{path}: not an ONNX model (no graph, no opset)")
+    return model
+
+
+def _default_opset(model: onnx.ModelProto) -> dict[str, int]:
+    opsets = {}
+    for entry in model.opset_import:
+        opsets["" if entry.domain == "ai.onnx" else entry.domain] = int(entry.version)
+    if not opsets:
+        opsets[""] = 1  # IR versions before opset_import existed default to opset 1
+    return opsets
+
+
+def check_opset(model: onnx.ModelProto, source_label: str = "model") -> None:
+    """Refuse default-domain opsets the installed onnx does not define."""
+    opsets = _default_opset(model)
+    latest = onnx.defs.onnx_opset_version()
+    default = opsets.get("")
+    if default is not None and not MIN_OPSET <= default <= latest:
+        raise UnsupportedModelError(
+            f"{source_label}: default-domain opset {default} is not supported (supported: {MIN_OPSET} to {latest})")
+
+
+def check_supported(model: onnx.ModelProto, source_label: str = "model") -> None:
+    """Raise one UnsupportedModelError listing every unsupported op or domain."""
+    missing = unsupported_ops(model)
+    if missing:
+        listed = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
+        raise UnsupportedModelError(f"{source_label}: unsupported ops: {listed}")
+
+
+def unsupported_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """Every op (with its count) that neither our tables nor onnx.reference can run."""
+    opsets = _default_opset(model)
+    missing: dict[str, int] = {}
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            version = opsets.get(domain)
+            label = f"{domain}::{node.op_type}" if domain else node.op_type
+            if version is None:
+                missing[f"{label} (domain {domain!r} not imported)"] = missing.get(label, 0) + 1
+            elif lookup(domain, node.op_type, version) is None:
+                missing[label] = missing.get(label, 0) + 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    visit(model.graph)
+    return missing
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, symbols: SymbolTable):
+        self.model = model
+        self.symbols = symbols
+        self.opsets = _default_opset(model)
+
+    # -- dims and types ------------------------------------------------------
+    def dim(self, d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> Dim:
+        if d.HasField("dim_value"):
+            return int(d.dim_value)
+        if d.dim_param:
+            return self.named_dim(d.dim_param)
+        return self.symbols.fresh(f"{_sanitize(owner)}_dim{axis}", 1)
+
+    def named_dim(self, name: str) -> Dim:
+        """A dim_param: a symbol, or an expression when it reads as one (``past_seq+seq``)."""
+        if name in self.symbols.ranges or name.isidentifier():
+            return self.symbols.get(name)
+        try:
+            return substitute_symbols(parse_dim(name), self.symbols)
+        except ExpressionError:
+            return self.symbols.get(name)
+
+    def value_type(self, proto: onnx.TypeProto, owner: str):
+        counter = iter(range(10**6))
+        return type_from_proto(proto, lambda d: self.dim(d, owner, next(counter)))
+
+    # -- graphs ----------------------------------------------------------------
+    def graph(self, proto: onnx.GraphProto, parent: Optional[Graph], scope: dict[str, Value]) -> Graph:
+        graph = Graph(proto.name or "graph", parent=parent, opset=self.opsets, symbols=self.symbols)
+        graph.doc = proto.doc_string
+        scope = dict(scope)
+        declared = {vi.name: vi for vi in list(proto.value_info) + list(proto.output)}
+        initializer_names = {t.name for t in proto.initializer} | {t.values.name for t in proto.sparse_initializer}
+        for tensor in proto.initializer:
+            value = graph.add_initializer(tensor.name, numpy_helper.to_array(tensor))
+            _expect_name(value, tensor.name)
+            scope[tensor.name] = value
+        for sparse in proto.sparse_initializer:
+            dense = numpy_helper.to_array(onnx.helper.make_tensor(
+                sparse.values.name, sparse.values.data_type, list(sparse.dims),
+                _densify(sparse).reshape(-1).tolist()))
+            scope[sparse.values.name] = graph.add_initializer(sparse.values.name, dense)
+        for vi in proto.input:
+            if vi.name in initializer_names:
+                continue  # old IR versions list initializers among inputs too
+            value = graph.add_input(vi.name, self.value_type(vi.type, vi.name))
+            _expect_name(value, vi.name)
+            scope[vi.name] = value
+        for node_proto in proto.node:
+            node = self.node(node_proto, graph, scope)
+            for out_name, value in zip(node_proto.output, node.outputs):
+                if out_name:
+                    scope[out_name] = value
+                    if out_name in declared:
+                        value.type = self.value_type(declared[out_name].type, out_name)
+        for vi in proto.output:
+            value = scope.get(vi.name)
+            if value is None:
+                raise ModelLoadError(f"graph {graph.name!r}: output {vi.name!r} is never produced")
+            if value.type is None or value.producer is None:
+                value.type = value.type or self.value_type(vi.type, vi.name)
+            graph.outputs.append(value)
+        return graph
+
+    def node(self, proto: onnx.NodeProto, graph: Graph, scope: dict[str, Value]) -> Node:
+        inputs = []
+        for name in proto.input:
+            if not name:
+                inputs.append(None)
+                continue
+            value = scope.get(name)
+            if value is None:
+                raise ModelLoadError(
+                    f"node {proto.name or proto.op_type!r} ({proto.op_type}) reads {name!r}, which is not defined before it")
+            inputs.append(value)
+        names = [n if n else graph.fresh_name(f"{proto.name or proto.op_type}_unused") for n in proto.output]
+        node = graph.add_node(proto.op_type, inputs, len(proto.output), domain=proto.domain,
+                              name=proto.name, output_names=names)
+        for value, name in zip(node.outputs, proto.output):
+            if name:
+                _expect_name(value, name)
+        node.doc = proto.doc_string
+        for attr in proto.attribute:
+            node.attrs[attr.name] = attribute_value(attr, lambda g: self.graph(g, graph, scope))
+            node.attr_types[attr.name] = attr.type
+        return node
+
+
+def _densify(sparse: onnx.SparseTensorProto):
+    import numpy as np
+
+    values = numpy_helper.to_array(sparse.values)
+    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    indices = numpy_helper.to_array(sparse.indices)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def _expect_name(value: Value, name: str) -> None:
+    if value.name != name:
+        raise ModelLoadError(f"the name {name!r} is defined twice in the model (SSA violated)")
+
+
+def _sanitize(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_") or "dim"
+
+
+def substitute_symbols(dim: Dim, symbols: SymbolTable) -> Dim:
+    """Rebuild a parsed expression over the table's symbols (with their ranges)."""
+    return substitute(dim, {name: symbols.get(name) for name in free_symbols(dim)})
+
+
+def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int]]] = None,
+                 infer: bool = True, check: bool = True) -> Graph:
+    """Read and import a model; types are inferred unless ``infer`` is False.
+
+    With ``check=False`` a model with unsupported ops still imports (for
+    ``shapeshift info``); those nodes are left untyped.
+    """
+    label = str(source) if isinstance(source, (str, os.PathLike)) else "model"
+    model = read_model(source)
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"{label}: cannot inline model-local functions ({exc})") from None
+    check_opset(model, label)
+    if check:
+        check_supported(model, label)
+    symbols = SymbolTable({k: (int(lo), int(hi)) for k, (lo, hi) in (dynamic or {}).items()})
+    try:
+        graph = _Importer(model, symbols).graph(model.graph, None, {})
+    except RecursionError:
+        raise ModelLoadError(f"{label}: graph nesting too deep") from None
+    graph.metadata.update(
+        ir_version=model.ir_version,
+        producer_name=model.producer_name,
+        producer_version=model.producer_version,
+        model_version=model.model_version,
+        doc_string=model.doc_string,
+        metadata_props={p.key: p.value for p in model.metadata_props},
+        opset_imports=dict(graph.opset),
+        source=label,
+    )
+    if infer:
+        infer_types(graph)
+    return graph

@@ -1,0 +1,1 @@
+"""Passes over the graph IR."""

@@ -1,0 +1,67 @@
+"""Whole-graph type inference: run every node's type rule in topological order.
+
+Types flow into subgraphs (If branches, Loop and Scan bodies) through the
+control-flow rules, which call back into :func:`infer_graph`.  A rule that
+raises anything but ShapeInferenceError is a bug in that rule; rather than
+crash the import, the node's outputs keep the types the model declared and a
+warning is recorded in ``graph.metadata["inference_warnings"]``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import ShapeInferenceError
+from ..ir.graph import Graph, Node
+from ..ir.types import TensorType, ValueType
+from ..ops import lookup
+from ..ops.context import InferContext
+
+
+def infer_types(graph: Graph) -> list[str]:
+    """Type every value of ``graph`` (and its subgraphs); returns the warnings."""
+    warnings: list[str] = graph.root.metadata.setdefault("inference_warnings", [])
+    infer_graph(graph)
+    return warnings
+
+
+def infer_graph(graph: Graph, input_types: Optional[list] = None) -> list:
+    """Type ``graph``'s nodes, with its inputs retyped first when given."""
+    if input_types is not None:
+        for value, t in zip(graph.inputs, input_types):
+            if t is not None:
+                value.type = t
+    for node in graph.nodes:
+        infer_node(node)
+    return [v.type for v in graph.outputs]
+
+
+def infer_node(node: Node) -> None:
+    graph = node.graph
+    opset = graph.opset.get("" if node.domain == "ai.onnx" else node.domain, 1)
+    rule = lookup(node.domain, node.op_type, opset)
+    if rule is None:
+        return
+    ctx = InferContext(node, opset, graph.symbols, infer_subgraph=lambda g, types: infer_graph(g, types))
+    try:
+        types = list(rule.infer(ctx))
+    except ShapeInferenceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - see module docstring
+        graph.root.metadata.setdefault("inference_warnings", []).append(
+            f"{node.describe()}: type rule failed ({type(exc).__name__}: {exc}); kept declared types")
+        return
+    for index, out in enumerate(node.outputs):
+        inferred = types[index] if index < len(types) else None
+        out.type = _prefer(inferred, out.type)
+        out.shape_contents = ctx.output_contents.get(index)
+
+
+def _prefer(inferred: Optional[ValueType], declared: Optional[ValueType]) -> Optional[ValueType]:
+    """The inferred type, unless the model declared something strictly more precise."""
+    if inferred is None:
+        return declared
+    if (isinstance(inferred, TensorType) and inferred.shape is None and isinstance(declared, TensorType)
+            and declared.shape is not None and declared.dtype == inferred.dtype):
+        return declared
+    return inferred

@@ -1,0 +1,1 @@
+"""Running graphs: feed checking, symbol binding and the executors."""

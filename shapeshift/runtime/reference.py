@@ -1,0 +1,114 @@
+"""The reference executor: interprets the graph node by node with the NumPy evaluators.
+
+It is the ground truth of shapeshift's own semantics (onnxruntime is the
+external one) and the fallback for anything not compiled.  Values live in one
+flat dict keyed by Value objects: every Value is defined in exactly one place,
+so subgraph values simply overwrite themselves on each iteration.  Values are
+dropped after their last use in each graph so large models do not hold every
+intermediate at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExecutionError, ShapeshiftError
+from ..ir.graph import Graph, Node, Value
+from ..ops import lookup
+from ..ops.context import EvalContext
+
+
+class _GraphPlan:
+    """Per-graph precomputation: each node's rule and the values it frees."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.steps: list[tuple[Node, Any, int, list[Value]]] = []
+        position = {id(node): i for i, node in enumerate(graph.nodes)}
+        last_use: dict[int, int] = {}
+        for i, node in enumerate(graph.nodes):
+            for value in _reads(node):
+                last_use[id(value)] = i
+        keep = {id(v) for v in graph.outputs}
+        frees: dict[int, list[Value]] = {}
+        owned = [v for n in graph.nodes for v in n.outputs]
+        for value in owned:
+            if id(value) in keep:
+                continue
+            frees.setdefault(last_use.get(id(value), position[id(value.producer)]), []).append(value)
+        for i, node in enumerate(graph.nodes):
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            opset = graph.opset.get(domain, 1)
+            rule = lookup(domain, node.op_type, opset)
+            if rule is None:
+                raise ExecutionError(f"{node.describe()}: no evaluator for {node.op_type} at opset {opset}")
+            self.steps.append((node, rule, opset, frees.get(i, [])))
+
+
+def _reads(node: Node) -> list[Value]:
+    """Values a node reads, including outer values read inside its subgraphs."""
+    values = [v for v in node.inputs if v is not None]
+    for sub in node.subgraphs():
+        for inner in sub.walk_nodes():
+            values.extend(v for v in inner.inputs if v is not None)
+        values.extend(sub.outputs)
+    return values
+
+
+class ReferenceExecutor:
+    """Runs a Graph on NumPy arrays."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._plans: dict[int, _GraphPlan] = {}
+
+    def _plan(self, graph: Graph) -> _GraphPlan:
+        plan = self._plans.get(id(graph))
+        if plan is None:
+            plan = self._plans[id(graph)] = _GraphPlan(graph)
+        return plan
+
+    def run(self, feeds: dict[Value, Any]) -> list:
+        env: dict[Value, Any] = {}
+        for value in self.graph.initializers.values():
+            env[value] = value.const
+        env.update(feeds)
+        return self._run_graph(self.graph, env)
+
+    def _run_subgraph(self, env: dict, graph: Graph, inputs: list) -> list:
+        for value in graph.initializers.values():
+            env[value] = value.const
+        for value, data in zip(graph.inputs, inputs):
+            env[value] = data
+        return self._run_graph(graph, env)
+
+    def _run_graph(self, graph: Graph, env: dict) -> list:
+        plan = self._plan(graph)
+        for node, rule, opset, frees in plan.steps:
+            args = [None if v is None else env[v] for v in node.inputs]
+            ctx = EvalContext(node, opset, lambda g, ins: self._run_subgraph(env, g, ins))
+            try:
+                results = rule.evaluate(ctx, *args)
+            except ShapeshiftError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported with the node's name
+                raise ExecutionError(f"{node.describe()} failed: {type(exc).__name__}: {exc}") from exc
+            if len(results) < len(node.outputs):
+                raise ExecutionError(
+                    f"{node.describe()}: evaluator returned {len(results)} outputs, node has {len(node.outputs)}")
+            for value, result in zip(node.outputs, results):
+                env[value] = result
+            for value in frees:
+                env.pop(value, None)
+        return [env[v] for v in graph.outputs]
+
+
+def as_feed_array(value: Any) -> Any:
+    """Turn Python scalars/lists into arrays; leave arrays, lists of arrays and None."""
+    if isinstance(value, np.ndarray) or value is None:
+        return value
+    if isinstance(value, list) and all(isinstance(v, np.ndarray) for v in value):
+        return value
+    return np.asarray(value)

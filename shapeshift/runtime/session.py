@@ -1,0 +1,75 @@
+"""InferenceSession: onnxruntime's calling convention over shapeshift's executors.
+
+``InferenceSession(model, dynamic=None, backend="reference").run(None, feed)``
+checks the feed (see binding.py), runs the graph and returns a list of arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from ..errors import ShapeshiftError, UnknownOutputError
+from ..frontend.onnx_import import ModelSource, import_model
+from ..ir.graph import Graph, Value
+from ..ir.types import OptionalType, SequenceType, TensorType, ort_type_name
+from ..symbolic import Expr, to_string
+from .binding import check_feed
+from .reference import ReferenceExecutor, as_feed_array
+
+BACKENDS = ("reference",)
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """What get_inputs()/get_outputs() return, shaped like onnxruntime's NodeArg."""
+
+    name: str
+    shape: Optional[list]
+    type: str
+
+
+def _node_arg(value: Value) -> NodeArg:
+    t = value.type
+    if isinstance(t, TensorType):
+        shape = None if t.shape is None else [to_string(d) if isinstance(d, Expr) else int(d) for d in t.shape]
+        return NodeArg(value.name, shape, ort_type_name(t.dtype))
+    if isinstance(t, SequenceType):
+        return NodeArg(value.name, None, f"seq({ort_type_name(t.elem.dtype) if isinstance(t.elem, TensorType) else '?'})")
+    if isinstance(t, OptionalType):
+        return NodeArg(value.name, None, "optional")
+    return NodeArg(value.name, None, "unknown")
+
+
+class InferenceSession:
+    """Load a model once, run it on any input shapes inside the declared ranges."""
+
+    def __init__(self, model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
+                 backend: str = "reference"):
+        if backend not in BACKENDS:
+            raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+        self.backend = backend
+        self.graph: Graph = import_model(model, dict(dynamic or {}))
+        self._executor = ReferenceExecutor(self.graph)
+        self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(v) for v in self.graph.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(v) for v in self.graph.outputs]
+
+    def bind(self, feed: Mapping[str, Any]) -> dict[str, int]:
+        """The value of every input symbol for this feed (after checking it)."""
+        return check_feed(self.graph, {k: as_feed_array(v) for k, v in feed.items()})[1]
+
+    def run(self, output_names: Optional[Sequence[str]], feed: Mapping[str, Any], run_options: Any = None) -> list:
+        wanted = list(output_names) if output_names else list(self._outputs)
+        unknown = [n for n in wanted if n not in self._outputs]
+        if unknown:
+            raise UnknownOutputError(
+                f"unknown output name(s) {', '.join(map(repr, unknown))}; the model's outputs are "
+                f"{', '.join(map(repr, self._outputs))}")
+        values, _ = check_feed(self.graph, {k: as_feed_array(v) for k, v in feed.items()})
+        results = self._executor.run(values)
+        return [results[self._outputs[n]] for n in wanted]
