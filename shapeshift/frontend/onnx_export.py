@@ -10,6 +10,7 @@ empty name ONNX uses for "not requested".
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -74,13 +75,26 @@ def graph_to_proto(graph: Graph) -> onnx.GraphProto:
         node_proto = onnx.NodeProto(op_type=node.op_type, domain=node.domain, name=node.name, doc_string=node.doc)
         node_proto.input.extend("" if v is None else v.name for v in node.inputs)
         node_proto.output.extend(
-            v.name if (v.users or id(v) in outputs or _read_by_outer_output(v, graph)) else "" for v in node.outputs)
+            v.name if (v.users or id(v) in outputs or _read_by_outer_output(v, graph)
+                       or not _output_optional(node.domain, node.op_type, graph.opset.get(node.domain, 1), i))
+            else "" for i, v in enumerate(node.outputs))
         for name, value in node.attrs.items():
             node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name), graph_to_proto))
         proto.node.append(node_proto)
     for value in graph.outputs:
         proto.output.append(_value_info(value))
     return proto
+
+
+@lru_cache(maxsize=None)
+def _output_optional(domain: str, op_type: str, opset: int, index: int) -> bool:
+    """True when the op's schema lets output ``index`` be left unnamed."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # noqa: BLE001 - unknown schema: keep every name
+        return False
+    formal = schema.outputs[min(index, len(schema.outputs) - 1)] if schema.outputs else None
+    return formal is not None and formal.option == onnx.defs.OpSchema.FormalParameterOption.Optional
 
 
 def _read_by_outer_output(value: Value, graph: Graph) -> bool:

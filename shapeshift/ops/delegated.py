@@ -24,10 +24,21 @@ from .registry import OpRule
 
 @lru_cache(maxsize=None)
 def _reference_class(domain: str, op_type: str, opset: int):
-    from onnx.reference.ops import load_op
-
+    """onnx.reference's class for the op; each domain has its own loader."""
     try:
-        return load_op(domain, op_type, opset)
+        if domain == "ai.onnx.ml":
+            from onnx.reference.ops.aionnxml import load_op as load_ml_op
+
+            return load_ml_op(domain, op_type, opset)
+        if domain == "ai.onnx.preview.training":
+            from onnx.reference.ops.aionnx_preview_training import load_op as load_training_op
+
+            return load_training_op(domain, op_type, opset)
+        from onnx.reference import ReferenceEvaluator
+        from onnx.reference.ops import load_op
+
+        # evaluator_cls lets ops with bodies (SequenceMap) run them.
+        return load_op(domain, op_type, opset, evaluator_cls=ReferenceEvaluator)
     except Exception:  # noqa: BLE001 - any failure means "not available"
         return None
 
@@ -72,7 +83,18 @@ def _evaluate(ctx, *inputs):
     results = op.run(*inputs)
     if not isinstance(results, (tuple, list)):
         results = (results,)
-    return [np.asarray(r) if isinstance(r, np.generic) else r for r in results]
+    return [_normalize(r) for r in results]
+
+
+def _normalize(result):
+    """NumPy scalars become arrays; text arrays use object dtype like ONNX strings."""
+    if isinstance(result, np.generic):
+        result = np.asarray(result)
+    if isinstance(result, np.ndarray) and result.dtype.kind in "US":
+        result = result.astype(object)
+    if isinstance(result, list):
+        return [_normalize(r) for r in result]
+    return result
 
 
 # -- type inference through onnx.shape_inference ----------------------------------
@@ -141,12 +163,19 @@ def _infer(ctx):
             initializers, opset_imports=[helper.make_opsetid(node.domain, ctx.opset)])
     except Exception:  # noqa: BLE001 - delegated inference failing means "unknown"
         return [None] * ctx.num_outputs
-    fresh = {}
+    # Symbolic input dims travel as dim_param text; map the text back to them.
+    named: dict[str, object] = {}
+    for i in range(ctx.num_inputs):
+        t = ctx.input_type(i)
+        if isinstance(t, TensorType) and t.shape is not None:
+            named.update((str(d), d) for d in t.shape if isinstance(d, Expr))
 
     def dim_of(d):
-        key = d.dim_param or id(d)
-        if key not in fresh:
-            fresh[key] = ctx.fresh_dim()
-        return fresh[key]
+        # A dim_param names one unknown shared by several dims; an empty one is its own.
+        if not d.dim_param:
+            return ctx.fresh_dim()
+        if d.dim_param not in named:
+            named[d.dim_param] = ctx.fresh_dim()
+        return named[d.dim_param]
 
     return [type_from_proto(inferred[v.name], dim_of) if v.name in inferred else None for v in node.outputs]

@@ -1,0 +1,247 @@
+"""The ONNX backend node test cases run through shapeshift, stage by stage.
+
+Cases come from the installed onnx package, collected in memory
+(``onnx.backend.test.case.node.collect_testcases``).  Each case goes through:
+
+* ``roundtrip``: import -> export; the export passes ``check_model(full_check=True)``
+  and gives the expected outputs in onnxruntime (or, for ops onnxruntime lacks,
+  in onnx's reference evaluator);
+* ``types``: every inferred output type equals the expected output's dtype and
+  shape exactly;
+* ``reference``: InferenceSession(backend="reference") gives the expected outputs.
+
+A case is *counted* when its opset is at most 23 and none of its tensors is
+bfloat16, float8, float4, int4 or uint4; the others are run and reported.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import onnx
+
+STAGES = ("roundtrip", "types", "reference")
+MAX_COUNTED_OPSET = 23
+
+
+def _exotic_types() -> set[int]:
+    names = ["BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4", "INT4",
+             "FLOAT4E2M1", "FLOAT8E8M0", "INT2", "UINT2"]
+    return {getattr(onnx.TensorProto, n) for n in names if hasattr(onnx.TensorProto, n)}
+
+
+EXOTIC = _exotic_types()
+
+
+@dataclass
+class CaseResult:
+    name: str
+    op_type: str
+    opset: int
+    counted: bool
+    failures: dict[str, str] = field(default_factory=dict)  # stage -> reason
+
+    def passed(self, stage: str) -> bool:
+        return stage not in self.failures
+
+
+def collect_cases() -> list:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sorted(collect_testcases(), key=lambda c: c.name)
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    return max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [1])
+
+
+def _elem_types(t: onnx.TypeProto):
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        yield t.tensor_type.elem_type
+    elif kind == "sequence_type":
+        yield from _elem_types(t.sequence_type.elem_type)
+    elif kind == "optional_type":
+        yield from _elem_types(t.optional_type.elem_type)
+
+
+def uses_exotic_types(model: onnx.ModelProto) -> bool:
+    def walk(graph: onnx.GraphProto) -> bool:
+        for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            if set(_elem_types(vi.type)) & EXOTIC:
+                return True
+        if any(t.data_type in EXOTIC for t in graph.initializer):
+            return True
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.name == "to" and attr.i in EXOTIC:
+                    return True
+                if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in EXOTIC:
+                    return True
+                if attr.type == onnx.AttributeProto.GRAPH and walk(attr.g):
+                    return True
+        return False
+
+    return walk(model.graph)
+
+
+def is_counted(model: onnx.ModelProto) -> bool:
+    return model_opset(model) <= MAX_COUNTED_OPSET and not uses_exotic_types(model)
+
+
+def case_op_type(case) -> str:
+    nodes = case.model.graph.node
+    return nodes[0].op_type if len(nodes) == 1 else case.name.replace("test_", "").split("_")[0]
+
+
+def _feed(model: onnx.ModelProto, inputs: list) -> dict[str, Any]:
+    initializers = {t.name for t in model.graph.initializer}
+    names = [vi.name for vi in model.graph.input if vi.name not in initializers]
+    return dict(zip(names, inputs))
+
+
+# -- comparing outputs --------------------------------------------------------------
+
+
+def assert_outputs_equal(got: list, expected: list, rtol: float, atol: float) -> None:
+    if len(got) != len(expected):
+        raise AssertionError(f"{len(got)} outputs, expected {len(expected)}")
+    for i, (g, e) in enumerate(zip(got, expected)):
+        _assert_value_equal(g, e, rtol, atol, f"output {i}")
+
+
+def _assert_value_equal(got: Any, expected: Any, rtol: float, atol: float, where: str) -> None:
+    if isinstance(expected, list):
+        if not isinstance(got, list) or len(got) != len(expected):
+            raise AssertionError(f"{where}: expected a sequence of {len(expected)}, got {type(got).__name__}")
+        for j, (g, e) in enumerate(zip(got, expected)):
+            _assert_value_equal(g, e, rtol, atol, f"{where}[{j}]")
+        return
+    if expected is None:
+        if got is not None:
+            raise AssertionError(f"{where}: expected an empty optional")
+        return
+    expected = np.asarray(expected)
+    got = np.asarray(got)
+    if got.dtype != expected.dtype:
+        raise AssertionError(f"{where}: dtype {got.dtype}, expected {expected.dtype}")
+    if got.shape != expected.shape:
+        raise AssertionError(f"{where}: shape {got.shape}, expected {expected.shape}")
+    if expected.dtype.kind in "fc":
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True, err_msg=where)
+    else:
+        np.testing.assert_array_equal(got, expected, err_msg=where)
+
+
+# -- the stages ------------------------------------------------------------------------
+
+
+def _run_onnxruntime(model: onnx.ModelProto, feed: dict) -> list:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feed)
+
+
+def _run_onnx_reference(model: onnx.ModelProto, feed: dict) -> list:
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(None, feed)
+
+
+def stage_roundtrip(case) -> None:
+    import shapeshift
+
+    exported = shapeshift.to_onnx(shapeshift.load(case.model))
+    onnx.checker.check_model(exported, full_check=True)
+    for inputs, expected in case.data_sets:
+        feed = _feed(exported, list(inputs))
+        try:
+            got = _run_onnxruntime(exported, feed)
+        except Exception as ort_error:  # noqa: BLE001 - decide below whether it is ours
+            try:
+                _run_onnxruntime(case.model, _feed(case.model, list(inputs)))
+            except Exception:  # noqa: BLE001 - onnxruntime cannot run the original either
+                got = _run_onnx_reference(exported, feed)
+            else:
+                raise AssertionError(f"onnxruntime runs the original but not the export: {ort_error}") from None
+        assert_outputs_equal(got, list(expected), case.rtol, case.atol)
+
+
+def stage_types(case) -> None:
+    import shapeshift
+    from shapeshift.ir.types import OptionalType, SequenceType, TensorType, tensor_type_of
+
+    graph = shapeshift.load(case.model)
+    for _, expected in case.data_sets[:1]:
+        for value, want in zip(graph.outputs, expected):
+            got = value.type
+            if isinstance(want, list):
+                if not isinstance(got, SequenceType):
+                    raise AssertionError(f"{value.name}: inferred {got}, expected a sequence")
+                elem = got.elem
+                if want and (not isinstance(elem, TensorType) or elem.dtype != tensor_type_of(np.asarray(want[0])).dtype):
+                    raise AssertionError(f"{value.name}: inferred {got}, expected seq of {np.asarray(want[0]).dtype}")
+                continue
+            if want is None:
+                if not isinstance(got, OptionalType):
+                    raise AssertionError(f"{value.name}: inferred {got}, expected an optional")
+                continue
+            if isinstance(got, OptionalType):
+                got = got.elem
+            expected_type = tensor_type_of(np.asarray(want))
+            if got != expected_type:
+                raise AssertionError(f"{value.name}: inferred {got}, expected {expected_type}")
+
+
+def stage_reference(case) -> None:
+    import shapeshift
+
+    session = shapeshift.InferenceSession(case.model, backend="reference")
+    for inputs, expected in case.data_sets:
+        got = session.run(None, _feed(case.model, list(inputs)))
+        assert_outputs_equal(got, list(expected), case.rtol, case.atol)
+
+
+STAGE_FUNCTIONS = {"roundtrip": stage_roundtrip, "types": stage_types, "reference": stage_reference}
+
+
+def run_case(case, stages=STAGES) -> CaseResult:
+    result = CaseResult(case.name, case_op_type(case), model_opset(case.model), is_counted(case.model))
+    for stage in stages:
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                STAGE_FUNCTIONS[stage](case)
+        except Exception as exc:  # noqa: BLE001 - every failure is a result here
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            result.failures[stage] = f"{type(exc).__name__}: {message}"[:300]
+    return result
+
+
+# -- the checked-in list of expected failures -------------------------------------------
+
+
+def read_expected_failures(path) -> dict[tuple[str, str], str]:
+    """Lines ``stage case_name  # reason`` -> {(stage, case): reason}."""
+    expected: dict[tuple[str, str], str] = {}
+    for line in open(path, encoding="utf-8"):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        entry, _, reason = line.partition("#")
+        stage, case_name = entry.split()
+        expected[(stage, case_name)] = reason.strip()
+    return expected
+
+
+def summarize(results: list[CaseResult], counted_only: Optional[bool] = True) -> dict[str, tuple[int, int]]:
+    chosen = [r for r in results if counted_only is None or r.counted == counted_only]
+    return {stage: (sum(r.passed(stage) for r in chosen), len(chosen)) for stage in STAGES}
