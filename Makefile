@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EXAMPLE := examples/out/encoder.onnx
+
+.PHONY: demo test bench-conformance clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+$(EXAMPLE): $(VENV)/.installed shapeshift/examples/encoder.py
+	$(BIN)/python -m shapeshift.examples.encoder $(EXAMPLE)
+
+demo: $(EXAMPLE)
+	$(BIN)/shapeshift info $(EXAMPLE)
+	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128
+	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128 --seed 1
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
+
+bench-conformance: $(VENV)/.installed
+	$(BIN)/python bench/conformance.py
+
+clean:
+	rm -rf $(VENV) examples/out .pytest_cache

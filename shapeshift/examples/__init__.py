@@ -1,0 +1,1 @@
+"""Example models that shapeshift builds itself (no downloads)."""

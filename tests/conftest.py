@@ -1,0 +1,29 @@
+"""Shared fixtures: paths to ../shared/models and the bundled example model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_MODELS = ROOT.parent / "shared" / "models"
+
+
+@pytest.fixture(scope="session")
+def encoder_path(tmp_path_factory) -> Path:
+    """The bundled example encoder, built once per test session."""
+    import onnx
+
+    from shapeshift.examples.encoder import build_encoder
+
+    path = tmp_path_factory.mktemp("models") / "encoder.onnx"
+    onnx.save(build_encoder(layers=1, hidden=32, heads=2, vocab=100), path)
+    return path
+
+
+def shared_model(name: str) -> Path:
+    path = SHARED_MODELS / name
+    if not path.exists():
+        pytest.skip(f"{path} is not present (../shared/models is absent on this machine)")
+    return path

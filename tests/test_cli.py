@@ -1,0 +1,63 @@
+"""The command line: `info` and `run`, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shapeshift.cli.main import main
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shapeshift.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_info_lists_symbolic_inputs_and_ops(encoder_path, capsys):
+    assert main(["info", str(encoder_path)]) == 0
+    out = capsys.readouterr().out
+    assert "opset:   ai.onnx 17" in out
+    assert "  input_ids: int64[batch, seq]" in out
+    assert "  last_hidden_state: float[batch, seq, 32]" in out
+    assert "MatMul" in out and "unsupported ops: none" in out
+
+
+def test_run_random_prints_outputs(encoder_path, capsys):
+    assert main(["run", str(encoder_path), "--random", "--dynamic", "seq=5:5", "--dynamic", "batch=2:2"]) == 0
+    out = capsys.readouterr().out
+    assert "output last_hidden_state: float32[2, 5, 32]" in out
+
+
+def test_run_with_input_files(encoder_path, tmp_path, capsys):
+    np.save(tmp_path / "ids.npy", np.arange(6, dtype=np.int64).reshape(1, 6))
+    np.save(tmp_path / "mask.npy", np.ones((1, 6), np.int64))
+    save_dir = tmp_path / "out"
+    assert main(["run", str(encoder_path), "--input", f"input_ids={tmp_path / 'ids.npy'}",
+                 "--input", f"attention_mask={tmp_path / 'mask.npy'}", "--save", str(save_dir)]) == 0
+    assert np.load(save_dir / "last_hidden_state.npy").shape == (1, 6, 32)
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["info", "{missing}"], "no such file"),
+    (["info", "{garbage}"], "ONNX model"),
+    (["run", "{model}"], "pass --input NAME=FILE.npy or --random"),
+    (["run", "{model}", "--input", "input_ids={garbage}", "--random"], "not a .npy array"),
+    (["run", "{model}", "--input", "nope={ids}", "--random"], "unknown input name"),
+    (["run", "{model}", "--random", "--dynamic", "seq=9:2"], "--dynamic 'seq=9:2'"),
+    (["run", "{model}", "--input", "input_ids={ids32}", "--random"], "'input_ids': expected dtype int64"),
+])
+def test_errors_print_one_line_and_exit_2(encoder_path, tmp_path, args, pattern):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x00\x01 definitely not protobuf \xff" * 10)
+    np.save(tmp_path / "ids.npy", np.zeros((1, 3), np.int64))
+    np.save(tmp_path / "ids32.npy", np.zeros((1, 3), np.int32))
+    paths = {"missing": tmp_path / "missing.onnx", "garbage": garbage, "model": encoder_path,
+             "ids": tmp_path / "ids.npy", "ids32": tmp_path / "ids32.npy"}
+    result = _cli(*[a.format(**paths) for a in args])
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and pattern in lines[0], result.stderr

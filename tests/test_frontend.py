@@ -1,0 +1,140 @@
+"""Import and export: round trips, symbols, external data, and every kind of bad model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import shapeshift
+from shapeshift import errors
+from shapeshift.ir.types import TensorType
+from shapeshift.symbolic import Expr
+
+
+def _model(nodes, inputs, outputs, opset=17, initializers=(), domains=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = 8
+    return model
+
+
+def test_dim_params_become_symbols_and_unnamed_dims_fresh_ones():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", None, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = shapeshift.load(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]), dynamic={"batch": (1, 8)})
+    batch, fresh, four = graph.inputs[0].type.shape
+    assert isinstance(batch, Expr) and batch.as_symbol().name == "batch" and (batch.lo, batch.hi) == (1, 8)
+    assert isinstance(fresh, Expr) and fresh is not batch and four == 4
+    assert graph.outputs[0].type == graph.inputs[0].type
+
+
+def test_export_keeps_names_symbolic_dims_and_passes_the_checker(encoder_path):
+    original = onnx.load(encoder_path)
+    exported = shapeshift.to_onnx(shapeshift.load(encoder_path))
+    onnx.checker.check_model(exported, full_check=True)
+    assert [i.name for i in exported.graph.input] == [i.name for i in original.graph.input]
+    dims = [d.dim_param or d.dim_value for d in exported.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", "seq"]
+    out_dims = [d.dim_param or d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim]
+    assert out_dims == ["batch", "seq", 32]
+    assert len(exported.graph.node) == len(original.graph.node)
+
+
+def test_roundtrip_of_control_flow_reads_outer_values():
+    """An If whose branches read an outer value survives export and runs in onnxruntime."""
+    import onnxruntime as ort
+
+    then_graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                                   [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3])])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)
+    model = _model([node], [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    exported = shapeshift.to_onnx(shapeshift.load(model))
+    onnx.checker.check_model(exported, full_check=True)
+    x = np.array([1, -2, 3], np.float32)
+    for cond in (True, False):
+        feed = {"c": np.array(cond), "x": x}
+        want = x + x if cond else -x
+        got_ort = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+        got_ref = shapeshift.InferenceSession(model).run(None, feed)
+        np.testing.assert_array_equal(got_ort[0], want)
+        np.testing.assert_array_equal(got_ref[0], want)
+
+
+def test_external_data_loads(tmp_path):
+    weight = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    init = onnx.numpy_helper.from_array(weight, "w")
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])], initializers=[init])
+    path = tmp_path / "ext.onnx"
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="ext.bin",
+              size_threshold=0)
+    assert (tmp_path / "ext.bin").exists()
+    x = np.ones((2, 64), np.float32)
+    got = shapeshift.InferenceSession(path).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x @ weight, rtol=1e-5)
+    (tmp_path / "ext.bin").unlink()
+    with pytest.raises(errors.ModelLoadError, match="ext.onnx"):
+        shapeshift.load(path)
+
+
+@pytest.mark.parametrize("source,pattern", [
+    (b"\x08\x07garbage-not-a-model\xff\xff", "not an ONNX model"),
+    (b"", "not an ONNX model"),
+])
+def test_garbage_bytes(source, pattern):
+    with pytest.raises(errors.ModelLoadError, match=pattern):
+        shapeshift.load(source)
+
+
+def test_truncated_model_file(tmp_path, encoder_path):
+    data = encoder_path.read_bytes()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: len(data) // 3])
+    with pytest.raises(errors.ModelLoadError, match="truncated.onnx"):
+        shapeshift.load(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(errors.ModelLoadError, match="no such file"):
+        shapeshift.load(tmp_path / "absent.onnx")
+
+
+def test_unknown_ops_are_all_named_in_one_error():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("FrobnicateA", ["x"], ["a"]), helper.make_node("FrobnicateB", ["a"], ["b"]),
+             helper.make_node("Custom", ["b"], ["y"], domain="com.example")]
+    with pytest.raises(errors.UnsupportedModelError) as info:
+        shapeshift.load(_model(nodes, [x], [y], domains=["com.example"]))
+    message = str(info.value)
+    assert "FrobnicateA" in message and "FrobnicateB" in message and "com.example::Custom" in message
+
+
+def test_opset_99_is_refused():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    with pytest.raises(errors.UnsupportedModelError, match="opset 99"):
+        shapeshift.load(_model([helper.make_node("Relu", ["x"], ["y"])], [x],
+                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], opset=99))
+
+
+def test_undefined_input_name_is_named():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    with pytest.raises(errors.ModelLoadError, match="'ghost'"):
+        shapeshift.load(_model([helper.make_node("Add", ["x", "ghost"], ["y"])], [x], [y]))
+
+
+def test_types_are_inferred_symbolically(encoder_path):
+    graph = shapeshift.load(encoder_path)
+    reshapes = [n for n in graph.walk_nodes() if n.op_type == "Reshape"]
+    shapes = {tuple(str(d) for d in n.outputs[0].type.shape) for n in reshapes}
+    assert ("batch", "seq", "2", "16") in shapes
+    assert isinstance(graph.outputs[0].type, TensorType)
