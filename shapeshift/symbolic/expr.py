@@ -17,6 +17,7 @@ be evaluated under a binding).
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Iterable, Mapping, Union
 
@@ -35,6 +36,19 @@ Dim = Union[int, "Expr"]
 
 def _clamp(x: int) -> int:
     return max(-INF, min(INF, x))
+
+
+# A bound clamped to +-INF stands for any value beyond it, so it must absorb:
+# adding a finite amount (or halving) must not bring it back inside (-INF, INF),
+# where it would read as a real bound and "prove" false facts, e.g.
+# x*y*z - w <= 2**62 with default ranges.  A lower bound only needs -INF to
+# absorb and an upper bound only +INF (clamping the other way is sound).
+def _add_lo(x: int, y: int) -> int:
+    return -INF if x <= -INF or y <= -INF else _clamp(x + y)
+
+
+def _add_hi(x: int, y: int) -> int:
+    return INF if x >= INF or y >= INF else _clamp(x + y)
 
 
 def _interval_mul(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -122,7 +136,7 @@ class Expr:
             for atom, power in monomial:
                 mlo, mhi = _interval_mul((mlo, mhi), _interval_pow((atom.lo, atom.hi), power))
                 size += atom.size
-            lo, hi = _clamp(lo + mlo), _clamp(hi + mhi)
+            lo, hi = _add_lo(lo, mlo), _add_hi(hi, mhi)
             size += 1
         expr = Expr(tuple(items), lo, hi, size, key)
         if size > SIZE_CAP:
@@ -225,7 +239,9 @@ def _atom_expr(atom: Atom) -> Dim:
 
 def _capped(expr: Expr) -> Dim:
     """Replace a too-large expression by a symbol standing for it."""
-    name = f"_e{abs(hash(expr._key)) % 10**10}"
+    # A digest of the full canonical form: stable across runs (unlike hash())
+    # and, at 20 hex digits, not shared by two different expressions in practice.
+    name = f"_e{hashlib.blake2b(str(expr._key).encode(), digest_size=10).hexdigest()}"
     key = f"s:{name}:{expr.lo}:{expr.hi}"
     atom = _intern_atom(key, "sym", name, (), expr.lo, expr.hi, definition=expr)
     return _atom_expr(atom)
@@ -238,8 +254,11 @@ def symbol(name: str, lo: int = DEFAULT_LO, hi: int = DEFAULT_HI) -> Expr:
     """The expression made of the single symbol ``name`` ranging over [lo, hi]."""
     if lo > hi:
         raise ExpressionError(f"symbol {name!r}: empty range [{lo}, {hi}]")
+    # Key on the clamped range, the one the atom keeps: pickling rebuilds the
+    # symbol from atom.lo/atom.hi and must find this same atom again.
+    lo, hi = _clamp(lo), _clamp(hi)
     key = f"s:{name}:{lo}:{hi}"
-    atom = _intern_atom(key, "sym", name, (), _clamp(lo), _clamp(hi))
+    atom = _intern_atom(key, "sym", name, (), lo, hi)
     return _atom_expr(atom)  # type: ignore[return-value]
 
 
@@ -289,7 +308,7 @@ def mul(a: Dim, b: Dim) -> Dim:
 
 
 def _opaque(kind: str, args: tuple, lo: int, hi: int) -> Dim:
-    if lo == hi:
+    if lo == hi and -INF < lo < INF:
         return lo
     key = f"{kind}({','.join(_arg_key(a) for a in args)})"
     atom = _intern_atom(key, kind, None, args, lo, hi)
@@ -369,8 +388,15 @@ def _divide_exactly(a: Dim, b: Expr) -> Dim | None:
 def _floordiv_bounds(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     if b[0] <= 0 <= b[1]:
         return -INF, INF
-    corners = [x // y for x in a for y in b]
+    corners = [_floordiv_corner(x, y) for x in a for y in b]
     return _clamp(min(corners)), _clamp(max(corners))
+
+
+def _floordiv_corner(x: int, y: int) -> int:
+    # An unbounded dividend stays unbounded (INF // 2 would read as a bound).
+    if abs(x) >= INF:
+        return INF if (x > 0) == (y > 0) else -INF
+    return x // y
 
 
 def ceildiv(a: Dim, b: Dim) -> Dim:
@@ -409,7 +435,8 @@ def mod(a: Dim, b: Dim) -> Dim:
             return a
         if _divide_exactly(a, b) is not None:
             return 0
-        return _opaque("mod", (a, b), 0, b.hi - 1 if lo < 0 else min(b.hi - 1, hi))
+        top = _add_hi(b.hi, -1)
+        return _opaque("mod", (a, b), 0, top if lo < 0 else min(top, hi))
     return _opaque("mod", (a, b), -INF, INF)
 
 
@@ -419,6 +446,14 @@ def _minmax(kind: str, a: Dim, b: Dim) -> Dim:
     if a is b:
         return a
     lo, hi = bounds(sub(a, b))
+    if lo == hi == 0:
+        # Equal everywhere (e.g. two symbols ranging over [1, 1]): choose by
+        # key, not by argument order, so that min(a, b) is min(b, a).
+        if not isinstance(a, Expr):
+            return a
+        if not isinstance(b, Expr):
+            return b
+        return min((a, b), key=_arg_key)
     if hi <= 0:  # a <= b everywhere
         return a if kind == "min" else b
     if lo >= 0:  # a >= b everywhere
@@ -584,6 +619,31 @@ def _serialize_atom(atom: Atom):
 def _rebuild(data) -> Dim:
     if isinstance(data, int):
         return data
+    # Assemble the whole polynomial at once, as it was: adding it up term by
+    # term could cross SIZE_CAP part-way and cap a different partial sum, so a
+    # capped expression would not come back as the same object.
+    terms: dict = {}
+    for monomial, coeff in data:
+        m: tuple = ()
+        for atom_data, power in monomial:
+            atom = _bare_atom(_rebuild_atom(atom_data))
+            if atom is None:
+                return _rebuild_by_arithmetic(data)
+            m = _mul_monomials(m, ((atom, power),))
+        terms[m] = terms.get(m, 0) + coeff
+    return Expr._from_terms(terms)
+
+
+def _bare_atom(x: Dim) -> Atom | None:
+    """The atom when ``x`` is exactly one atom (coefficient 1, power 1)."""
+    if isinstance(x, Expr) and len(x.terms) == 1:
+        monomial, coeff = x.terms[0]
+        if coeff == 1 and len(monomial) == 1 and monomial[0][1] == 1:
+            return monomial[0][0]
+    return None
+
+
+def _rebuild_by_arithmetic(data) -> Dim:
     total: Dim = 0
     for monomial, coeff in data:
         value: Dim = coeff
