@@ -63,36 +63,36 @@ def _corners(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]
     return np.minimum(x1, x2), np.minimum(y1, y2), np.maximum(x1, x2), np.maximum(y1, y2)
 
 
-def _suppression_matrix(boxes: np.ndarray, center_point_box: int, iou_threshold: np.float32) -> np.ndarray:
-    """[n, n] bool: box i suppresses box j (IoU above the threshold)."""
-    x_min, y_min, x_max, y_max = _corners(boxes, center_point_box)
-    ix = np.minimum(x_max[:, None], x_max[None, :]) - np.maximum(x_min[:, None], x_min[None, :])
-    iy = np.minimum(y_max[:, None], y_max[None, :]) - np.maximum(y_min[:, None], y_min[None, :])
-    area = (x_max - x_min) * (y_max - y_min)
+def _iou_above(corners: tuple[np.ndarray, ...], area: np.ndarray, i: int, candidates: np.ndarray,
+               iou_threshold: np.float32) -> np.ndarray:
+    """For each box in ``candidates``: does box ``i`` suppress it (IoU above the threshold)?
+
+    One row of the pairwise IoU at a time: a detector feeds tens of thousands of
+    boxes, so the full n x n matrix would not fit in memory.
+    """
+    x_min, y_min, x_max, y_max = corners
+    ix = np.minimum(x_max[i], x_max[candidates]) - np.maximum(x_min[i], x_min[candidates])
+    iy = np.minimum(y_max[i], y_max[candidates]) - np.maximum(y_min[i], y_min[candidates])
     overlap = (ix > 0) & (iy > 0)
     inter = np.where(overlap, ix * iy, np.float32(0))
-    union = area[:, None] + area[None, :] - inter
-    valid = overlap & (inter > 0) & (area[:, None] > 0) & (area[None, :] > 0) & (union > 0)
+    union = area[i] + area[candidates] - inter
+    valid = overlap & (inter > 0) & (area[i] > 0) & (area[candidates] > 0) & (union > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         iou = inter / np.where(valid, union, np.float32(1))
     return valid & (iou > iou_threshold)
 
 
-def _select(scores: np.ndarray, suppresses: np.ndarray, max_out: int,
-            score_threshold: Optional[np.float32]) -> list[int]:
+def _select(scores: np.ndarray, corners: tuple[np.ndarray, ...], area: np.ndarray, max_out: int,
+            iou_threshold: np.float32, score_threshold: Optional[np.float32]) -> list[int]:
     """Greedy selection for one (batch, class) in descending score order."""
     order = np.argsort(-scores, kind="stable")  # stable: ties keep the lower index first
     if score_threshold is not None:
         order = order[scores[order] > score_threshold]
-    suppressed = np.zeros(len(scores), dtype=bool)
     kept: list[int] = []
-    for index in order:
-        if suppressed[index]:
-            continue
-        kept.append(int(index))
-        if len(kept) == max_out:
-            break
-        suppressed |= suppresses[index]
+    while order.size and len(kept) < max_out:
+        best, order = int(order[0]), order[1:]
+        kept.append(best)
+        order = order[~_iou_above(corners, area, best, order, iou_threshold)]
     return kept
 
 
@@ -114,9 +114,10 @@ def _nms(ctx: EvalContext, boxes, scores, max_out=None, iou_threshold=None, scor
     rows: list[tuple[int, int, int]] = []
     if limit > 0:
         for b in range(boxes.shape[0]):
-            suppresses = _suppression_matrix(boxes[b], center, iou)
+            corners = _corners(boxes[b], center)
+            area = (corners[2] - corners[0]) * (corners[3] - corners[1])
             for c in range(scores.shape[1]):
-                rows.extend((b, c, i) for i in _select(scores[b, c], suppresses, limit, threshold))
+                rows.extend((b, c, i) for i in _select(scores[b, c], corners, area, limit, iou, threshold))
     return [np.array(rows, dtype=np.int64).reshape(-1, 3)]
 
 
