@@ -107,6 +107,14 @@ def _ancestors(graph: Graph):
         graph = graph.parent
 
 
+def _list_initializers_as_inputs(graph: onnx.GraphProto) -> None:
+    """IR versions before 4 require every initializer to be a graph input too."""
+    names = {vi.name for vi in graph.input}
+    for tensor in graph.initializer:
+        if tensor.name not in names:
+            graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+
+
 def export_model(graph: Graph) -> onnx.ModelProto:
     """A ModelProto for ``graph`` (a root graph)."""
     meta = graph.metadata
@@ -118,6 +126,8 @@ def export_model(graph: Graph) -> onnx.ModelProto:
         producer_version=meta.get("producer_version") or "",
     )
     model.ir_version = meta.get("ir_version") or DEFAULT_IR_VERSION
+    if model.ir_version < 4:
+        _list_initializers_as_inputs(model.graph)
     if meta.get("doc_string"):
         model.doc_string = meta["doc_string"]
     if meta.get("model_version"):

@@ -1,6 +1,7 @@
 """Op rules, one module per op family; importing this package fills the registry."""
 
 from . import (  # noqa: F401  (imported for their registrations)
+    activations,
     conv_pool,
     control,
     detection,

@@ -1,0 +1,50 @@
+"""The ONNX "light" models shipped inside the onnx package, on the reference backend.
+
+Each is a classic CNN (AlexNet, ResNet-50, Inception, ...) with its weights
+replaced by ConstantOfShape nodes; its expected output ships beside it.  Every
+one must import, export (full checker) and give that output, as onnxruntime does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import shapeshift
+
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+MODELS = sorted(p.name for p in LIGHT_DIR.glob("light_*.onnx"))
+
+
+def _expected_output(path: Path) -> np.ndarray:
+    tensor = onnx.TensorProto()
+    tensor.ParseFromString(path.with_name(path.stem + "_output_0.pb").read_bytes())
+    return numpy_helper.to_array(tensor)
+
+
+def test_light_models_are_present():
+    assert len(MODELS) >= 9, f"expected the onnx package's light models in {LIGHT_DIR}"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_light_model_runs_and_round_trips(name):
+    import onnxruntime as ort
+
+    path = LIGHT_DIR / name
+    session = shapeshift.InferenceSession(path)
+    (inp,) = session.get_inputs()
+    x = np.random.default_rng(0).random(inp.shape).astype(np.float32)
+    (got,) = session.run(None, {inp.name: x})
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {inp.name: x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+    expected = _expected_output(path)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    exported = shapeshift.to_onnx(shapeshift.load(path))
+    onnx.checker.check_model(exported, full_check=True)
+    (again,) = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {inp.name: x})
+    np.testing.assert_allclose(again, want, rtol=1e-5, atol=1e-6)
