@@ -19,6 +19,12 @@ import shapeshift
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = sorted(p.name for p in LIGHT_DIR.glob("light_*.onnx"))
 
+# squeezenet's weights are all equal, so its 1000 logits are all ~1.0456e10 and equal
+# in exact arithmetic; float32 GEMM rounds rows differently by a few ulps (1 ulp = 1024
+# there), and the final Softmax turns that into one-hot instead of 0.001 everywhere.
+# test_squeezenet_logits checks the logits themselves.
+ILL_CONDITIONED = {"light_squeezenet.onnx": "softmax of equal ~1e10 logits amplifies float32 rounding"}
+
 
 def _expected_output(path: Path) -> np.ndarray:
     tensor = onnx.TensorProto()
@@ -30,7 +36,9 @@ def test_light_models_are_present():
     assert len(MODELS) >= 9, f"expected the onnx package's light models in {LIGHT_DIR}"
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=ILL_CONDITIONED[n])) if n in ILL_CONDITIONED else n
+    for n in MODELS])
 def test_light_model_runs_and_round_trips(name):
     import onnxruntime as ort
 
@@ -48,3 +56,21 @@ def test_light_model_runs_and_round_trips(name):
     (again,) = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {inp.name: x})
     np.testing.assert_allclose(again, want, rtol=1e-5, atol=1e-6)
+
+
+def test_squeezenet_logits():
+    """The logits before squeezenet's final Softmax agree with onnxruntime's to float32 precision."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(LIGHT_DIR / "light_squeezenet.onnx"))
+    softmax = model.graph.node[-1]
+    assert softmax.op_type == "Softmax"
+    model.graph.node.remove(softmax)
+    del model.graph.output[:]
+    model.graph.output.append(onnx.helper.make_empty_tensor_value_info(softmax.input[0]))
+    x = np.random.default_rng(0).random((1, 3, 224, 224)).astype(np.float32)
+    initializers = {t.name for t in model.graph.initializer}
+    name = next(i.name for i in model.graph.input if i.name not in initializers)
+    (got,) = shapeshift.InferenceSession(model).run(None, {name: x})
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: x})
+    np.testing.assert_allclose(got, want, rtol=1e-5)
