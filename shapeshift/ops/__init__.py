@@ -3,10 +3,12 @@
 from . import (  # noqa: F401  (imported for their registrations)
     activations,
     conv_pool,
+    constant_ops,
     control,
     detection,
     elementwise,
     indexing,
+    layout_ops,
     linalg,
     normalization,
     reduce,

@@ -183,13 +183,14 @@ def _log_sum_exp(x: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
 
 
 def _integer_log_sum_exp(x: np.ndarray, axes: tuple, keepdims: bool) -> np.ndarray:
-    """onnxruntime's integer LogSumExp: every step (exp, sum, log) truncated to the integer type."""
+    """onnxruntime's integer LogSumExp: exp terms truncated to the integer type and summed,
+    then log(sum) + max in floating point, truncated toward zero once at the end."""
     lowest = np.iinfo(x.dtype).min
     peak = np.max(x, axis=axes, keepdims=True, initial=lowest)
     total = np.sum(np.exp(x - peak).astype(x.dtype), axis=axes, keepdims=True)
-    logs = np.log(np.maximum(total, 1)).astype(x.dtype)
+    logs = np.log(np.maximum(total, 1).astype(np.float64)) + peak
     # An empty slice has no peak: its log-sum is -inf, the type's minimum.
-    result = np.where(total > 0, logs + peak, lowest).astype(x.dtype)
+    result = np.where(total > 0, np.trunc(logs), lowest).astype(x.dtype)
     return result if keepdims else np.squeeze(result, axis=axes)
 
 
