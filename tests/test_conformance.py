@@ -16,6 +16,9 @@ from shapeshift.conformance import STAGES, collect_cases, is_counted, read_expec
 EXPECTED_PATH = Path(__file__).parent / "conformance_expected_failures.txt"
 EXPECTED = read_expected_failures(EXPECTED_PATH)
 CASES = collect_cases()
+# Ops whose outputs are random draws: a failure is expected, but a chance match
+# with the case's data must not count as an "unexpected pass".
+RANDOM_CASES = ("test_bernoulli", "test_multinomial", "test_random")
 
 
 @pytest.mark.conformance
@@ -27,7 +30,7 @@ def test_node_case(case):
         expected_failure = (stage, case.name) in EXPECTED
         if stage in result.failures and not expected_failure:
             problems.append(f"{stage}: unexpected failure: {result.failures[stage]}")
-        if stage not in result.failures and expected_failure:
+        if stage not in result.failures and expected_failure and not case.name.startswith(RANDOM_CASES):
             problems.append(f"{stage}: unexpected pass (remove it from {EXPECTED_PATH.name})")
     assert not problems, "\n".join(problems)
 

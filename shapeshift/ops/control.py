@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..errors import ShapeInferenceError
 from ..ir.types import BOOL, INT64, OptionalType, SequenceType, TensorType, ValueType
 from ..symbolic import Expr
 from .context import EvalContext, InferContext
@@ -47,12 +48,27 @@ def join_types(a: Optional[ValueType], b: Optional[ValueType], ctx: InferContext
 
 
 def _if_infer(ctx: InferContext) -> list:
-    then_types = ctx.infer_subgraph(ctx.attr("then_branch"), [])
-    else_types = ctx.infer_subgraph(ctx.attr("else_branch"), [])
     cond = ctx.input_dims(0)
     if cond is not None and len(cond) == 1 and not isinstance(cond[0], Expr):
-        return list(then_types if cond[0] else else_types)
+        # Only the branch taken is typed: the other may be invalid for these shapes
+        # (exporters emit both a 2-D and a 3-D path and choose on the rank).
+        return list(ctx.infer_subgraph(ctx.attr("then_branch" if cond[0] else "else_branch"), []))
+    then_types = _branch_types(ctx, "then_branch")
+    else_types = _branch_types(ctx, "else_branch")
+    if then_types is None or else_types is None:
+        # A branch that cannot type-check cannot be the one that runs.
+        chosen = then_types if else_types is None else else_types
+        if chosen is None:
+            ctx.fail("neither branch type-checks")
+        return list(chosen)
     return [join_types(a, b, ctx) for a, b in zip(then_types, else_types)]
+
+
+def _branch_types(ctx: InferContext, name: str) -> Optional[list]:
+    try:
+        return ctx.infer_subgraph(ctx.attr(name), [])
+    except ShapeInferenceError:
+        return None
 
 
 def _if_eval(ctx: EvalContext, cond) -> list:

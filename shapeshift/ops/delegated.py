@@ -78,7 +78,10 @@ def _evaluate(ctx, *inputs):
     node = ctx.node
     cls = _reference_class(node.domain, node.op_type, ctx.opset)
     proto = _node_proto(node, ctx.opset)
-    run_params = {"log": lambda *a: None, "opsets": {node.domain: ctx.opset}, "verbose": 0, "new_ops": None}
+    from onnx.reference import ReferenceEvaluator
+
+    run_params = {"log": lambda *a: None, "opsets": {node.domain: ctx.opset}, "verbose": 0, "new_ops": None,
+                  "evaluator_cls": ReferenceEvaluator}
     op = cls(proto, run_params)
     results = op.run(*inputs)
     if not isinstance(results, (tuple, list)):
