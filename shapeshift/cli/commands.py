@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..errors import InputError, ModelLoadError, ShapeshiftError
+from ..errors import InputError
 from ..frontend.onnx_import import import_model, read_model, unsupported_ops
 from ..ir.graph import Graph
-from ..ir.types import TensorType, dtype_name
+from ..ir.types import dtype_name
 from ..ops.registry import REGISTRY
 from ..runtime.session import InferenceSession
 from .feeds import random_feed

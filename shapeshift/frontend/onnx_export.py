@@ -11,38 +11,17 @@ empty name ONNX uses for "not requested".
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Optional
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from ..ir.graph import Graph, Value
-from ..ir.types import OptionalType, SequenceType, TensorType, ValueType
-from ..symbolic import Expr, to_string
 from .attributes import make_attribute
+from .type_protos import type_proto
 
 #: The IR version written when the graph was not imported from a model.
 DEFAULT_IR_VERSION = 10
-
-
-def type_proto(t: Optional[ValueType]) -> onnx.TypeProto:
-    proto = onnx.TypeProto()
-    if isinstance(t, TensorType):
-        proto.tensor_type.elem_type = t.dtype
-        if t.shape is not None:
-            proto.tensor_type.shape.SetInParent()
-            for d in t.shape:
-                dim = proto.tensor_type.shape.dim.add()
-                if isinstance(d, Expr):
-                    dim.dim_param = to_string(d)
-                else:
-                    dim.dim_value = int(d)
-    elif isinstance(t, SequenceType):
-        proto.sequence_type.elem_type.CopyFrom(type_proto(t.elem))
-    elif isinstance(t, OptionalType):
-        proto.optional_type.elem_type.CopyFrom(type_proto(t.elem))
-    return proto
 
 
 def _value_info(value: Value) -> onnx.ValueInfoProto:

@@ -20,10 +20,10 @@ from onnx import numpy_helper
 from ..errors import ExpressionError, ModelLoadError, UnsupportedModelError
 from ..ir.graph import Graph, Node, SymbolTable, Value
 from ..ops import lookup
-from ..ops.delegated import type_from_proto
 from ..passes.infer_types import infer_types
 from ..symbolic import Dim, free_symbols, parse_dim, substitute
 from .attributes import attribute_value
+from .type_protos import type_from_proto
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from ..symbolic import DEFAULT_HI, DEFAULT_LO, Expr, symbol
-from .types import TensorType, ValueType, tensor_type_of
+from .types import ValueType, tensor_type_of
 
 
 class Value:

@@ -17,7 +17,8 @@ import onnx
 from onnx import helper
 
 from ..frontend.attributes import make_attribute
-from ..ir.types import OptionalType, SequenceType, TensorType, ValueType
+from ..frontend.type_protos import type_from_proto, type_proto
+from ..ir.types import TensorType
 from ..symbolic import Expr
 from .registry import OpRule
 
@@ -103,49 +104,6 @@ def _normalize(result):
 # -- type inference through onnx.shape_inference ----------------------------------
 
 
-def _type_to_proto(t: Optional[ValueType]) -> onnx.TypeProto:
-    proto = onnx.TypeProto()
-    if isinstance(t, TensorType):
-        proto.tensor_type.elem_type = t.dtype
-        if t.shape is not None:
-            shape = proto.tensor_type.shape
-            shape.SetInParent()
-            for d in t.shape:
-                dim = shape.dim.add()
-                if isinstance(d, Expr):
-                    dim.dim_param = str(d)
-                else:
-                    dim.dim_value = int(d)
-    elif isinstance(t, SequenceType):
-        proto.sequence_type.elem_type.CopyFrom(_type_to_proto(t.elem))
-    elif isinstance(t, OptionalType):
-        proto.optional_type.elem_type.CopyFrom(_type_to_proto(t.elem))
-    return proto
-
-
-def type_from_proto(proto: onnx.TypeProto, dim_of=None) -> Optional[ValueType]:
-    """Convert a TypeProto; ``dim_of(dim_proto)`` maps a symbolic dim to a Dim."""
-    kind = proto.WhichOneof("value")
-    if kind == "tensor_type":
-        tt = proto.tensor_type
-        if not tt.HasField("shape"):
-            return TensorType(tt.elem_type, None)
-        dims = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif dim_of is not None:
-                dims.append(dim_of(d))
-            else:
-                return TensorType(tt.elem_type, None)
-        return TensorType(tt.elem_type, tuple(dims))
-    if kind == "sequence_type":
-        return SequenceType(type_from_proto(proto.sequence_type.elem_type, dim_of))
-    if kind == "optional_type":
-        return OptionalType(type_from_proto(proto.optional_type.elem_type, dim_of))
-    return None
-
-
 def _infer(ctx):
     node = ctx.node
     proto = _node_proto(node, ctx.opset)
@@ -154,7 +112,7 @@ def _infer(ctx):
     for i, value in enumerate(node.inputs):
         if value is None:
             continue
-        input_types[value.name] = _type_to_proto(ctx.input_type(i))
+        input_types[value.name] = type_proto(ctx.input_type(i))
         if value.const is not None and value.const.size <= 4096:
             try:
                 initializers[value.name] = onnx.numpy_helper.from_array(value.const, value.name)

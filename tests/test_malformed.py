@@ -1,0 +1,54 @@
+"""Property tests: corrupted models and feeds fail with a ShapeshiftError, never anything else."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shapeshift
+from shapeshift.errors import ShapeshiftError
+from shapeshift.examples.encoder import build_encoder
+
+MODEL_BYTES = build_encoder(layers=1, hidden=16, heads=2, vocab=50, max_positions=64).SerializeToString()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cut=st.integers(0, len(MODEL_BYTES) - 1), flips=st.lists(
+    st.tuples(st.integers(0, len(MODEL_BYTES) - 1), st.integers(1, 255)), max_size=4))
+def test_corrupted_model_bytes_raise_only_shapeshift_errors(cut, flips):
+    data = bytearray(MODEL_BYTES[:cut] if cut else MODEL_BYTES)
+    for position, xor in flips:
+        if position < len(data):
+            data[position] ^= xor
+    try:
+        session = shapeshift.InferenceSession(bytes(data))
+    except ShapeshiftError:
+        return
+    # A mutation that still parses must still be checked or run cleanly.
+    feed = {"input_ids": np.zeros((1, 3), np.int64), "attention_mask": np.ones((1, 3), np.int64)}
+    try:
+        session.run(None, feed)
+    except ShapeshiftError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def session():
+    return shapeshift.InferenceSession(MODEL_BYTES, dynamic={"seq": (1, 64), "batch": (1, 4)})
+
+
+@settings(max_examples=100, deadline=None)
+@given(shape_a=st.lists(st.integers(0, 70), min_size=0, max_size=3),
+       shape_b=st.lists(st.integers(0, 70), min_size=0, max_size=3),
+       dtype=st.sampled_from([np.int64, np.int32, np.float32, np.bool_]))
+def test_random_feeds_run_or_raise_clear_errors(session, shape_a, shape_b, dtype):
+    feed = {"input_ids": np.zeros(shape_a, dtype), "attention_mask": np.ones(shape_b, dtype)}
+    valid = (dtype is np.int64 and len(shape_a) == 2 and shape_a == shape_b
+             and 1 <= shape_a[0] <= 4 and 1 <= shape_a[1] <= 64)
+    if valid:
+        assert session.run(None, feed)[0].shape == (*shape_a, 16)
+    else:
+        with pytest.raises(ShapeshiftError):
+            session.run(None, feed)
