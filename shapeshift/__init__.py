@@ -26,4 +26,13 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
     return export_model(graph)
 
 
-__all__ = ["Graph", "InferenceSession", "ShapeshiftError", "load", "to_onnx", "__version__"]
+def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
+             input_shapes: Optional[Mapping[str, list]] = None, strategy: str = "incremental") -> onnx.ModelProto:
+    """Simplify an ONNX model: fold constants, make dynamic ops static (with symbolic
+    parameters), remove dead code and duplicates; see docs/simplify.md."""
+    from .passes.simplify import simplify_model
+
+    return simplify_model(model, dynamic, input_shapes, strategy)[0]
+
+
+__all__ = ["Graph", "InferenceSession", "ShapeshiftError", "load", "simplify", "to_onnx", "__version__"]

@@ -11,6 +11,7 @@ empty name ONNX uses for "not requested".
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -18,6 +19,9 @@ from onnx import helper, numpy_helper
 
 from ..ir.graph import Graph, Value
 from .attributes import make_attribute
+from .param_export import ParamEmitter
+from ..ops.symbolic_tensor import DOMAIN as SYMBOLIC_DOMAIN
+from ..ops.symbolic_tensor import OP_TYPE as SYMBOLIC_OP
 from .type_protos import type_proto
 
 #: The IR version written when the graph was not imported from a model.
@@ -43,7 +47,17 @@ def _tensor(value: Value) -> onnx.TensorProto:
     return tensor
 
 
-def graph_to_proto(graph: Graph) -> onnx.GraphProto:
+def graph_to_proto(graph: Graph, emitter: Optional[ParamEmitter] = None) -> onnx.GraphProto:
+    """The GraphProto of ``graph``; static parameters are written through ``emitter``."""
+    if emitter is None and graph.parent is None:
+        emitter = ParamEmitter(graph)
+        proto = graph_to_proto(graph, emitter)
+        if emitter.nodes or emitter.initializers:
+            nodes = emitter.nodes + list(proto.node)
+            del proto.node[:]
+            proto.node.extend(nodes)
+            proto.initializer.extend(emitter.initializers)
+        return proto
     proto = onnx.GraphProto(name=graph.name, doc_string=graph.doc)
     outputs = {id(v) for v in graph.outputs}
     for value in graph.inputs:
@@ -51,14 +65,22 @@ def graph_to_proto(graph: Graph) -> onnx.GraphProto:
     for value in graph.initializers.values():
         proto.initializer.append(_tensor(value))
     for node in graph.nodes:
+        if (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP):
+            # Our own op: written as the computation of its contents from the inputs.
+            source = emitter.param(node, 0, node.params[0])
+            proto.node.append(helper.make_node("Identity", [source], [node.outputs[0].name]))
+            continue
         node_proto = onnx.NodeProto(op_type=node.op_type, domain=node.domain, name=node.name, doc_string=node.doc)
         node_proto.input.extend("" if v is None else v.name for v in node.inputs)
+        for index, param in sorted(node.params.items()):
+            node_proto.input[index] = emitter.param(node, index, param)
         node_proto.output.extend(
             v.name if (v.users or id(v) in outputs or _read_by_outer_output(v, graph)
                        or not _output_optional(node.domain, node.op_type, graph.opset.get(node.domain, 1), i))
             else "" for i, v in enumerate(node.outputs))
         for name, value in node.attrs.items():
-            node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name), graph_to_proto))
+            node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name),
+                                                       lambda g: graph_to_proto(g, emitter)))
         proto.node.append(node_proto)
     for value in graph.outputs:
         proto.output.append(_value_info(value))

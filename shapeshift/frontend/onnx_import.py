@@ -258,6 +258,7 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
         metadata_props={p.key: p.value for p in model.metadata_props},
         opset_imports=dict(graph.opset),
         source=label,
+        output_names=[v.name for v in graph.outputs],
     )
     if infer:
         infer_types(graph)

@@ -15,6 +15,7 @@ subgraphs capture outer names implicitly) unambiguous.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -51,10 +52,33 @@ class Value:
         return f"%{self.name}: {self.type}"
 
 
-class Node:
-    """One op application. ``inputs`` may contain None for omitted optional inputs."""
+@dataclass(frozen=True)
+class StaticParam:
+    """An op parameter (a Reshape's shape, a Slice's starts...) known as dimensions.
 
-    __slots__ = ("op_type", "domain", "name", "inputs", "outputs", "attrs", "attr_types", "graph", "doc")
+    Simplification replaces a parameter input computed at run time (typically
+    from ``Shape(x)``) by this: its contents as dims, which may be symbolic, plus
+    the tensor's own shape and dtype so it can be materialized again.
+    """
+
+    dims: tuple
+    shape: tuple
+    dtype: int
+
+    def __str__(self) -> str:
+        from ..symbolic import to_string
+
+        return "[" + ", ".join(to_string(d) for d in self.dims) + "]"
+
+
+class Node:
+    """One op application. ``inputs`` may contain None for omitted optional inputs.
+
+    ``params`` maps an input position to a StaticParam that stands in for that
+    input (whose slot is then None): the op is static, with symbolic parameters.
+    """
+
+    __slots__ = ("op_type", "domain", "name", "inputs", "outputs", "attrs", "attr_types", "graph", "doc", "params")
 
     def __init__(self, op_type: str, domain: str = "", name: str = ""):
         self.op_type = op_type
@@ -68,6 +92,7 @@ class Node:
         self.attr_types: dict[str, int] = {}
         self.graph: Optional[Graph] = None
         self.doc = ""
+        self.params: dict[int, StaticParam] = {}
 
     def subgraphs(self) -> Iterator["Graph"]:
         for value in self.attrs.values():

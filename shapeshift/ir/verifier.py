@@ -22,6 +22,9 @@ def _verify(graph: Graph, visible: set, require_types: bool) -> None:
     for node in graph.nodes:
         if node.graph is not graph:
             raise InvalidGraphError(f"{node.describe()} does not belong to graph {graph.name!r}")
+        for index in node.params:
+            if index >= len(node.inputs) or node.inputs[index] is not None:
+                raise InvalidGraphError(f"{node.describe()}: static parameter {index} also has an input edge")
         for index, value in enumerate(node.inputs):
             if value is None:
                 continue

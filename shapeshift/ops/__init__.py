@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     resize,
     rnn,
     shape_ops,
+    symbolic_tensor,
 )
 from .context import EvalContext, InferContext
 from .registry import REGISTRY, OpRule, define, lookup

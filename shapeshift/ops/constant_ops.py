@@ -157,7 +157,7 @@ def _range(ctx, start, limit, delta):
     return [(start + np.arange(count, dtype=dtype) * delta).astype(dtype)]
 
 
-define("Range", infer=_range_type, evaluate=_range)
+define("Range", infer=_range_type, evaluate=_range, params=(0, 1, 2))
 
 # -- EyeLike -------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ class _NodeView:
         return len(self.node.outputs)
 
     def has_input(self, index: int) -> bool:
-        return index < len(self.node.inputs) and self.node.inputs[index] is not None
+        return index < len(self.node.inputs) and (self.node.inputs[index] is not None or index in self.node.params)
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)
@@ -67,6 +67,9 @@ class InferContext(_NodeView):
         """The type of input ``index``; None if the input is absent or untyped."""
         if not self.has_input(index):
             return None
+        param = self.node.params.get(index)
+        if param is not None:
+            return TensorType(param.dtype, param.shape)
         if self._input_types is not None:
             return self._input_types[index]
         return self.node.inputs[index].type
@@ -82,7 +85,7 @@ class InferContext(_NodeView):
 
     def input_const(self, index: int) -> Optional[np.ndarray]:
         """The input's contents when they are a known constant."""
-        if not self.has_input(index):
+        if not self.has_input(index) or index in self.node.params:
             return None
         return self.node.inputs[index].const
 
@@ -94,6 +97,9 @@ class InferContext(_NodeView):
         """
         if not self.has_input(index):
             return None
+        param = self.node.params.get(index)
+        if param is not None:
+            return param.dims
         value = self.node.inputs[index]
         if value.const is not None:
             array = value.const

@@ -10,14 +10,16 @@ intermediate at once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from ..errors import ExecutionError, ShapeshiftError
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node, StaticParam, Value
+from ..ir.types import to_numpy_dtype
 from ..ops import lookup
 from ..ops.context import EvalContext
+from ..symbolic import evaluate
 
 
 class _GraphPlan:
@@ -63,6 +65,7 @@ class ReferenceExecutor:
     def __init__(self, graph: Graph):
         self.graph = graph
         self._plans: dict[int, _GraphPlan] = {}
+        self._binding: dict[str, int] = {}
 
     def _plan(self, graph: Graph) -> _GraphPlan:
         plan = self._plans.get(id(graph))
@@ -70,11 +73,14 @@ class ReferenceExecutor:
             plan = self._plans[id(graph)] = _GraphPlan(graph)
         return plan
 
-    def run(self, feeds: dict[Value, Any]) -> list:
+    def run(self, feeds: dict[Value, Any], binding: Optional[Mapping[str, int]] = None) -> list:
+        """Outputs for ``feeds``; ``binding`` gives the input symbols' values
+        (needed when simplification left static parameters over symbolic dims)."""
         env: dict[Value, Any] = {}
         for value in self.graph.initializers.values():
             env[value] = value.const
         env.update(feeds)
+        self._binding = dict(binding or {})
         return self._run_graph(self.graph, env)
 
     def _run_subgraph(self, env: dict, graph: Graph, inputs: list) -> list:
@@ -88,6 +94,8 @@ class ReferenceExecutor:
         plan = self._plan(graph)
         for node, rule, opset, frees in plan.steps:
             args = [None if v is None else env[v] for v in node.inputs]
+            for index, param in node.params.items():
+                args[index] = materialize(param, self._binding, node)
             ctx = EvalContext(node, opset, lambda g, ins: self._run_subgraph(env, g, ins))
             try:
                 results = rule.evaluate(ctx, *args)
@@ -103,6 +111,15 @@ class ReferenceExecutor:
             for value in frees:
                 env.pop(value, None)
         return [env[v] for v in graph.outputs]
+
+
+def materialize(param: StaticParam, binding: Mapping[str, int], node: Node) -> np.ndarray:
+    """The tensor a static parameter stands for, under the current binding."""
+    try:
+        values = [evaluate(d, binding) for d in param.dims]
+    except ShapeshiftError as exc:
+        raise ExecutionError(f"{node.describe()}: cannot evaluate parameter {param}: {exc}") from None
+    return np.array(values, dtype=to_numpy_dtype(param.dtype)).reshape(param.shape)
 
 
 def as_feed_array(value: Any) -> Any:

@@ -70,6 +70,6 @@ class InferenceSession:
             raise UnknownOutputError(
                 f"unknown output name(s) {', '.join(map(repr, unknown))}; the model's outputs are "
                 f"{', '.join(map(repr, self._outputs))}")
-        values, _ = check_feed(self.graph, {k: as_feed_array(v) for k, v in feed.items()})
-        results = self._executor.run(values)
+        values, binding = check_feed(self.graph, {k: as_feed_array(v) for k, v in feed.items()})
+        results = self._executor.run(values, binding)
         return [results[self._outputs[n]] for n in wanted]

@@ -440,11 +440,27 @@ def mod(a: Dim, b: Dim) -> Dim:
     return _opaque("mod", (a, b), -INF, INF)
 
 
+def _absorb(kind: str, a: Dim, b: Dim) -> Dim | None:
+    """Absorption: max(min(x, y), x) is x, min(max(x, y), x) is x (either order)."""
+    dual = "min" if kind == "max" else "max"
+    for inner, other in ((a, b), (b, a)):
+        if isinstance(inner, Expr) and len(inner.terms) == 1:
+            (monomial, coeff), = inner.terms
+            if coeff == 1 and len(monomial) == 1 and monomial[0][1] == 1:
+                atom = monomial[0][0]
+                if atom.kind == dual and any(arg is other for arg in atom.args):
+                    return other
+    return None
+
+
 def _minmax(kind: str, a: Dim, b: Dim) -> Dim:
     if not isinstance(a, Expr) and not isinstance(b, Expr):
         return min(int(a), int(b)) if kind == "min" else max(int(a), int(b))
     if a is b:
         return a
+    absorbed = _absorb(kind, a, b)
+    if absorbed is not None:
+        return absorbed
     lo, hi = bounds(sub(a, b))
     if lo == hi == 0:
         # Equal everywhere (e.g. two symbols ranging over [1, 1]): choose by

@@ -1,0 +1,452 @@
+"""Time import + simplify + export: shapeshift's three strategies against onnx-simplifier.
+
+    python bench/simplify.py [--runs 3] [--models NAME ...] [--layers 12 24 48]
+                             [--tools incremental per-op fixpoint onnxsim] [--timeout 1800]
+
+Models: every ``*.onnx`` in ../shared/models (skipped with a message when the
+folder is missing) and BERT-like encoders of 12, 24 and 48 layers built with
+``shapeshift.examples.encoder.build_encoder`` (hidden 64, 2 heads: small files,
+the node structure of the full-size model).
+
+Each run happens in a fresh process (multiprocessing "spawn"), so the peak
+memory of both tools is measured the same way: the process's peak resident
+set during one timed run minus its resident set just before (Linux: VmHWM
+reset through /proc/self/clear_refs; elsewhere ru_maxrss growth), C++
+allocations included (onnx-simplifier's are invisible to tracemalloc).  Before the timed run each
+process imports everything and warms the tool up on a 1-layer encoder.  The
+time covers ``onnx.load`` of the file through the tool returning a ModelProto.
+
+Node counts, Shape ops and "dynamic ops" (ops whose parameter input — Reshape
+shape, Slice starts, Unsqueeze axes, ... — is not an initializer or Constant)
+are counted on the output ModelProto, subgraphs included.  Prints the tables
+and writes bench/results/simplify.md with derived ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import onnx  # noqa: E402
+
+MODELS_DIR = ROOT.parent / "shared" / "models"
+RESULTS = ROOT / "bench" / "results" / "simplify.md"
+STRATEGIES = ("incremental", "per-op", "fixpoint")
+TOOLS = STRATEGIES + ("onnxsim",)
+ENCODER_LAYERS = (12, 24, 48)
+ENCODER_SIZE = {"hidden": 64, "heads": 2}
+# Measurements run once whatever --runs says (known to be slow by design).
+SINGLE_RUN = frozenset({("per-op", "encoder-48")})
+# A measurement whose first run takes longer than this is not repeated.
+LONG_RUN_S = 120.0
+# Targets from issue 3.
+TARGET_PER_OP_SPEEDUP = 20.0
+TARGET_LINEARITY = 4.5
+
+# Input positions that are op parameters ("dynamic" when not a constant).
+DYNAMIC_OP_PARAMS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
+    "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,), "ConstantOfShape": (0,),
+    "Range": (0, 1, 2), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "CumSum": (1,),
+}
+REDUCE_PARAMS = (1,)
+
+
+# --------------------------------------------------------------------------- counting
+def _param_positions(node: onnx.NodeProto) -> tuple[int, ...]:
+    if node.domain not in ("", "ai.onnx"):
+        return ()
+    if node.op_type.startswith("Reduce"):
+        return REDUCE_PARAMS
+    return DYNAMIC_OP_PARAMS.get(node.op_type, ())
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _is_dynamic(node: onnx.NodeProto, constants: set[str]) -> bool:
+    inputs = node.input
+    return any(i < len(inputs) and inputs[i] and inputs[i] not in constants for i in _param_positions(node))
+
+
+def _graph_stats(graph: onnx.GraphProto, outer_constants: frozenset[str], stats: dict[str, int]) -> None:
+    constants = set(outer_constants)
+    constants.update(t.name for t in graph.initializer)
+    constants.update(t.values.name for t in graph.sparse_initializer)
+    for node in graph.node:
+        stats["nodes"] += 1
+        stats["shape_ops"] += node.op_type == "Shape" and node.domain in ("", "ai.onnx")
+        stats["dynamic_ops"] += _is_dynamic(node, constants)
+        for sub in _subgraphs(node):
+            _graph_stats(sub, frozenset(constants), stats)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            constants.update(node.output)
+
+
+def model_stats(model: onnx.ModelProto) -> dict[str, int]:
+    """Nodes, Shape ops and dynamic ops of a model, subgraphs included."""
+    stats = {"nodes": 0, "shape_ops": 0, "dynamic_ops": 0}
+    _graph_stats(model.graph, frozenset(), stats)
+    return stats
+
+
+# --------------------------------------------------------------------------- one run, in a fresh process
+def _simplify(tool: str, model: onnx.ModelProto) -> onnx.ModelProto:
+    if tool == "onnxsim":
+        import onnxsim
+
+        simplified, check_ok = onnxsim.simplify(model)
+        if not check_ok:
+            raise RuntimeError("onnxsim reports its output check failed")
+        return simplified
+    import shapeshift
+
+    return shapeshift.simplify(model, strategy=tool)
+
+
+def _warm_up(tool: str) -> None:
+    from shapeshift.examples.encoder import build_encoder
+
+    _simplify(tool, build_encoder(layers=1, **ENCODER_SIZE))
+
+
+def _proc_status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _start_peak() -> tuple[bool, int]:
+    """Start a peak-memory measurement: (VmHWM was reset, baseline in kB).
+
+    On Linux the peak resident set (VmHWM) is reset to the current one, so the
+    measurement is not hidden by import-time peaks; elsewhere ru_maxrss is used.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True, _proc_status_kb("VmRSS")
+    except (OSError, KeyError):
+        return False, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _peak_since(start: tuple[bool, int]) -> int:
+    reset, baseline = start
+    if reset:
+        return _proc_status_kb("VmHWM") - baseline
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline
+
+
+def _timed_run(tool: str, path: str, want_stats: bool) -> dict:
+    _warm_up(tool)
+    peak = _start_peak()
+    start = time.perf_counter()
+    simplified = _simplify(tool, onnx.load(path))
+    seconds = time.perf_counter() - start
+    result = {"seconds": seconds, "rss_kb": _peak_since(peak)}
+    if want_stats:
+        result["stats"] = model_stats(simplified)
+    return result
+
+
+@contextlib.contextmanager
+def _output_to(log_path: str) -> Iterator[None]:
+    """Send this process's stdout/stderr (C++ writes included) to a file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(log_path, "ab") as log:
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line: the exception and the innermost frame that raised it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}{where}"
+
+
+def _child(conn, tool: str, path: str, want_stats: bool, log_path: str) -> None:
+    with _output_to(log_path):
+        try:
+            result = _timed_run(tool, path, want_stats)
+        except BaseException as exc:  # reported in the table, not raised
+            result = {"error": _describe(exc)}
+    conn.send(result)
+    conn.close()
+
+
+def _log_tail(log_path: str, lines: int = 3) -> str:
+    text = Path(log_path).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    return " / ".join(text[-lines:])
+
+
+def run_once(tool: str, path: Path, want_stats: bool, timeout: float) -> dict:
+    """One timed run in a fresh spawned process: {seconds, rss_kb[, stats]} or {error}."""
+    ctx = multiprocessing.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile(suffix=".log", delete=False) as log:
+        log_path = log.name
+    proc = ctx.Process(target=_child, args=(sender, tool, str(path), want_stats, log_path))
+    proc.start()
+    sender.close()
+    try:
+        if not receiver.poll(timeout):
+            proc.kill()
+            return {"error": f"timed out after {timeout:.0f} s"}
+        return receiver.recv()
+    except EOFError:
+        proc.join()
+        return {"error": f"process died (exit code {proc.exitcode}): {_log_tail(log_path)}"}
+    finally:
+        proc.join()
+        receiver.close()
+        os.unlink(log_path)
+
+
+# --------------------------------------------------------------------------- measurements
+@dataclass(frozen=True)
+class Case:
+    name: str
+    path: Path
+    group: str  # "shared" or "encoder"
+    before: dict[str, int]
+
+
+@dataclass
+class Measurement:
+    case: Case
+    tool: str
+    seconds: list[float] = field(default_factory=list)
+    rss_kb: list[int] = field(default_factory=list)
+    after: Optional[dict[str, int]] = None
+    error: Optional[str] = None
+
+    @property
+    def time(self) -> Optional[float]:
+        return statistics.median(self.seconds) if self.seconds else None
+
+    @property
+    def rss_mb(self) -> Optional[float]:
+        return statistics.median(self.rss_kb) / 1024 if self.rss_kb else None
+
+
+def runs_for(case: Case, tool: str, runs: int) -> int:
+    return 1 if (tool, case.name) in SINGLE_RUN else runs
+
+
+def measure(case: Case, tool: str, runs: int, timeout: float) -> Measurement:
+    m = Measurement(case, tool)
+    for index in range(runs_for(case, tool, runs)):
+        result = run_once(tool, case.path, want_stats=index == 0, timeout=timeout)
+        if "error" in result:
+            m.error = result["error"]
+            return m
+        m.seconds.append(result["seconds"])
+        m.rss_kb.append(result["rss_kb"])
+        m.after = result.get("stats", m.after)
+        if result["seconds"] > LONG_RUN_S:
+            break
+    return m
+
+
+def _case(name: str, path: Path, group: str) -> Case:
+    return Case(name, path, group, model_stats(onnx.load(str(path), load_external_data=False)))
+
+
+def shared_cases(models_dir: Path, names: Optional[list[str]]) -> list[Case]:
+    if not models_dir.is_dir():
+        print(f"skipping shared models: {models_dir} does not exist", file=sys.stderr)
+        return []
+    paths = sorted(models_dir.glob("*.onnx"))
+    return [_case(p.stem, p, "shared") for p in paths if not names or p.stem in names or p.name in names]
+
+
+def encoder_cases(layers: list[int], workdir: Path) -> list[Case]:
+    from shapeshift.examples.encoder import build_encoder
+
+    cases = []
+    for n in layers:
+        path = workdir / f"encoder-{n}.onnx"
+        onnx.save(build_encoder(layers=n, **ENCODER_SIZE), str(path))
+        cases.append(_case(f"encoder-{n}", path, "encoder"))
+    return cases
+
+
+def shapeshift_available() -> bool:
+    try:
+        import shapeshift
+    except ImportError:
+        return False
+    return callable(getattr(shapeshift, "simplify", None))
+
+
+# --------------------------------------------------------------------------- report
+def _fmt_time(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds:.3f}" if seconds < 10 else f"{seconds:.1f}"
+
+
+def _arrow(before: int, after: Optional[dict[str, int]], key: str) -> str:
+    return f"{before} → {after[key]}" if after else f"{before} → ?"
+
+
+def _row(m: Measurement) -> str:
+    b = m.case.before
+    status = (m.error or ("" if m.seconds else "not available"))[:300].replace("|", "\\|")
+    if m.error or not m.seconds:
+        return f"| {m.case.name} | {m.tool} | — | — | — | {b['nodes']} → — | {b['shape_ops']} → — | " \
+               f"{b['dynamic_ops']} → — | {status} |"
+    return (f"| {m.case.name} | {m.tool} | {_fmt_time(m.time)} | {len(m.seconds)} | {m.rss_mb:.1f} | "
+            f"{_arrow(b['nodes'], m.after, 'nodes')} | {_arrow(b['shape_ops'], m.after, 'shape_ops')} | "
+            f"{_arrow(b['dynamic_ops'], m.after, 'dynamic_ops')} | |")
+
+
+def results_table(measurements: list[Measurement]) -> list[str]:
+    lines = ["| model | tool | time s (median) | runs | peak RSS MB | nodes | Shape ops | dynamic ops | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    return lines + [_row(m) for m in measurements]
+
+
+def _lookup(measurements: list[Measurement]) -> dict[tuple[str, str], float]:
+    return {(m.case.name, m.tool): m.time for m in measurements if m.time is not None}
+
+
+def _ratio(num: Optional[float], den: Optional[float]) -> str:
+    return f"{num / den:.2f}" if num is not None and den else "—"
+
+
+def speedup_lines(measurements: list[Measurement], cases: list[Case]) -> list[str]:
+    t = _lookup(measurements)
+    lines = ["| model | onnxsim time / incremental time | incremental faster? |", "|---|---|---|"]
+    for case in cases:
+        inc, sim = t.get((case.name, "incremental")), t.get((case.name, "onnxsim"))
+        verdict = "—" if inc is None or sim is None else ("yes" if inc < sim else "**no**")
+        lines.append(f"| {case.name} | {_ratio(sim, inc)} | {verdict} |")
+    return lines
+
+
+def scaling_lines(measurements: list[Measurement], tools: list[str]) -> list[str]:
+    t = _lookup(measurements)
+    per_op = _ratio(t.get(("encoder-12", "per-op")), t.get(("encoder-12", "incremental")))
+    lines = [f"- per-op time / incremental time on encoder-12: **{per_op}** (target >= {TARGET_PER_OP_SPEEDUP:g})",
+             "", f"Linearity, encoder-48 time / encoder-12 time (4.0 is linear; target for incremental "
+             f"<= {TARGET_LINEARITY}):", "", "| tool | 24 / 12 | 48 / 12 |", "|---|---|---|"]
+    for tool in tools:
+        base = t.get(("encoder-12", tool))
+        lines.append(f"| {tool} | {_ratio(t.get(('encoder-24', tool)), base)} | "
+                     f"{_ratio(t.get(('encoder-48', tool)), base)} |")
+    return lines
+
+
+def _versions() -> str:
+    parts = [f"Python {platform.python_version()}", f"onnx {onnx.__version__}"]
+    for module in ("onnxsim", "onnxruntime"):
+        try:
+            parts.append(f"{module} {__import__(module).__version__}")
+        except ImportError:
+            parts.append(f"{module} not installed")
+    return ", ".join(parts) + f"; {platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def report(measurements: list[Measurement], cases: list[Case], tools: list[str], runs: int,
+           notes: list[str]) -> str:
+    shared = [m for m in measurements if m.case.group == "shared"]
+    encoders = [m for m in measurements if m.case.group == "encoder"]
+    lines = ["# Simplify benchmark", "", f"{_versions()}. Median of {runs} runs, each in a fresh process "
+             f"(per-op on encoder-48 and any run over {LONG_RUN_S:g} s: 1 run).", "",
+             "Time: `onnx.load` of the file through the tool returning a ModelProto (shapeshift: import, "
+             "simplify, export), after a warm-up on a 1-layer encoder in the same process. Peak RSS: the "
+             "process's peak resident set during the timed run minus its resident set just before it, so C++ allocations (onnx-simplifier, protobuf) "
+             "count too; tracemalloc would not see them. Counts (before → after) include subgraphs; "
+             "dynamic ops are ops whose parameter input (Reshape shape, Slice starts, Unsqueeze axes, "
+             "Range bounds, ...) is not an initializer or Constant.", ""]
+    lines += [f"- {n}" for n in notes] + ([""] if notes else [])
+    if shared:
+        lines += ["## Models in ../shared/models", ""] + results_table(shared) + [""]
+    if encoders:
+        lines += [f"## BERT-like encoders (build_encoder, hidden {ENCODER_SIZE['hidden']}, "
+                  f"{ENCODER_SIZE['heads']} heads)", ""] + results_table(encoders) + [""]
+    lines += ["## Ratios", "", "Incremental against onnx-simplifier (> 1: incremental is faster):", ""]
+    lines += speedup_lines(measurements, cases) + [""] + scaling_lines(measurements, tools)
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- main
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median reported)")
+    parser.add_argument("--models", nargs="*", help="names of models in the models folder (default: all)")
+    parser.add_argument("--models-dir", type=Path, default=MODELS_DIR)
+    parser.add_argument("--layers", type=int, nargs="*", default=list(ENCODER_LAYERS),
+                        help="encoder sizes to build (none: skip the encoders)")
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    return parser.parse_args()
+
+
+def run_all(cases: list[Case], tools: list[str], runs: int, timeout: float, available: bool) -> list[Measurement]:
+    measurements = []
+    for case in cases:
+        for tool in tools:
+            if tool in STRATEGIES and not available:
+                m = Measurement(case, tool)
+            else:
+                m = measure(case, tool, runs, timeout)
+            status = m.error or (f"{_fmt_time(m.time)} s" if m.seconds else "not available")
+            print(f"{case.name:40s} {tool:12s} {status}", file=sys.stderr, flush=True)
+            measurements.append(m)
+    return measurements
+
+
+def main() -> None:
+    args = parse_args()
+    available = shapeshift_available()
+    notes = [] if available else ["`shapeshift.simplify` is not available in this checkout: only onnx-simplifier "
+                                  "was measured."]
+    with tempfile.TemporaryDirectory(prefix="shapeshift-bench-") as workdir:
+        cases = shared_cases(args.models_dir, args.models) + encoder_cases(args.layers, Path(workdir))
+        if not args.models_dir.is_dir():
+            notes.append(f"{args.models_dir} does not exist: shared models skipped.")
+        measurements = run_all(cases, args.tools, args.runs, args.timeout, available)
+    text = report(measurements, cases, args.tools, args.runs, notes)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text, encoding="utf-8")
+    print(text)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

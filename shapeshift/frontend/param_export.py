@@ -1,0 +1,171 @@
+"""Writing static parameters over symbolic dims back to ONNX.
+
+A node parameter such as a Reshape's target ``(B, T, 12, 64)`` has no ONNX
+attribute to live in: it must become an input tensor again.  Where ONNX can
+say it with constants it is written as a constant (a Reshape copies a dim with
+0 and infers one with -1).  Otherwise one minimal computation from the graph's
+inputs is emitted at the top of the graph, shared by every parameter that
+needs it: ``Shape(input, start=axis, end=axis+1)`` per symbol, then the
+arithmetic of the expression.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..ir.graph import Graph, Node, StaticParam
+from ..ir.types import TensorType
+from ..symbolic import Expr, bounds
+from ..symbolic.expr import Atom
+
+
+class ParamEmitter:
+    """Emits, once per distinct expression, the nodes computing it as a [1] int64 tensor."""
+
+    def __init__(self, root: Graph):
+        self.root = root
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._cache: dict[object, str] = {}
+        self._opset = root.opset.get("", 17)
+        self._sources = _symbol_sources(root)
+
+    # -- names ---------------------------------------------------------------------
+    def _name(self, hint: str) -> str:
+        return self.root.fresh_name(f"shapeshift_{hint}")
+
+    def _claim(self, hint: str) -> str:
+        name = self._name(hint)
+        self.root._names.add(name)
+        return name
+
+    def constant(self, values, dtype=np.int64, shape=None) -> str:
+        array = np.asarray(values, dtype=dtype)
+        if shape is not None:
+            array = array.reshape(shape)
+        key = ("const", array.dtype.str, array.shape, array.tobytes())
+        if key not in self._cache:
+            name = self._claim("const")
+            self.initializers.append(numpy_helper.from_array(array, name))
+            self._cache[key] = name
+        return self._cache[key]
+
+    def _node(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:
+        out = self._claim(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
+        return out
+
+    # -- expressions ------------------------------------------------------------------
+    def dim(self, d) -> str:
+        """A [1] int64 tensor holding dimension ``d``."""
+        if not isinstance(d, Expr):
+            return self.constant([int(d)])
+        cached = self._cache.get(d)
+        if cached is not None:
+            return cached
+        total: Optional[str] = None
+        for monomial, coeff in d.terms:
+            term = self.constant([coeff]) if not monomial else None
+            for atom, power in monomial:
+                factor = self._atom(atom)
+                for _ in range(power):
+                    term = factor if term is None else self._node("Mul", [term, factor], "mul")
+            if monomial and coeff != 1:
+                term = self._node("Mul", [term, self.constant([coeff])], "mul")
+            total = term if total is None else self._node("Add", [total, term], "add")
+        self._cache[d] = total
+        return total
+
+    def _atom(self, atom: Atom) -> str:
+        key = ("atom", atom.key)
+        if key in self._cache:
+            return self._cache[key]
+        if atom.kind == "sym":
+            if atom.definition is not None:
+                name = self.dim(atom.definition)
+            else:
+                name = self._symbol(atom.name)
+        else:
+            a, b = (self.dim(arg) for arg in atom.args)
+            if atom.kind == "floordiv":
+                name = self._floordiv(atom.args[0], a, b)
+            elif atom.kind == "mod":
+                name = self._node("Mod", [a, b], "mod")
+            else:
+                name = self._node("Min" if atom.kind == "min" else "Max", [a, b], atom.kind)
+        self._cache[key] = name
+        return name
+
+    def _floordiv(self, numerator, a: str, b: str) -> str:
+        # ONNX integer Div truncates; it is floor division when the numerator is >= 0.
+        if bounds(numerator)[0] >= 0:
+            return self._node("Div", [a, b], "div")
+        exact = self._node("Sub", [a, self._node("Mod", [a, b], "mod")], "sub")
+        return self._node("Div", [exact, b], "div")
+
+    def _symbol(self, name: str) -> str:
+        source = self._sources.get(name)
+        if source is None:
+            raise ValueError(f"symbol {name!r} is not a dimension of any graph input")
+        input_name, axis = source
+        if self._opset >= 15:
+            return self._node("Shape", [input_name], f"{name}_dim", start=axis, end=axis + 1)
+        shape = self._node("Shape", [input_name], "shape")
+        return self._node("Gather", [shape, self.constant([axis])], f"{name}_dim", axis=0)
+
+    # -- whole parameters -------------------------------------------------------------
+    def param(self, node: Node, index: int, param: StaticParam) -> str:
+        """The name of a tensor holding ``param`` for input ``index`` of ``node``."""
+        if node.op_type == "Reshape" and index == 1:
+            encoded = _reshape_constant(node, param)
+            if encoded is not None:
+                return self.constant(encoded)
+        key = ("param", param.dims, param.shape, param.dtype)
+        if key in self._cache:
+            return self._cache[key]
+        parts = [self.dim(d) for d in param.dims]
+        joined = parts[0] if len(parts) == 1 else self._node("Concat", parts, "params", axis=0)
+        if tuple(param.shape) != (len(param.dims),):
+            joined = self._node("Reshape", [joined, self.constant(list(param.shape), shape=(len(param.shape),))],
+                                "param")
+        if param.dtype != TensorProto.INT64:
+            joined = self._node("Cast", [joined], "param", to=param.dtype)
+        self._cache[key] = joined
+        return joined
+
+
+def _reshape_constant(node: Node, param: StaticParam) -> Optional[list[int]]:
+    """The target as constants with 0 (copy that input dim) and at most one -1."""
+    if node.attrs.get("allowzero", 0):
+        return None
+    source = node.inputs[0].type if node.inputs[0] is not None else None
+    source_shape = source.shape if isinstance(source, TensorType) and source.shape is not None else ()
+    encoded: list[int] = []
+    unresolved = sum(1 for d in param.dims if not isinstance(d, Expr) and int(d) == -1)
+    for position, d in enumerate(param.dims):
+        if not isinstance(d, Expr):
+            encoded.append(int(d))
+        elif position < len(source_shape) and source_shape[position] is d:
+            encoded.append(0)
+        else:
+            unresolved += 1
+            encoded.append(-1)
+    return encoded if unresolved <= 1 else None
+
+
+def _symbol_sources(root: Graph) -> dict[str, tuple[str, int]]:
+    """For each symbol that is a bare dim of a graph input: (input name, axis)."""
+    sources: dict[str, tuple[str, int]] = {}
+    for value in root.inputs:
+        t = value.type
+        if isinstance(t, TensorType) and t.shape is not None:
+            for axis, d in enumerate(t.shape):
+                atom = d.as_symbol() if isinstance(d, Expr) else None
+                if atom is not None and atom.name not in sources:
+                    sources[atom.name] = (value.name, axis)
+    return sources
+

@@ -1,0 +1,77 @@
+"""Simplify: incremental type inference, constant folding and dynamic-to-static in one worklist.
+
+``simplify_model`` is the whole job (import, simplify, export); the engine lives
+in engine.py, the clean-up rules in rules.py.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional, Sequence, Union
+
+import onnx
+
+from ...errors import ExpressionError, ShapeshiftError
+from ...frontend.onnx_export import export_model
+from ...frontend.onnx_import import ModelSource, import_model
+from ...ir.graph import Graph
+from ...ir.types import TensorType
+from ...ir.verifier import verify
+from ...symbolic import parse_dim
+from ..infer_types import infer_types
+from .engine import STRATEGIES, SimplifyOptions, SimplifyStats, simplify_graph
+from .outputs import materialize_subgraph_outputs, restore_output_names
+
+DimSpec = Union[int, str]
+
+__all__ = ["STRATEGIES", "SimplifyOptions", "SimplifyStats", "simplify_graph", "simplify_model"]
+
+
+def _apply_input_shapes(graph: Graph, input_shapes: Mapping[str, Sequence[DimSpec]]) -> None:
+    by_name = {v.name: v for v in graph.inputs}
+    for name, dims in input_shapes.items():
+        value = by_name.get(name)
+        if value is None:
+            raise ShapeshiftError(f"--input-shape names {name!r}, which is not a graph input "
+                                  f"(inputs: {', '.join(map(repr, by_name))})")
+        if not isinstance(value.type, TensorType):
+            raise ShapeshiftError(f"input {name!r} is not a tensor; its shape cannot be set")
+        shape = []
+        for d in dims:
+            if isinstance(d, int) or (isinstance(d, str) and d.strip().lstrip("-").isdigit()):
+                shape.append(int(d))
+                continue
+            try:
+                parsed = parse_dim(str(d), graph.symbols.ranges)
+            except ExpressionError as exc:
+                raise ShapeshiftError(f"input {name!r}: bad dimension {d!r}: {exc}") from None
+            shape.append(parsed if not isinstance(parsed, int) else parsed)
+        value.type = TensorType(value.type.dtype, tuple(
+            graph.symbols.get(d.as_symbol().name) if not isinstance(d, int) and d.as_symbol() else d for d in shape))
+
+
+def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
+                   input_shapes: Optional[Mapping[str, Sequence[DimSpec]]] = None,
+                   strategy: str = "incremental", fold_limit: Optional[int] = None,
+                   check: bool = False) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
+    """Import, simplify and export; returns the model, the simplified graph and statistics."""
+    graph = import_model(model, dict(dynamic or {}), infer=not input_shapes)
+    if input_shapes:
+        _apply_input_shapes(graph, input_shapes)
+        infer_types(graph)
+    options = SimplifyOptions(strategy=strategy)
+    if fold_limit is not None:
+        options.fold_limit = fold_limit
+    stats = simplify_graph(graph, options)
+    restore_output_names(graph)
+    materialize_subgraph_outputs(graph)
+    if check:
+        verify(graph)
+    return export_model(graph), graph, stats
+
+
+def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
+             input_shapes: Optional[Mapping[str, Sequence[DimSpec]]] = None,
+             strategy: str = "incremental") -> onnx.ModelProto:
+    """The simplified ONNX model (see simplify_model for the details)."""
+    return simplify_model(model, dynamic, input_shapes, strategy)[0]

@@ -1,0 +1,379 @@
+"""The simplify engine: type inference, constant folding, dynamic-to-static and
+rewrite rules in one worklist, run to a fixpoint.
+
+Each node popped from the worklist goes through the same steps:
+
+1. re-infer its types; if an output's type or known contents changed, its users
+   are enqueued (and the owner of its subgraph, when it is a subgraph output);
+2. drop it if nothing reads its outputs;
+3. inline it if it is an If whose condition is known;
+4. fold it if its inputs are constants, or if its outputs' contents are fully
+   known integers (``Shape`` of a static tensor, arithmetic on those);
+5. turn each parameter input whose contents are known into a node parameter
+   (a constant, or a StaticParam over the model's input symbols): the op becomes
+   static, and the Shape chain that computed the parameter becomes dead;
+6. run the clean-up rules registered for its op type;
+7. merge it with an earlier identical node (common subexpressions).
+
+The strategies differ only in scheduling (see :func:`simplify_graph`):
+"incremental" is the worklist above; "fixpoint" reruns whole-graph passes
+until nothing changes (TVM before its refactor); "per-op" re-infers and
+re-folds the whole graph before each dynamic op (TVM after it).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ...errors import ShapeshiftError
+from ...ir.graph import Graph, Node, StaticParam, Value
+from ...ir.types import INT_TYPES, TensorType, to_numpy_dtype
+from ...ops import lookup
+from ...ops.context import EvalContext
+from ...symbolic import Expr, free_symbols
+from ..infer_types import infer_node
+from ...ops.symbolic_tensor import DOMAIN as SYMBOLIC_DOMAIN
+from ...ops.symbolic_tensor import OP_TYPE as SYMBOLIC_OP
+from .control_flow import inline_if, known_condition
+from .rewriter import Rewriter
+from .rules import RULES
+
+STRATEGIES = ("incremental", "per-op", "fixpoint")
+#: Ops never folded: their outputs are random or their bodies run subgraphs.
+UNFOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+                        "Multinomial", "If", "Loop", "Scan", "SequenceMap"})
+
+
+@dataclass
+class SimplifyOptions:
+    strategy: str = "incremental"
+    #: Largest folded output, in elements; bigger results (Tile, Expand...) stay computed.
+    fold_limit: int = 1 << 16
+    #: The worklist stops after this many visits per node of the input (with a warning).
+    max_visits_per_node: int = 40
+
+
+@dataclass
+class SimplifyStats:
+    visits: int = 0
+    folded: int = 0
+    params_made: int = 0
+    rules_fired: int = 0
+    inlined: int = 0
+    merged: int = 0
+    symbolized: int = 0
+    removed_dead: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Simplifier:
+    def __init__(self, graph: Graph, options: SimplifyOptions):
+        self.graph = graph
+        self.options = options
+        self.stats = SimplifyStats()
+        self.rw = Rewriter(graph)
+        self.input_symbols = _input_symbols(graph)
+        self.cse: dict[tuple, Node] = {}
+        self.owners: dict[int, Node] = _subgraph_owners(graph)
+
+    # -- the per-node steps ------------------------------------------------------------
+    def visit(self, node: Node, rules: bool = True) -> None:
+        """All steps for one node (the incremental strategy)."""
+        self.stats.visits += 1
+        if not self.retype(node):
+            return
+        if self.drop_if_dead(node) or self.inline(node) or self.fold(node) or self.symbolize(node):
+            return
+        self.make_static(node)
+        if rules and (self.apply_rules(node) or self.merge(node)):
+            return
+
+    def retype(self, node: Node) -> bool:
+        before = [(o.type, o.shape_contents) for o in node.outputs]
+        try:
+            infer_node(node)
+        except ShapeshiftError as exc:
+            self.stats.warnings.append(str(exc))
+            return False
+        for out, (old_type, old_contents) in zip(node.outputs, before):
+            if out.type != old_type or out.shape_contents != old_contents:
+                self.rw.enqueue_users(out)
+                self._enqueue_owner_if_output(out)
+        return True
+
+    def _enqueue_owner_if_output(self, value: Value) -> None:
+        graph = value.graph
+        if graph is not None and graph.parent is not None and any(v is value for v in graph.outputs):
+            self.rw.enqueue(self.owners.get(id(graph)))
+
+    def drop_if_dead(self, node: Node) -> bool:
+        if any(self.rw.is_used(out) for out in node.outputs):
+            return False
+        self.rw.remove_node(node)
+        self.stats.removed_dead += 1
+        return True
+
+    def inline(self, node: Node) -> bool:
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            return False
+        condition = known_condition(node)
+        if condition is None:
+            return False
+        moved = inline_if(node, condition, self.rw)
+        for inner in moved:
+            for sub in inner.subgraphs():
+                self.owners[id(sub)] = inner
+        self.stats.inlined += 1
+        return True
+
+    def fold(self, node: Node) -> bool:
+        if node.op_type in UNFOLDABLE or any(True for _ in node.subgraphs()):
+            return False
+        arrays = self._contents_as_arrays(node)
+        if arrays is None:
+            arrays = self._evaluate_constant(node)
+        if arrays is None:
+            return False
+        graph = node.graph
+        for out, array in zip(node.outputs, arrays):
+            if self.rw.is_used(out):
+                self.rw.replace_value(out, self.rw.constant(graph, array, out.name))
+        self.rw.remove_node(node)
+        self.stats.folded += 1
+        return True
+
+    def symbolize(self, node: Node) -> bool:
+        """Replace a computation whose result is known as input dims by a SymbolicTensor."""
+        if (len(node.outputs) != 1 or (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP)
+                or any(True for _ in node.subgraphs())):
+            return False
+        out = node.outputs[0]
+        param = self._param_of(out)
+        if param is None or not any(isinstance(d, Expr) for d in param.dims):
+            return False
+        graph = node.graph
+        replacement = self.rw.add_node(graph, SYMBOLIC_OP, [None], before=node, name=out.name)
+        replacement.domain = SYMBOLIC_DOMAIN
+        replacement.params[0] = param
+        self.retype(replacement)
+        self.rw.replace_value(out, replacement.outputs[0])
+        self.rw.remove_node(node)
+        self.stats.symbolized += 1
+        return True
+
+    def _contents_as_arrays(self, node: Node) -> Optional[list[np.ndarray]]:
+        """Outputs whose contents are fully known integers, as arrays (all or nothing)."""
+        arrays = []
+        for out in node.outputs:
+            t, contents = out.type, out.shape_contents
+            if (not isinstance(t, TensorType) or t.dtype not in INT_TYPES or contents is None
+                    or not t.is_static or any(isinstance(d, Expr) for d in contents)):
+                return None
+            arrays.append(np.array(contents, dtype=to_numpy_dtype(t.dtype)).reshape(t.shape))
+        return arrays
+
+    def _evaluate_constant(self, node: Node) -> Optional[list]:
+        if node.params or not all(v is None or v.const is not None for v in node.inputs):
+            return None
+        for out in node.outputs:
+            if isinstance(out.type, TensorType) and out.type.is_static:
+                if int(np.prod(out.type.shape, dtype=np.int64)) > self.options.fold_limit:
+                    return None
+        opset = node.graph.opset.get(node.domain or "", 1)
+        rule = lookup(node.domain, node.op_type, opset)
+        if rule is None:
+            return None
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results = rule.evaluate(EvalContext(node, opset), *[None if v is None else v.const for v in node.inputs])
+        except Exception as exc:  # noqa: BLE001 - a node that cannot run is left as it is
+            self.stats.warnings.append(f"{node.describe()}: not folded ({type(exc).__name__}: {exc})")
+            return None
+        if any(not isinstance(r, np.ndarray) or r.size > self.options.fold_limit for r in results):
+            return None
+        return list(results)
+
+    def make_static(self, node: Node) -> bool:
+        opset = node.graph.opset.get(node.domain or "", 1)
+        rule = lookup(node.domain, node.op_type, opset)
+        if rule is None or not rule.params:
+            return False
+        changed = False
+        for index in rule.params:
+            if index >= len(node.inputs) or node.inputs[index] is None:
+                continue
+            value = node.inputs[index]
+            if value.const is not None:
+                continue
+            param = self._param_of(value)
+            if param is None:
+                continue
+            if all(not isinstance(d, Expr) for d in param.dims):
+                array = np.array(param.dims, dtype=to_numpy_dtype(param.dtype)).reshape(param.shape)
+                self.rw.set_input(node, index, self.rw.constant(node.graph, array, value.name))
+            else:
+                self.rw.set_input(node, index, None)
+                node.params[index] = param
+            self.stats.params_made += 1
+            changed = True
+        return changed
+
+    def _param_of(self, value: Value) -> Optional[StaticParam]:
+        t, dims = value.type, value.shape_contents
+        if dims is None or not isinstance(t, TensorType) or t.dtype not in INT_TYPES or not t.is_static:
+            return None
+        if any(not free_symbols(d) <= self.input_symbols for d in dims):
+            return None  # data-dependent symbols cannot be bound from the inputs
+        return StaticParam(tuple(dims), tuple(t.shape), t.dtype)
+
+    def apply_rules(self, node: Node) -> bool:
+        for rule in RULES.get(node.op_type, ()):
+            if node.graph is not None and rule(node, self.rw):
+                self.stats.rules_fired += 1
+                return True
+        return False
+
+    def merge(self, node: Node) -> bool:
+        key = _cse_key(node)
+        if key is None:
+            return False
+        earlier = self.cse.get(key)
+        # Keys hold id()s of input values: re-check, an id may have been reused.
+        if earlier is None or earlier.graph is None or earlier is node or _cse_key(earlier) != key:
+            self.cse[key] = node
+            return False
+        if earlier.graph is not node.graph or self.rw.order(earlier) > self.rw.order(node):
+            self.cse[key] = node
+            return False
+        for mine, theirs in zip(node.outputs, earlier.outputs):
+            self.rw.replace_value(mine, theirs)
+        self.rw.remove_node(node)
+        self.stats.merged += 1
+        return True
+
+    # -- strategies ----------------------------------------------------------------------
+    def run_incremental(self) -> None:
+        self.rw.enqueue_all(self.graph.walk_nodes())
+        budget = self.options.max_visits_per_node * max(1, sum(1 for _ in self.graph.walk_nodes()))
+        while self.rw:
+            node = self.rw.pop()
+            if node is None:
+                break
+            if self.stats.visits >= budget:
+                self.stats.warnings.append(f"simplify stopped after {budget} node visits without a fixpoint")
+                break
+            self.visit(node)
+        self.stats.rounds = 1
+
+    def _whole_graph_round(self, steps) -> bool:
+        """One pass of the given steps over every live node; True if anything changed."""
+        before = self.rw.changes
+        for node in list(self.graph.walk_nodes()):
+            if node.graph is not None:
+                for step in steps:
+                    if node.graph is None:
+                        break
+                    self.stats.visits += 1
+                    step(node)
+        self.rw.compact()
+        self.rw.renumber()
+        return self.rw.changes != before
+
+    def run_fixpoint(self) -> None:
+        """Infer everything, fold everything, rewrite everything; repeat."""
+        rounds = 0
+        while True:
+            rounds += 1
+            self.stats.rounds += 1
+            self._whole_graph_round([self.retype])
+            changed = self._whole_graph_round(
+                [lambda n: self.drop_if_dead(n) or self.inline(n) or self.fold(n) or self.symbolize(n)])
+            changed |= self._whole_graph_round([self.make_static])
+            changed |= self._whole_graph_round([lambda n: self.apply_rules(n) or self.merge(n)])
+            if not changed:
+                break
+            if rounds >= self.options.max_visits_per_node:
+                self.stats.warnings.append(f"fixpoint strategy stopped after {rounds} rounds without converging")
+                break
+
+    def run_per_op(self) -> None:
+        """For each dynamic op: re-infer and re-fold the whole graph, then make it static."""
+        for node in list(self.graph.walk_nodes()):
+            if node.graph is None or not _has_dynamic_params(node):
+                continue
+            self.stats.rounds += 1
+            self._whole_graph_round([self.retype])
+            self._whole_graph_round([lambda n: self.inline(n) or self.fold(n)])
+            if node.graph is not None:
+                self.retype(node)
+                self.make_static(node)
+        self.run_fixpoint()
+
+
+def _has_dynamic_params(node: Node) -> bool:
+    if node.graph is None:
+        return False
+    rule = lookup(node.domain, node.op_type, node.graph.opset.get(node.domain or "", 1))
+    return rule is not None and any(
+        i < len(node.inputs) and node.inputs[i] is not None and node.inputs[i].const is None for i in rule.params)
+
+
+def _input_symbols(graph: Graph) -> set[str]:
+    names: set[str] = set()
+    for value in graph.inputs:
+        if isinstance(value.type, TensorType) and value.type.shape is not None:
+            for d in value.type.shape:
+                names |= free_symbols(d)
+    return names
+
+
+def _subgraph_owners(graph: Graph) -> dict[int, Node]:
+    owners: dict[int, Node] = {}
+    for node in graph.walk_nodes():
+        for sub in node.subgraphs():
+            owners[id(sub)] = node
+    return owners
+
+
+def _freeze(value):
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, (int, float, str, bytes, tuple)):
+        return value
+    raise TypeError
+
+
+def _cse_key(node: Node) -> Optional[tuple]:
+    if node.op_type in UNFOLDABLE or any(True for _ in node.subgraphs()):
+        return None
+    try:
+        attrs = tuple(sorted((k, _freeze(v)) for k, v in node.attrs.items()))
+    except TypeError:
+        return None
+    params = tuple(sorted((i, p.dims, p.shape, p.dtype) for i, p in node.params.items()))
+    return (node.domain, node.op_type, tuple(id(v) if v is not None else None for v in node.inputs),
+            attrs, params, len(node.outputs), id(node.graph))
+
+
+def simplify_graph(graph: Graph, options: Optional[SimplifyOptions] = None) -> SimplifyStats:
+    """Simplify ``graph`` in place (it must be typed, as import leaves it)."""
+    options = options or SimplifyOptions()
+    if options.strategy not in STRATEGIES:
+        raise ShapeshiftError(f"unknown strategy {options.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    start = time.perf_counter()
+    simplifier = _Simplifier(graph, options)
+    {"incremental": simplifier.run_incremental, "fixpoint": simplifier.run_fixpoint,
+     "per-op": simplifier.run_per_op}[options.strategy]()
+    simplifier.rw.compact()
+    simplifier.stats.seconds = time.perf_counter() - start
+    return simplifier.stats

@@ -1,0 +1,198 @@
+"""The Rewriter: graph mutations that keep def-use lists right and feed the worklist.
+
+Every change a simplification makes goes through here, so the engine knows
+exactly which nodes to look at again: replacing a value enqueues its users,
+removing a node enqueues the producers of its inputs (they may now be dead),
+adding a node enqueues it.  Nodes are kept in a heap ordered by their position
+in the graph, so producers are (re)visited before their users and each change
+costs work proportional to what it touches, not to the graph's size.
+
+Removal is lazy: a removed node is detached at once (def-use lists updated)
+and dropped from its graph's node list in one sweep by :meth:`compact`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from ...ir.graph import Graph, Node, Value
+
+
+class Rewriter:
+    def __init__(self, root: Graph):
+        self.root = root
+        self._heap: list[tuple[float, int, Node]] = []
+        self._queued: set[int] = set()
+        self._order: dict[int, float] = {}
+        self._tiebreak = itertools.count()
+        self._dirty_graphs: set[int] = set()
+        self.changes = 0
+        # Values some graph of the tree returns: a use that no ``users`` list records.
+        self._returned: set[int] = {id(v) for g in _graphs(root) for v in g.outputs}
+        self.renumber()
+
+    # -- ordering and the worklist -----------------------------------------------
+    def renumber(self) -> None:
+        """Give every node a position: its index in a pre-order walk of the tree."""
+        self._order.clear()
+        for position, node in enumerate(self.root.walk_nodes()):
+            self._order[id(node)] = float(position)
+
+    def order(self, node: Node) -> float:
+        return self._order.get(id(node), 0.0)
+
+    def enqueue(self, node: Optional[Node]) -> None:
+        if node is None or node.graph is None or id(node) in self._queued:
+            return
+        self._queued.add(id(node))
+        heapq.heappush(self._heap, (self.order(node), next(self._tiebreak), node))
+
+    def enqueue_all(self, nodes: Iterable[Node]) -> None:
+        for node in nodes:
+            self.enqueue(node)
+
+    def enqueue_users(self, value: Value) -> None:
+        for user, _ in value.users:
+            self.enqueue(user)
+            # A user inside a subgraph also affects the node that owns the subgraph.
+            self.enqueue(_owner_in(user, value.graph))
+
+    def pop(self) -> Optional[Node]:
+        while self._heap:
+            _, _, node = heapq.heappop(self._heap)
+            self._queued.discard(id(node))
+            if node.graph is not None:
+                return node
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def is_returned(self, value: Value) -> bool:
+        """True when a graph of the tree (the root or a body) returns ``value``."""
+        return id(value) in self._returned
+
+    def is_used(self, value: Value) -> bool:
+        return bool(value.users) or self.is_returned(value)
+
+    # -- mutations ---------------------------------------------------------------
+    def replace_value(self, old: Value, new: Value) -> None:
+        """Every reader of ``old`` (graph outputs included) now reads ``new``."""
+        if old is new:
+            return
+        users = [user for user, _ in old.users]
+        if self.is_returned(old):
+            self._returned.add(id(new))
+        self.root.replace_all_uses(old, new)
+        for user in users:
+            self.enqueue(user)
+            self.enqueue(_owner_in(user, new.graph))
+        self.enqueue(new.producer)
+        self.changes += 1
+
+    def set_input(self, node: Node, index: int, value: Optional[Value]) -> None:
+        old = node.inputs[index]
+        node.set_input(index, value)
+        self.enqueue(node)
+        if old is not None:
+            self.enqueue(old.producer)
+        self.changes += 1
+
+    def remove_node(self, node: Node) -> None:
+        """Detach ``node`` (its outputs must be unused); swept from the list by compact()."""
+        for out in node.outputs:
+            if out.users or (self.is_returned(out) and _still_returned(self.root, out)):
+                raise ValueError(f"cannot remove {node.describe()}: {out.name!r} is still used")
+        for index, value in enumerate(node.inputs):
+            if value is not None:
+                value.users.remove((node, index))
+                self.enqueue(value.producer)
+        for sub in node.subgraphs():
+            inner_nodes = list(sub.walk_nodes())
+            for inner in inner_nodes:
+                for index, value in enumerate(inner.inputs):
+                    if value is not None and value.graph is not None and _is_outside(value, sub):
+                        value.users.remove((inner, index))
+                        self.enqueue(value.producer)
+            for inner in inner_nodes:
+                inner.graph = None  # gone with their owner: the worklist skips them
+        self._dirty_graphs.add(id(node.graph))
+        node.graph = None
+        self.changes += 1
+
+    def add_node(self, graph: Graph, op_type: str, inputs: Sequence[Optional[Value]], num_outputs: int = 1,
+                 attrs: Optional[dict[str, Any]] = None, before: Optional[Node] = None, name: str = "") -> Node:
+        """A new node, placed just before ``before`` (or at the end), and enqueued."""
+        index = None
+        if before is not None:
+            self.compact_graph(graph)
+            index = graph.nodes.index(before)
+        node = graph.add_node(op_type, inputs, num_outputs, attrs, name=name, index=index)
+        anchor = self.order(before) if before is not None else float(len(self._order))
+        self._order[id(node)] = anchor - 0.5 / (1 + next(self._tiebreak) % 1000)
+        self.enqueue(node)
+        self.changes += 1
+        return node
+
+    def constant(self, graph: Graph, array: np.ndarray, hint: str = "const") -> Value:
+        """A new initializer of ``graph`` holding ``array``."""
+        self.changes += 1
+        return graph.add_initializer(graph.fresh_name(hint), np.asarray(array))
+
+    # -- sweeping ------------------------------------------------------------------
+    def compact_graph(self, graph: Graph) -> None:
+        if id(graph) in self._dirty_graphs:
+            graph.nodes = [n for n in graph.nodes if n.graph is graph]
+            self._dirty_graphs.discard(id(graph))
+
+    def compact(self) -> None:
+        """Drop removed nodes from every node list, and unused initializers."""
+        for graph in _graphs(self.root):
+            self.compact_graph(graph)
+        self._dirty_graphs.clear()
+        for graph in _graphs(self.root):
+            outputs = {id(v) for v in graph.outputs}
+            for name, value in list(graph.initializers.items()):
+                if not value.users and id(value) not in outputs:
+                    del graph.initializers[name]
+
+
+def _still_returned(root: Graph, value: Value) -> bool:
+    return any(v is value for g in _graphs(root) for v in g.outputs)
+
+
+def _graphs(root: Graph):
+    yield root
+    for node in root.nodes:
+        if node.graph is None:
+            continue
+        for sub in node.subgraphs():
+            yield from _graphs(sub)
+
+
+def _is_outside(value: Value, sub: Graph) -> bool:
+    graph = value.graph
+    while graph is not None:
+        if graph is sub:
+            return False
+        graph = graph.parent
+    return True
+
+
+def _owner_in(node: Node, graph: Optional[Graph]) -> Optional[Node]:
+    """The node of ``graph`` whose subgraph contains ``node`` (None if node is in graph)."""
+    if graph is None or node.graph is None or node.graph is graph:
+        return None
+    inner = node.graph
+    while inner is not None and inner.parent is not None and inner.parent is not graph:
+        inner = inner.parent
+    if inner is None or inner.parent is not graph:
+        return None
+    for candidate in graph.nodes:
+        if candidate.graph is graph and any(s is inner for s in candidate.subgraphs()):
+            return candidate
+    return None
