@@ -46,7 +46,9 @@ def random_array(t: TensorType, binding: Mapping[str, int], rng: np.random.Gener
     if dtype.kind == "f":
         return rng.standard_normal(shape).astype(dtype)
     if dtype.kind in "iu":
-        return rng.integers(0, 10, shape).astype(dtype)
+        # 0 and 1 only: integer inputs are mostly ids, masks and types, which index
+        # tables of unknown size; any table has rows 0 and 1.
+        return rng.integers(0, 2, shape).astype(dtype)
     if dtype.kind == "b":
         return rng.random(shape) < 0.5
     if dtype.kind == "c":

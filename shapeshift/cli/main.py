@@ -12,7 +12,9 @@ import sys
 from typing import Optional, Sequence
 
 from ..errors import ShapeshiftError
+from ..passes.simplify.engine import STRATEGIES
 from .commands import cmd_info, cmd_run
+from .simplify_cmd import cmd_simplify
 
 EXIT_USER_ERROR = 2
 
@@ -52,6 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save", metavar="DIR", help="write each output as DIR/NAME.npy")
     run.set_defaults(handler=cmd_run)
+
+    simplify = sub.add_parser("simplify", help="fold constants and make dynamic ops static; write OUT")
+    simplify.add_argument("input", metavar="IN")
+    simplify.add_argument("output", metavar="OUT")
+    simplify.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
+    simplify.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...")
+    simplify.add_argument("--check", type=int, default=0, metavar="N",
+                          help="compare outputs with onnxruntime on N random inputs")
+    simplify.add_argument("--strategy", choices=STRATEGIES, default="incremental")
+    simplify.set_defaults(handler=cmd_simplify)
     return parser
 
 

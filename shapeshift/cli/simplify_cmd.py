@@ -1,0 +1,123 @@
+"""`shapeshift simplify IN OUT`: simplify, print a before/after table, optionally check."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..errors import ShapeshiftError
+from ..frontend.onnx_import import read_model
+from ..passes.simplify import simplify_model
+from ..passes.simplify.report import count_model
+from .feeds import random_feed
+
+#: Past this many bytes of tensors a model is written with external data (protobuf's limit is 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+class CheckFailed(ShapeshiftError):
+    """The simplified model's outputs differ from the original's."""
+
+
+def parse_input_shape(text: str) -> tuple[str, list]:
+    name, sep, dims = text.partition("=")
+    if not sep or not name or not dims:
+        raise ShapeshiftError(f"--input-shape {text!r}: expected NAME=D0,D1,... (ints or symbol names)")
+    return name, [d.strip() for d in dims.split(",")] if dims.strip() else []
+
+
+def _row(label: str, before, after) -> str:
+    return f"  {label:<24} {str(before):>12} {str(after):>12}"
+
+
+def print_table(before, after, seconds: float) -> None:
+    print(f"  {'':<24} {'before':>12} {'after':>12}")
+    print(_row("nodes", before.nodes, after.nodes))
+    print(_row("Shape ops", before.shape_ops, after.shape_ops))
+    print(_row("dynamic ops", before.dynamic_ops, after.dynamic_ops))
+    print(_row("file size (KiB)", before.size_bytes // 1024, after.size_bytes // 1024))
+    changed = sorted(op for op in set(before.ops) | set(after.ops) if before.ops[op] != after.ops[op])
+    for op in changed:
+        print(_row(f"  {op}", before.ops[op], after.ops[op]))
+    print(f"  simplified in {seconds * 1000:.0f} ms")
+
+
+def save_atomically(model: onnx.ModelProto, path: Path) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written OUT."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensor_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        if tensor_bytes > EXTERNAL_DATA_THRESHOLD:
+            onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=f"{path.name}.data")
+        else:
+            onnx.save(model, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def check_outputs(original: onnx.ModelProto, simplified: onnx.ModelProto, graph, dynamic, count: int) -> None:
+    import onnxruntime as ort
+
+    providers = ["CPUExecutionProvider"]
+    reference = ort.InferenceSession(original.SerializeToString(), providers=providers)
+    candidate = ort.InferenceSession(simplified.SerializeToString(), providers=providers)
+    rng = np.random.default_rng(0)
+    for trial in range(count):
+        feed = random_feed(graph, list(graph.inputs), dynamic or {}, rng)
+        shapes = _shapes_text(feed)
+        try:
+            want = reference.run(None, feed)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors
+            raise CheckFailed(f"check {trial + 1}: onnxruntime cannot run the original model on random inputs "
+                              f"{shapes}: {str(exc).splitlines()[0][:300]}") from None
+        try:
+            got = candidate.run(None, feed)
+        except Exception as exc:  # noqa: BLE001
+            raise CheckFailed(f"check {trial + 1}: onnxruntime cannot run the simplified model on inputs "
+                              f"{shapes}: {str(exc).splitlines()[0][:300]}") from None
+        worst = 0.0
+        for name, w, g in zip([o.name for o in original.graph.output], want, got):
+            if w.shape != g.shape or w.dtype != g.dtype:
+                raise CheckFailed(f"check {trial + 1}: output {name!r} is {g.dtype}{list(g.shape)}, "
+                                  f"original gives {w.dtype}{list(w.shape)} (inputs {shapes})")
+            if w.dtype.kind == "f":
+                scale = max(1.0, float(np.abs(w).max())) if w.size else 1.0
+                diff = float(np.nanmax(np.abs(w - g))) if w.size else 0.0
+                if not diff <= 1e-4 * scale:
+                    raise CheckFailed(f"check {trial + 1}: output {name!r} differs by {diff:.3g} (inputs {shapes})")
+                worst = max(worst, diff)
+            elif not np.array_equal(w, g):
+                raise CheckFailed(f"check {trial + 1}: output {name!r} differs (inputs {shapes})")
+        print(f"  check {trial + 1}/{count}: inputs {shapes}: outputs equal (max abs diff {worst:.2g})")
+
+
+def _shapes_text(feed: dict) -> str:
+    items = [f"{name}{list(array.shape)}" for name, array in feed.items()]
+    return ", ".join(items[:3]) + (f", ... ({len(items)} inputs)" if len(items) > 3 else "")
+
+
+def cmd_simplify(args) -> int:
+    original = read_model(args.input)
+    input_shapes = dict(parse_input_shape(t) for t in args.input_shape)
+    start = time.perf_counter()
+    simplified, graph, stats = simplify_model(original, args.dynamic, input_shapes or None, args.strategy)
+    seconds = time.perf_counter() - start
+    print(f"{args.input} -> {args.output} (strategy {args.strategy})")
+    print_table(count_model(original), count_model(simplified), seconds)
+    for warning in stats.warnings[:5]:
+        print(f"  warning: {warning}")
+    if args.check:
+        check_outputs(original, simplified, graph, args.dynamic, args.check)
+    save_atomically(simplified, Path(args.output))
+    return 0

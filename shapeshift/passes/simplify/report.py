@@ -1,0 +1,53 @@
+"""Counting what simplification changed: nodes, ops, Shape ops and dynamic ops left."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import onnx
+
+from ...ops import lookup
+
+
+@dataclass
+class ModelCounts:
+    nodes: int
+    ops: collections.Counter
+    shape_ops: int
+    dynamic_ops: int
+    size_bytes: int
+
+
+def _walk(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield graph, node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(attr.g)
+            for sub in attr.graphs:
+                yield from _walk(sub)
+
+
+def _constant_names(model: onnx.ModelProto) -> set[str]:
+    names = {t.name for t in model.graph.initializer}
+    for graph, node in _walk(model.graph):
+        names |= {t.name for t in graph.initializer}
+        if node.op_type == "Constant":
+            names |= set(node.output)
+    return names
+
+
+def count_model(model: onnx.ModelProto) -> ModelCounts:
+    """Counts for an ONNX model; a dynamic op has a parameter input that is not a constant."""
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    constants = _constant_names(model)
+    ops: collections.Counter = collections.Counter()
+    dynamic = 0
+    for _, node in _walk(model.graph):
+        ops[node.op_type] += 1
+        rule = lookup(node.domain, node.op_type, opsets.get(node.domain or "", 1))
+        if rule is not None and any(i < len(node.input) and node.input[i] and node.input[i] not in constants
+                                    for i in rule.params):
+            dynamic += 1
+    return ModelCounts(sum(ops.values()), ops, ops["Shape"], dynamic, model.ByteSize())
