@@ -351,12 +351,13 @@ def floordiv(a: Dim, b: Dim) -> Dim:
         lo, hi = bounds(rest)
         if 0 <= lo and hi < c:
             return 0
-        # (x // p) // c == x // (p*c) for positive constants.
-        single = rest.terms[0] if isinstance(rest, Expr) and len(rest.terms) == 1 else None
-        if single and single[1] == 1 and len(single[0]) == 1 and single[0][0][1] == 1:
-            inner = single[0][0][0]
-            if inner.kind == "floordiv" and not isinstance(inner.args[1], Expr) and inner.args[1] > 0:
-                return floordiv(inner.args[0], inner.args[1] * c)
+        # (x // p + k) // c == (x + p*k) // (p*c) for positive constants p, c and
+        # any integer k: conv/pool output sizes nest this way layer after layer.
+        nested = _nested_floordiv(rest)
+        if nested is not None:
+            inner, offset = nested
+            numerator, divisor = inner.args
+            return floordiv(add(numerator, divisor * offset), divisor * c)
         return _opaque("floordiv", (rest, c), *_floordiv_bounds(bounds(rest), (c, c)))
     # b symbolic
     if a is b and b.lo > 0:
@@ -365,6 +366,24 @@ def floordiv(a: Dim, b: Dim) -> Dim:
     if exact is not None:
         return exact
     return _opaque("floordiv", (a, b), *_floordiv_bounds(bounds(a), bounds(b)))
+
+
+def _nested_floordiv(x: Dim) -> tuple[Atom, int] | None:
+    """(atom, k) when x is exactly ``floordiv(y, p) + k`` with a positive constant p."""
+    if not isinstance(x, Expr):
+        return None
+    offset = 0
+    inner = None
+    for monomial, coeff in x.terms:
+        if not monomial:
+            offset = coeff
+        elif coeff == 1 and len(monomial) == 1 and monomial[0][1] == 1 and inner is None:
+            inner = monomial[0][0]
+        else:
+            return None
+    if inner is None or inner.kind != "floordiv" or isinstance(inner.args[1], Expr) or inner.args[1] <= 0:
+        return None
+    return inner, offset
 
 
 def _divide_exactly(a: Dim, b: Expr) -> Dim | None:

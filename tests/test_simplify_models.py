@@ -1,0 +1,57 @@
+"""Simplify on the real models of ../shared/models: same outputs, Shape chains gone.
+
+Every simplified model gives onnxruntime's outputs of the original at three
+values of each dynamic dim.  On the TorchScript BERT and GPT-2 and the dynamo
+DistilBERT, no Shape op is left inside shapeshift's graph, and every Shape op
+of the exported model reads a graph input directly (the shared computation of
+symbolic parameters).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from shapeshift.passes.simplify import simplify_model
+
+from .conftest import shared_model
+from .shared_models import FEEDS, feeds
+
+pytestmark = pytest.mark.models
+TRANSFORMERS = ["bert.ts.onnx", "distilbert.dynamo.onnx", "gpt2_past.ts.onnx"]
+
+
+def _ort(model):
+    import onnxruntime as ort
+
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", sorted(FEEDS))
+def test_simplified_model_matches_original(name):
+    path = shared_model(name)
+    simplified, graph, stats = simplify_model(path, check=True)
+    onnx.checker.check_model(simplified, full_check=True)
+    original, candidate = _ort(path), _ort(simplified)
+    assert [o.name for o in simplified.graph.output] == [o.name for o in onnx.load(str(path)).graph.output]
+    for index in range(3):
+        feed = feeds(name, index)
+        for want, got in zip(original.run(None, feed), candidate.run(None, feed)):
+            assert want.shape == got.shape and want.dtype == got.dtype
+            if want.dtype.kind == "f":
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want).max(initial=0))))
+            else:
+                np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_no_shape_chain_left(name):
+    path = shared_model(name)
+    simplified, graph, _ = simplify_model(path)
+    assert not [n for n in graph.walk_nodes() if n.op_type == "Shape"]
+    inputs = {i.name for i in simplified.graph.input}
+    shape_ops = [n for n in simplified.graph.node if n.op_type == "Shape"]
+    assert all(n.input[0] in inputs for n in shape_ops), [n.input[0] for n in shape_ops]
+    assert len(shape_ops) <= 3
