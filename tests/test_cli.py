@@ -61,3 +61,38 @@ def test_errors_print_one_line_and_exit_2(encoder_path, tmp_path, args, pattern)
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and pattern in lines[0], result.stderr
+
+
+def test_simplify_prints_table_checks_and_writes(encoder_path, tmp_path):
+    out = tmp_path / "simplified.onnx"
+    result = _cli("simplify", str(encoder_path), str(out), "--check", "2", "--dynamic", "seq=1:32",
+                  "--dynamic", "batch=1:3")
+    assert result.returncode == 0, result.stderr
+    assert "Shape ops" in result.stdout and "check 2/2" in result.stdout and "outputs equal" in result.stdout
+    import onnx
+
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    assert sum(n.op_type == "Shape" for n in model.graph.node) < 17
+
+
+def test_simplify_input_shape_makes_the_model_static(encoder_path, tmp_path):
+    out = tmp_path / "static.onnx"
+    result = _cli("simplify", str(encoder_path), str(out), "--input-shape", "input_ids=1,8",
+                  "--input-shape", "attention_mask=1,8")
+    assert result.returncode == 0, result.stderr
+    import onnx
+
+    model = onnx.load(out)
+    assert not [n for n in model.graph.node if n.op_type == "Shape"]
+    dims = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [1, 8, 32]
+
+
+def test_simplify_bad_input_writes_nothing(tmp_path):
+    garbage = tmp_path / "bad.onnx"
+    garbage.write_bytes(b"not a model at all" * 5)
+    out = tmp_path / "out.onnx"
+    result = _cli("simplify", str(garbage), str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out.onnx.*"))
