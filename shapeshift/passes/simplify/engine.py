@@ -159,7 +159,7 @@ class _Simplifier:
         if param is None or not any(isinstance(d, Expr) for d in param.dims):
             return False
         graph = node.graph
-        replacement = self.rw.add_node(graph, SYMBOLIC_OP, [None], before=node, name=out.name)
+        replacement = self.rw.add_node(graph, SYMBOLIC_OP, [None], before=node, name=out.name, at_start=True)
         replacement.domain = SYMBOLIC_DOMAIN
         replacement.params[0] = param
         self.retype(replacement)

@@ -85,9 +85,13 @@ class Rewriter:
         if old is new:
             return
         users = [user for user, _ in old.users]
+        for user, index in list(old.users):
+            user.set_input(index, new)
         if self.is_returned(old):
+            # Only then walk the tree: doing it on every replacement would be quadratic.
             self._returned.add(id(new))
-        self.root.replace_all_uses(old, new)
+            for graph in _graphs(self.root):
+                graph.outputs = [new if v is old else v for v in graph.outputs]
         for user in users:
             self.enqueue(user)
             self.enqueue(_owner_in(user, new.graph))
@@ -125,10 +129,16 @@ class Rewriter:
         self.changes += 1
 
     def add_node(self, graph: Graph, op_type: str, inputs: Sequence[Optional[Value]], num_outputs: int = 1,
-                 attrs: Optional[dict[str, Any]] = None, before: Optional[Node] = None, name: str = "") -> Node:
-        """A new node, placed just before ``before`` (or at the end), and enqueued."""
-        index = None
-        if before is not None:
+                 attrs: Optional[dict[str, Any]] = None, before: Optional[Node] = None, name: str = "",
+                 at_start: bool = False) -> Node:
+        """A new node, placed just before ``before`` (or at the end), and enqueued.
+
+        ``at_start`` puts it first in its graph instead: right for a node that
+        reads nothing of that graph, and O(1) in Python work, where finding
+        ``before`` in the node list is O(n).
+        """
+        index = 0 if at_start else None
+        if before is not None and not at_start:
             self.compact_graph(graph)
             index = graph.nodes.index(before)
         node = graph.add_node(op_type, inputs, num_outputs, attrs, name=name, index=index)
