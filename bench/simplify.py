@@ -58,6 +58,16 @@ LONG_RUN_S = 120.0
 TARGET_PER_OP_SPEEDUP = 20.0
 TARGET_LINEARITY = 4.5
 
+METHOD = (
+    "Time: `onnx.load` of the file through the tool returning a ModelProto (shapeshift: import, simplify, "
+    "export), after a warm-up on a 1-layer encoder in the same process; min–max is the spread over the runs. "
+    "Peak RSS: the process's peak resident set during the timed run minus its resident set just before it, "
+    "so C++ allocations (onnx-simplifier, protobuf) count too; tracemalloc would not see them. Counts "
+    "(before → after) include subgraphs; dynamic ops are ops whose parameter input (Reshape shape, Slice "
+    "starts, Unsqueeze axes, Range bounds, ...) is not an initializer or Constant. onnx-simplifier runs with "
+    "its defaults: it keeps dynamic dims, does not enter If/Loop bodies (`include_subgraph=False`) and fuses "
+    "MatMul+Add into Gemm, which on 3-D activations adds Reshape(x, Concat(Shape ...)) pairs."
+)
 # Input positions that are op parameters ("dynamic" when not a constant).
 DYNAMIC_OP_PARAMS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
@@ -289,7 +299,7 @@ def shared_cases(models_dir: Path, names: Optional[list[str]]) -> list[Case]:
         print(f"skipping shared models: {models_dir} does not exist", file=sys.stderr)
         return []
     paths = sorted(models_dir.glob("*.onnx"))
-    return [_case(p.stem, p, "shared") for p in paths if not names or p.stem in names or p.name in names]
+    return [_case(p.stem, p, "shared") for p in paths if names is None or p.stem in names or p.name in names]
 
 
 def encoder_cases(layers: list[int], workdir: Path) -> list[Case]:
@@ -322,21 +332,29 @@ def _arrow(before: int, after: Optional[dict[str, int]], key: str) -> str:
     return f"{before} → {after[key]}" if after else f"{before} → ?"
 
 
-def _row(m: Measurement) -> str:
+def _failed_row(m: Measurement) -> str:
     b = m.case.before
-    status = (m.error or ("" if m.seconds else "not available"))[:300].replace("|", "\\|")
+    status = (m.error or "not available")[:300].replace("|", "\\|")
+    return (f"| {m.case.name} | {m.tool} | — | — | — | — | {b['nodes']} → — | {b['shape_ops']} → — | "
+            f"{b['dynamic_ops']} → — | {status} |")
+
+
+def _row(m: Measurement) -> str:
     if m.error or not m.seconds:
-        return f"| {m.case.name} | {m.tool} | — | — | — | {b['nodes']} → — | {b['shape_ops']} → — | " \
-               f"{b['dynamic_ops']} → — | {status} |"
-    return (f"| {m.case.name} | {m.tool} | {_fmt_time(m.time)} | {len(m.seconds)} | {m.rss_mb:.1f} | "
+        return _failed_row(m)
+    b = m.case.before
+    spread = f"{_fmt_time(min(m.seconds))}–{_fmt_time(max(m.seconds))}"
+    return (f"| {m.case.name} | {m.tool} | {_fmt_time(m.time)} | {spread} | {len(m.seconds)} | {m.rss_mb:.1f} | "
             f"{_arrow(b['nodes'], m.after, 'nodes')} | {_arrow(b['shape_ops'], m.after, 'shape_ops')} | "
             f"{_arrow(b['dynamic_ops'], m.after, 'dynamic_ops')} | |")
 
 
+TABLE_HEADER = ("| model | tool | time s (median) | min–max | runs | peak RSS MB | nodes | Shape ops | dynamic ops "
+                "| note |")
+
+
 def results_table(measurements: list[Measurement]) -> list[str]:
-    lines = ["| model | tool | time s (median) | runs | peak RSS MB | nodes | Shape ops | dynamic ops | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    return lines + [_row(m) for m in measurements]
+    return [TABLE_HEADER, "|---|---|---|---|---|---|---|---|---|---|"] + [_row(m) for m in measurements]
 
 
 def _lookup(measurements: list[Measurement]) -> dict[tuple[str, str], float]:
@@ -385,13 +403,7 @@ def report(measurements: list[Measurement], cases: list[Case], tools: list[str],
     shared = [m for m in measurements if m.case.group == "shared"]
     encoders = [m for m in measurements if m.case.group == "encoder"]
     lines = ["# Simplify benchmark", "", f"{_versions()}. Median of {runs} runs, each in a fresh process "
-             f"(per-op on encoder-48 and any run over {LONG_RUN_S:g} s: 1 run).", "",
-             "Time: `onnx.load` of the file through the tool returning a ModelProto (shapeshift: import, "
-             "simplify, export), after a warm-up on a 1-layer encoder in the same process. Peak RSS: the "
-             "process's peak resident set during the timed run minus its resident set just before it, so C++ allocations (onnx-simplifier, protobuf) "
-             "count too; tracemalloc would not see them. Counts (before → after) include subgraphs; "
-             "dynamic ops are ops whose parameter input (Reshape shape, Slice starts, Unsqueeze axes, "
-             "Range bounds, ...) is not an initializer or Constant.", ""]
+             f"(per-op on encoder-48 and any run over {LONG_RUN_S:g} s: 1 run).", "", METHOD, ""]
     lines += [f"- {n}" for n in notes] + ([""] if notes else [])
     if shared:
         lines += ["## Models in ../shared/models", ""] + results_table(shared) + [""]
@@ -407,7 +419,8 @@ def report(measurements: list[Measurement], cases: list[Case], tools: list[str],
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median reported)")
-    parser.add_argument("--models", nargs="*", help="names of models in the models folder (default: all)")
+    parser.add_argument("--models", nargs="*",
+                        help="names of models in the models folder (default: all; no names: none)")
     parser.add_argument("--models-dir", type=Path, default=MODELS_DIR)
     parser.add_argument("--layers", type=int, nargs="*", default=list(ENCODER_LAYERS),
                         help="encoder sizes to build (none: skip the encoders)")

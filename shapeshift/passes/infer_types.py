@@ -36,13 +36,18 @@ def infer_graph(graph: Graph, input_types: Optional[list] = None) -> list:
     return [v.type for v in graph.outputs]
 
 
-def infer_node(node: Node) -> None:
+def infer_node(node: Node, retype_bodies: bool = True) -> None:
+    """Run ``node``'s type rule.  With ``retype_bodies`` False, a body is re-typed
+    only when its input types change: the simplify worklist keeps body nodes
+    typed itself, and re-typing whole bodies at each visit of their owner would
+    make nested control flow quadratic."""
     graph = node.graph
     opset = graph.opset.get("" if node.domain == "ai.onnx" else node.domain, 1)
     rule = lookup(node.domain, node.op_type, opset)
     if rule is None:
         return
-    ctx = InferContext(node, opset, graph.symbols, infer_subgraph=lambda g, types: infer_graph(g, types))
+    body_types = (lambda g, types: infer_graph(g, types)) if retype_bodies else _body_types_if_inputs_changed
+    ctx = InferContext(node, opset, graph.symbols, infer_subgraph=body_types)
     try:
         types = list(rule.infer(ctx))
     except ShapeInferenceError:
@@ -55,6 +60,12 @@ def infer_node(node: Node) -> None:
         inferred = types[index] if index < len(types) else None
         out.type = _prefer(inferred, out.type)
         out.shape_contents = ctx.output_contents.get(index)
+
+
+def _body_types_if_inputs_changed(graph: Graph, input_types: list) -> list:
+    if any(t is not None and value.type != t for value, t in zip(graph.inputs, input_types)):
+        return infer_graph(graph, input_types)
+    return [v.type for v in graph.outputs]
 
 
 def _prefer(inferred: Optional[ValueType], declared: Optional[ValueType]) -> Optional[ValueType]:

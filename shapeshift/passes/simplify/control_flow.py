@@ -29,8 +29,14 @@ def inline_if(node: Node, condition: bool, rw: Rewriter) -> list[Node]:
     branch's values keep theirs.
     """
     branch = node.attrs["then_branch" if condition else "else_branch"]
+    # The branch stops returning its outputs; they stay marked as returned only where
+    # the If's own outputs are (replace_value below carries that over).
+    returned = list(branch.outputs)
+    branch.outputs = []
+    rw.forget_returned(returned, branch)
     parent = node.graph
     rw.compact_graph(parent)
+    rw.compact_graph(branch)  # nodes of the branch removed before must not come back
     position = parent.nodes.index(node)
     moved = list(branch.nodes)
     for value in branch.initializers.values():
@@ -48,9 +54,8 @@ def inline_if(node: Node, condition: bool, rw: Rewriter) -> list[Node]:
     anchor = rw.order(node)
     for offset, inner in enumerate(moved):
         rw._order[id(inner)] = anchor - 1.0 + (offset + 1) / (len(moved) + 1)
-    for if_out, branch_out in zip(node.outputs, branch.outputs):
+    for if_out, branch_out in zip(node.outputs, returned):
         rw.replace_value(if_out, branch_out)
-    branch.outputs = []
     rw.remove_node(node)
     rw.enqueue_all(moved)
     return moved

@@ -87,7 +87,7 @@ class _Simplifier:
     def visit(self, node: Node, rules: bool = True) -> None:
         """All steps for one node (the incremental strategy)."""
         self.stats.visits += 1
-        if not self.retype(node):
+        if self.rw.take_stale(node) and not self.retype(node):
             return
         if self.drop_if_dead(node) or self.inline(node) or self.fold(node) or self.symbolize(node):
             return
@@ -98,7 +98,7 @@ class _Simplifier:
     def retype(self, node: Node) -> bool:
         before = [(o.type, o.shape_contents) for o in node.outputs]
         try:
-            infer_node(node)
+            infer_node(node, retype_bodies=False)
         except ShapeshiftError as exc:
             self.stats.warnings.append(str(exc))
             return False
@@ -261,7 +261,8 @@ class _Simplifier:
 
     # -- strategies ----------------------------------------------------------------------
     def run_incremental(self) -> None:
-        self.rw.enqueue_all(self.graph.walk_nodes())
+        # Import typed every node with the same rules: first visits need not re-infer.
+        self.rw.enqueue_all(self.graph.walk_nodes(), stale=False)
         budget = self.options.max_visits_per_node * max(1, sum(1 for _ in self.graph.walk_nodes()))
         while self.rw:
             node = self.rw.pop()

@@ -27,6 +27,7 @@ class Rewriter:
         self.root = root
         self._heap: list[tuple[float, int, Node]] = []
         self._queued: set[int] = set()
+        self._stale: set[int] = set()
         self._order: dict[int, float] = {}
         self._tiebreak = itertools.count()
         self._dirty_graphs: set[int] = set()
@@ -45,15 +46,27 @@ class Rewriter:
     def order(self, node: Node) -> float:
         return self._order.get(id(node), 0.0)
 
-    def enqueue(self, node: Optional[Node]) -> None:
-        if node is None or node.graph is None or id(node) in self._queued:
+    def enqueue(self, node: Optional[Node], stale: bool = True) -> None:
+        """Queue ``node`` for a visit; ``stale`` means its types must be re-inferred."""
+        if node is None or node.graph is None:
+            return
+        if stale:
+            self._stale.add(id(node))
+        if id(node) in self._queued:
             return
         self._queued.add(id(node))
         heapq.heappush(self._heap, (self.order(node), next(self._tiebreak), node))
 
-    def enqueue_all(self, nodes: Iterable[Node]) -> None:
+    def enqueue_all(self, nodes: Iterable[Node], stale: bool = True) -> None:
         for node in nodes:
-            self.enqueue(node)
+            self.enqueue(node, stale)
+
+    def take_stale(self, node: Node) -> bool:
+        """Whether something changed around ``node`` since its types were inferred (and clear it)."""
+        if id(node) in self._stale:
+            self._stale.discard(id(node))
+            return True
+        return False
 
     def enqueue_users(self, value: Value) -> None:
         for user, _ in value.users:
@@ -79,6 +92,23 @@ class Rewriter:
     def is_used(self, value: Value) -> bool:
         return bool(value.users) or self.is_returned(value)
 
+    def forget_returned(self, values: Iterable[Value], body: Graph) -> None:
+        """``values`` were returned by ``body``, which no longer returns them (it went
+        away with its node, or is an If branch being inlined, its outputs already
+        cleared): unmark each, unless another graph of the tree still returns it, so
+        that a node whose only reader was the body can be dropped as dead.
+
+        A value defined inside ``body`` is returned by nothing else; only one from
+        outside (a body returning an outer value directly) costs a walk of the tree.
+        """
+        for value in values:
+            if id(value) not in self._returned:
+                continue
+            inside = value.graph is not None and not _is_outside(value, body)
+            if inside or not _still_returned(self.root, value):
+                self._returned.discard(id(value))
+                self.enqueue(value.producer)
+
     # -- mutations ---------------------------------------------------------------
     def replace_value(self, old: Value, new: Value) -> None:
         """Every reader of ``old`` (graph outputs included) now reads ``new``."""
@@ -90,6 +120,7 @@ class Rewriter:
         if self.is_returned(old):
             # Only then walk the tree: doing it on every replacement would be quadratic.
             self._returned.add(id(new))
+            self._returned.discard(id(old))  # no graph returns it now (and its id may be reused)
             for graph in _graphs(self.root):
                 graph.outputs = [new if v is old else v for v in graph.outputs]
         for user in users:
@@ -115,8 +146,11 @@ class Rewriter:
             if value is not None:
                 value.users.remove((node, index))
                 self.enqueue(value.producer)
-        for sub in node.subgraphs():
-            inner_nodes = list(sub.walk_nodes())
+        bodies = list(node.subgraphs())
+        returned = [[v for g in _graphs(sub) for v in g.outputs] for sub in bodies]
+        for sub in bodies:
+            # Removal is lazy: a body's node list may still hold nodes removed before.
+            inner_nodes = [inner for inner in sub.walk_nodes() if inner.graph is not None]
             for inner in inner_nodes:
                 for index, value in enumerate(inner.inputs):
                     if value is not None and value.graph is not None and _is_outside(value, sub):
@@ -126,6 +160,8 @@ class Rewriter:
                 inner.graph = None  # gone with their owner: the worklist skips them
         self._dirty_graphs.add(id(node.graph))
         node.graph = None
+        for sub, values in zip(bodies, returned):
+            self.forget_returned(values, sub)
         self.changes += 1
 
     def add_node(self, graph: Graph, op_type: str, inputs: Sequence[Optional[Value]], num_outputs: int = 1,
