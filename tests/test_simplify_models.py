@@ -55,3 +55,24 @@ def test_no_shape_chain_left(name):
     shape_ops = [n for n in simplified.graph.node if n.op_type == "Shape"]
     assert all(n.input[0] in inputs for n in shape_ops), [n.input[0] for n in shape_ops]
     assert len(shape_ops) <= 3
+
+
+def _dims(value_info, model) -> list:
+    """Output dims, with symbols made up during inference (numbered per run) shown as '?'."""
+    named = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param if d.dim_param in named else "?")
+            for d in value_info.type.tensor_type.shape.dim]
+
+
+@pytest.mark.parametrize("name", ["bert.ts.onnx", "vit_interp.ts.onnx", "silero_vad.onnx", "yolov8n_nudenet.320n.onnx"])
+def test_strategies_reach_the_same_model(name):
+    """incremental, fixpoint and per-op differ in scheduling only: same ops, same outputs."""
+    import collections
+
+    path = shared_model(name)
+    results = {}
+    for strategy in ("incremental", "fixpoint", "per-op"):
+        model = simplify_model(path, strategy=strategy)[0]
+        ops = collections.Counter(n.op_type for n in model.graph.node)
+        results[strategy] = (ops, [(o.name, _dims(o, model)) for o in model.graph.output])
+    assert results["incremental"] == results["fixpoint"] == results["per-op"]

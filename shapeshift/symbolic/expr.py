@@ -387,8 +387,16 @@ def _nested_floordiv(x: Dim) -> tuple[Atom, int] | None:
 
 
 def _divide_exactly(a: Dim, b: Expr) -> Dim | None:
-    """a / b when b is one monomial (coefficient 1) dividing every term of a."""
-    if len(b.terms) != 1 or b.terms[0][1] != 1 or b.lo <= 0:
+    """a / b when a is a constant multiple of b, or b is one monomial dividing every term of a."""
+    if b.lo <= 0:
+        return None
+    if isinstance(a, Expr):
+        # (64*x + 64) / (x + 1): try the ratio of the leading terms.
+        lead_monomial, lead_coeff = b.terms[0]
+        coeff = dict(a.terms).get(lead_monomial)
+        if coeff is not None and coeff % lead_coeff == 0 and mul(b, coeff // lead_coeff) is a:
+            return coeff // lead_coeff
+    if len(b.terms) != 1 or b.terms[0][1] != 1:
         return None
     (bm, _), = b.terms
     bpowers = dict(bm)

@@ -224,6 +224,10 @@ class _Simplifier:
                 node.params[index] = param
             self.stats.params_made += 1
             changed = True
+        if changed:
+            # Rules on the readers may depend on this node being static (Reshape of Reshape).
+            for out in node.outputs:
+                self.rw.enqueue_users(out)
         return changed
 
     def _param_of(self, value: Value) -> Optional[StaticParam]:
