@@ -66,12 +66,17 @@ def graph_to_proto(graph: Graph, emitter: Optional[ParamEmitter] = None) -> onnx
         proto.initializer.append(_tensor(value))
     for node in graph.nodes:
         if (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP):
-            # Our own op: written as the computation of its contents from the inputs.
+            # Our own op: its readers read the computation of its contents from the
+            # inputs directly; only a graph output keeps its name through an Identity.
+            out = node.outputs[0]
             source = emitter.param(node, 0, node.params[0])
-            proto.node.append(helper.make_node("Identity", [source], [node.outputs[0].name]))
+            if id(out) in outputs or _read_by_outer_output(out, graph):
+                proto.node.append(helper.make_node("Identity", [source], [out.name]))
+            else:
+                emitter.alias[out.name] = source
             continue
         node_proto = onnx.NodeProto(op_type=node.op_type, domain=node.domain, name=node.name, doc_string=node.doc)
-        node_proto.input.extend("" if v is None else v.name for v in node.inputs)
+        node_proto.input.extend("" if v is None else emitter.alias.get(v.name, v.name) for v in node.inputs)
         for index, param in sorted(node.params.items()):
             node_proto.input[index] = emitter.param(node, index, param)
         node_proto.output.extend(

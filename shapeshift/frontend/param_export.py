@@ -31,6 +31,8 @@ class ParamEmitter:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._cache: dict[object, str] = {}
+        #: Names of removed values (SymbolicTensor outputs) -> the tensor standing for them.
+        self.alias: dict[str, str] = {}
         self._opset = root.opset.get("", 17)
         self._sources = _symbol_sources(root)
 
