@@ -49,8 +49,10 @@ def _tensor(value: Value) -> onnx.TensorProto:
 
 def graph_to_proto(graph: Graph, emitter: Optional[ParamEmitter] = None) -> onnx.GraphProto:
     """The GraphProto of ``graph``; static parameters are written through ``emitter``."""
-    if emitter is None and graph.parent is None:
-        emitter = ParamEmitter(graph)
+    if emitter is None:
+        # The emitted computations go at the top of the graph being written (the
+        # root, or a body written on its own, e.g. for onnx.reference).
+        emitter = ParamEmitter(graph.root)
         proto = graph_to_proto(graph, emitter)
         if emitter.nodes or emitter.initializers:
             nodes = emitter.nodes + list(proto.node)

@@ -17,6 +17,7 @@ be evaluated under a binding).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import weakref
 from typing import Iterable, Mapping, Union
@@ -279,6 +280,14 @@ def bounds(x: Dim) -> tuple[int, int]:
 def add(a: Dim, b: Dim) -> Dim:
     if not isinstance(a, Expr) and not isinstance(b, Expr):
         return int(a) + int(b)
+    return _add_symbolic(a if isinstance(a, Expr) else int(a), b if isinstance(b, Expr) else int(b))
+
+
+# Expressions are interned and immutable, so symbolic sums and products can be
+# memoized by identity: type rules recompute the same ones (a Reshape's element
+# count, broadcast dims) at every visit.
+@functools.lru_cache(maxsize=1 << 16)
+def _add_symbolic(a: Dim, b: Dim) -> Dim:
     terms = _terms_of(a)
     for m, c in _terms_of(b).items():
         terms[m] = terms.get(m, 0) + c
@@ -299,6 +308,11 @@ def _mul_monomials(m1: tuple, m2: tuple) -> tuple:
 def mul(a: Dim, b: Dim) -> Dim:
     if not isinstance(a, Expr) and not isinstance(b, Expr):
         return int(a) * int(b)
+    return _mul_symbolic(a if isinstance(a, Expr) else int(a), b if isinstance(b, Expr) else int(b))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _mul_symbolic(a: Dim, b: Dim) -> Dim:
     result: dict = {}
     for m1, c1 in _terms_of(a).items():
         for m2, c2 in _terms_of(b).items():
