@@ -6,7 +6,6 @@ in engine.py, the clean-up rules in rules.py.
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional, Sequence, Union
 
 import onnx

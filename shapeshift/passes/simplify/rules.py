@@ -23,11 +23,11 @@ the graph typed for whoever looks next, before the engine re-infers it.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ...ir.graph import Graph, Node, Value
+from ...ir.graph import Node, Value
 from ...ir.types import (BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT8, INT16, INT32, INT64, UINT8, UINT16,
                          UINT32, UINT64, TensorType)
 from ...ops import lookup
@@ -158,23 +158,6 @@ def _normalize(axes: Sequence[Dim], rank: int) -> Optional[list[int]]:
     return out
 
 
-def _graph_tree(graph: Graph) -> Iterator[Graph]:
-    yield graph
-    for node in graph.nodes:
-        if node.graph is graph:
-            for sub in node.subgraphs():
-                yield from _graph_tree(sub)
-
-
-def _is_read(value: Value) -> bool:
-    """Whether anything reads ``value``: a node, or a graph output (its own graph's or,
-    when a body returns an outer value unchanged, a nested graph's)."""
-    if value.users:
-        return True
-    graph = value.graph
-    return graph is not None and any(any(v is value for v in g.outputs) for g in _graph_tree(graph))
-
-
 def _replace(node: Node, rw: Rewriter, op_type: str, inputs: Sequence[Optional[Value]], attrs: dict) -> Node:
     """Put a new single-output node in place of ``node`` (which computes the same tensor)."""
     new = rw.add_node(node.graph, op_type, inputs, 1, attrs, before=node, name=node.name)
@@ -202,7 +185,7 @@ def dropout(node: Node, rw: Rewriter) -> bool:
         mode = None if node.inputs[2] is None else node.inputs[2].const
         if mode is None or mode.size != 1 or bool(mode.reshape(-1)[0]):
             return False
-    if len(node.outputs) > 1 and _is_read(node.outputs[1]):
+    if len(node.outputs) > 1 and rw.is_used(node.outputs[1]):
         return False  # the mask is all true, but of a shape that may only be known at run time
     return forward(node, rw)
 
