@@ -96,3 +96,14 @@ def test_simplify_bad_input_writes_nothing(tmp_path):
     result = _cli("simplify", str(garbage), str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.onnx.*"))
+
+
+@pytest.mark.parametrize("spec,pattern", [
+    ("nope=1,2", "'nope', which is not a graph input"),
+    ("input_ids=1", "'input_ids' has rank 2; the shape given for it has 1 dims"),
+])
+def test_simplify_bad_input_shape(encoder_path, tmp_path, spec, pattern):
+    out = tmp_path / "out.onnx"
+    result = _cli("simplify", str(encoder_path), str(out), "--input-shape", spec)
+    assert result.returncode == 2 and pattern in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()

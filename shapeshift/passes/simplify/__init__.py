@@ -35,6 +35,10 @@ def _apply_input_shapes(graph: Graph, input_shapes: Mapping[str, Sequence[DimSpe
                                   f"(inputs: {', '.join(map(repr, by_name))})")
         if not isinstance(value.type, TensorType):
             raise ShapeshiftError(f"input {name!r} is not a tensor; its shape cannot be set")
+        declared = value.type.shape
+        if declared is not None and len(declared) != len(dims):
+            raise ShapeshiftError(f"input {name!r} has rank {len(declared)}; the shape given for it has "
+                                  f"{len(dims)} dims ({', '.join(map(str, dims)) or 'none'})")
         shape = []
         for d in dims:
             if isinstance(d, int) or (isinstance(d, str) and d.strip().lstrip("-").isdigit()):
