@@ -107,3 +107,20 @@ def test_simplify_bad_input_shape(encoder_path, tmp_path, spec, pattern):
     result = _cli("simplify", str(encoder_path), str(out), "--input-shape", spec)
     assert result.returncode == 2 and pattern in result.stderr and "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_info_lists_unsupported_ops_instead_of_failing(tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Frobnicate", ["a"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "unsupported.onnx"
+    onnx.save(model, path)
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "unsupported ops: Frobnicate x1" in out and "  x: float[n]" in out
+    result = _cli("run", str(path), "--random")
+    assert result.returncode == 2 and "unsupported ops: Frobnicate x1" in result.stderr
