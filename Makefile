@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 EXAMPLE := examples/out/encoder.onnx
 
-.PHONY: demo test bench-conformance clean
+.PHONY: demo test bench-conformance bench-simplify clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(VENV)/.installed
 
 bench-conformance: $(VENV)/.installed
 	$(BIN)/python bench/conformance.py
+
+bench-simplify: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python bench/simplify.py
 
 clean:
 	rm -rf $(VENV) examples/out .pytest_cache
