@@ -8,7 +8,9 @@ Cases come from the installed onnx package, collected in memory
   in onnx's reference evaluator);
 * ``types``: every inferred output type equals the expected output's dtype and
   shape exactly;
-* ``reference``: InferenceSession(backend="reference") gives the expected outputs.
+* ``reference``: InferenceSession(backend="reference") gives the expected outputs;
+* ``simplify``: the model after ``shapeshift simplify`` (verified, exported) still
+  gives the expected outputs on the reference backend.
 
 A case is *counted* when its opset is at most 23 and none of its tensors is
 bfloat16, float8, float4, int4 or uint4; the others are run and reported.
@@ -23,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 import onnx
 
-STAGES = ("roundtrip", "types", "reference")
+STAGES = ("roundtrip", "types", "reference", "simplify")
 #: Reported beside the stages, not required: types with every input known by type only.
 EXTRA_STAGES = ("types_inputs_only",)
 MAX_COUNTED_OPSET = 23
@@ -274,12 +276,23 @@ def stage_reference(case) -> None:
         assert_outputs_equal(got, list(expected), case.rtol, case.atol)
 
 
+def stage_simplify(case) -> None:
+    from shapeshift.passes.simplify import simplify_model
+    import shapeshift
+
+    simplified = simplify_model(case.model, check=True)[0]
+    session = shapeshift.InferenceSession(simplified, backend="reference")
+    for inputs, expected in case.data_sets:
+        got = session.run(None, _feed(simplified, list(inputs)))
+        assert_outputs_equal(got, list(expected), case.rtol, case.atol)
+
+
 def stage_types_strict(case) -> None:
     stage_types(case, parameters_known=False)
 
 
 STAGE_FUNCTIONS = {"roundtrip": stage_roundtrip, "types": stage_types, "reference": stage_reference,
-                   "types_inputs_only": stage_types_strict}
+                   "simplify": stage_simplify, "types_inputs_only": stage_types_strict}
 
 
 def run_case(case, stages=STAGES) -> CaseResult:

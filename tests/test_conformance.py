@@ -1,4 +1,4 @@
-"""The ONNX backend node cases through round trip, type inference and reference execution.
+"""The ONNX backend node cases through round trip, type inference, reference execution and simplify.
 
 Each case's outcome per stage must match tests/conformance_expected_failures.txt:
 an unexpected failure fails, and so does an unexpected pass (so the list stays
@@ -48,3 +48,5 @@ def test_counted_pass_rates_meet_the_bar():
     assert rates["roundtrip"] >= 0.95, rates
     assert rates["types"] >= 0.90, rates
     assert rates["reference"] >= 0.95, rates
+    # Simplification must not lose a case that the reference backend passes.
+    assert rates["simplify"] >= rates["reference"], rates
