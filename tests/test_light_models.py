@@ -74,3 +74,26 @@ def test_squeezenet_logits():
     (got,) = shapeshift.InferenceSession(model).run(None, {name: x})
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: x})
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_light_model_simplifies_to_the_same_function(name):
+    """Light models build their weights with ConstantOfShape: simplify folds the small ones
+    (above the fold limit they stay computed), outputs unchanged."""
+    import onnxruntime as ort
+
+    from shapeshift.passes.simplify import simplify_model
+
+    path = LIGHT_DIR / name
+    simplified = simplify_model(path, check=True)[0]
+    onnx.checker.check_model(simplified, full_check=True)
+    before = sum(n.op_type == "ConstantOfShape" for n in onnx.load(str(path)).graph.node)
+    after = sum(n.op_type == "ConstantOfShape" for n in simplified.graph.node)
+    assert after < before
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (inp,) = [i for i in session.get_inputs()]
+    x = np.random.default_rng(1).random(inp.shape).astype(np.float32)
+    want = session.run(None, {inp.name: x})[0]
+    got = ort.InferenceSession(simplified.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {inp.name: x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
