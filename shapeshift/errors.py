@@ -67,3 +67,14 @@ class UnknownOutputError(ShapeshiftError):
 
 class ExpressionError(ShapeshiftError):
     """A symbolic expression could not be parsed or evaluated."""
+
+
+# Building generated C code (shapeshift/codegen/build.py).
+
+
+class CompilerNotFoundError(ShapeshiftError):
+    """No C compiler could be found (names what was tried: $SHAPESHIFT_CC, cc, gcc)."""
+
+
+class CompileError(ShapeshiftError):
+    """The C compiler rejected generated code; the message names the kept source file."""

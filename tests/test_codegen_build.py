@@ -1,0 +1,237 @@
+"""The build cache: compile C into a loaded library, reuse it, survive corruption and races."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shapeshift.codegen import build
+from shapeshift.codegen.build import DEFAULT_FLAGS, compile_library
+from shapeshift.errors import CompileError, CompilerNotFoundError, ShapeshiftError
+
+ADD_SOURCE = """
+#include <stdint.h>
+int64_t add(int64_t a, int64_t b) { return a + b; }
+"""
+
+OMP_SOURCE = """
+#include <stdint.h>
+double sum(const double* x, int64_t n) {
+    double s = 0.0;
+    #pragma omp parallel for reduction(+:s)
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    return s;
+}
+"""
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("SHAPESHIFT_CC"),
+    reason="no C compiler on this machine")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("SHAPESHIFT_CC", raising=False)
+    monkeypatch.delenv("SHAPESHIFT_CACHE_DIR", raising=False)
+
+
+@pytest.fixture
+def compiles(monkeypatch) -> list[list[str]]:
+    """Records every compiler invocation made through the module's runner."""
+    calls: list[list[str]] = []
+    real = build._run_compiler
+
+    def counting(cmd):
+        calls.append(cmd)
+        return real(cmd)
+
+    monkeypatch.setattr(build, "_run_compiler", counting)
+    return calls
+
+
+def call_add(lib, a: int, b: int) -> int:
+    fn = lib.cdll.add
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    return fn(a, b)
+
+
+def so_files(cache: Path) -> list[Path]:
+    return sorted(cache.rglob("*.so"))
+
+
+def copy_cache(src: Path, dst: Path) -> None:
+    """A second cache holding the same entries under new paths (never dlopen'ed in this process,
+    so loading there really reads the file, not the handle glibc keeps per path)."""
+    shutil.copytree(src, dst)
+
+
+def test_compile_and_call(tmp_path, compiles):
+    lib = compile_library(ADD_SOURCE, cache_dir=tmp_path)
+    assert call_add(lib, 40, 2) == 42
+    assert call_add(lib, -(2**40), 1) == -(2**40) + 1
+    assert len(compiles) == 1
+    assert lib.path == tmp_path / lib.key[:2] / f"{lib.key}.so"
+    assert lib.source_path.read_text() == ADD_SOURCE
+    meta = json.loads((lib.path.with_suffix(".json")).read_text())
+    assert meta["key"] == lib.key
+    assert meta["so_size"] == lib.path.stat().st_size
+    assert meta["flags"] == list(DEFAULT_FLAGS)
+    assert meta["compiler_version"] and meta["shapeshift_version"]
+    assert not [p for p in lib.path.parent.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_second_compile_is_a_cache_hit(tmp_path, compiles):
+    first = compile_library(ADD_SOURCE, cache_dir=tmp_path)
+    stat = first.path.stat()
+    second = compile_library(ADD_SOURCE, name_hint="other_name", cache_dir=tmp_path)
+    assert len(compiles) == 1
+    assert second.key == first.key and second.path == first.path
+    assert (second.path.stat().st_ino, second.path.stat().st_mtime_ns) == (stat.st_ino, stat.st_mtime_ns)
+    assert call_add(second, 1, 2) == 3
+
+
+def test_cache_dir_from_environment(tmp_path, monkeypatch, compiles):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "env_cache"))
+    assert build.default_cache_dir() == tmp_path / "env_cache"
+    lib = compile_library(ADD_SOURCE)
+    assert lib.path.is_relative_to(tmp_path / "env_cache")
+    monkeypatch.delenv("SHAPESHIFT_CACHE_DIR")
+    assert build.default_cache_dir() == Path.home() / ".cache" / "shapeshift"
+
+
+def test_flags_and_source_change_the_key(tmp_path, compiles):
+    base = compile_library(ADD_SOURCE, cache_dir=tmp_path)
+    flagged = compile_library(ADD_SOURCE, flags=[*DEFAULT_FLAGS, "-DUNUSED=1"], cache_dir=tmp_path)
+    edited = compile_library(ADD_SOURCE + "\n// edited\n", cache_dir=tmp_path)
+    assert len({base.key, flagged.key, edited.key}) == 3
+    assert len(compiles) == 3
+    assert len(so_files(tmp_path)) == 3
+    assert call_add(flagged, 2, 3) == 5
+    assert build.cache_key("x", DEFAULT_FLAGS, "gcc 1") != build.cache_key("x", DEFAULT_FLAGS, "gcc 2")
+    # Parts are length-prefixed: moving text between flags and source changes the key.
+    assert build.cache_key("b", ("a",), "v") != build.cache_key("", ("ab",), "v")
+
+
+@pytest.mark.parametrize("corruption", ["truncated", "garbage", "no_metadata", "bad_metadata"])
+def test_corrupt_entry_is_rebuilt(tmp_path, compiles, corruption):
+    good = compile_library(ADD_SOURCE, cache_dir=tmp_path / "a")
+    copy_cache(tmp_path / "a", tmp_path / "b")
+    so = tmp_path / "b" / good.key[:2] / f"{good.key}.so"
+    meta = so.with_suffix(".json")
+    data = so.read_bytes()
+    if corruption == "truncated":
+        so.write_bytes(data[: len(data) // 2])
+    elif corruption == "garbage":
+        so.write_bytes(os.urandom(len(data)))
+    elif corruption == "no_metadata":
+        meta.unlink()
+    else:
+        meta.write_text("{not json")
+
+    lib = compile_library(ADD_SOURCE, cache_dir=tmp_path / "b")
+    assert len(compiles) == 2  # rebuilt, not loaded
+    assert lib.path == so
+    assert so.read_bytes() == data  # the build is reproducible
+    assert json.loads(meta.read_text())["so_size"] == len(data)
+    assert call_add(lib, 20, 22) == 42
+
+
+def test_unloadable_entry_with_matching_metadata_is_rebuilt(tmp_path, compiles):
+    good = compile_library(ADD_SOURCE, cache_dir=tmp_path / "a")
+    copy_cache(tmp_path / "a", tmp_path / "b")
+    so = tmp_path / "b" / good.key[:2] / f"{good.key}.so"
+    meta_path = so.with_suffix(".json")
+    garbage = b"\x7fELF this is not a shared library" * 10
+    so.write_bytes(garbage)
+    meta = json.loads(meta_path.read_text())
+    meta.update(so_size=len(garbage), so_sha256=hashlib.sha256(garbage).hexdigest())
+    meta_path.write_text(json.dumps(meta))
+
+    lib = compile_library(ADD_SOURCE, cache_dir=tmp_path / "b")
+    assert len(compiles) == 2
+    assert so.read_bytes() != garbage
+    assert call_add(lib, 5, 6) == 11
+
+
+def test_missing_compiler_from_environment(tmp_path, monkeypatch, compiles):
+    monkeypatch.setenv("SHAPESHIFT_CC", "/nonexistent/cc")
+    with pytest.raises(CompilerNotFoundError, match="/nonexistent/cc") as info:
+        compile_library(ADD_SOURCE, cache_dir=tmp_path)
+    assert isinstance(info.value, ShapeshiftError)
+    assert "no C compiler found" in str(info.value)
+    assert compiles == []
+
+
+def test_no_compiler_on_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(CompilerNotFoundError, match="install gcc or set SHAPESHIFT_CC") as info:
+        compile_library(ADD_SOURCE, cache_dir=tmp_path)
+    assert "cc, gcc" in str(info.value)
+
+
+def test_compile_error_keeps_the_source(tmp_path):
+    source = ADD_SOURCE + "\nint broken( { return 0 }\n"
+    with pytest.raises(CompileError) as info:
+        compile_library(source, name_hint="broken_kernels", cache_dir=tmp_path)
+    message = str(info.value)
+    kept = [p for p in tmp_path.rglob("*.failed.c")]
+    assert len(kept) == 1
+    assert str(kept[0]) in message
+    assert kept[0].read_text() == source
+    assert "error" in message and "broken_kernels" in message
+    assert so_files(tmp_path) == []
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def _compile_in_child(source: str, cache_dir: str, barrier, results) -> None:
+    from shapeshift.codegen import build as child_build
+
+    calls = []
+    real = child_build._run_compiler
+    child_build._run_compiler = lambda cmd: (calls.append(cmd), real(cmd))[1]
+    barrier.wait()
+    lib = child_build.compile_library(source, cache_dir=Path(cache_dir))
+    fn = lib.cdll.add
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    results.put((fn(19, 23), len(calls), str(lib.path)))
+
+
+def test_two_processes_compile_the_same_source(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    source = ADD_SOURCE + "\n// concurrent build\n"
+    procs = [ctx.Process(target=_compile_in_child, args=(source, str(tmp_path), barrier, results))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [r[0] for r in got] == [42, 42]
+    assert sum(r[1] for r in got) == 1  # the lock made one of them wait and reuse the other's build
+    assert got[0][2] == got[1][2]
+    assert so_files(tmp_path) == [Path(got[0][2])]
+    assert not [p for p in Path(got[0][2]).parent.iterdir() if p.name.startswith(".")]
+
+
+def test_openmp_reduction(tmp_path):
+    lib = compile_library(OMP_SOURCE, name_hint="omp_sum", cache_dir=tmp_path)
+    fn = lib.cdll.sum
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int64]
+    x = np.random.default_rng(0).random(100_003)
+    result = fn(x.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), x.size)
+    assert result == pytest.approx(float(x.sum()), rel=1e-12)
+    assert fn(x.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), 0) == 0.0
