@@ -17,7 +17,7 @@ from ..symbolic import Expr, to_string
 from .binding import check_feed
 from .reference import ReferenceExecutor, as_feed_array
 
-BACKENDS = ("reference",)
+BACKENDS = ("reference", "native")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,14 @@ def _node_arg(value: Value) -> NodeArg:
     return NodeArg(value.name, None, "unknown")
 
 
+def _native_executor(graph: Graph) -> ReferenceExecutor:
+    # Imported here: the native backend pulls in the C build machinery, which the
+    # reference backend never needs.
+    from .native import NativeExecutor
+
+    return NativeExecutor(graph)
+
+
 class InferenceSession:
     """Load a model once, run it on any input shapes inside the declared ranges."""
 
@@ -50,7 +58,7 @@ class InferenceSession:
             raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
         self.backend = backend
         self.graph: Graph = import_model(model, dict(dynamic or {}))
-        self._executor = ReferenceExecutor(self.graph)
+        self._executor = ReferenceExecutor(self.graph) if backend == "reference" else _native_executor(self.graph)
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
 
     def get_inputs(self) -> list[NodeArg]:
