@@ -124,3 +124,15 @@ def test_info_lists_unsupported_ops_instead_of_failing(tmp_path, capsys):
     assert "unsupported ops: Frobnicate x1" in out and "  x: float[n]" in out
     result = _cli("run", str(path), "--random")
     assert result.returncode == 2 and "unsupported ops: Frobnicate x1" in result.stderr
+
+
+def test_run_on_the_native_backend_gives_the_reference_outputs(encoder_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
+    outputs = {}
+    for backend in ("reference", "native"):
+        save = tmp_path / backend
+        assert main(["run", str(encoder_path), "--random", "--seed", "3", "--backend", backend,
+                     "--save", str(save)]) == 0
+        assert f"on the {backend} backend" in capsys.readouterr().out
+        outputs[backend] = np.load(save / "last_hidden_state.npy")
+    np.testing.assert_allclose(outputs["native"], outputs["reference"], rtol=1e-5, atol=1e-6)

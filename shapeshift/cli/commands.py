@@ -91,7 +91,7 @@ def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args) -> int:
-    session = InferenceSession(args.model, dynamic=args.dynamic)
+    session = InferenceSession(args.model, dynamic=args.dynamic, backend=args.backend)
     feed = _load_inputs(args.input)
     missing = [v for v in session.graph.inputs if v.name not in feed]
     if missing and not args.random:

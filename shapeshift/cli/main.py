@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 from ..errors import ShapeshiftError
 from ..passes.simplify.engine import STRATEGIES
+from ..runtime.session import BACKENDS
 from .commands import cmd_info, cmd_run
 from .simplify_cmd import cmd_simplify
 
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save", metavar="DIR", help="write each output as DIR/NAME.npy")
+    run.add_argument("--backend", choices=BACKENDS, default="reference",
+                     help="native: elementwise ops as compiled C kernels, the rest on the reference evaluator")
     run.set_defaults(handler=cmd_run)
 
     simplify = sub.add_parser("simplify", help="fold constants and make dynamic ops static; write OUT")
