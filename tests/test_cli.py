@@ -136,3 +136,12 @@ def test_run_on_the_native_backend_gives_the_reference_outputs(encoder_path, tmp
         assert f"on the {backend} backend" in capsys.readouterr().out
         outputs[backend] = np.load(save / "last_hidden_state.npy")
     np.testing.assert_allclose(outputs["native"], outputs["reference"], rtol=1e-5, atol=1e-6)
+
+
+def test_info_native_lists_compiled_and_fallback_ops(encoder_path, capsys):
+    assert main(["info", str(encoder_path), "--backend", "native"]) == 0
+    out = capsys.readouterr().out
+    assert "native backend:" in out and "nodes as C kernels" in out
+    compiled = next(line for line in out.splitlines() if line.startswith("  compiled:"))
+    fallback = next(line for line in out.splitlines() if line.startswith("  reference fallback:"))
+    assert "Add x" in compiled and "MatMul x" in fallback and "MatMul" not in compiled

@@ -69,10 +69,29 @@ def cmd_info(args) -> int:
     print(f"unsupported ops: {listed or 'none'}")
     if delegated:
         print(f"evaluated through onnx.reference: {', '.join(delegated)}")
+    if args.backend == "native":
+        _print_native_coverage(graph)
     warnings = graph.metadata.get("inference_warnings") or []
     for warning in warnings[:10]:
         print(f"warning: {warning}")
     return 0
+
+
+def _print_native_coverage(graph: Graph) -> None:
+    """Which nodes the native backend compiles and which it leaves to the reference evaluator."""
+    from ..codegen.native_elementwise import handles
+
+    native: collections.Counter = collections.Counter()
+    fallback: collections.Counter = collections.Counter()
+    for node in graph.nodes:  # the native backend compiles root-graph nodes only
+        (native if handles(node) else fallback)[node.op_type] += 1
+    for node in graph.walk_nodes():
+        if node.graph is not graph:
+            fallback[node.op_type] += 1
+    total = sum(native.values()) + sum(fallback.values())
+    print(f"native backend: {sum(native.values())} of {total} nodes as C kernels")
+    print("  compiled: " + (", ".join(f"{op} x{n}" for op, n in native.most_common()) or "none"))
+    print("  reference fallback: " + (", ".join(f"{op} x{n}" for op, n in fallback.most_common()) or "none"))
 
 
 def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="describe a model: opset, inputs, outputs, op histogram")
     info.add_argument("model")
     info.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
+    info.add_argument("--backend", choices=BACKENDS, default="reference",
+                      help="native: also count the nodes that would run as C kernels and those left to fallback")
     info.set_defaults(handler=cmd_info)
 
     run = sub.add_parser("run", help="run a model on given or random inputs")
