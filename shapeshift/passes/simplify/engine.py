@@ -158,6 +158,8 @@ class _Simplifier:
         param = self._param_of(out)
         if param is None or not any(isinstance(d, Expr) for d in param.dims):
             return False
+        if self._taken_downstream(out):
+            return False
         graph = node.graph
         replacement = self.rw.add_node(graph, SYMBOLIC_OP, [None], before=node, name=out.name, at_start=True)
         replacement.domain = SYMBOLIC_DOMAIN
@@ -166,6 +168,26 @@ class _Simplifier:
         self.rw.replace_value(out, replacement.outputs[0])
         self.rw.remove_node(node)
         self.stats.symbolized += 1
+        return True
+
+    def _taken_downstream(self, value: Value) -> bool:
+        """True when every reader takes ``value`` as a parameter or carries its contents on.
+
+        Then the readers absorb it (or get symbolized themselves), and making a
+        SymbolicTensor here would only create a node for the next step to drop:
+        a Shape -> Gather -> Unsqueeze -> Concat -> Reshape chain would make four.
+        """
+        if not value.users or self.rw.is_returned(value):
+            return False
+        for user, index in value.users:
+            if user.graph is None:
+                continue
+            rule = lookup(user.domain, user.op_type, user.graph.opset.get(user.domain or "", 1))
+            if rule is not None and index in rule.params:
+                continue
+            if len(user.outputs) == 1 and self._param_of(user.outputs[0]) is not None:
+                continue
+            return False
         return True
 
     def _contents_as_arrays(self, node: Node) -> Optional[list[np.ndarray]]:
