@@ -6,6 +6,8 @@ in engine.py, the clean-up rules in rules.py.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from typing import Mapping, Optional, Sequence, Union
 
 import onnx
@@ -58,6 +60,29 @@ def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int,
                    strategy: str = "incremental", fold_limit: Optional[int] = None,
                    check: bool = False) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
     """Import, simplify and export; returns the model, the simplified graph and statistics."""
+    with _cyclic_gc_paused():
+        return _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check)
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """Pause Python's cyclic garbage collector for the duration of one simplification.
+
+    The IR is full of reference cycles (values list their users, users their values),
+    so the collector keeps running full passes over a heap that only grows while we
+    work: on a 48-layer encoder that made the time superlinear (about 20% of it).
+    Nothing is lost: the cycles left behind are collected when it resumes.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check):
     graph = import_model(model, dict(dynamic or {}), infer=not input_shapes)
     if input_shapes:
         _apply_input_shapes(graph, input_shapes)
