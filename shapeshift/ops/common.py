@@ -63,8 +63,15 @@ def normalize_axis(axis: int, rank: int, ctx: Optional[InferContext] = None) -> 
     return axis + rank if axis < 0 else axis
 
 
-def normalize_axes(axes: Sequence[int], rank: int, ctx: Optional[InferContext] = None) -> list[int]:
-    return [normalize_axis(int(a), rank, ctx) for a in axes]
+def normalize_axes(axes: Sequence[int], rank: int, ctx: Optional[InferContext] = None,
+                   unique: bool = False) -> list[int]:
+    """Axes made non-negative; with ``unique``, an axis named twice is an error."""
+    normalized = [normalize_axis(int(a), rank, ctx) for a in axes]
+    if unique and len(set(normalized)) != len(normalized):
+        if ctx is not None:
+            ctx.fail(f"repeated axes {normalized}")
+        raise ValueError(f"repeated axes {normalized}")
+    return normalized
 
 
 def product(dims: Sequence[Dim]) -> Dim:

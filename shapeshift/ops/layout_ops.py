@@ -94,10 +94,7 @@ def _slice_axes(ctx: InferContext, rank: int, axes, count: Optional[int]) -> Opt
         return None
     if axes is None:
         return None if count is None else list(range(count))
-    axes = normalize_axes(axes, rank, ctx)
-    if len(set(axes)) != len(axes):
-        ctx.fail(f"repeated axes {axes}")
-    return axes
+    return normalize_axes(axes, rank, ctx, unique=True)
 
 
 def _slice_type(ctx: InferContext) -> list:

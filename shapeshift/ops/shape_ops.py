@@ -286,9 +286,7 @@ def _squeeze(ctx, x, axes=None):
 
 def _unsqueeze_dims(ctx, shape: tuple, axes: list[int]) -> tuple:
     rank = len(shape) + len(axes)
-    axes = normalize_axes(axes, rank, ctx)
-    if len(set(axes)) != len(axes):
-        ctx.fail(f"repeated axes {axes}")
+    axes = normalize_axes(axes, rank, ctx, unique=True)
     rest = iter(shape)
     return tuple(1 if i in axes else next(rest) for i in range(rank))
 
