@@ -269,16 +269,6 @@ class Graph:
         for node in self.nodes:
             yield from node.outputs
 
-    def find_value(self, name: str) -> Optional[Value]:
-        """The value called ``name`` visible from this graph (own scope first)."""
-        graph: Optional[Graph] = self
-        while graph is not None:
-            for value in graph.values():
-                if value.name == name:
-                    return value
-            graph = graph.parent
-        return None
-
     def __str__(self) -> str:
         from .printer import format_graph
 

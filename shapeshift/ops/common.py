@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import numpy as np
 
 from ..ir.types import TensorType
 from ..symbolic import Dim, Expr, bounds, maximum, mul
@@ -96,7 +95,3 @@ def tensor(dtype: Optional[int], shape: Shape) -> Optional[TensorType]:
         return None
     return TensorType(dtype, None if shape is None else tuple(shape))
 
-
-def as_array(value, dtype) -> np.ndarray:
-    """Wrap an evaluator result: NumPy scalars become 0-d arrays of ``dtype``."""
-    return np.asarray(value, dtype=dtype)

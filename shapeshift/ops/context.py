@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ExecutionError, ShapeInferenceError
 from ..ir.graph import Graph, Node, SymbolTable
-from ..ir.types import INT_TYPES, TensorType, ValueType
+from ..ir.types import TensorType, ValueType
 from ..symbolic import DEFAULT_HI, Dim, Expr
 
 #: Integer tensors with at most this many elements get their contents tracked.
@@ -141,6 +141,3 @@ class EvalContext(_NodeView):
     def fail(self, message: str) -> None:
         raise ExecutionError(f"{self.describe()}: {message}")
 
-
-def is_int_type(t: Optional[ValueType]) -> bool:
-    return isinstance(t, TensorType) and t.dtype in INT_TYPES

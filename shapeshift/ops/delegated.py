@@ -44,14 +44,6 @@ def _reference_class(domain: str, op_type: str, opset: int):
         return None
 
 
-def _has_schema(domain: str, op_type: str, opset: int) -> bool:
-    try:
-        onnx.defs.get_schema(op_type, opset, domain)
-        return True
-    except Exception:  # noqa: BLE001 - onnx raises SchemaError
-        return False
-
-
 def delegated_rule(domain: str, op_type: str, opset: int) -> Optional[OpRule]:
     """A rule backed by the onnx package, or None when onnx does not know the op."""
     if domain == "ai.onnx":

@@ -27,11 +27,6 @@ from .registry import define
 # -- helpers shared by the shape-tensor op modules --------------------------------
 
 
-def same_dim(a: Dim, b: Dim) -> bool:
-    """True when two dims are known to be equal (interned Exprs compare by identity)."""
-    return a is b or (not isinstance(a, Expr) and not isinstance(b, Expr) and int(a) == int(b))
-
-
 def int64_vector(length: Dim) -> TensorType:
     return TensorType(INT64, (length,))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import weakref
-from typing import Iterable, Mapping, Union
+from typing import Mapping, Union
 
 from ..errors import ExpressionError
 
@@ -722,6 +722,3 @@ def _rebuild_atom(data) -> Dim:
     rebuilt = [_rebuild(a) for a in args]
     return {"floordiv": floordiv, "mod": mod, "min": minimum, "max": maximum}[kind](*rebuilt)
 
-
-def dims_to_str(dims: Iterable[Dim]) -> str:
-    return ",".join(to_string(d) for d in dims)

@@ -32,7 +32,7 @@ from ...ir.types import (BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT8, INT16, IN
                          UINT32, UINT64, TensorType)
 from ...ops import lookup
 from ...ops.context import EvalContext
-from ...symbolic import Dim, Expr
+from ...symbolic import Dim, Expr, prove_eq
 from .rewriter import Rewriter
 
 Rule = Callable[[Node, Rewriter], bool]
@@ -107,15 +107,8 @@ def _dtype(value: Optional[Value]) -> Optional[int]:
     return None if t is None else t.dtype
 
 
-def _same_dim(a: Dim, b: Dim) -> bool:
-    # Exprs are interned: equal expressions are the same object.
-    if isinstance(a, Expr) or isinstance(b, Expr):
-        return a is b
-    return int(a) == int(b)
-
-
 def _same_shape(a: Optional[tuple], b: Optional[tuple]) -> bool:
-    return a is not None and b is not None and len(a) == len(b) and all(_same_dim(x, y) for x, y in zip(a, b))
+    return a is not None and b is not None and len(a) == len(b) and all(prove_eq(x, y) for x, y in zip(a, b))
 
 
 def _producer(value: Optional[Value], *op_types: str) -> Optional[Node]:
@@ -295,7 +288,7 @@ def reshape_of_view(node: Node, rw: Rewriter) -> bool:
             if not may_be_zero:
                 continue
             if (x_shape is None or mid_shape is None or position >= min(len(x_shape), len(mid_shape))
-                    or not _same_dim(x_shape[position], mid_shape[position])):
+                    or not prove_eq(x_shape[position], mid_shape[position])):
                 return False
     out = _tensor_type(node.outputs[0])
     if (out is None or not _same_shape(out.shape, _shape(original)) or _dtype(original) != out.dtype
