@@ -78,18 +78,21 @@ def cmd_info(args) -> int:
 
 
 def _print_native_coverage(graph: Graph) -> None:
-    """Which nodes the native backend compiles and which it leaves to the reference evaluator."""
-    from ..codegen.native_elementwise import handles
+    """Which nodes the native backend lowers to C and which it leaves to the reference
+    evaluator (after simplification, which the native backend always runs first)."""
+    from ..runtime.native import prepare_program
 
+    program = prepare_program(graph)
     native: collections.Counter = collections.Counter()
-    fallback: collections.Counter = collections.Counter()
-    for node in graph.nodes:  # the native backend compiles root-graph nodes only
-        (native if handles(node) else fallback)[node.op_type] += 1
-    for node in graph.walk_nodes():
-        if node.graph is not graph:
-            fallback[node.op_type] += 1
+    for step in program.steps:
+        if step.kind != "fallback":
+            native[step.node.op_type] += 1
+            for node in (step.lowered.absorbed if step.lowered else ()):
+                native[node.op_type] += 1
+    fallback = program.fallback_ops()
     total = sum(native.values()) + sum(fallback.values())
-    print(f"native backend: {sum(native.values())} of {total} nodes as C kernels")
+    print(f"native backend: {sum(native.values())} of {total} nodes (after simplify) as C code, "
+          f"{len(program.segments)} compiled segment(s)")
     print("  compiled: " + (", ".join(f"{op} x{n}" for op, n in native.most_common()) or "none"))
     print("  reference fallback: " + (", ".join(f"{op} x{n}" for op, n in fallback.most_common()) or "none"))
 

@@ -1,31 +1,34 @@
-"""The native executor: the reference executor with compiled C kernels for the nodes they cover.
+"""The native executor: simplify the graph, lower it to a C program, run it on the VM.
 
-So far only float32 elementwise nodes of the root graph run natively (see
-codegen/native_elementwise.py); every other node, and any call whose actual inputs the
-kernels do not take, goes through the reference evaluator. The C library is built when
-the executor is created, so a missing compiler fails at session creation.
+Simplification first makes every op static (symbolic parameters included), which is
+what lets the lowering see the shapes it needs; the program (codegen/program.py) is
+built and compiled once, when the executor is created, so a missing compiler fails at
+session creation and every later run, at any shape in the declared ranges, reuses it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional
 
-from ..codegen.native_elementwise import NativeElementwise
-from ..ir.graph import Graph, Node
-from ..ops.context import EvalContext
-from .reference import ReferenceExecutor
+from ..codegen.program import Program, build_program
+from ..ir.graph import Graph, Value
+from ..passes.simplify import simplify_graph
+from ..passes.simplify.outputs import restore_output_names
+from .vm import NativeVM
 
 
-class NativeExecutor(ReferenceExecutor):
-    def __init__(self, graph: Graph):
-        super().__init__(graph)
-        self.elementwise = NativeElementwise(graph)
-        self.native_calls = 0  # nodes run by compiled kernels, for tests and reports
-        self.fallback_calls = 0
+def prepare_program(graph: Graph) -> Program:
+    """Simplify ``graph`` in place and build its native program."""
+    simplify_graph(graph)
+    restore_output_names(graph)
+    return build_program(graph)
 
-    def _evaluate(self, node: Node, rule: Any, ctx: EvalContext, args: list) -> list:
-        if self.elementwise.accepts(node, args):
-            self.native_calls += 1
-            return self.elementwise.run_node(node, args)
-        self.fallback_calls += 1
-        return super()._evaluate(node, rule, ctx, args)
+
+class NativeExecutor:
+    def __init__(self, graph: Graph, num_threads: Optional[int] = None, cache_dir=None):
+        self.graph = graph
+        self.program = prepare_program(graph)
+        self.vm = NativeVM(self.program, cache_dir=cache_dir, num_threads=num_threads)
+
+    def run(self, feeds: dict[Value, Any], binding: Optional[Mapping[str, int]] = None) -> list:
+        return self.vm.run(feeds, dict(binding or {}))

@@ -41,24 +41,27 @@ def _node_arg(value: Value) -> NodeArg:
     return NodeArg(value.name, None, "unknown")
 
 
-def _native_executor(graph: Graph) -> ReferenceExecutor:
+def _native_executor(graph: Graph, num_threads: Optional[int]):
     # Imported here: the native backend pulls in the C build machinery, which the
     # reference backend never needs.
     from .native import NativeExecutor
 
-    return NativeExecutor(graph)
+    return NativeExecutor(graph, num_threads=num_threads)
 
 
 class InferenceSession:
     """Load a model once, run it on any input shapes inside the declared ranges."""
 
     def __init__(self, model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-                 backend: str = "reference"):
+                 backend: str = "reference", num_threads: Optional[int] = None):
         if backend not in BACKENDS:
             raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ShapeshiftError(f"num_threads must be a positive integer, got {num_threads!r}")
         self.backend = backend
         self.graph: Graph = import_model(model, dict(dynamic or {}))
-        self._executor = ReferenceExecutor(self.graph) if backend == "reference" else _native_executor(self.graph)
+        self._executor = (ReferenceExecutor(self.graph) if backend == "reference"
+                          else _native_executor(self.graph, num_threads))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
 
     def get_inputs(self) -> list[NodeArg]:

@@ -1,0 +1,48 @@
+"""Lowering rules: one function per op type that turns a node into C kernel calls.
+
+Rules register with ``@lowers("OpType", ...)`` in the family modules below, the way op
+type rules register with ``define``; ``rule_for(op_type)`` finds them. A rule takes the
+node, a ``LowerContext`` and the opset, and returns ``Lowered`` or ``None`` (fallback).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ...ir.graph import Node
+from .context import LowerContext, Lowered, Unsupported
+
+LowerFn = Callable[[Node, LowerContext, int], Optional[Lowered]]
+
+_RULES: dict[str, LowerFn] = {}
+
+
+def lowers(*op_types: str) -> Callable[[LowerFn], LowerFn]:
+    """Register the decorated function as the lowering of ``op_types`` (default domain)."""
+
+    def register(fn: LowerFn) -> LowerFn:
+        for op in op_types:
+            _RULES[op] = fn
+        return fn
+
+    return register
+
+
+def rule_for(node: Node) -> Optional[LowerFn]:
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    _load_families()
+    return _RULES.get(node.op_type)
+
+
+def lowered_op_types() -> frozenset[str]:
+    _load_families()
+    return frozenset(_RULES)
+
+
+def _load_families() -> None:
+    # Imported for their registrations; deferred so that the package imports cheaply.
+    from . import elementwise, layout, linalg, nn, reduce  # noqa: F401
+
+
+__all__ = ["LowerContext", "Lowered", "Unsupported", "lowers", "rule_for", "lowered_op_types"]

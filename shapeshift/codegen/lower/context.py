@@ -1,0 +1,155 @@
+"""What a lowering rule sees of the program being built, and what it hands back.
+
+A lowering rule turns one node (or a fused group led by one node) into C statements
+that call kernels. It never sees buffers or concrete sizes: it asks the
+``LowerContext`` for C expressions that stand for them —
+
+- ``ptr(value)``: the value's data pointer, cast to its C element type;
+- ``dim(d)``: a dimension (an int, or a symbolic ``Expr`` that the VM evaluates once per
+  binding into the extents table ``e[]``);
+- ``const(value)``: the value's contents when they are known at build time;
+
+and returns the statements, the kernel fragments they call, and any scratch space they
+need. Returning ``None`` (or raising ``Unsupported``) leaves the node to the reference
+fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ...ir.graph import Node, Value
+from ...ir.types import BOOL, DOUBLE, FLOAT, INT8, INT32, INT64, UINT8, TensorType, to_numpy_dtype
+from ...symbolic import Dim, Expr
+
+# ONNX element type -> C type, for the dtypes the native backend computes on.
+C_TYPES: dict[int, str] = {
+    FLOAT: "float",
+    DOUBLE: "double",
+    INT64: "int64_t",
+    INT32: "int32_t",
+    INT8: "int8_t",
+    UINT8: "uint8_t",
+    BOOL: "uint8_t",
+}
+
+
+class Unsupported(Exception):
+    """Raised by a lowering rule for a case it does not cover (the node falls back)."""
+
+
+@dataclass
+class Lowered:
+    """A lowering rule's result for one node."""
+
+    code: str  # C statements; may declare locals (each step is wrapped in braces)
+    fragments: tuple[str, ...] = ()  # kernel modules the code calls (shapeshift.codegen.kernels.<name>)
+    # Nodes whose work this code also does (fused into it); they get no step of their own.
+    absorbed: tuple[Node, ...] = ()
+    # The C code reports errors: it contains ``return STEP_ERROR;`` statements.
+    can_fail: bool = False
+    # Scratch space, in bytes, as a dim expression, reachable as ``WORK`` in the code.
+    work_bytes: Dim = 0
+
+
+@dataclass
+class PackRequest:
+    """A constant weight to pack once at load into the layout a GEMM kernel reads."""
+
+    slot: int  # the pointer slot the packed copy goes into
+    source: np.ndarray  # contiguous float32 matrix [K, N] (after any transposition)
+
+
+class LowerContext:
+    """The program under construction, as one lowering rule sees it."""
+
+    def __init__(self, slot_of: Callable[[Value], int], extent_of: Callable[[Dim], str],
+                 new_slot: Callable[[], int], packs: list[PackRequest], is_live_after: Callable[[Value], bool],
+                 defined_before: Callable[[Optional[Value]], bool]):
+        self._slot_of = slot_of
+        self.defined_before = defined_before  # whether a value exists before this node runs
+        self._extent_of = extent_of
+        self._new_slot = new_slot
+        self._packs = packs
+        self._is_live_after = is_live_after
+
+    # -- values ----------------------------------------------------------------------
+
+    @staticmethod
+    def tensor_type(value: Optional[Value]) -> TensorType:
+        if value is None or not isinstance(value.type, TensorType) or value.type.shape is None:
+            raise Unsupported("not a tensor of known rank")
+        return value.type
+
+    def shape(self, value: Value) -> tuple:
+        return tuple(self.tensor_type(value).shape)
+
+    def dtype(self, value: Value) -> int:
+        return self.tensor_type(value).dtype
+
+    def ctype(self, value: Value) -> str:
+        dtype = self.dtype(value)
+        if dtype not in C_TYPES:
+            raise Unsupported(f"dtype {dtype} has no native kernels")
+        return C_TYPES[dtype]
+
+    def elem_size(self, value: Value) -> int:
+        return to_numpy_dtype(self.dtype(value)).itemsize
+
+    def ptr(self, value: Value, ctype: Optional[str] = None) -> str:
+        """C expression for the value's data pointer."""
+        return f"(({ctype or self.ctype(value)}*)v[{self._slot_of(value)}])"
+
+    def raw_ptr(self, value: Value) -> str:
+        return f"v[{self._slot_of(value)}]"
+
+    @staticmethod
+    def const(value: Optional[Value]) -> Optional[np.ndarray]:
+        """The value's contents if known at build time (initializers, folded constants)."""
+        if value is None or value.const is None:
+            return None
+        return np.asarray(value.const)
+
+    def single_use(self, value: Value) -> bool:
+        """Whether ``value`` is read by exactly one node and is not a graph output."""
+        return len(value.users) == 1 and not self._is_live_after(value)
+
+    # -- extents ---------------------------------------------------------------------
+
+    def dim(self, d: Dim) -> str:
+        """C expression for a dimension (a literal, or an entry of the extents table)."""
+        if isinstance(d, Expr):
+            return self._extent_of(d)
+        return str(int(d))
+
+    def numel(self, shape: Sequence[Dim]) -> str:
+        from ...ops.common import product
+
+        return self.dim(product(list(shape)))
+
+    # -- build-time work -------------------------------------------------------------
+
+    def packed_weight(self, matrix: np.ndarray) -> int:
+        """Slot of a prepacked copy of the constant [K, N] float32 ``matrix``."""
+        slot = self._new_slot()
+        self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32)))
+        return slot
+
+
+def c_array(name: str, items: Sequence[str], ctype: str = "int64_t") -> str:
+    """A local C array declaration (at least one element: C forbids empty arrays)."""
+    body = ", ".join(items) if items else "0"
+    return f"const {ctype} {name}[{max(len(items), 1)}] = {{{body}}};"
+
+
+def float_literal(x: float) -> str:
+    """A C float literal that round-trips ``x`` exactly (inf and nan included)."""
+    x = float(np.float32(x))
+    if np.isnan(x):
+        return "NAN"
+    if np.isinf(x):
+        return "INFINITY" if x > 0 else "(-INFINITY)"
+    return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"

@@ -1,0 +1,402 @@
+"""Elementwise ops and their fusion into one generated loop nest.
+
+A chain of elementwise nodes — each the only reader of the previous one's output, all
+of the same output shape — becomes one loop over the output: GELU's five nodes, a
+bias-add-residual-add pair, ``x * sigmoid(x)``, a mask computation. The leader is the
+first node of the chain; its rule absorbs the rest (``Lowered.absorbed``).
+
+Inputs from outside the chain are read through strides, 0 along broadcast axes;
+single-element constants are inlined as literals. Adjacent axes that every input reads
+the same way (all contiguous, or all broadcast) are merged, so the common cases are one
+flat loop or a row loop with an inner contiguous loop that gcc vectorizes.
+
+Op semantics are C expressions per op (``_EXPRESSIONS``), over the operands' C
+expressions; a rule may decline an attribute or dtype it does not cover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ...ir.graph import Node, Value
+from ...ir.types import BOOL, DOUBLE, FLOAT, INT32, INT64, TensorType
+from ...symbolic import Dim, prove_eq
+from . import lowers
+from .context import C_TYPES, LowerContext, Lowered, Unsupported, float_literal
+
+FLOATS = (FLOAT, DOUBLE)
+# Below this many elements a parallel region costs more than it saves.
+PARALLEL_ELEMENTS = 1 << 15
+
+Expr = Callable[[Node, Sequence[str], Sequence[int]], str]
+
+
+def _f(template: str) -> Expr:
+    """A float-only op written with {0}, {1}... for the operands and {f} for the 'f' suffix
+    of float math functions (empty for double)."""
+
+    def build(node: Node, args: Sequence[str], dtypes: Sequence[int]) -> str:
+        if dtypes[0] not in FLOATS:
+            raise Unsupported(f"{node.op_type} on a non-float dtype")
+        return template.format(*args, f="f" if dtypes[0] == FLOAT else "")
+
+    return build
+
+
+def _any(template: str) -> Expr:
+    """An op valid for every numeric dtype (C's arithmetic matches ONNX's there)."""
+    return lambda node, args, dtypes: template.format(*args)
+
+
+def _attr_float(node: Node, name: str, default: float) -> str:
+    return float_literal(node.attrs.get(name, default))
+
+
+def _leaky_relu(node, args, dtypes):
+    _require_float(node, dtypes)
+    return f"({args[0]} >= 0 ? {args[0]} : {_attr_float(node, 'alpha', 0.01)} * {args[0]})"
+
+
+def _elu(node, args, dtypes):
+    _require_float(node, dtypes)
+    return f"({args[0]} >= 0 ? {args[0]} : {_attr_float(node, 'alpha', 1.0)} * (expf({args[0]}) - 1.0f))"
+
+
+def _selu(node, args, dtypes):
+    _require_float(node, dtypes)
+    alpha = _attr_float(node, "alpha", 1.67326319217681884765625)
+    gamma = _attr_float(node, "gamma", 1.05070102214813232421875)
+    x = args[0]
+    return f"({gamma} * ({x} > 0 ? {x} : {alpha} * (expf({x}) - 1.0f)))"
+
+
+def _hard_sigmoid(node, args, dtypes):
+    _require_float(node, dtypes)
+    alpha, beta = _attr_float(node, "alpha", 0.2), _attr_float(node, "beta", 0.5)
+    return f"fmaxf(0.0f, fminf(1.0f, {alpha} * {args[0]} + {beta}))"
+
+
+def _gelu(node, args, dtypes):
+    _require_float(node, dtypes)
+    x = args[0]
+    if node.attrs.get("approximate", "none") == "tanh":
+        return f"(0.5f * {x} * (1.0f + tanhf(0.7978845608028654f * ({x} + 0.044715f * {x} * {x} * {x}))))"
+    return f"(0.5f * {x} * (1.0f + erff({x} * 0.7071067811865476f)))"
+
+
+def _pow(node, args, dtypes):
+    if dtypes[0] not in FLOATS:
+        raise Unsupported("Pow on integers")
+    return f"pow{'f' if dtypes[0] == FLOAT else ''}({args[0]}, {args[1]})"
+
+
+def _mod(node, args, dtypes):
+    if node.attrs.get("fmod", 0):
+        if dtypes[0] not in FLOATS:
+            return f"({args[0]} % {args[1]})"
+        return f"fmod{'f' if dtypes[0] == FLOAT else ''}({args[0]}, {args[1]})"
+    if dtypes[0] in FLOATS:
+        raise Unsupported("float Mod with fmod=0")
+    # Python-style modulo: the result takes the divisor's sign.
+    return f"ss_pymod_{C_TYPES[dtypes[0]].replace('_t', '')}({args[0]}, {args[1]})"
+
+
+def _div(node, args, dtypes):
+    if dtypes[0] not in FLOATS:
+        raise Unsupported("integer Div")  # ONNX truncates, NumPy floors: leave it to the reference
+    return f"({args[0]} / {args[1]})"
+
+
+def _clip(node, args, dtypes):
+    x = args[0]
+    lo = args[1] if len(args) > 1 and args[1] else None
+    hi = args[2] if len(args) > 2 and args[2] else None
+    if "min" in node.attrs:
+        lo = _attr_float(node, "min", 0.0)
+    if "max" in node.attrs:
+        hi = _attr_float(node, "max", 0.0)
+    out = x
+    if lo is not None:
+        out = f"({out} < {lo} ? {lo} : {out})"
+    if hi is not None:
+        out = f"({out} > {hi} ? {hi} : {out})"
+    return out
+
+
+def _minmax(op: str) -> Expr:
+    sign = ">" if op == "Max" else "<"
+
+    def build(node, args, dtypes):
+        out = args[0]
+        for arg in args[1:]:
+            # NaN wins, as in onnxruntime and NumPy.
+            nan = f"isnan({out}) || " if dtypes[0] in FLOATS else ""
+            out = f"(({nan}{out} {sign} {arg}) ? {out} : {arg})"
+        return out
+
+    return build
+
+
+def _require_float(node: Node, dtypes: Sequence[int]) -> None:
+    if dtypes[0] not in FLOATS:
+        raise Unsupported(f"{node.op_type} on a non-float dtype")
+
+
+_EXPRESSIONS: dict[str, Expr] = {
+    "Add": _any("({0} + {1})"),
+    "Sub": _any("({0} - {1})"),
+    "Mul": _any("({0} * {1})"),
+    "Div": _div,
+    "Neg": _any("(-{0})"),
+    "Abs": lambda node, a, d: f"fabs{'f' if d[0] == FLOAT else ''}({a[0]})" if d[0] in FLOATS
+    else f"({a[0]} < 0 ? -{a[0]} : {a[0]})",
+    "Relu": _any("({0} > 0 ? {0} : 0)"),
+    "Sigmoid": _f("(1 / (1 + exp{f}(-{0})))"),
+    "Tanh": _f("tanh{f}({0})"),
+    "Exp": _f("exp{f}({0})"),
+    "Log": _f("log{f}({0})"),
+    "Sqrt": _f("sqrt{f}({0})"),
+    "Erf": _f("erf{f}({0})"),
+    "Reciprocal": _f("(1 / {0})"),
+    "Floor": _f("floor{f}({0})"),
+    "Ceil": _f("ceil{f}({0})"),
+    "Round": _f("nearbyint{f}({0})"),
+    "Sin": _f("sin{f}({0})"),
+    "Cos": _f("cos{f}({0})"),
+    "Softplus": _f("log1p{f}(exp{f}({0}))"),
+    "Softsign": _f("({0} / (1 + fabs{f}({0})))"),
+    "HardSwish": _f("({0} * fmax{f}(0, fmin{f}(1, {0} / 6 + 0.5)))"),
+    "Mish": _f("({0} * tanh{f}(log1p{f}(exp{f}({0}))))"),
+    "Sign": _any("(({0} > 0) - ({0} < 0))"),
+    "IsNaN": _f("(uint8_t)isnan({0})"),
+    "Pow": _pow,
+    "Mod": _mod,
+    "Max": _minmax("Max"),
+    "Min": _minmax("Min"),
+    "LeakyRelu": _leaky_relu,
+    "Elu": _elu,
+    "Selu": _selu,
+    "HardSigmoid": _hard_sigmoid,
+    "Gelu": _gelu,
+    "Clip": _clip,
+    "PRelu": lambda node, a, d: f"({a[0]} < 0 ? {a[1]} * {a[0]} : {a[0]})",
+    "Equal": _any("(uint8_t)({0} == {1})"),
+    "Less": _any("(uint8_t)({0} < {1})"),
+    "LessOrEqual": _any("(uint8_t)({0} <= {1})"),
+    "Greater": _any("(uint8_t)({0} > {1})"),
+    "GreaterOrEqual": _any("(uint8_t)({0} >= {1})"),
+    "And": _any("(uint8_t)({0} && {1})"),
+    "Or": _any("(uint8_t)({0} || {1})"),
+    "Xor": _any("(uint8_t)(!{0} != !{1})"),
+    "Not": _any("(uint8_t)(!{0})"),
+    "Where": _any("({0} ? {1} : {2})"),
+    "Cast": lambda node, a, d: _cast(node, a[0], d[0]),
+    "Identity": _any("{0}"),
+}
+
+# Ops whose node may have more inputs than it reads elementwise (none so far).
+ELEMENTWISE_OPS = frozenset(_EXPRESSIONS)
+_INT_DTYPES = (INT64, INT32)
+
+
+def _cast(node: Node, x: str, src: int) -> str:
+    to = node.attrs.get("to")
+    if to not in C_TYPES:
+        raise Unsupported(f"Cast to dtype {to}")
+    if to == BOOL:
+        return f"(uint8_t)({x} != 0)"
+    return f"({C_TYPES[to]})({x})"
+
+
+# -- fusion ----------------------------------------------------------------------------------
+
+
+def _output_shape(node: Node) -> tuple:
+    out = node.outputs[0]
+    if out is None or not isinstance(out.type, TensorType) or out.type.shape is None:
+        raise Unsupported("output of unknown shape")
+    return tuple(out.type.shape)
+
+
+def _same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    return len(a) == len(b) and all(prove_eq(x, y) for x, y in zip(a, b))
+
+
+def _is_elementwise(node: Node) -> bool:
+    return (node.op_type in ELEMENTWISE_OPS and node.domain in ("", "ai.onnx") and len(node.outputs) == 1
+            and not node.params and not any(True for _ in node.subgraphs()))
+
+
+def _chain(leader: Node, ctx: LowerContext) -> list[Node]:
+    """The leader and the single-reader elementwise nodes after it, same output shape."""
+    shape = _output_shape(leader)
+    chain = [leader]
+    while True:
+        out = chain[-1].outputs[0]
+        if not ctx.single_use(out):
+            return chain
+        user = out.users[0][0]
+        if not _is_elementwise(user) or user.graph is not leader.graph:
+            return chain
+        try:
+            if not _same_shape(_output_shape(user), shape):
+                return chain
+            ctx.shape(user.outputs[0]) and ctx.ctype(user.outputs[0])
+        except Unsupported:
+            return chain
+        others = [v for v in user.inputs if v is not None and v is not out]
+        if any(v is out for v in others) or not all(ctx.defined_before(v) for v in others):
+            return chain
+        if sum(1 for v in user.inputs if v is out) != 1:
+            return chain
+        chain.append(user)
+
+
+@dataclass
+class _Operand:
+    value: Value
+    name: str  # C local holding its base pointer, or a literal
+    literal: bool
+    strides: list  # per output axis: "contiguous" (product of later dims) or 0
+
+
+def _broadcast_axes(value: Value, out_shape: tuple, ctx: LowerContext) -> list[bool]:
+    """Per output axis, whether ``value`` is broadcast along it."""
+    shape = ctx.shape(value)
+    if len(shape) > len(out_shape):
+        raise Unsupported("input of higher rank than the output")
+    pad = len(out_shape) - len(shape)
+    flags = [True] * pad
+    for d, od in zip(shape, out_shape[pad:]):
+        if prove_eq(d, od):
+            flags.append(False)
+        elif isinstance(d, int) and d == 1:
+            flags.append(True)
+        else:
+            raise Unsupported(f"cannot tell whether a dim {d} broadcasts to {od}")
+    return flags
+
+
+def _merge_axes(out_shape: tuple, patterns: list[list[bool]]) -> list[tuple[list[int], list[bool]]]:
+    """Groups of adjacent output axes that every input reads the same way, as
+    (axes, broadcast flag per input)."""
+    groups: list[tuple[list[int], list[bool]]] = []
+    for axis in range(len(out_shape)):
+        flags = [p[axis] for p in patterns]
+        if groups and groups[-1][1] == flags:
+            groups[-1][0].append(axis)
+        else:
+            groups.append(([axis], flags))
+    return groups
+
+
+@lowers(*sorted(ELEMENTWISE_OPS))
+def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
+    if not _is_elementwise(node):
+        return None
+    if node.op_type in ("Max", "Min") and len(node.inputs) < 1:
+        return None
+    chain = _chain(node, ctx)
+    out_value = chain[-1].outputs[0]
+    out_shape = _output_shape(chain[-1])
+    internal = {id(n.outputs[0]) for n in chain[:-1]}
+    operands: dict[int, _Operand] = {}
+    decls: list[str] = []
+    for n in chain:
+        for value in n.inputs:
+            if value is None or id(value) in internal or id(value) in operands:
+                continue
+            operands[id(value)] = _operand(value, len(operands), out_shape, ctx, decls)
+    # Expression of each chain node, in order.
+    exprs: dict[int, str] = {}
+    for n in chain:
+        args, dtypes = [], []
+        for value in n.inputs:
+            if value is None:
+                args.append("")
+                dtypes.append(0)
+                continue
+            dtypes.append(ctx.dtype(value))
+            args.append(exprs[id(value)] if id(value) in internal else _read(operands[id(value)]))
+        if n.op_type in ("Where",):
+            dtypes = dtypes[1:]
+        exprs[id(n.outputs[0])] = _EXPRESSIONS[n.op_type](n, args, dtypes)
+    code = _loop_nest(out_shape, list(operands.values()), exprs[id(out_value)], ctx.ctype(out_value),
+                      ctx.ptr(out_value), ctx, decls)
+    fragments = ("scalar",) if "ss_pymod" in code else ()
+    return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]))
+
+
+def _operand(value: Value, index: int, out_shape: tuple, ctx: LowerContext, decls: list[str]) -> _Operand:
+    const = ctx.const(value)
+    ctype = ctx.ctype(value)
+    if const is not None and const.size == 1:
+        literal = _literal(const.reshape(()).item(), ctx.dtype(value))
+        _broadcast_axes(value, out_shape, ctx)  # still checks that it broadcasts
+        return _Operand(value, literal, True, [0] * len(out_shape))
+    name = f"in{index}"
+    decls.append(f"const {ctype}* {name} = {ctx.ptr(value)};")
+    flags = _broadcast_axes(value, out_shape, ctx)
+    return _Operand(value, name, False, flags)
+
+
+def _literal(x, dtype: int) -> str:
+    if dtype == FLOAT:
+        return float_literal(x)
+    if dtype == DOUBLE:
+        return repr(float(x)) if np.isfinite(x) else ("NAN" if np.isnan(x) else ("INFINITY" if x > 0 else "(-INFINITY)"))
+    if dtype == BOOL:
+        return "1" if x else "0"
+    return f"(({C_TYPES[dtype]}){int(x)}LL)"
+
+
+def _read(op: _Operand) -> str:
+    return op.name if op.literal else f"{op.name}[OFF_{op.name}]"
+
+
+def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype: str, out_ptr: str,
+               ctx: LowerContext, decls: list[str]) -> str:
+    """out[i] = expr over the output's index space, inputs read through their strides."""
+    arrays = [op for op in operands if not op.literal]
+    lines = [*decls, f"{out_ctype}* out = {out_ptr};"]
+    if not out_shape:  # rank 0: one element
+        for op in arrays:
+            expr = expr.replace(f"OFF_{op.name}", "0")
+        return "\n".join([*lines, f"out[0] = {expr};"])
+    groups = _merge_axes(out_shape, [op.strides for op in arrays])
+    rank = len(groups)
+    for g, (axes, _) in enumerate(groups):
+        lines.append(f"const int64_t n{g} = {ctx.numel([out_shape[a] for a in axes])};")
+    # An input's stride along merged group g: 0 where it is broadcast, else the product of
+    # its later non-broadcast extents (every input is contiguous).
+    for k, op in enumerate(arrays):
+        for g in range(rank):
+            later = [f"n{h}" for h in range(g + 1, rank) if not groups[h][1][k]]
+            stride = "0" if groups[g][1][k] else (" * ".join(later) or "1")
+            lines.append(f"const int64_t s_{op.name}_{g} = {stride};")
+    inner = rank - 1
+    if rank == 1:
+        for op in arrays:
+            expr = expr.replace(f"OFF_{op.name}", f"j * s_{op.name}_0")
+        lines.append(f"#pragma omp parallel for if(n0 >= {PARALLEL_ELEMENTS})")
+        lines.append(f"for (int64_t j = 0; j < n0; j++) out[j] = {expr};")
+        return "\n".join(lines)
+    for op in arrays:
+        expr = expr.replace(f"OFF_{op.name}", f"b_{op.name} + j * s_{op.name}_{inner}")
+    rows = " * ".join(f"n{g}" for g in range(inner))
+    lines.append(f"const int64_t rows = {rows};")
+    lines.append(f"#pragma omp parallel for if(rows > 1 && rows * n{inner} >= {PARALLEL_ELEMENTS})")
+    lines.append("for (int64_t r = 0; r < rows; r++) {")
+    lines.append("    int64_t rest = r;")
+    lines.extend(f"    int64_t b_{op.name} = 0;" for op in arrays)
+    for g in reversed(range(inner)):
+        lines.append(f"    {{ const int64_t i = rest % n{g}; rest /= n{g};")
+        lines.extend(f"      b_{op.name} += i * s_{op.name}_{g};" for op in arrays)
+        lines.append("    }")
+    lines.append(f"    {out_ctype}* o = out + r * n{inner};")
+    lines.append(f"    for (int64_t j = 0; j < n{inner}; j++) o[j] = {expr};")
+    lines.append("}")
+    return "\n".join(lines)

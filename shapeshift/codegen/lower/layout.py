@@ -1,0 +1,301 @@
+"""Data movement: views, Transpose, Slice, Concat, Split, Expand, Tile, Pad, Gather, and
+the small shape-producing ops.
+
+Reshape-like ops (``VIEW_OPS``) cost nothing: the program builder makes their output a
+view of their input's buffer. Everything else that only moves elements is one or more
+calls of the strided copy ``ss_copy`` (kernels/layout.py), with strides written as C
+expressions over the extents table, so a Transpose of a [batch, seq, 12, 64] tensor is
+one call whatever seq is.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ...ir.graph import Node, Value
+from ...ir.types import INT32, INT64
+from ...ops.common import product
+from ...symbolic import Dim
+from . import lowers
+from .context import LowerContext, Lowered, Unsupported, c_array
+
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def param_values(node: Node, index: int, ctx: LowerContext) -> Optional[list]:
+    """The contents of a parameter input as dims: a static parameter, a constant, or None
+    when the input is absent."""
+    if index in node.params:
+        return list(node.params[index].dims)
+    if index >= len(node.inputs) or node.inputs[index] is None:
+        return None
+    const = ctx.const(node.inputs[index])
+    if const is None:
+        raise Unsupported(f"input {index} is computed at run time")
+    return [x.item() for x in const.reshape(-1)]
+
+
+def contiguous_strides(shape: Sequence[Dim]) -> list[Dim]:
+    strides: list[Dim] = []
+    step: Dim = 1
+    for d in reversed(list(shape)):
+        strides.append(step)
+        step = product([step, d])
+    return strides[::-1]
+
+
+def copy_call(ctx: LowerContext, elem: int, shape: Sequence[str], src: str, src_strides: Sequence[str],
+              dst: str, dst_strides: Sequence[str], tag: str = "") -> str:
+    """A block calling ss_copy; extents and strides are C expressions."""
+    rank = len(shape)
+    return "\n".join([
+        "{",
+        "    " + c_array(f"shape{tag}", list(shape)),
+        "    " + c_array(f"src_strides{tag}", list(src_strides)),
+        "    " + c_array(f"dst_strides{tag}", list(dst_strides)),
+        f"    ss_copy({elem}, {rank}, shape{tag}, {src}, src_strides{tag}, {dst}, dst_strides{tag});",
+        "}",
+    ])
+
+
+def _dims(ctx: LowerContext, dims: Sequence[Dim]) -> list[str]:
+    return [ctx.dim(d) for d in dims]
+
+
+@lowers("Transpose")
+def lower_transpose(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape = ctx.shape(x)
+    perm = list(node.attrs.get("perm", range(len(in_shape) - 1, -1, -1)))
+    in_strides = contiguous_strides(in_shape)
+    out_shape = ctx.shape(y)
+    code = copy_call(ctx, ctx.elem_size(x), _dims(ctx, out_shape), ctx.raw_ptr(x),
+                     _dims(ctx, [in_strides[p] for p in perm]), ctx.raw_ptr(y),
+                     _dims(ctx, contiguous_strides(out_shape)))
+    return Lowered(code, fragments=("layout",))
+
+
+@lowers("Slice")
+def lower_slice(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    if opset < 10:
+        starts, ends = node.attrs.get("starts"), node.attrs.get("ends")
+        axes, steps = node.attrs.get("axes"), None
+    else:
+        starts, ends = param_values(node, 1, ctx), param_values(node, 2, ctx)
+        axes, steps = param_values(node, 3, ctx), param_values(node, 4, ctx)
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape, out_shape = ctx.shape(x), ctx.shape(y)
+    rank = len(in_shape)
+    axes = list(range(len(starts))) if axes is None else [int(a) + rank if int(a) < 0 else int(a) for a in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    if not all(isinstance(s, (int, np.integer)) and s != 0 for s in steps):
+        raise Unsupported("Slice steps computed at run time")
+    in_strides = contiguous_strides(in_shape)
+    src_strides = _dims(ctx, in_strides)
+    lines = ["int64_t offset = 0;"]
+    for k, (axis, start, step) in enumerate(zip(axes, starts, steps)):
+        d = ctx.dim(in_shape[axis])
+        lines.append(f"{{ int64_t st = {ctx.dim(start)}; const int64_t d = {d};")
+        lines.append("  if (st < 0) st += d;")
+        if step > 0:
+            lines.append("  st = st < 0 ? 0 : (st > d ? d : st);")
+        else:
+            lines.append("  st = st < 0 ? -1 : (st > d - 1 ? d - 1 : st);")
+        lines.append(f"  offset += st * {src_strides[axis]}; }}")
+        src_strides[axis] = f"({src_strides[axis]}) * ({int(step)})"
+    elem = ctx.elem_size(x)
+    src = f"(const char*){ctx.raw_ptr(x)} + offset * {elem}"
+    lines.append(copy_call(ctx, elem, _dims(ctx, out_shape), src, src_strides, ctx.raw_ptr(y),
+                           _dims(ctx, contiguous_strides(out_shape))))
+    return Lowered("\n".join(lines), fragments=("layout",))
+
+
+def _axis(node: Node, rank: int, default: int = 0) -> int:
+    axis = int(node.attrs.get("axis", default))
+    return axis + rank if axis < 0 else axis
+
+
+@lowers("Concat")
+def lower_concat(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    y = node.outputs[0]
+    out_shape = ctx.shape(y)
+    axis = _axis(node, len(out_shape))
+    outer = product(list(out_shape[:axis]))
+    inner = product(list(out_shape[axis + 1:]))
+    row = product([out_shape[axis], inner])
+    elem = ctx.elem_size(y)
+    lines = ["int64_t offset = 0;"]
+    for k, x in enumerate(v for v in node.inputs if v is not None):
+        piece = product([ctx.shape(x)[axis], inner])
+        lines.append(copy_call(ctx, elem, [ctx.dim(outer), ctx.dim(piece)], ctx.raw_ptr(x),
+                               [ctx.dim(piece), "1"], f"(char*){ctx.raw_ptr(y)} + offset * {elem}",
+                               [ctx.dim(row), "1"], tag=str(k)))
+        lines.append(f"offset += {ctx.dim(piece)};")
+    return Lowered("\n".join(lines), fragments=("layout",))
+
+
+@lowers("Split")
+def lower_split(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    x = node.inputs[0]
+    in_shape = ctx.shape(x)
+    axis = _axis(node, len(in_shape))
+    outer = product(list(in_shape[:axis]))
+    inner = product(list(in_shape[axis + 1:]))
+    row = product([in_shape[axis], inner])
+    elem = ctx.elem_size(x)
+    lines = ["int64_t offset = 0;"]
+    for k, y in enumerate(node.outputs):
+        if y is None:
+            raise Unsupported("Split with an absent output")
+        piece = product([ctx.shape(y)[axis], inner])
+        lines.append(copy_call(ctx, elem, [ctx.dim(outer), ctx.dim(piece)],
+                               f"(const char*){ctx.raw_ptr(x)} + offset * {elem}", [ctx.dim(row), "1"],
+                               ctx.raw_ptr(y), [ctx.dim(piece), "1"], tag=str(k)))
+        lines.append(f"offset += {ctx.dim(piece)};")
+    return Lowered("\n".join(lines), fragments=("layout",))
+
+
+def _broadcast_strides(ctx: LowerContext, in_shape: Sequence[Dim], out_shape: Sequence[Dim]) -> list[str]:
+    from ...symbolic import prove_eq
+
+    strides = contiguous_strides(in_shape)
+    pad = len(out_shape) - len(in_shape)
+    if pad < 0:
+        raise Unsupported("input of higher rank than the output")
+    result = ["0"] * pad
+    for d, od, s in zip(in_shape, out_shape[pad:], strides):
+        if prove_eq(d, od):
+            result.append(ctx.dim(s))
+        elif d == 1:
+            result.append("0")
+        else:
+            raise Unsupported(f"cannot tell whether {d} broadcasts to {od}")
+    return result
+
+
+@lowers("Expand")
+def lower_expand(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    out_shape = ctx.shape(y)
+    code = copy_call(ctx, ctx.elem_size(x), _dims(ctx, out_shape), ctx.raw_ptr(x),
+                     _broadcast_strides(ctx, ctx.shape(x), out_shape), ctx.raw_ptr(y),
+                     _dims(ctx, contiguous_strides(out_shape)))
+    return Lowered(code, fragments=("layout",))
+
+
+@lowers("Tile")
+def lower_tile(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape = ctx.shape(x)
+    repeats = param_values(node, 1, ctx)
+    if repeats is None or len(repeats) != len(in_shape) or len(in_shape) > 4:
+        raise Unsupported("Tile repeats")
+    in_strides = contiguous_strides(in_shape)
+    out_strides = contiguous_strides(ctx.shape(y))
+    # Output axis k viewed as [repeat, in_dim]: the copy repeats the input along the first.
+    shape, src, dst = [], [], []
+    for k, d in enumerate(in_shape):
+        shape += [ctx.dim(repeats[k]), ctx.dim(d)]
+        src += ["0", ctx.dim(in_strides[k])]
+        dst += [ctx.dim(product([d, out_strides[k]])), ctx.dim(out_strides[k])]
+    code = copy_call(ctx, ctx.elem_size(x), shape, ctx.raw_ptr(x), src, ctx.raw_ptr(y), dst)
+    return Lowered(code, fragments=("layout",))
+
+
+@lowers("Pad")
+def lower_pad(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    if node.attrs.get("mode", "constant") != "constant":
+        raise Unsupported("Pad modes other than constant")
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape, out_shape = ctx.shape(x), ctx.shape(y)
+    rank = len(in_shape)
+    if opset < 11:
+        pads, value = node.attrs.get("pads"), node.attrs.get("value", 0.0)
+        axes = None
+    else:
+        pads = param_values(node, 1, ctx)
+        constant = param_values(node, 2, ctx)
+        value = constant[0] if constant else 0
+        axes = param_values(node, 3, ctx)
+    axes = list(range(rank)) if axes is None else [int(a) + rank if int(a) < 0 else int(a) for a in axes]
+    begins: list[Dim] = [0] * rank
+    for k, axis in enumerate(axes):
+        begins[axis] = pads[k]
+    if any(isinstance(p, (int, np.integer)) and p < 0 for p in pads):
+        raise Unsupported("negative pads")
+    ctype = ctx.ctype(y)
+    out_strides = contiguous_strides(out_shape)
+    offset = " + ".join(f"({ctx.dim(b)}) * {ctx.dim(s)}" for b, s in zip(begins, out_strides)) or "0"
+    elem = ctx.elem_size(y)
+    lines = [f"const {ctype} value = ({ctype}){_number(value)};",
+             f"ss_fill({elem}, {ctx.raw_ptr(y)}, {ctx.numel(out_shape)}, &value);",
+             copy_call(ctx, elem, _dims(ctx, in_shape), ctx.raw_ptr(x), _dims(ctx, contiguous_strides(in_shape)),
+                       f"(char*){ctx.raw_ptr(y)} + ({offset}) * {elem}", _dims(ctx, out_strides))]
+    return Lowered("\n".join(lines), fragments=("layout",))
+
+
+def _number(x) -> str:
+    x = float(x)
+    if np.isnan(x):
+        return "NAN"
+    if np.isinf(x):
+        return "INFINITY" if x > 0 else "-INFINITY"
+    return repr(x)
+
+
+@lowers("Gather")
+def lower_gather(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    data, indices, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    shape = ctx.shape(data)
+    axis = _axis(node, len(shape))
+    index_dtype = ctx.dtype(indices)
+    if index_dtype not in (INT64, INT32):
+        raise Unsupported("Gather indices dtype")
+    fn = "ss_gather" if index_dtype == INT64 else "ss_gather_i32"
+    outer = ctx.dim(product(list(shape[:axis])))
+    inner = ctx.dim(product(list(shape[axis + 1:])))
+    code = (f"if ({fn}({ctx.elem_size(data)}, {ctx.raw_ptr(data)}, {outer}, {ctx.dim(shape[axis])}, {inner}, "
+            f"{ctx.ptr(indices)}, {ctx.numel(ctx.shape(indices))}, {ctx.raw_ptr(y)})) return STEP_ERROR;")
+    return Lowered(code, fragments=("indexing",), can_fail=True)
+
+
+@lowers("Shape")
+def lower_shape(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    shape = ctx.shape(node.inputs[0])
+    rank = len(shape)
+    start = int(node.attrs.get("start", 0))
+    end = int(node.attrs.get("end", rank))
+    start, end = (max(0, min(rank, s + rank if s < 0 else s)) for s in (start, end))
+    out = ctx.ptr(node.outputs[0], "int64_t")
+    code = "\n".join(f"{out}[{k}] = {ctx.dim(d)};" for k, d in enumerate(shape[start:end])) or "(void)0;"
+    return Lowered(code)
+
+
+@lowers("Size")
+def lower_size(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    return Lowered(f"{ctx.ptr(node.outputs[0], 'int64_t')}[0] = {ctx.numel(ctx.shape(node.inputs[0]))};")
+
+
+@lowers("ConstantOfShape")
+def lower_constant_of_shape(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    y = node.outputs[0]
+    value = node.attrs.get("value")
+    scalar = 0 if value is None else np.asarray(value).reshape(-1)[0].item()
+    ctype = ctx.ctype(y)
+    code = (f"const {ctype} value = ({ctype}){_number(scalar)};\n"
+            f"ss_fill({ctx.elem_size(y)}, {ctx.raw_ptr(y)}, {ctx.numel(ctx.shape(y))}, &value);")
+    return Lowered(code, fragments=("layout",))
+
+
+@lowers("Range")
+def lower_range(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    y = node.outputs[0]
+    ctype = ctx.ctype(y)
+    start, delta = node.inputs[0], node.inputs[2]
+    code = (f"const {ctype} start = {ctx.ptr(start)}[0], delta = {ctx.ptr(delta)}[0];\n"
+            f"{ctype}* out = {ctx.ptr(y)};\n"
+            f"for (int64_t i = 0; i < {ctx.numel(ctx.shape(y))}; i++) out[i] = start + ({ctype})i * delta;")
+    return Lowered(code)
+

@@ -1,0 +1,327 @@
+"""Neural-network ops: normalizations, convolution, pooling, Resize and LSTM.
+
+Each is one kernel call (kernels/normalize.py, conv.py, pool.py, resize.py, rnn.py);
+this module only turns ONNX attributes into the kernels' arguments. Conv absorbs the
+activation after it (Relu, Sigmoid, or SiLU written as ``x * Sigmoid(x)``), so YOLO-style
+blocks do not take an extra pass over their output.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ...ir.graph import Node, Value
+from ...ir.types import FLOAT
+from ...ops.common import product
+from ...symbolic import Dim
+from . import lowers
+from .context import LowerContext, Lowered, Unsupported, float_literal
+from .layout import param_values
+
+ACT_RELU, ACT_SIGMOID, ACT_SILU = 1, 2, 3
+
+
+def _float_only(ctx: LowerContext, node: Node, data_inputs: Optional[int] = None) -> None:
+    """Decline unless the node's data inputs (the first ``data_inputs``, default all) are float32."""
+    for value in node.inputs[:data_inputs]:
+        if value is not None and ctx.dtype(value) != FLOAT:
+            raise Unsupported(f"{node.op_type} on a dtype other than float32")
+
+
+def _optional_ptr(ctx: LowerContext, node: Node, index: int) -> str:
+    if index < len(node.inputs) and node.inputs[index] is not None:
+        return ctx.ptr(node.inputs[index])
+    return "NULL"
+
+
+def _optional_out(ctx: LowerContext, node: Node, index: int) -> str:
+    if index < len(node.outputs) and node.outputs[index] is not None:
+        return ctx.ptr(node.outputs[index])
+    return "NULL"
+
+
+@lowers("LayerNormalization")
+def lower_layer_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node)
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    axis = int(node.attrs.get("axis", -1))
+    axis = axis + len(shape) if axis < 0 else axis
+    norm = product(list(shape[axis:]))
+    for index in (1, 2):
+        if index < len(node.inputs) and node.inputs[index] is not None:
+            if product(list(ctx.shape(node.inputs[index]))) != norm:
+                raise Unsupported("LayerNormalization scale or bias that broadcasts")
+    if int(node.attrs.get("stash_type", 1)) != 1:
+        raise Unsupported("stash_type other than float")
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    code = (f"ss_layernorm({ctx.ptr(x)}, {_optional_ptr(ctx, node, 1)}, {_optional_ptr(ctx, node, 2)}, "
+            f"{ctx.ptr(node.outputs[0])}, {ctx.dim(product(list(shape[:axis])))}, {ctx.dim(norm)}, {eps}, "
+            f"{_optional_out(ctx, node, 1)}, {_optional_out(ctx, node, 2)});")
+    return Lowered(code, fragments=("normalize",))
+
+
+def _nc_inner(ctx: LowerContext, shape: Sequence[Dim]) -> tuple[str, str, str]:
+    if len(shape) < 2:
+        raise Unsupported("normalization input of rank < 2")
+    return ctx.dim(shape[0]), ctx.dim(shape[1]), ctx.dim(product(list(shape[2:])))
+
+
+@lowers("BatchNormalization")
+def lower_batch_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node)
+    if int(node.attrs.get("training_mode", 0)) or len([v for v in node.outputs if v is not None]) > 1:
+        raise Unsupported("BatchNormalization in training mode")
+    x = node.inputs[0]
+    n, c, inner = _nc_inner(ctx, ctx.shape(x))
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    scale, bias, mean, var = (ctx.ptr(v) for v in node.inputs[1:5])
+    code = f"ss_batchnorm({ctx.ptr(x)}, {scale}, {bias}, {mean}, {var}, {ctx.ptr(node.outputs[0])}, {n}, {c}, {inner}, {eps});"
+    return Lowered(code, fragments=("normalize",))
+
+
+@lowers("InstanceNormalization")
+def lower_instance_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node)
+    x = node.inputs[0]
+    n, c, inner = _nc_inner(ctx, ctx.shape(x))
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    code = (f"ss_group_norm({ctx.ptr(x)}, {ctx.ptr(node.inputs[1])}, {ctx.ptr(node.inputs[2])}, "
+            f"{ctx.ptr(node.outputs[0])}, {n}, {c}, {c}, {inner}, {eps});")
+    return Lowered(code, fragments=("normalize",))
+
+
+@lowers("GroupNormalization")
+def lower_group_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node)
+    if opset < 21:
+        raise Unsupported("GroupNormalization-18 scales per group")
+    x = node.inputs[0]
+    n, c, inner = _nc_inner(ctx, ctx.shape(x))
+    groups = int(node.attrs["num_groups"])
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    code = (f"ss_group_norm({ctx.ptr(x)}, {ctx.ptr(node.inputs[1])}, {ctx.ptr(node.inputs[2])}, "
+            f"{ctx.ptr(node.outputs[0])}, {n}, {c}, {groups}, {inner}, {eps});")
+    return Lowered(code, fragments=("normalize",))
+
+
+# -- convolution and pooling ------------------------------------------------------------------
+
+
+def _spatial(node: Node, ctx: LowerContext, x: Value, y: Value, kernel: Sequence[int]):
+    """(H, W, OH, OW, KH, KW, strides, dilations) as 2-D, 1-D ops seen as H = 1."""
+    in_shape, out_shape = ctx.shape(x), ctx.shape(y)
+    spatial = len(in_shape) - 2
+    if spatial not in (1, 2):
+        raise Unsupported(f"{spatial}-D {node.op_type}")
+    strides = list(node.attrs.get("strides", [1] * spatial))
+    dilations = list(node.attrs.get("dilations", [1] * spatial))
+    hw = list(in_shape[2:])
+    ohw = list(out_shape[2:])
+    kernel = list(kernel)
+    if spatial == 1:
+        hw, ohw, kernel, strides, dilations = [1] + hw, [1] + ohw, [1] + kernel, [1] + strides, [1] + dilations
+    return hw, ohw, kernel, strides, dilations
+
+
+def _begin_pads(node: Node, ctx: LowerContext, hw, ohw, kernel, strides, dilations, spatial: int) -> list[str]:
+    """Begin pads as C expressions (auto_pad SAME_* is computed from the extents)."""
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto, bytes):
+        auto = auto.decode()
+    if auto in ("NOTSET", "VALID"):
+        pads = list(node.attrs.get("pads", [0] * (2 * spatial))) if auto == "NOTSET" else [0] * (2 * spatial)
+        begins = pads[:spatial]
+        return ["0"] * (2 - spatial) + [str(int(p)) for p in begins]
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"auto_pad {auto}")
+    result = []
+    for h, oh, k, s, d in zip(hw, ohw, kernel, strides, dilations):
+        total = f"(({ctx.dim(oh)} - 1) * {s} + ({k} - 1) * {d} + 1 - {ctx.dim(h)})"
+        total = f"({total} > 0 ? {total} : 0)"
+        result.append(f"({total} / 2)" if auto == "SAME_UPPER" else f"({total} - {total} / 2)")
+    return result
+
+
+def _conv_activation(ctx: LowerContext, out: Value) -> tuple[list[Node], int]:
+    """Relu, Sigmoid, or x * Sigmoid(x) after a conv, to fold into its store."""
+    users = [u for u, _ in out.users]
+    if ctx.single_use(out) and users[0].op_type in ("Relu", "Sigmoid") and users[0].domain in ("", "ai.onnx"):
+        return [users[0]], ACT_RELU if users[0].op_type == "Relu" else ACT_SIGMOID
+    if len(users) == 2 and not ctx.single_use(out) and len(out.users) == 2 and not _escapes(ctx, out):
+        sig = next((u for u in users if u.op_type == "Sigmoid"), None)
+        mul = next((u for u in users if u.op_type == "Mul"), None)
+        if sig is not None and mul is not None and ctx.single_use(sig.outputs[0]) \
+                and sig.outputs[0].users[0][0] is mul and set(map(id, mul.inputs)) == {id(out), id(sig.outputs[0])}:
+            return [sig, mul], ACT_SILU
+    return [], 0
+
+
+def _escapes(ctx: LowerContext, value: Value) -> bool:
+    return not ctx.single_use(value) and len(value.users) == 0
+
+
+@lowers("Conv")
+def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node)
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    w_shape = ctx.shape(w)
+    if not all(isinstance(d, int) for d in w_shape):
+        raise Unsupported("Conv weight of symbolic shape")
+    hw, ohw, kernel, strides, dilations = _spatial(node, ctx, x, y, w_shape[2:])
+    spatial = len(ctx.shape(x)) - 2
+    pads = _begin_pads(node, ctx, hw, ohw, kernel, strides, dilations, spatial)
+    group = int(node.attrs.get("group", 1))
+    in_shape = ctx.shape(x)
+    absorbed, act = _conv_activation(ctx, y)
+    out = absorbed[-1].outputs[0] if absorbed else y
+    n, c, m = ctx.dim(in_shape[0]), ctx.dim(in_shape[1]), str(w_shape[0])
+    h, wd, oh, ow = (ctx.dim(d) for d in (*hw, *ohw))
+    kh, kw = kernel
+    args = (f"{n}, {c}, {h}, {wd}, {m}, {kh}, {kw}, {oh}, {ow}, {strides[0]}, {strides[1]}, {pads[0]}, {pads[1]}, "
+            f"{dilations[0]}, {dilations[1]}, {group}")
+    code = (f"ss_conv2d({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, {act}, "
+            f"(float*)WORK);")
+    work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
+    return Lowered(code, fragments=("conv",), absorbed=tuple(absorbed), work_bytes=work)
+
+
+def _work_bytes(ctx: LowerContext, fn: str, c: Dim, kh: int, kw: int, ohw, group: int) -> Dim:
+    # im2col scratch: one (C/group * KH * KW) x (OH * OW) float matrix at a time.
+    if kh == 1 and kw == 1:
+        return product([c, ohw[0], ohw[1], 4])  # covers strided or padded 1x1 convs too
+    return product([c, kh, kw, ohw[0], ohw[1], 4])
+
+
+@lowers("ConvTranspose")
+def lower_conv_transpose(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node)
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    w_shape = ctx.shape(w)
+    if not all(isinstance(d, int) for d in w_shape) or node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        raise Unsupported("ConvTranspose with symbolic weights or auto_pad")
+    group = int(node.attrs.get("group", 1))
+    hw, ohw, kernel, strides, dilations = _spatial(node, ctx, x, y, w_shape[2:])
+    spatial = len(ctx.shape(x)) - 2
+    pads = list(node.attrs.get("pads", [0] * (2 * spatial)))[:spatial]
+    pads = [0] * (2 - spatial) + [int(p) for p in pads]
+    in_shape = ctx.shape(x)
+    m = w_shape[1] * group
+    h, wd, oh, ow = (ctx.dim(d) for d in (*hw, *ohw))
+    kh, kw = kernel
+    code = (f"ss_conv_transpose2d({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(y)}, "
+            f"{ctx.dim(in_shape[0])}, {ctx.dim(in_shape[1])}, {h}, {wd}, {m}, {kh}, {kw}, {oh}, {ow}, "
+            f"{strides[0]}, {strides[1]}, {pads[0]}, {pads[1]}, {dilations[0]}, {dilations[1]}, {group}, (float*)WORK);")
+    work = product([m, kh, kw, hw[0], hw[1], 4])
+    return Lowered(code, fragments=("conv",), work_bytes=work)
+
+
+@lowers("MaxPool", "AveragePool")
+def lower_pool(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node)
+    if len([v for v in node.outputs if v is not None]) > 1:
+        raise Unsupported("MaxPool with Indices")
+    if int(node.attrs.get("storage_order", 0)):
+        raise Unsupported("storage_order")
+    x, y = node.inputs[0], node.outputs[0]
+    kernel = list(node.attrs["kernel_shape"])
+    hw, ohw, kernel2, strides, dilations = _spatial(node, ctx, x, y, kernel)
+    spatial = len(kernel)
+    begins = _begin_pads(node, ctx, hw, ohw, kernel2, strides, dilations, spatial)
+    in_shape = ctx.shape(x)
+    nc = ctx.dim(product(list(in_shape[:2])))
+    h, wd, oh, ow = (ctx.dim(d) for d in (*hw, *ohw))
+    kh, kw = kernel2
+    if node.op_type == "MaxPool":
+        code = (f"ss_maxpool2d({ctx.ptr(x)}, {ctx.ptr(y)}, {nc}, {h}, {wd}, {oh}, {ow}, {kh}, {kw}, "
+                f"{strides[0]}, {strides[1]}, {begins[0]}, {begins[1]}, {dilations[0]}, {dilations[1]});")
+        return Lowered(code, fragments=("pool",))
+    if any(d != 1 for d in dilations):
+        raise Unsupported("AveragePool with dilations")
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", b"NOTSET", "VALID", b"VALID"):
+        raise Unsupported("AveragePool with auto_pad SAME")
+    pads = list(node.attrs.get("pads", [0] * (2 * spatial))) if auto in ("NOTSET", b"NOTSET") else [0] * (2 * spatial)
+    ends = [0] * (2 - spatial) + [int(p) for p in pads[spatial:]]
+    include = int(node.attrs.get("count_include_pad", 0))
+    code = (f"ss_avgpool2d({ctx.ptr(x)}, {ctx.ptr(y)}, {nc}, {h}, {wd}, {oh}, {ow}, {kh}, {kw}, "
+            f"{strides[0]}, {strides[1]}, {begins[0]}, {begins[1]}, {ends[0]}, {ends[1]}, {include});")
+    return Lowered(code, fragments=("pool",))
+
+
+# -- Resize ----------------------------------------------------------------------------------
+
+RESIZE_MODES = {"nearest": 0, "linear": 1, "cubic": 2}
+COORDINATE_MODES = {"half_pixel": 0, "asymmetric": 1, "align_corners": 2, "pytorch_half_pixel": 3,
+                    "tf_half_pixel_for_nn": 4}
+NEAREST_MODES = {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 2, "ceil": 3}
+
+
+def _text(node: Node, name: str, default: str) -> str:
+    value = node.attrs.get(name, default)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@lowers("Resize")
+def lower_resize(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    _float_only(ctx, node, data_inputs=1)
+    if opset < 11:
+        raise Unsupported("Resize-10")
+    if int(node.attrs.get("antialias", 0)) or node.attrs.get("axes") is not None \
+            or _text(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise Unsupported("Resize with antialias, axes or an aspect-ratio policy")
+    mode = RESIZE_MODES.get(_text(node, "mode", "nearest"))
+    coord = COORDINATE_MODES.get(_text(node, "coordinate_transformation_mode", "half_pixel"))
+    nearest = NEAREST_MODES.get(_text(node, "nearest_mode", "round_prefer_floor"))
+    if mode is None or coord is None or nearest is None:
+        raise Unsupported("Resize mode")
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape, out_shape = ctx.shape(x), ctx.shape(y)
+    if len(in_shape) not in (3, 4) or not all(_same_dim(a, b) for a, b in zip(in_shape[:-2], out_shape[:-2])):
+        raise Unsupported("Resize of other than the last two axes")
+    scales = param_values(node, 2, ctx) if len(node.inputs) > 2 else None
+    h, w, oh, ow = (ctx.dim(d) for d in (*in_shape[-2:], *out_shape[-2:]))
+    if scales:
+        sh, sw = (float_literal(s) for s in scales[-2:])
+    else:
+        sh, sw = f"((float){oh} / (float){h})", f"((float){ow} / (float){w})"
+    nc = ctx.dim(product(list(in_shape[:-2])))
+    cubic_a = float_literal(node.attrs.get("cubic_coeff_a", -0.75))
+    exclude = int(node.attrs.get("exclude_outside", 0))
+    code = (f"ss_resize2d({ctx.ptr(x)}, {ctx.ptr(y)}, {nc}, {h}, {w}, {oh}, {ow}, {sh}, {sw}, {mode}, {coord}, "
+            f"{nearest}, {cubic_a}, {exclude});")
+    return Lowered(code, fragments=("resize",))
+
+
+def _same_dim(a: Dim, b: Dim) -> bool:
+    from ...symbolic import prove_eq
+
+    return prove_eq(a, b)
+
+
+# -- LSTM ------------------------------------------------------------------------------------
+
+DIRECTIONS = {"forward": 0, "reverse": 1, "bidirectional": 2}
+
+
+@lowers("LSTM")
+def lower_lstm(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
+    _float_only(ctx, node, data_inputs=1)
+    if int(node.attrs.get("layout", 0)) or "clip" in node.attrs or int(node.attrs.get("input_forget", 0)):
+        raise Unsupported("LSTM layout, clip or input_forget")
+    if node.attrs.get("activations") not in (None, ["Sigmoid", "Tanh", "Tanh"], ["Sigmoid", "Tanh", "Tanh"] * 2):
+        raise Unsupported("LSTM activations")
+    inputs = list(node.inputs) + [None] * (8 - len(node.inputs))
+    if inputs[4] is not None or inputs[7] is not None:
+        raise Unsupported("LSTM sequence_lens or peepholes")
+    direction = DIRECTIONS[_text(node, "direction", "forward")]
+    x = inputs[0]
+    t, b, i = ctx.shape(x)
+    hidden = int(node.attrs["hidden_size"])
+    ptr = lambda v: "NULL" if v is None else ctx.ptr(v)  # noqa: E731
+    outs = list(node.outputs) + [None] * (3 - len(node.outputs))
+    code = (f"ss_lstm({ctx.ptr(x)}, {ctx.ptr(inputs[1])}, {ctx.ptr(inputs[2])}, {ptr(inputs[3])}, "
+            f"{ptr(inputs[5])}, {ptr(inputs[6])}, {ptr(outs[0])}, {ptr(outs[1])}, {ptr(outs[2])}, "
+            f"{ctx.dim(t)}, {ctx.dim(b)}, {ctx.dim(i)}, {hidden}, {direction}, (float*)WORK);")
+    work = product([t, b, 4 * hidden, 4, 4])  # generous: gate pre-activations for every step, both directions
+    return Lowered(code, fragments=("rnn",), work_bytes=work)

@@ -1,0 +1,354 @@
+"""Build the native program of a graph: steps, pointer slots, extents, and one C source.
+
+Every node of the root graph becomes one step, in graph order:
+
+- **native**: its lowering rule (codegen/lower/) produced C statements; consecutive
+  native steps form a *segment*, one generated C function
+  ``int ss_segment_<k>(void* const* v, const int64_t* e)`` that runs them back to back,
+  so a model that lowers completely is one ctypes call per run;
+- **alias**: a Reshape-like node on contiguous data; its output shares its input's
+  buffer and costs nothing;
+- **fallback**: anything else, run by the NumPy evaluator between segments.
+
+Kernels address data through ``v[slot]`` (a table of pointers the VM fills per run) and
+sizes through ``e[k]`` (a table of extents the VM evaluates once per distinct binding
+of the input symbols), so one build serves every shape in the declared ranges.
+
+A node is lowered only when every shape it touches is known from the input symbols;
+shapes that depend on data (NonZero's count...) keep their consumers on the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.types import TensorType, to_numpy_dtype
+from ..symbolic import Dim, Expr, free_symbols
+from .kernels.prelude import PRELUDE
+from .lower import rule_for
+from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsupported
+from .lower.layout import VIEW_OPS
+
+log = logging.getLogger(__name__)
+
+NATIVE, ALIAS, FALLBACK = "native", "alias", "fallback"
+
+# Storage kinds of a slot.
+CONST, INPUT, ARENA, DYNAMIC, PACKED, VIEW, WORK = "const", "input", "arena", "dynamic", "packed", "view", "work"
+
+
+@dataclass
+class Step:
+    kind: str
+    node: Node
+    lowered: Optional[Lowered] = None
+    segment: int = -1
+    reason: str = ""  # why a node falls back, for reports
+    work: int = -1  # slot of the step's scratch space, if any
+
+
+@dataclass
+class Slot:
+    """One entry of the pointer table and what stands behind it."""
+
+    index: int
+    kind: str
+    value: Optional[Value] = None  # None for packed weights and workspaces
+    root: int = -1  # VIEW: the slot whose buffer it shares
+    nbytes: Dim = 0  # ARENA and WORK: size as a dim expression
+    first: int = 0  # ARENA and WORK: live from this step...
+    last: int = 0  # ...through this one
+
+
+@dataclass
+class Program:
+    graph: Graph
+    steps: list[Step]
+    slots: list[Slot]
+    slot_of: dict[int, int]  # id(Value) -> slot
+    extents: list[Dim]  # e[k] = extents[k] under the binding
+    segments: list[list[int]]  # step indices of each segment
+    source: str
+    packs: list[PackRequest]
+    input_symbols: frozenset[str]
+    fragments: tuple[str, ...] = ()
+    counts: Counter = field(default_factory=Counter)
+
+    def fallback_ops(self) -> Counter:
+        return Counter(s.node.op_type for s in self.steps if s.kind == FALLBACK)
+
+
+class _Builder:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.input_symbols = frozenset(
+            s for v in graph.inputs if isinstance(v.type, TensorType) and v.type.shape is not None
+            for d in v.type.shape for s in free_symbols(d))
+        self.slots: list[Slot] = []
+        self.slot_of: dict[int, int] = {}
+        self.extent_index: dict[object, int] = {}
+        self.extents: list[Dim] = []
+        self.packs: list[PackRequest] = []
+        self.steps: list[Step] = []
+        self.position = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.outputs = {id(v) for v in graph.outputs}
+        self.absorbed: set[int] = set()
+        self.current = -1  # position of the node being classified
+        for value in graph.inputs:
+            self._add_slot(INPUT, value)
+
+    # -- slots and extents -------------------------------------------------------------
+
+    def _add_slot(self, kind: str, value: Optional[Value] = None, **fields) -> int:
+        slot = Slot(len(self.slots), kind, value, **fields)
+        self.slots.append(slot)
+        if value is not None:
+            self.slot_of[id(value)] = slot.index
+        return slot.index
+
+    def slot(self, value: Value) -> int:
+        index = self.slot_of.get(id(value))
+        if index is None:
+            if value.const is not None:
+                return self._add_slot(CONST, value)
+            if value.producer is not None and self.position.get(id(value.producer), -1) > self.current:
+                # The output of a later node that the current rule absorbs (fuses).
+                return self._add_slot(ARENA, value)
+            raise Unsupported(f"value {value.name!r} has no storage yet")
+        return index
+
+    def new_packed_slot(self) -> int:
+        return self._add_slot(PACKED)
+
+    def extent(self, d: Dim) -> str:
+        key = d.key if isinstance(d, Expr) else int(d)
+        index = self.extent_index.get(key)
+        if index is None:
+            index = self.extent_index[key] = len(self.extents)
+            self.extents.append(d)
+        return f"e[{index}]"
+
+    # -- classification ----------------------------------------------------------------
+
+    def plannable(self, value: Optional[Value]) -> bool:
+        """A tensor of a native dtype whose shape is known from the input symbols."""
+        if value is None:
+            return True
+        t = value.type
+        return (isinstance(t, TensorType) and t.shape is not None and t.dtype in C_TYPES
+                and all(free_symbols(d) <= self.input_symbols for d in t.shape))
+
+    def build(self) -> Program:
+        for node in self.graph.nodes:
+            if id(node) in self.absorbed:
+                continue
+            self.steps.append(self._classify(node))
+        self._set_lifetimes()
+        segments = self._segments()
+        fragments = _with_dependencies({f for s in self.steps if s.lowered for f in s.lowered.fragments})
+        source = _emit_source(self, segments, fragments)
+        counts = Counter(s.kind for s in self.steps)
+        return Program(self.graph, self.steps, self.slots, self.slot_of, self.extents, segments, source,
+                       self.packs, self.input_symbols, fragments, counts)
+
+    def _classify(self, node: Node) -> Step:
+        self.current = self.position[id(node)]
+        if any(True for _ in node.subgraphs()):
+            return self._fallback(node, "control flow")
+        values = [*node.inputs, *node.outputs]
+        if not all(self.plannable(v) for v in values):
+            return self._fallback(node, "shape or dtype not plannable")
+        if node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx") and len(node.outputs) == 1 \
+                and node.inputs and node.inputs[0] is not None \
+                and node.inputs[0].type.dtype == node.outputs[0].type.dtype:
+            source = node.inputs[0]
+            root = self.slots[self.slot(source)]
+            root_index = root.root if root.kind == VIEW else root.index
+            self._add_slot(VIEW, node.outputs[0], root=root_index)
+            return Step(ALIAS, node)
+        rule = rule_for(node)
+        if rule is None:
+            return self._fallback(node, "no lowering")
+        mark = (len(self.slots), len(self.packs), len(self.extents), dict(self.extent_index))
+        try:
+            for value in node.inputs:
+                if value is not None:
+                    self.slot(value)
+            for value in node.outputs:
+                self._add_slot(ARENA, value)
+            ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes, self._defined_before(node))
+            lowered = rule(node, ctx, self._opset(node))
+            if lowered is None:
+                raise Unsupported("rule declined")
+            for extra in lowered.absorbed:
+                for value in extra.outputs:
+                    if id(value) not in self.slot_of:
+                        self._add_slot(ARENA, value)
+            work = -1
+            if lowered.work_bytes != 0:
+                work = self._add_slot(WORK, nbytes=lowered.work_bytes)
+                lowered.code = lowered.code.replace("WORK", f"v[{work}]")
+        except Unsupported as exc:
+            self._rollback(mark, node)
+            return self._fallback(node, str(exc) or "unsupported case")
+        self.absorbed.update(id(n) for n in lowered.absorbed)
+        return Step(NATIVE, node, lowered, work=work)
+
+    def _rollback(self, mark, node: Node) -> None:
+        n_slots, n_packs, n_extents, extent_index = mark
+        for slot in self.slots[n_slots:]:
+            if slot.value is not None:
+                self.slot_of.pop(id(slot.value), None)
+        del self.slots[n_slots:]
+        del self.packs[n_packs:]
+        del self.extents[n_extents:]
+        self.extent_index = extent_index
+
+    def _fallback(self, node: Node, reason: str) -> Step:
+        for value in node.outputs:
+            if value is not None and isinstance(value.type, TensorType):
+                self._add_slot(DYNAMIC, value)
+        return Step(FALLBACK, node, reason=reason)
+
+    def _escapes(self, value: Value) -> bool:
+        return id(value) in self.outputs
+
+    def _defined_before(self, leader: Node):
+        position = self.position[id(leader)]
+
+        def check(value: Optional[Value]) -> bool:
+            if value is None or value.const is not None or value.producer is None:
+                return True
+            return self.position.get(id(value.producer), position) < position
+
+        return check
+
+    def _opset(self, node: Node) -> int:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        return self.graph.opset.get(domain, 1)
+
+    # -- lifetimes and segments ----------------------------------------------------------
+
+    def _set_lifetimes(self) -> None:
+        """First and last step of every arena buffer (views keep their root alive)."""
+        end = len(self.steps)
+        for i, step in enumerate(self.steps):
+            nodes = [step.node, *(step.lowered.absorbed if step.lowered else ())]
+            for node in nodes:
+                for value in _reads(node):
+                    self._touch(value, i)
+                for value in node.outputs:
+                    index = self.slot_of.get(id(value)) if value is not None else None
+                    if index is not None and self.slots[index].kind == ARENA:
+                        slot = self.slots[index]
+                        slot.first, slot.last = i, max(slot.last, i)
+                        t = value.type
+                        slot.nbytes = _nbytes(t)
+            if step.work >= 0:
+                self.slots[step.work].first = self.slots[step.work].last = i
+        for value in self.graph.outputs:
+            self._touch(value, end)
+
+    def _touch(self, value: Optional[Value], i: int) -> None:
+        if value is None:
+            return
+        index = self.slot_of.get(id(value))
+        if index is None:
+            return
+        slot = self.slots[index]
+        if slot.kind == VIEW:
+            slot = self.slots[slot.root]
+        if slot.kind == ARENA:
+            slot.last = max(slot.last, i)
+
+    def _segments(self) -> list[list[int]]:
+        segments: list[list[int]] = []
+        current: list[int] = []
+        for i, step in enumerate(self.steps):
+            if step.kind == NATIVE:
+                step.segment = len(segments)
+                current.append(i)
+            elif step.kind == FALLBACK and current:
+                segments.append(current)
+                current = []
+        if current:
+            segments.append(current)
+        return segments
+
+
+def _reads(node: Node) -> list[Value]:
+    values = [v for v in node.inputs if v is not None]
+    for sub in node.subgraphs():
+        for inner in sub.walk_nodes():
+            values.extend(v for v in inner.inputs if v is not None)
+        values.extend(sub.outputs)
+    return values
+
+
+def _nbytes(t: TensorType) -> Dim:
+    from ..ops.common import product
+
+    return product([*t.shape, to_numpy_dtype(t.dtype).itemsize])
+
+
+def _with_dependencies(names: set[str]) -> tuple[str, ...]:
+    """Fragment modules in an order where each comes after what it depends on."""
+    import importlib
+
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        module = importlib.import_module(f"shapeshift.codegen.kernels.{name}")
+        for dep in getattr(module, "DEPENDS", ()):
+            visit(dep)
+        ordered.append(name)
+
+    for name in sorted(names):
+        visit(name)
+    return tuple(ordered)
+
+
+def _emit_source(builder: _Builder, segments: list[list[int]], fragments: tuple[str, ...]) -> str:
+    import importlib
+
+    parts = [PRELUDE]
+    for name in fragments:
+        parts.append(f"/* ---- kernels: {name} ---- */\n")
+        parts.append(importlib.import_module(f"shapeshift.codegen.kernels.{name}").source())
+    for k, indices in enumerate(segments):
+        body = []
+        for i in indices:
+            step = builder.steps[i]
+            code = step.lowered.code.replace("STEP_ERROR", str(i + 1))
+            body.append(f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n    {{\n"
+                        + _indent(code, 8) + "\n    }\n")
+        parts.append(f"\nint ss_segment_{k}(void* const* v, const int64_t* e) {{\n    (void)e;\n"
+                     + "".join(body) + "    return 0;\n}\n")
+    return "".join(parts)
+
+
+def _comment(text: str) -> str:
+    return text.replace("*/", "* /")
+
+
+def _indent(code: str, spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line if line.strip() else line for line in code.strip("\n").splitlines())
+
+
+def build_program(graph: Graph) -> Program:
+    """The native program of a simplified, typed graph."""
+    program = _Builder(graph).build()
+    fallback = program.fallback_ops()
+    if fallback:
+        log.info("native program for %s: %d steps, fallback ops: %s", graph.name, len(program.steps),
+                 ", ".join(f"{op}×{n}" for op, n in sorted(fallback.items())))
+    return program

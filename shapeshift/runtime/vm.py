@@ -1,0 +1,322 @@
+"""The native VM: runs a built Program on any input shapes in the declared ranges.
+
+Per run: look up the plan of this binding of the input symbols (made once per distinct
+binding: the extents table ``e[]``, the size and arena offset of every buffer), fill the
+pointer table ``v[]`` with the inputs and the arena, then run the steps: each segment of
+native steps is one call into the compiled library; fallback steps run their NumPy
+evaluator on views of the same buffers.
+
+Memory: every buffer a native step writes lives in one arena, reused across runs and
+grown when a larger binding needs more. Offsets come from a linear scan over the steps
+(a buffer is freed after its last reader; views keep their root alive). Runs of one VM
+are serialized by a lock, since they share the arena.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from ..codegen.build import CompiledLibrary, compile_library
+from ..codegen.program import (ALIAS, ARENA, CONST, DYNAMIC, FALLBACK, INPUT, NATIVE, PACKED, VIEW, WORK,
+                               Program)
+from ..errors import ExecutionError, ShapeshiftError
+from ..ir.graph import Node, Value
+from ..ir.types import TensorType, to_numpy_dtype
+from ..ops.context import EvalContext
+from ..symbolic import evaluate
+from .reference import ReferenceExecutor, materialize
+
+ALIGNMENT = 64
+PLAN_CACHE_SIZE = 64
+
+
+@dataclass
+class Plan:
+    """What a run needs for one binding of the input symbols."""
+
+    extents: np.ndarray  # int64, the e[] table
+    offsets: np.ndarray  # int64 per slot: arena offset, or -1
+    shapes: dict[int, tuple[int, ...]]  # slot -> concrete shape (tensor slots)
+    arena_bytes: int
+
+
+class NativeVM:
+    """Runs one Program; ``run(feeds, binding)`` returns the graph outputs."""
+
+    def __init__(self, program: Program, cache_dir=None, num_threads: Optional[int] = None):
+        self.program = program
+        self.library: Optional[CompiledLibrary] = None
+        self._segments: list = []
+        if program.segments:
+            self.library = compile_library(program.source, name_hint=f"{program.graph.name} program",
+                                           cache_dir=cache_dir)
+            for k in range(len(program.segments)):
+                fn = getattr(self.library.cdll, f"ss_segment_{k}")
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                fn.restype = ctypes.c_int
+                self._segments.append(fn)
+            if num_threads:
+                self.library.cdll.ss_set_num_threads(ctypes.c_int(num_threads))
+        self._fixed = np.zeros(len(program.slots), dtype=np.uint64)  # constants and packed weights
+        self._keep_alive: list[np.ndarray] = []
+        self._load_constants()
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._symbols = sorted(program.input_symbols)
+        self._arena = np.empty(0, dtype=np.uint8)
+        self._lock = threading.Lock()
+        self._reference = ReferenceExecutor(program.graph)
+        self._arena_kinds = np.array([s.kind in (ARENA, WORK) for s in program.slots], dtype=bool)
+        self._view_children = _view_children(program)
+        self.native_steps = sum(1 for s in program.steps if s.kind == NATIVE)
+        self.fallback_steps = sum(1 for s in program.steps if s.kind == FALLBACK)
+
+    # -- load time -------------------------------------------------------------------------
+
+    def _load_constants(self) -> None:
+        for slot in self.program.slots:
+            if slot.kind == CONST:
+                array = np.ascontiguousarray(slot.value.const)
+                self._keep_alive.append(array)
+                self._fixed[slot.index] = array.ctypes.data
+        for view in self.program.slots:
+            if view.kind == VIEW and self.program.slots[view.root].kind == CONST:
+                self._fixed[view.index] = self._fixed[view.root]
+        if self.program.packs:
+            lib = self.library.cdll
+            lib.ss_gemm_packed_b_size.restype = ctypes.c_int64
+            lib.ss_gemm_packed_b_size.argtypes = [ctypes.c_int64, ctypes.c_int64]
+            lib.ss_gemm_pack_b.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                           ctypes.c_int64, ctypes.c_void_p]
+            for pack in self.program.packs:
+                k, n = pack.source.shape
+                packed = np.empty(max(int(lib.ss_gemm_packed_b_size(k, n)), 1), dtype=np.float32)
+                lib.ss_gemm_pack_b(k, n, pack.source.ctypes.data, n, 1, packed.ctypes.data)
+                self._keep_alive.append(packed)
+                self._fixed[pack.slot] = packed.ctypes.data
+
+    # -- plans -----------------------------------------------------------------------------
+
+    def _plan(self, binding: Mapping[str, int]) -> Plan:
+        key = tuple(binding.get(s, 0) for s in self._symbols)
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        plan = self._make_plan(binding)
+        self._plans[key] = plan
+        if len(self._plans) > PLAN_CACHE_SIZE:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _make_plan(self, binding: Mapping[str, int]) -> Plan:
+        program = self.program
+        try:
+            extents = np.array([evaluate(d, binding) for d in program.extents] or [0], dtype=np.int64)
+        except ShapeshiftError as exc:
+            raise ExecutionError(f"cannot evaluate the program's extents: {exc}") from None
+        shapes: dict[int, tuple[int, ...]] = {}
+        for slot in program.slots:
+            if slot.value is not None and isinstance(slot.value.type, TensorType) \
+                    and slot.value.type.shape is not None and slot.kind != DYNAMIC:
+                try:
+                    shapes[slot.index] = tuple(evaluate(d, binding) for d in slot.value.type.shape)
+                except ShapeshiftError:
+                    pass
+        offsets, total = _assign_offsets(program, binding)
+        return Plan(extents, offsets, shapes, total)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def run(self, feeds: dict[Value, Any], binding: Mapping[str, int]) -> list:
+        with self._lock:
+            return self._run(feeds, binding)
+
+    def _run(self, feeds: dict[Value, Any], binding: Mapping[str, int]) -> list:
+        program = self.program
+        plan = self._plan(binding)
+        if self._arena.nbytes < plan.arena_bytes:
+            self._arena = np.empty(plan.arena_bytes + ALIGNMENT, dtype=np.uint8)
+        base = _aligned_base(self._arena)
+        ptrs = self._fixed.copy()
+        ptrs[self._arena_kinds] = (plan.offsets[self._arena_kinds] + base).astype(np.uint64)
+        arrays: dict[int, Any] = {}  # slot -> array, for inputs and fallback results
+        for value, data in feeds.items():
+            index = program.slot_of.get(id(value))
+            if index is None or not isinstance(data, np.ndarray):
+                continue
+            data = np.ascontiguousarray(data)
+            arrays[index] = data
+            ptrs[index] = data.ctypes.data
+            self._set_views(ptrs, index, data.ctypes.data)
+        for view in program.slots:
+            if view.kind == VIEW and program.slots[view.root].kind in (ARENA, WORK):
+                ptrs[view.index] = ptrs[view.root]
+        env: dict[Value, Any] = dict(feeds)
+        ptr_address = ptrs.ctypes.data
+        extents_address = plan.extents.ctypes.data
+        steps = program.steps
+        for k, indices in enumerate(program.segments):
+            pass  # (segments run in step order below)
+        next_segment = 0
+        i = 0
+        while i < len(steps):
+            step = steps[i]
+            if step.kind == NATIVE:
+                indices = program.segments[step.segment]
+                code = self._segments[step.segment](ptr_address, extents_address)
+                if code:
+                    failed = steps[code - 1].node
+                    raise ExecutionError(f"{failed.describe()}: an index is out of range")
+                i = indices[-1] + 1
+                next_segment = step.segment + 1
+                continue
+            if step.kind == FALLBACK:
+                self._run_fallback(step.node, env, arrays, ptrs, plan, binding)
+            i += 1
+        return [self._output(v, env, arrays, plan) for v in program.graph.outputs]
+
+    def _set_views(self, ptrs: np.ndarray, root: int, address: int) -> None:
+        for child in self._view_children.get(root, ()):
+            ptrs[child] = address
+
+    def _array(self, value: Value, env: dict, arrays: dict, plan: Plan) -> Any:
+        """The value's contents as an array (a view of the arena where it lives there)."""
+        if value in env:
+            return env[value]
+        program = self.program
+        index = program.slot_of.get(id(value))
+        if index is None:
+            return value.const
+        slot = program.slots[index]
+        root = program.slots[slot.root] if slot.kind == VIEW else slot
+        shape = plan.shapes.get(index)
+        dtype = to_numpy_dtype(value.type.dtype)
+        if root.kind == CONST:
+            return np.asarray(root.value.const).reshape(shape)
+        if root.kind in (INPUT, DYNAMIC):
+            return arrays[root.index].reshape(shape)
+        offset = int(plan.offsets[root.index]) + (_aligned_base(self._arena) - self._arena.ctypes.data)
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(self._arena, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def _run_fallback(self, node: Node, env: dict, arrays: dict, ptrs: np.ndarray, plan: Plan,
+                      binding: Mapping[str, int]) -> None:
+        from ..codegen.program import _reads
+
+        for value in _reads(node):
+            if value not in env:
+                env[value] = self._array(value, env, arrays, plan)
+        args = [None if v is None else env[v] for v in node.inputs]
+        for index, param in node.params.items():
+            args[index] = materialize(param, binding, node)
+        reference = self._reference
+        reference._binding = dict(binding)
+        opset = self.program.graph.opset.get("" if node.domain == "ai.onnx" else node.domain, 1)
+        ctx = EvalContext(node, opset, lambda g, ins: reference._run_subgraph(env, g, ins))
+        rule = reference._plan(self.program.graph).steps[self._node_index(node)][1]
+        try:
+            results = rule.evaluate(ctx, *args)
+        except ShapeshiftError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported with the node's name
+            raise ExecutionError(f"{node.describe()} failed: {type(exc).__name__}: {exc}") from exc
+        for value, result in zip(node.outputs, results):
+            if value is None:
+                continue
+            index = self.program.slot_of.get(id(value))
+            if index is not None and isinstance(result, np.ndarray):
+                result = self._checked(node, value, result, plan.shapes.get(index))
+                arrays[index] = result
+                ptrs[index] = result.ctypes.data
+                self._set_views(ptrs, index, result.ctypes.data)
+            env[value] = result
+
+    def _checked(self, node: Node, value: Value, result: np.ndarray, expected) -> np.ndarray:
+        """The fallback result as native kernels may read it: contiguous, of the declared
+        dtype and shape (a mismatch would make a kernel read out of bounds)."""
+        dtype = to_numpy_dtype(value.type.dtype)
+        if result.dtype != dtype:
+            raise ExecutionError(f"{node.describe()}: output {value.name!r} has dtype {result.dtype}, "
+                                 f"expected {dtype}")
+        if expected is not None and tuple(result.shape) != expected:
+            raise ExecutionError(f"{node.describe()}: output {value.name!r} has shape {list(result.shape)}, "
+                                 f"expected {list(expected)}")
+        return np.ascontiguousarray(result)
+
+    def _node_index(self, node: Node) -> int:
+        index = getattr(self, "_node_positions", None)
+        if index is None:
+            index = self._node_positions = {id(n): i for i, n in enumerate(self.program.graph.nodes)}
+        return index[id(node)]
+
+    def _output(self, value: Value, env: dict, arrays: dict, plan: Plan) -> Any:
+        result = self._array(value, env, arrays, plan)
+        if isinstance(result, np.ndarray):
+            return np.array(result, copy=True)
+        return result
+
+
+def _aligned_base(arena: np.ndarray) -> int:
+    address = arena.ctypes.data
+    return (address + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _view_children(program: Program) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for slot in program.slots:
+        if slot.kind == VIEW:
+            children.setdefault(slot.root, []).append(slot.index)
+    return children
+
+
+def _assign_offsets(program: Program, binding: Mapping[str, int]) -> tuple[np.ndarray, int]:
+    """Arena offsets by a linear scan in step order: a buffer takes the best-fitting free
+    block (or the end of the arena) at its first step and returns it after its last."""
+    offsets = np.full(len(program.slots), -1, dtype=np.int64)
+    buffers = [s for s in program.slots if s.kind in (ARENA, WORK)]
+    starts: dict[int, list] = {}
+    ends: dict[int, list] = {}
+    for slot in buffers:
+        size = evaluate(slot.nbytes, binding)
+        size = max((size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT, ALIGNMENT)
+        starts.setdefault(slot.first, []).append((slot, size))
+        ends.setdefault(slot.last, []).append(slot)
+    free: list[tuple[int, int]] = []  # (offset, size), kept sorted by offset
+    total = 0
+    sizes: dict[int, int] = {}
+    for step in range(len(program.steps) + 1):
+        for slot, size in starts.get(step, ()):
+            best = None
+            for j, (offset, block) in enumerate(free):
+                if block >= size and (best is None or block < free[best][1]):
+                    best = j
+            if best is None:
+                offsets[slot.index] = total
+                total += size
+            else:
+                offset, block = free.pop(best)
+                offsets[slot.index] = offset
+                if block > size:
+                    free.append((offset + size, block - size))
+            sizes[slot.index] = size
+        for slot in ends.get(step, ()):
+            free.append((int(offsets[slot.index]), sizes[slot.index]))
+            free = _merge(free)
+    return offsets, total
+
+
+def _merge(blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    blocks.sort()
+    merged: list[tuple[int, int]] = []
+    for offset, size in blocks:
+        if merged and merged[-1][0] + merged[-1][1] == offset:
+            merged[-1] = (merged[-1][0], merged[-1][1] + size)
+        else:
+            merged.append((offset, size))
+    return merged
