@@ -1,0 +1,183 @@
+"""ss_conv2d and ss_conv_transpose2d (shapeshift/codegen/kernels/conv.py) against onnxruntime.
+
+Each case runs a one-node Conv / ConvTranspose model in onnxruntime and the kernel at the
+same attributes on the same random inputs; the output extents come from onnxruntime's
+result, as the lowering would compute them. Covers the three conv paths (1x1 gemm,
+depthwise, im2col), groups, strides, dilations, asymmetric pads, 1-D, every act code,
+transposed convs with output_padding and groups, and empty batches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from shapeshift.codegen.kernels import conv
+
+from .naive_gemm import build_with_gemm
+
+ort = pytest.importorskip("onnxruntime")
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("SHAPESHIFT_CC"),
+    reason="no C compiler on this machine")
+
+RTOL, ATOL = 1e-4, 1e-4
+I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cdll = build_with_gemm(conv.source(), tmp_path_factory.mktemp("conv"), "test_conv").cdll
+    cdll.ss_conv2d_work_size.restype = I64
+    cdll.ss_conv2d_work_size.argtypes = [I64] * 6
+    cdll.ss_conv2d.restype = None
+    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P]
+    cdll.ss_conv_transpose2d_work_size.restype = I64
+    cdll.ss_conv_transpose2d_work_size.argtypes = [I64] * 7
+    cdll.ss_conv_transpose2d.restype = None
+    cdll.ss_conv_transpose2d.argtypes = [F32P] * 4 + [I64] * 16 + [F32P]
+    return cdll
+
+
+def ptr(a):
+    return None if a is None else a.ctypes.data_as(F32P)
+
+
+def run_ort(op, inputs, **attrs):
+    names = ["x", "w", "b"][:len(inputs)]
+    node = helper.make_node(op, names, ["y"], **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in zip(names, inputs)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, dict(zip(names, inputs)))[0]
+
+
+def apply_act(y, act):
+    if act == 1:
+        return np.maximum(y, 0)
+    if act == 2:
+        return 1 / (1 + np.exp(-y))
+    if act == 3:
+        return y / (1 + np.exp(-y))
+    return y
+
+
+def as_2d(shape_1d_or_2d, fill):
+    """1-D attributes become (fill, value): a 1-D conv is a 2-D conv with H = 1."""
+    return tuple(shape_1d_or_2d) if len(shape_1d_or_2d) == 2 else (fill, *shape_1d_or_2d)
+
+
+def call_conv(lib, x, w, b, y, strides, begin_pads, dilations, group, act):
+    xs, ws, ys = x.shape, w.shape, y.shape
+    N, C, H, W = xs[0], xs[1], *as_2d(xs[2:], 1)
+    M, KH, KW = ws[0], *as_2d(ws[2:], 1)
+    OH, OW = as_2d(ys[2:], 1)
+    sh, sw = as_2d(strides, 1)
+    ph, pw = as_2d(begin_pads, 0)
+    dh, dw = as_2d(dilations, 1)
+    size = lib.ss_conv2d_work_size(C, KH, KW, OH, OW, group)
+    work = np.full(max(size, 1), np.nan, np.float32)  # NaN: a read of unwritten scratch shows
+    lib.ss_conv2d(ptr(x), ptr(w), ptr(b), ptr(y), N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw,
+                  group, act, ptr(work))
+
+
+CONV_CASES = [
+    # x shape, M, kernel, strides, pads (begin..., end...), dilations, group
+    ((2, 5, 7, 9), 6, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),  # 1x1: gemm on NCHW
+    ((3, 6, 5, 3), 4, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 2),  # 1x1 grouped
+    ((2, 5, 7, 9), 3, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # 1x1 strided: im2col
+    ((1, 5, 7, 9), 3, (1, 1), (1, 1), (1, 0, 0, 2), (1, 1), 1),  # 1x1 padded: im2col
+    ((1, 3, 11, 13), 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 3, 11, 13), 5, (3, 3), (2, 2), (0, 1, 2, 1), (1, 1), 1),  # asymmetric pads
+    ((1, 4, 13, 12), 3, (3, 2), (1, 3), (2, 0, 1, 1), (2, 3), 1),  # dilations
+    ((2, 6, 9, 10), 4, (3, 3), (1, 2), (1, 1, 1, 1), (1, 1), 2),  # 2 groups
+    ((1, 9, 8, 7), 6, (2, 3), (2, 1), (1, 0, 0, 1), (1, 2), 3),  # 3 groups
+    ((2, 7, 10, 11), 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 7),  # depthwise
+    ((1, 5, 10, 11), 5, (5, 5), (2, 2), (2, 1, 2, 3), (1, 1), 5),  # depthwise strided
+    ((1, 4, 12, 9), 8, (3, 3), (1, 3), (2, 2, 2, 2), (2, 1), 4),  # depthwise, multiplier 2, dilated
+    ((1, 3, 1, 1), 2, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 1x1 image, 3x3 kernel
+    ((1, 3, 2, 2), 3, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 3),  # tiny depthwise, all borders
+    ((1, 16, 31, 29), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # large enough for OpenMP
+    ((1, 32, 23, 25), 32, (3, 3), (2, 1), (1, 1, 1, 1), (1, 1), 32),  # depthwise, OpenMP
+    ((2, 4, 17), 6, (3,), (2,), (1, 2), (2,), 1),  # 1-D
+    ((1, 6, 15), 6, (5,), (1,), (2, 2), (1,), 6),  # 1-D depthwise
+    ((3, 4, 9), 5, (1,), (1,), (0, 0), (1,), 1),  # 1-D 1x1
+]
+
+
+@pytest.mark.parametrize("act", [0, 1, 2, 3])
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
+def test_conv2d(lib, case, act):
+    xshape, M, kernel, strides, pads, dilations, group = case
+    rng = np.random.default_rng(hash((case, act)) % 2**32)
+    x = rng.standard_normal(xshape, dtype=np.float32)
+    w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
+    with_bias = act != 0 or len(xshape) == 3
+    inputs = [x, w] + ([rng.standard_normal(M, dtype=np.float32)] if with_bias else [])
+    expected = apply_act(run_ort("Conv", inputs, kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                                 dilations=list(dilations), group=group), act)
+    y = np.full(expected.shape, np.nan, np.float32)
+    call_conv(lib, x, w, inputs[2] if with_bias else None, y, strides, pads[:len(kernel)], dilations, group, act)
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("group,M", [(1, 4), (2, 4), (4, 4)])
+def test_conv2d_empty_batch_writes_nothing(lib, group, M):
+    x = np.zeros((0, 4, 5, 5), np.float32)
+    w = np.ones((M, 4 // group, 3, 3), np.float32)
+    y = np.zeros((0, M, 5, 5), np.float32)
+    sentinel = np.full(8, 7.0, np.float32)
+    call_conv(lib, x, w, None, y, (1, 1), (1, 1), (1, 1), group, 0)
+    lib.ss_conv2d(ptr(x), ptr(w), None, ptr(sentinel), 1, 4, 5, 5, M, 3, 3, 0, 5, 1, 1, 1, 1, 1, 1, group, 0, None)
+    assert (sentinel == 7.0).all()
+
+
+def call_conv_transpose(lib, x, w, b, y, strides, begin_pads, dilations, group):
+    xs, ws, ys = x.shape, w.shape, y.shape
+    N, C, H, W = xs[0], xs[1], *as_2d(xs[2:], 1)
+    KH, KW = as_2d(ws[2:], 1)
+    M = ws[1] * group
+    OH, OW = as_2d(ys[2:], 1)
+    sh, sw = as_2d(strides, 1)
+    ph, pw = as_2d(begin_pads, 0)
+    dh, dw = as_2d(dilations, 1)
+    size = lib.ss_conv_transpose2d_work_size(C, M, KH, KW, H, W, group)
+    work = np.full(max(size, 1), np.nan, np.float32)
+    lib.ss_conv_transpose2d(ptr(x), ptr(w), ptr(b), ptr(y), N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw,
+                            group, ptr(work))
+
+
+TRANSPOSE_CASES = [
+    # x shape, M, kernel, strides, pads, output_padding, dilations, group
+    ((1, 3, 5, 7), 4, (3, 3), (1, 1), (0, 0, 0, 0), (0, 0), (1, 1), 1),
+    ((2, 3, 5, 7), 4, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1, 1), 1),
+    ((1, 4, 6, 5), 3, (3, 2), (2, 3), (0, 1, 1, 2), (1, 0), (1, 2), 1),  # asymmetric, dilated
+    ((2, 4, 5, 6), 6, (3, 3), (2, 1), (1, 0, 1, 0), (0, 0), (2, 1), 2),  # 2 groups
+    ((1, 6, 4, 5), 6, (4, 4), (2, 2), (1, 1, 1, 1), (0, 0), (1, 1), 6),  # depthwise-like groups
+    ((1, 5, 7, 9), 3, (1, 1), (1, 1), (0, 0, 0, 0), (0, 0), (1, 1), 1),  # 1x1
+    ((1, 8, 13, 11), 16, (4, 4), (2, 2), (1, 1, 1, 1), (0, 0), (1, 1), 1),  # OpenMP col2im
+    ((2, 3, 9), 5, (4,), (3,), (1, 2), (2,), (1,), 1),  # 1-D
+]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-op{c[5]}-d{c[6]}-g{c[7]}")
+def test_conv_transpose2d(lib, case, bias):
+    xshape, M, kernel, strides, pads, out_pad, dilations, group = case
+    rng = np.random.default_rng(hash((case, bias)) % 2**32)
+    x = rng.standard_normal(xshape, dtype=np.float32)
+    w = rng.standard_normal((xshape[1], M // group, *kernel), dtype=np.float32)
+    inputs = [x, w] + ([rng.standard_normal(M, dtype=np.float32)] if bias else [])
+    expected = run_ort("ConvTranspose", inputs, kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                       output_padding=list(out_pad), dilations=list(dilations), group=group)
+    y = np.full(expected.shape, np.nan, np.float32)
+    call_conv_transpose(lib, x, w, inputs[2] if bias else None, y, strides, pads[:len(kernel)], dilations, group)
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
