@@ -1,0 +1,289 @@
+"""Vector math helpers shared by the kernels and the generated fused elementwise loops.
+
+``source()`` returns a C fragment of ``static inline`` functions (nothing is exported from
+the library). Each vector helper has a scalar twin that runs the same operations in the
+same order, so a loop's scalar tail gives what its vector body would have given (bit for
+bit where the target has FMA), whatever the length or alignment of the data.
+
+Scalar (always defined)::
+
+    float ss_fmaf(float a, float b, float c);   a*b + c, fused where the target has FMA
+    float ss_expf(float x);       exp; overflow -> +inf, underflow -> 0 (subnormals kept)
+    float ss_logf(float x);       log; 0 -> -inf, x < 0 -> NaN, +inf -> +inf
+    float ss_tanhf(float x);
+    float ss_erff(float x);
+    float ss_sigmoidf(float x);   1 / (1 + exp(-x)), as e / (1 + e) with e = exp(x) for x < 0
+
+AVX2 (defined only under ``#ifdef __AVX2__``; callers guard their vector paths the same way)::
+
+    __m256 ss_fmadd8(__m256 a, __m256 b, __m256 c);
+    __m256 ss_exp8(__m256 x);   __m256 ss_log8(__m256 x);   __m256 ss_tanh8(__m256 x);
+    __m256 ss_erf8(__m256 x);   __m256 ss_sigmoid8(__m256 x);
+    float ss_hsum8(__m256 v);   float ss_hmax8(__m256 v);   float ss_hmin8(__m256 v);
+        (horizontal sum / max / min of the 8 lanes; hmax/hmin ignore NaN lanes only as
+        _mm256_max_ps does, so callers that must propagate NaN track it themselves)
+
+NaN inputs give NaN and +-inf give the limits (exp: +inf, 0; tanh, erf: +-1; sigmoid: 1, 0).
+Accuracy, measured against float64 over dense sweeps (tests/codegen/test_kernels_vmath.py):
+within 4e-7 relative (about 3 float32 ulps), or 1e-7 absolute where the result is tiny.
+
+The polynomial coefficients are minimax fits (Lawson's iteratively reweighted least
+squares in float64, weighted by the relative error of the final result) over:
+exp: exp(r) = 1 + r + r^2 P(r), |r| <= ln2/2;  log: log(1+f) = f - f^2/2 + f^3 P(f),
+f = m - 1 with m in [sqrt(1/2), sqrt(2));  tanh: x + x^3 P(x^2) for |x| < 0.625, else
+1 - 2 / (exp(2|x|) + 1);  erf: x P(x^2) for |x| < 1, else 1 - exp(-x^2 + G(|x| - 2)) with
+G fitted to log(erfc(x)) + x^2 on [1, 3.93] (beyond 3.93 erf rounds to 1 in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+DEPENDS: tuple[str, ...] = ()
+
+EXP_P = (0.5, 0.166666657, 0.0416662954, 0.00833349675, 0.00139446487, 0.00019790353)
+LOG_P = (0.333333313, -0.250008196, 0.200012267, -0.166233569, 0.142017573, -0.131601825,
+         0.127615765, -0.0763449669)
+TANH_P = (-0.333332807, 0.133314416, -0.0537397154, 0.020639088, -0.00570498733)
+ERF_SMALL_P = (1.12837911, -0.37612325, 0.112801805, -0.0267113186, 0.00491755921, -0.000563145091)
+ERF_LARGE_P = (-1.364941, -0.418159395, 0.0762465149, -0.0164879039, 0.00354423258, -0.000711107976,
+               0.000186379213)
+# Where tanh and erf switch from the odd polynomial to the exp-based formula.
+TANH_SWITCH = 0.625
+ERF_SWITCH = 1.0
+ERF_ONE = 3.93
+
+
+def _lit(v: float) -> str:
+    """A C float literal that reads back as float32(v)."""
+    text = f"{v:.9g}"
+    return text + ("f" if any(c in text for c in ".en") else ".0f")
+
+
+def _horner(var: str, coeffs: Sequence[float], vector: bool) -> str:
+    """C statements leaving sum(coeffs[k] * var**k) in ``p`` (declared here)."""
+    if vector:
+        lines = [f"__m256 p = _mm256_set1_ps({_lit(coeffs[-1])});"]
+        lines += [f"p = ss_fmadd8(p, {var}, _mm256_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1])]
+    else:
+        lines = [f"float p = {_lit(coeffs[-1])};"]
+        lines += [f"p = ss_fmaf(p, {var}, {_lit(c)});" for c in reversed(coeffs[:-1])]
+    return "\n    ".join(lines)
+
+
+def _scalar() -> str:
+    return f"""
+/* ---- vmath: scalar helpers ---- */
+static inline float ss_fmaf(float a, float b, float c) {{
+#ifdef __FMA__
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}}
+
+static inline float ss_bits_to_float(uint32_t u) {{ float f; memcpy(&f, &u, 4); return f; }}
+static inline uint32_t ss_float_to_bits(float f) {{ uint32_t u; memcpy(&u, &f, 4); return u; }}
+
+static inline float ss_expf(float x) {{
+    if (x != x) return x + x;
+    /* Clamped so that both halves of the 2^n scale stay normal floats: the product then
+       overflows to inf or rounds once into the subnormals, as exp itself would. */
+    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    float n = rintf(xc * 1.44269504f);
+    float r = ss_fmaf(-n, 0.693145752f, xc);
+    r = ss_fmaf(-n, 1.42860677e-06f, r);
+    {_horner("r", EXP_P, False)}
+    float y = ss_fmaf(p, r * r, r) + 1.0f;
+    int32_t ni = (int32_t)n;
+    int32_t n1 = ni >> 1, n2 = ni - n1;
+    float s1 = ss_bits_to_float((uint32_t)(n1 + 127) << 23);
+    float s2 = ss_bits_to_float((uint32_t)(n2 + 127) << 23);
+    return (y * s1) * s2;
+}}
+
+static inline float ss_logf(float x) {{
+    if (x != x) return x + x;
+    if (x < 0.0f) return NAN;
+    if (x == 0.0f) return -INFINITY;
+    if (x == INFINITY) return x;
+    float e = 0.0f;
+    if (x < FLT_MIN) {{ x *= 8388608.0f; e = -23.0f; }}
+    uint32_t u = ss_float_to_bits(x);
+    e += (float)((int32_t)(u >> 23) - 127);
+    float m = ss_bits_to_float((u & 0x007fffffu) | 0x3f800000u);
+    if (m >= 1.41421354f) {{ m *= 0.5f; e += 1.0f; }}
+    float f = m - 1.0f;
+    float z = f * f;
+    {_horner("f", LOG_P, False)}
+    float y = p * (z * f);
+    y = ss_fmaf(e, -2.12194440e-4f, y);
+    y = ss_fmaf(-0.5f, z, y);
+    float r = f + y;
+    return ss_fmaf(e, 0.693359375f, r);
+}}
+
+static inline float ss_tanhf(float x) {{
+    float ax = fabsf(x);
+    if (ax < {_lit(TANH_SWITCH)}) {{
+        float z = x * x;
+        {_horner("z", TANH_P, False)}
+        /* tanh is odd: the sign of x also fixes tanh(-0) = -0, which the fma loses. */
+        return copysignf(ss_fmaf(x * z, p, x), x);
+    }}
+    float t = 1.0f - 2.0f / (ss_expf(2.0f * ax) + 1.0f);
+    return copysignf(t, x);
+}}
+
+static inline float ss_erff(float x) {{
+    if (x != x) return x + x;
+    float ax = fabsf(x);
+    if (ax < {_lit(ERF_SWITCH)}) {{
+        float z = x * x;
+        {_horner("z", ERF_SMALL_P, False)}
+        return x * p;
+    }}
+    float a = ax < {_lit(ERF_ONE)} ? ax : {_lit(ERF_ONE)};
+    float t = a - 2.0f;
+    {_horner("t", ERF_LARGE_P, False)}
+    float y = 1.0f - ss_expf(ss_fmaf(-a, a, p));
+    return copysignf(y, x);
+}}
+
+/* exp(-|x|) never overflows, and e / (1 + e) keeps the tiny results of very negative x. */
+static inline float ss_sigmoidf(float x) {{
+    float e = ss_expf(-fabsf(x));
+    return (x < 0.0f ? e : 1.0f) / (1.0f + e);
+}}
+"""
+
+
+def _vector() -> str:
+    return f"""
+/* ---- vmath: AVX2 helpers (the scalar twins above run the same operations) ---- */
+#ifdef __AVX2__
+static inline __m256 ss_fmadd8(__m256 a, __m256 b, __m256 c) {{
+#ifdef __FMA__
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
+#endif
+}}
+
+static inline __m256 ss_abs8(__m256 x) {{ return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }}
+
+static inline __m256 ss_copysign8(__m256 mag, __m256 sign) {{
+    __m256 s = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
+}}
+
+static inline __m256 ss_exp8(__m256 x) {{
+    /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
+    __m256 xc = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
+    __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), xc);
+    r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
+    {_horner("r", EXP_P, True)}
+    __m256 y = _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1);
+    __m256i n2 = _mm256_sub_epi32(ni, n1);
+    __m256i bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
+}}
+
+static inline __m256 ss_log8(__m256 x) {{
+    __m256 sub = _mm256_cmp_ps(x, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ);
+    __m256 xs = _mm256_blendv_ps(x, _mm256_mul_ps(x, _mm256_set1_ps(8388608.0f)), sub);
+    __m256 e = _mm256_and_ps(sub, _mm256_set1_ps(-23.0f));
+    __m256i u = _mm256_castps_si256(xs);
+    __m256i ei = _mm256_sub_epi32(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(127));
+    e = _mm256_add_ps(e, _mm256_cvtepi32_ps(ei));
+    __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(0x007fffff)),
+                                                   _mm256_set1_epi32(0x3f800000)));
+    __m256 big = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421354f), _CMP_GE_OQ);
+    m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), big);
+    e = _mm256_add_ps(e, _mm256_and_ps(big, _mm256_set1_ps(1.0f)));
+    __m256 f = _mm256_sub_ps(m, _mm256_set1_ps(1.0f));
+    __m256 z = _mm256_mul_ps(f, f);
+    {_horner("f", LOG_P, True)}
+    __m256 y = _mm256_mul_ps(p, _mm256_mul_ps(z, f));
+    y = ss_fmadd8(e, _mm256_set1_ps(-2.12194440e-4f), y);
+    y = ss_fmadd8(_mm256_set1_ps(-0.5f), z, y);
+    __m256 r = _mm256_add_ps(f, y);
+    r = ss_fmadd8(e, _mm256_set1_ps(0.693359375f), r);
+    /* NaN and x < 0 -> NaN; +-0 -> -inf; +inf -> +inf. */
+    r = _mm256_blendv_ps(r, _mm256_set1_ps(NAN), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NGE_UQ));
+    r = _mm256_blendv_ps(r, _mm256_set1_ps(-INFINITY), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_EQ_OQ));
+    return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
+}}
+
+static inline __m256 ss_tanh8(__m256 x) {{
+    __m256 ax = ss_abs8(x);
+    __m256 z = _mm256_mul_ps(x, x);
+    {_horner("z", TANH_P, True)}
+    __m256 small = ss_copysign8(ss_fmadd8(_mm256_mul_ps(x, z), p, x), x);
+    __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = ss_exp8(_mm256_add_ps(ax, ax));
+    __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    large = ss_copysign8(large, x);
+    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps({_lit(TANH_SWITCH)}), _CMP_LT_OQ));
+}}
+
+static inline __m256 ss_erf8(__m256 x) {{
+    __m256 ax = ss_abs8(x);
+    __m256 small, large;
+    {{
+        __m256 z = _mm256_mul_ps(x, x);
+        {_horner("z", ERF_SMALL_P, True)}
+        small = _mm256_mul_ps(x, p);
+    }}
+    {{
+        __m256 a = _mm256_min_ps(_mm256_set1_ps({_lit(ERF_ONE)}), ax);  /* keeps a NaN ax */
+        __m256 t = _mm256_sub_ps(a, _mm256_set1_ps(2.0f));
+        {_horner("t", ERF_LARGE_P, True)}
+        __m256 na = _mm256_sub_ps(_mm256_setzero_ps(), a);
+        large = _mm256_sub_ps(_mm256_set1_ps(1.0f), ss_exp8(ss_fmadd8(na, a, p)));
+        large = ss_copysign8(large, x);
+    }}
+    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps({_lit(ERF_SWITCH)}), _CMP_LT_OQ));
+}}
+
+static inline __m256 ss_sigmoid8(__m256 x) {{
+    __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = ss_exp8(_mm256_sub_ps(_mm256_setzero_ps(), ss_abs8(x)));
+    __m256 num = _mm256_blendv_ps(one, e, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_div_ps(num, _mm256_add_ps(one, e));
+}}
+
+static inline float ss_hsum8(__m256 v) {{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}}
+
+static inline float ss_hmax8(__m256 v) {{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}}
+
+static inline float ss_hmin8(__m256 v) {{
+    __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_min_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}}
+#endif /* __AVX2__ */
+"""
+
+
+def source() -> str:
+    """The C fragment: scalar helpers, then the AVX2 helpers under ``#ifdef __AVX2__``."""
+    return _scalar() + _vector()

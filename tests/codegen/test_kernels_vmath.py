@@ -1,0 +1,178 @@
+"""The vmath helpers (shapeshift/codegen/kernels/vmath.py) against float64 NumPy / math.
+
+The helpers are static inline, so a small exported wrapper applies one of them to an
+array, either through the AVX2 helper (8 lanes at a time, the tail padded) or through
+its scalar twin.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+import pytest
+
+from shapeshift.codegen.build import compile_library
+from shapeshift.codegen.kernels import vmath
+from shapeshift.codegen.kernels.prelude import PRELUDE
+
+WRAPPER = r"""
+typedef float (*ss_test_fn)(float);
+
+int ss_test_has_fma(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* which: 0 exp, 1 log, 2 tanh, 3 erf, 4 sigmoid; vector: use the AVX2 helper. */
+void ss_test_apply(int which, int vector, const float* x, float* y, int64_t n) {
+    static const ss_test_fn scalar[5] = {ss_expf, ss_logf, ss_tanhf, ss_erff, ss_sigmoidf};
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; vector && i < n; i += 8) {
+        float buf[8] = {0};
+        int64_t m = n - i < 8 ? n - i : 8;
+        memcpy(buf, x + i, (size_t)m * 4);
+        __m256 v = _mm256_loadu_ps(buf);
+        switch (which) {
+            case 0: v = ss_exp8(v); break;
+            case 1: v = ss_log8(v); break;
+            case 2: v = ss_tanh8(v); break;
+            case 3: v = ss_erf8(v); break;
+            default: v = ss_sigmoid8(v); break;
+        }
+        _mm256_storeu_ps(buf, v);
+        memcpy(y + i, buf, (size_t)m * 4);
+    }
+#endif
+    for (; i < n; i++) y[i] = scalar[which](x[i]);
+}
+"""
+
+NAMES = ("exp", "log", "tanh", "erf", "sigmoid")
+RTOL = 4e-7
+# Results below the normal range are judged in absolute terms: one subnormal ulp.
+SUBNORMAL_ULP = 2.0 ** -149
+FLT_MIN = 2.0 ** -126
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _sigmoid64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+REFERENCE = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": _erf64, "sigmoid": _sigmoid64}
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cdll = compile_library(PRELUDE + vmath.source() + WRAPPER, name_hint="test vmath",
+                           cache_dir=tmp_path_factory.mktemp("vmath")).cdll
+    cdll.ss_test_apply.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    cdll.ss_test_apply.restype = None
+    cdll.ss_test_has_fma.restype = ctypes.c_int
+    return cdll
+
+
+def apply(lib, name: str, vector: bool, x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.full_like(x, 12345.0)
+    lib.ss_test_apply(NAMES.index(name), int(vector), x.ctypes.data, y.ctypes.data, x.size)
+    return y
+
+
+def sweep(name: str) -> np.ndarray:
+    """Every 4099th float32 bit pattern (all magnitudes, subnormals included) plus dense
+    linear sweeps over the ranges where the formulas switch; positive only for log."""
+    patterns = np.arange(0, 2 ** 32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    patterns = patterns[np.isfinite(patterns)]
+    parts = [patterns, np.linspace(-110, 110, 400_001, dtype=np.float32),
+             np.linspace(-4.5, 4.5, 400_001, dtype=np.float32),
+             np.linspace(-1e-3, 1e-3, 20_001, dtype=np.float32)]
+    x = np.concatenate(parts)
+    return np.abs(x) if name == "log" else x
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "scalar"])
+@pytest.mark.parametrize("name", NAMES)
+def test_accuracy_over_a_dense_sweep(lib, name, vector):
+    x = sweep(name)
+    y = apply(lib, name, vector, x).astype(np.float64)
+    with np.errstate(all="ignore"):
+        ref = REFERENCE[name](x.astype(np.float64))
+        ref32 = ref.astype(np.float32).astype(np.float64)
+    # Overflow and underflow where float32 overflows / rounds to zero.
+    assert np.array_equal(np.isinf(y), np.isinf(ref32)), x[np.isinf(y) != np.isinf(ref32)][:5]
+    assert not np.isnan(y).any(), x[np.isnan(y)][:5]
+    finite = np.isfinite(ref32)
+    err = np.abs(y[finite] - ref[finite])
+    allowed = np.maximum(RTOL * np.abs(ref[finite]), SUBNORMAL_ULP)
+    worst = np.argmax(err / allowed)
+    assert err[worst] <= allowed[worst], (
+        f"{name}: x={x[finite][worst]!r} got {y[finite][worst]!r} want {ref[finite][worst]!r}")
+    if name in ("exp", "sigmoid"):
+        assert np.all(y[(ref32 == 0) & finite] == 0)
+
+
+# Hand-checked results for NaN, +inf, -inf, +0, -0 (signs of zeros matter: tanh(-0) = -0).
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32)
+EXPECTED = {
+    "exp": [np.nan, np.inf, 0.0, 1.0, 1.0],
+    "log": [np.nan, np.inf, np.nan, -np.inf, -np.inf],
+    "tanh": [np.nan, 1.0, -1.0, 0.0, -0.0],
+    "erf": [np.nan, 1.0, -1.0, 0.0, -0.0],
+    "sigmoid": [np.nan, 1.0, 0.0, 0.5, 0.5],
+}
+# Edges of the ranges: exp's overflow and underflow, subnormals, the largest floats.
+EDGES = np.array([1.0, -1.0, 88.72, 88.73, -87.3, -103.0, -104.0, 1e-45, -1e-45, 1e-38, 3.4e38, -3.4e38,
+                  0.625, -0.625, 3.93, -3.93], dtype=np.float32)
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "scalar"])
+@pytest.mark.parametrize("name", NAMES)
+def test_special_values(lib, name, vector):
+    want = np.array(EXPECTED[name], dtype=np.float32)
+    got = apply(lib, name, vector, SPECIALS)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    keep = ~np.isnan(want)
+    assert np.array_equal(got[keep], want[keep])
+    assert np.array_equal(np.signbit(got[keep]), np.signbit(want[keep]))
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "scalar"])
+@pytest.mark.parametrize("name", NAMES)
+def test_range_edges(lib, name, vector):
+    x = np.abs(EDGES) if name == "log" else EDGES
+    with np.errstate(all="ignore"):
+        want = REFERENCE[name](x.astype(np.float64))
+        want32 = want.astype(np.float32)
+    got = apply(lib, name, vector, x).astype(np.float64)
+    assert np.array_equal(np.isinf(got), np.isinf(want32))
+    finite = np.isfinite(want32)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=RTOL, atol=SUBNORMAL_ULP)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scalar_twin_matches_the_vector_helper_bit_for_bit(lib, name):
+    if not lib.ss_test_has_fma():
+        pytest.skip("without AVX2 and FMA the twins round differently (or there is no vector helper)")
+    x = sweep(name)
+    x = x[np.isfinite(x)]
+    assert np.array_equal(apply(lib, name, True, x).view(np.uint32), apply(lib, name, False, x).view(np.uint32))
+
+
+def test_vector_tail_lengths(lib):
+    # Lengths that are not multiples of 8 leave a tail: every element must still be written.
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 8, 9, 23):
+        x = rng.uniform(-5, 5, n).astype(np.float32)
+        np.testing.assert_allclose(apply(lib, "exp", True, x), np.exp(x.astype(np.float64)), rtol=RTOL)
