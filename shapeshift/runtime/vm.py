@@ -81,7 +81,7 @@ class NativeVM:
     def _load_constants(self) -> None:
         for slot in self.program.slots:
             if slot.kind == CONST:
-                array = np.ascontiguousarray(slot.value.const)
+                array = np.asarray(slot.value.const, order="C")
                 self._keep_alive.append(array)
                 self._fixed[slot.index] = array.ctypes.data
         for view in self.program.slots:
@@ -150,7 +150,7 @@ class NativeVM:
             index = program.slot_of.get(id(value))
             if index is None or not isinstance(data, np.ndarray):
                 continue
-            data = np.ascontiguousarray(data)
+            data = np.asarray(data, order="C")
             arrays[index] = data
             ptrs[index] = data.ctypes.data
             self._set_views(ptrs, index, data.ctypes.data)
@@ -161,9 +161,6 @@ class NativeVM:
         ptr_address = ptrs.ctypes.data
         extents_address = plan.extents.ctypes.data
         steps = program.steps
-        for k, indices in enumerate(program.segments):
-            pass  # (segments run in step order below)
-        next_segment = 0
         i = 0
         while i < len(steps):
             step = steps[i]
@@ -174,7 +171,6 @@ class NativeVM:
                     failed = steps[code - 1].node
                     raise ExecutionError(f"{failed.describe()}: an index is out of range")
                 i = indices[-1] + 1
-                next_segment = step.segment + 1
                 continue
             if step.kind == FALLBACK:
                 self._run_fallback(step.node, env, arrays, ptrs, plan, binding)
@@ -197,10 +193,9 @@ class NativeVM:
         root = program.slots[slot.root] if slot.kind == VIEW else slot
         shape = plan.shapes.get(index)
         dtype = to_numpy_dtype(value.type.dtype)
-        if root.kind == CONST:
-            return np.asarray(root.value.const).reshape(shape)
-        if root.kind in (INPUT, DYNAMIC):
-            return arrays[root.index].reshape(shape)
+        if root.kind in (CONST, INPUT, DYNAMIC):
+            data = np.asarray(root.value.const) if root.kind == CONST else arrays[root.index]
+            return data if shape is None else data.reshape(shape)
         offset = int(plan.offsets[root.index]) + (_aligned_base(self._arena) - self._arena.ctypes.data)
         count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(self._arena, dtype=dtype, count=count, offset=offset).reshape(shape)
@@ -247,7 +242,7 @@ class NativeVM:
         if expected is not None and tuple(result.shape) != expected:
             raise ExecutionError(f"{node.describe()}: output {value.name!r} has shape {list(result.shape)}, "
                                  f"expected {list(expected)}")
-        return np.ascontiguousarray(result)
+        return np.asarray(result, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
 
     def _node_index(self, node: Node) -> int:
         index = getattr(self, "_node_positions", None)
