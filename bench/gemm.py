@@ -1,0 +1,252 @@
+"""GFLOPS of ss_gemm / ss_gemm_prepacked against NumPy matmul (OpenBLAS) on BERT-base shapes.
+
+    python bench/gemm.py [--ts 1 8 32 128 512] [--threads 1 2] [--repeats 5] [--sample-ms 5]
+
+Shapes, at sequence length T (batch 1): the four dense layers (M = T; K x N = 768x768,
+768x3072, 3072x768, 768x2304; B a constant weight: ours prepacked, and ours plain for
+reference) and the two attention matmuls over 12 heads on strided views of [T, 12, 64]
+tensors: scores = Q K^T ([12,T,64] x [12,64,T], B transposed through its strides) and
+context = P V ([12,T,T] x [12,T,64], written straight into a [T, 12, 64] output).
+
+Each thread count runs in its own process with OPENBLAS_NUM_THREADS set, so NumPy uses
+the same number of threads as ours (ss_set_num_threads) without needing threadpoolctl.
+Per shape, the candidates run interleaved: one sample (enough calls for --sample-ms) of
+each in turn, --repeats times; the table gives the median sample. Prints the table and
+writes bench/results/gemm.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DENSE = ((768, 768), (768, 3072), (3072, 768), (768, 2304))
+HEADS, HEAD_DIM = 12, 64
+
+# Our kernels are timed by a loop in C, as the generated program calls them: through
+# ctypes, 25 arguments cost several microseconds a call, more than the smallest GEMMs.
+_ARGS = """int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t batch1,
+    const float* A, int64_t sa0, int64_t sa1, int64_t rsa, int64_t csa, %s
+    float* C, int64_t sc0, int64_t sc1, int64_t ldc,
+    float alpha, const float* bias, float beta, int64_t rs_bias, int64_t cs_bias, int act"""
+_CALL = "M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, %s C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act"
+TIMING_SOURCE = "".join(f"""
+double bench_{name}(int64_t calls, {_ARGS % b_args})
+{{
+    double start = omp_get_wtime();
+    for (int64_t i = 0; i < calls; ++i) {name}({_CALL % b_call});
+    return (omp_get_wtime() - start) / (double)calls;
+}}
+""" for name, b_args, b_call in (
+    ("ss_gemm", "const float* B, int64_t sb0, int64_t sb1, int64_t rsb, int64_t csb,", "B, sb0, sb1, rsb, csb,"),
+    ("ss_gemm_prepacked", "const float* packed_b,", "packed_b,")))
+
+
+def _load_library(cache_dir: Path):
+    from shapeshift.codegen.build import compile_library
+    from shapeshift.codegen.kernels import gemm
+    from shapeshift.codegen.kernels.prelude import PRELUDE
+
+    cdll = compile_library(PRELUDE + gemm.source() + TIMING_SOURCE, name_hint="bench_gemm", cache_dir=cache_dir).cdll
+    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    head = [i64] * 5 + [ptr, i64, i64, i64, i64]
+    tail = [ptr, i64, i64, i64, f32, ptr, f32, i64, i64, ctypes.c_int]
+    cdll.bench_ss_gemm.argtypes = [i64] + head + [ptr, i64, i64, i64, i64] + tail
+    cdll.bench_ss_gemm_prepacked.argtypes = [i64] + head + [ptr] + tail
+    cdll.bench_ss_gemm.restype = cdll.bench_ss_gemm_prepacked.restype = ctypes.c_double
+    cdll.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
+    cdll.ss_gemm_packed_b_size.argtypes = [i64, i64]
+    cdll.ss_gemm_packed_b_size.restype = i64
+    cdll.ss_set_num_threads.argtypes = [ctypes.c_int]
+    return cdll
+
+
+def _python_loop(fn: Callable[[], object]) -> Callable[[int], float]:
+    """A sampler (calls -> seconds per call) timing fn in a Python loop."""
+    def sample(calls: int) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+    return sample
+
+
+def _time_interleaved(samplers: dict[str, Callable[[int], float]], repeats: int, sample_s: float) -> dict[str, float]:
+    """Median seconds per call of each candidate, sampled in turn."""
+    calls = {}
+    for name, sample in samplers.items():
+        sample(1)  # warm up: page faults, first touch, thread start
+        calls[name] = max(1, int(sample_s / max(sample(1), 1e-7)))
+    times: dict[str, list[float]] = {name: [] for name in samplers}
+    for _ in range(repeats):
+        for name, sample in samplers.items():
+            times[name].append(sample(calls[name]))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _dense_candidates(lib, np, t: int, k: int, n: int):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((t, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    packed = np.empty(lib.ss_gemm_packed_b_size(k, n), dtype=np.float32)
+    lib.ss_gemm_pack_b(k, n, w.ctypes.data, n, 1, packed.ctypes.data)
+    c_pre = np.empty((t, n), dtype=np.float32)
+    c_plain = np.empty((t, n), dtype=np.float32)
+
+    def prepacked(calls):
+        return lib.bench_ss_gemm_prepacked(calls, t, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, packed.ctypes.data,
+                                           c_pre.ctypes.data, 0, 0, n, 1.0, bias.ctypes.data, 1.0, 0, 1, 0)
+
+    def plain(calls):
+        return lib.bench_ss_gemm(calls, t, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, w.ctypes.data, 0, 0, n, 1,
+                                 c_plain.ctypes.data, 0, 0, n, 1.0, bias.ctypes.data, 1.0, 0, 1, 0)
+
+    def numpy_matmul():
+        return a @ w + bias
+
+    def check():
+        ref = a.astype(np.float64) @ w.astype(np.float64) + bias
+        for c in (c_pre, c_plain):
+            assert np.allclose(c, ref, rtol=1e-3, atol=1e-2), "ss_gemm disagrees with numpy"
+
+    flops = 2.0 * t * k * n
+    return {"ss_gemm_prepacked": prepacked, "ss_gemm": plain, "numpy": _python_loop(numpy_matmul)}, flops, check
+
+
+def _attention_candidates(lib, np, t: int, which: str):
+    rng = np.random.default_rng(1)
+    hd = HEADS * HEAD_DIM
+    q = rng.standard_normal((t, HEADS, HEAD_DIM)).astype(np.float32)
+    kv = rng.standard_normal((t, HEADS, HEAD_DIM)).astype(np.float32)
+    if which == "scores":
+        out = np.empty((HEADS, t, t), dtype=np.float32)
+
+        def ours(calls):
+            # A(m,k) = q[m,h,k]; B(k,n) = kv[n,h,k]
+            return lib.bench_ss_gemm(calls, t, t, HEAD_DIM, HEADS, 1, q.ctypes.data, HEAD_DIM, 0, hd, 1,
+                                     kv.ctypes.data, HEAD_DIM, 0, 1, hd, out.ctypes.data, t * t, 0, t,
+                                     0.125, None, 0.0, 0, 0, 0)
+
+        def numpy_matmul():
+            return np.matmul(q.transpose(1, 0, 2), kv.transpose(1, 2, 0)) * np.float32(0.125)
+
+        def check():
+            ref = np.einsum("mhk,nhk->hmn", q.astype(np.float64), kv.astype(np.float64)) * 0.125
+            assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), "ss_gemm disagrees with numpy"
+
+        return {"ss_gemm": ours, "numpy": _python_loop(numpy_matmul)}, 2.0 * HEADS * t * t * HEAD_DIM, check
+    p = rng.random((HEADS, t, t)).astype(np.float32)
+    out = np.empty((t, HEADS, HEAD_DIM), dtype=np.float32)
+
+    def ours_ctx(calls):
+        # B(k,n) = kv[k,h,n]; C(m,n) = out[m,h,n]
+        return lib.bench_ss_gemm(calls, t, HEAD_DIM, t, HEADS, 1, p.ctypes.data, t * t, 0, t, 1,
+                                 kv.ctypes.data, HEAD_DIM, 0, hd, 1, out.ctypes.data, HEAD_DIM, 0, hd,
+                                 1.0, None, 0.0, 0, 0, 0)
+
+    def numpy_ctx():
+        return np.matmul(p, kv.transpose(1, 0, 2)).transpose(1, 0, 2)
+
+    def check_ctx():
+        ref = np.einsum("hmk,khn->mhn", p.astype(np.float64), kv.astype(np.float64))
+        assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), "ss_gemm disagrees with numpy"
+
+    return {"ss_gemm": ours_ctx, "numpy": _python_loop(numpy_ctx)}, 2.0 * HEADS * t * t * HEAD_DIM, check_ctx
+
+
+def run_child(threads: int, ts: list[int], repeats: int, sample_s: float, cache_dir: Path) -> list[dict]:
+    """One thread count, in this process (OPENBLAS_NUM_THREADS was set before numpy loaded)."""
+    import numpy as np
+
+    lib = _load_library(cache_dir)
+    lib.ss_set_num_threads(threads)
+    rows = []
+    for t in ts:
+        shapes = [(f"dense {k}x{n}", lambda k=k, n=n: _dense_candidates(lib, np, t, k, n)) for k, n in DENSE]
+        shapes += [("attn QK^T", lambda: _attention_candidates(lib, np, t, "scores")),
+                   ("attn PV", lambda: _attention_candidates(lib, np, t, "context"))]
+        for label, make in shapes:
+            candidates, flops, check = make()
+            seconds = _time_interleaved(candidates, repeats, sample_s)
+            check()
+            rows.append({"threads": threads, "T": t, "shape": label,
+                         "gflops": {name: flops / s / 1e9 for name, s in seconds.items()},
+                         "us": {name: s * 1e6 for name, s in seconds.items()}})
+            print(_format_row(rows[-1]), flush=True, file=sys.stderr)
+    return rows
+
+
+def _format_row(row: dict) -> str:
+    g = row["gflops"]
+    ours = [g["ss_gemm"], g.get("ss_gemm_prepacked", 0.0)]
+    ratio = max(ours) / g["numpy"]
+    pre = f"{g['ss_gemm_prepacked']:.1f}" if "ss_gemm_prepacked" in g else "-"
+    return (f"| {row['threads']} | {row['T']} | {row['shape']} | {pre} | {g['ss_gemm']:.1f} | {g['numpy']:.1f} "
+            f"| {ratio:.2f} | {row['us']['numpy']:.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ts", type=int, nargs="+", default=[1, 8, 32, 128, 512])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sample-ms", type=float, default=5.0)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "gemm.md")
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(run_child(args.child, args.ts, args.repeats, args.sample_ms / 1e3, args.cache_dir)))
+        return
+
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as cache:
+        rows = []
+        for threads in args.threads:
+            # Both thread pools live in one process: short spin-waits, so that one library's
+            # idle threads do not hold the cores the other one's threads need.
+            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                       OPENBLAS_THREAD_TIMEOUT="4", GOMP_SPINCOUNT="10000")
+            cmd = [sys.executable, __file__, "--child", str(threads), "--ts", *map(str, args.ts),
+                   "--repeats", str(args.repeats), "--sample-ms", str(args.sample_ms), "--cache-dir", cache]
+            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
+            rows += json.loads(proc.stdout)
+
+    import numpy as np
+
+    header = ["| threads | T | shape | ss_gemm_prepacked GFLOPS | ss_gemm GFLOPS | numpy GFLOPS | best ours / numpy "
+              "| numpy µs/call |", "|---|---|---|---|---|---|---|---|"]
+    table = "\n".join(header + [_format_row(r) for r in rows])
+    text = (
+        "# GEMM benchmark\n\n"
+        f"`python bench/gemm.py` on {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"numpy {np.__version__} (OpenBLAS). Each thread count ran in its own process with OPENBLAS_NUM_THREADS "
+        "equal to it, so numpy used the same number of threads as ours. Median of "
+        f"{args.repeats} interleaved samples of about {args.sample_ms:g} ms each. Dense: M = T, B a constant "
+        "weight, plus a [N] bias (numpy: `a @ w + bias`); ss_gemm_prepacked uses the weight packed at load. "
+        "Attention: 12 heads of 64 on strided [T, 12, 64] views (numpy: `np.matmul` on the transposed views). "
+        f"The machine is shared: the 1-minute load average was {load_before:.1f} before the run and "
+        f"{os.getloadavg()[0]:.1f} after it, on {os.cpu_count()} CPUs; with other work on the cores, a parallel "
+        "region waits for a core to come free, so 2-thread figures (ours and numpy's) can be far below "
+        "1-thread ones, and any figure may be off by 20% or more between runs.\n\n" + table + "\n")
+    print(table)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""ss_gemm, ss_gemm_prepacked and ss_gemm_pack_b against a float64 NumPy reference.
+
+Each case builds A, B, bias as NumPy views with the strides under test (transposed,
+broadcast batch dims, strided attention-style views), writes C into a NaN-filled buffer
+wider than the result, and checks both the result and that nothing outside it changed.
+Three builds: the default schedule, a tiny schedule whose blocking loops all run several
+times on small shapes, and the default schedule without AVX2 (the scalar fallback).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from shapeshift.codegen.build import DEFAULT_FLAGS, compile_library
+from shapeshift.codegen.kernels import gemm
+from shapeshift.codegen.kernels.gemm import GemmSchedule
+from shapeshift.codegen.kernels.prelude import PRELUDE
+
+TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2,
+                    parallel_min_flops=0)
+SCALAR_FLAGS = tuple(f for f in DEFAULT_FLAGS if f != "-march=native")
+
+i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_GEMM_ARGS = [i64] * 5 + [ptr, i64, i64, i64, i64]
+_TAIL_ARGS = [ptr, i64, i64, i64, f32, ptr, f32, i64, i64, ctypes.c_int]
+
+
+@dataclass
+class Lib:
+    cdll: ctypes.CDLL
+    schedule: GemmSchedule
+
+
+def _load(source: str, schedule: GemmSchedule, cache_dir, flags=None) -> Lib:
+    cdll = compile_library(source, name_hint="gemm_test", flags=flags, cache_dir=cache_dir).cdll
+    cdll.ss_gemm.argtypes = _GEMM_ARGS + [ptr, i64, i64, i64, i64] + _TAIL_ARGS
+    cdll.ss_gemm.restype = None
+    cdll.ss_gemm_prepacked.argtypes = _GEMM_ARGS + [ptr] + _TAIL_ARGS
+    cdll.ss_gemm_prepacked.restype = None
+    cdll.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
+    cdll.ss_gemm_pack_b.restype = None
+    cdll.ss_gemm_packed_b_size.argtypes = [i64, i64]
+    cdll.ss_gemm_packed_b_size.restype = i64
+    cdll.ss_set_num_threads.argtypes = [ctypes.c_int]
+    return Lib(cdll, schedule)
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory) -> dict[str, Lib]:
+    cache = tmp_path_factory.mktemp("gemm_cache")
+    return {
+        "default": _load(PRELUDE + gemm.source(), GemmSchedule(), cache),
+        "tiny": _load(PRELUDE + gemm.source(TINY), TINY, cache),
+        "scalar": _load(PRELUDE + gemm.source(), GemmSchedule(), cache, flags=SCALAR_FLAGS),
+    }
+
+
+def _elem_strides(view: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // view.itemsize for s in view.strides)
+
+
+def _operand(rng, batch0, batch1, rows, cols, transposed, bcast0, bcast1):
+    """A (batch0, batch1, rows, cols) float32 view: stored transposed or not, batch dims broadcast or not."""
+    b0, b1 = (1 if bcast0 else batch0), (1 if bcast1 else batch1)
+    if transposed:
+        base = rng.standard_normal((b0, b1, cols, rows)).astype(np.float32).transpose(0, 1, 3, 2)
+    else:
+        base = rng.standard_normal((b0, b1, rows, cols)).astype(np.float32)
+    return np.broadcast_to(base, (batch0, batch1, rows, cols))
+
+
+def _bias(rng, kind, m, n):
+    """(bias array, rs, cs) as ss_gemm takes them, and its (m, n) broadcast value."""
+    if kind == "none":
+        return None, 0, 0, np.zeros((m, n))
+    if kind == "full_t":  # stored column-major: a column stride other than 0 or 1
+        b = rng.standard_normal((n, m)).astype(np.float32)
+        return b, 1, m, np.ascontiguousarray(b.T.astype(np.float64))
+    shape = {"scalar": (1, 1), "col": (1, n), "row": (m, 1), "full": (m, n)}[kind]
+    b = rng.standard_normal(shape).astype(np.float32)
+    rs = n if kind == "full" else (1 if kind == "row" else 0)
+    cs = 1 if kind in ("full", "col") else 0
+    return b, rs, cs, np.broadcast_to(b.astype(np.float64), (m, n))
+
+
+@dataclass(frozen=True)
+class Case:
+    m: int
+    n: int
+    k: int
+    batch0: int = 1
+    batch1: int = 1
+    a_t: bool = False
+    b_t: bool = False
+    a_bcast: tuple[bool, bool] = (False, False)
+    b_bcast: tuple[bool, bool] = (False, False)
+    bias: str = "none"
+    alpha: float = 1.0
+    beta: float = 1.0
+    act: int = 0
+    prepacked: bool = False
+
+    def __str__(self) -> str:
+        return (f"{self.m}x{self.n}x{self.k}_b{self.batch0}x{self.batch1}_{'At' if self.a_t else 'A'}"
+                f"{'Bt' if self.b_t else 'B'}_ab{int(self.a_bcast[0])}{int(self.a_bcast[1])}"
+                f"_bb{int(self.b_bcast[0])}{int(self.b_bcast[1])}_{self.bias}_al{self.alpha}_be{self.beta}"
+                f"_act{self.act}{'_pre' if self.prepacked else ''}")
+
+
+def run_case(lib: Lib, case: Case, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    m, n, k, b0, b1 = case.m, case.n, case.k, case.batch0, case.batch1
+    a = _operand(rng, b0, b1, m, k, case.a_t, *case.a_bcast)
+    # A prepacked B is one matrix for every batch.
+    b_bcast = (True, True) if case.prepacked else case.b_bcast
+    b = _operand(rng, b0, b1, k, n, case.b_t, *b_bcast)
+    bias, rs_bias, cs_bias, bias_full = _bias(rng, case.bias, m, n)
+    ldc = n + 3
+    c_buf = np.full((b0, b1 + 1, m, ldc), np.nan, dtype=np.float32)
+    c_view = c_buf[:, :b1, :, :n]
+    sc0, sc1 = _elem_strides(c_buf)[:2]
+    sa0, sa1, rsa, csa = _elem_strides(a)
+    sb0, sb1, rsb, csb = _elem_strides(b)
+    bias_ptr = bias.ctypes.data if bias is not None else None
+    tail = (c_buf.ctypes.data, sc0, sc1, ldc, case.alpha, bias_ptr, case.beta, rs_bias, cs_bias, case.act)
+    if case.prepacked:
+        size = lib.cdll.ss_gemm_packed_b_size(k, n)
+        assert size == gemm.packed_b_size(k, n, lib.schedule)
+        packed = np.full(max(size, 1), np.nan, dtype=np.float32)
+        lib.cdll.ss_gemm_pack_b(k, n, b.ctypes.data, rsb, csb, packed.ctypes.data)
+        lib.cdll.ss_gemm_prepacked(m, n, k, b0, b1, a.ctypes.data, sa0, sa1, rsa, csa, packed.ctypes.data, *tail)
+    else:
+        lib.cdll.ss_gemm(m, n, k, b0, b1, a.ctypes.data, sa0, sa1, rsa, csa,
+                         b.ctypes.data, sb0, sb1, rsb, csb, *tail)
+    product = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    expected = case.alpha * product + case.beta * bias_full
+    if case.act == 1:
+        expected = np.maximum(expected, 0.0)
+    magnitude = abs(case.alpha) * np.matmul(np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64))) \
+        + abs(case.beta) * np.abs(bias_full)
+    err = np.abs(c_view - expected)
+    assert np.all(err <= 1e-4 * magnitude + 1e-6), f"{case}: max error {np.nanmax(err)}"
+    untouched = np.ones(c_buf.shape, dtype=bool)
+    untouched[:, :b1, :, :n] = False
+    assert np.all(np.isnan(c_buf[untouched])), f"{case}: wrote outside C"
+
+
+def _cases() -> list[Case]:
+    """Hand-picked cases for every feature, then random combinations of the rest."""
+    sizes = [0, 1, 2, 5, 6, 7, 8, 9, 15, 16, 17, 33, 100, 257]
+    cases = [
+        Case(0, 5, 3), Case(4, 0, 3), Case(3, 4, 0), Case(3, 4, 0, bias="col", beta=0.5, act=1),
+        Case(3, 4, 0, bias="full", beta=-2.0), Case(1, 1, 1), Case(6, 16, 4), Case(7, 17, 9),
+        Case(100, 257, 33), Case(257, 33, 300), Case(16, 16, 16, batch0=0),
+        Case(33, 100, 520, a_t=True, b_t=True),
+        # BERT-like: dense with a constant weight, and attention on strided views
+        Case(17, 96, 300, bias="col", prepacked=True), Case(1, 3072 // 4, 768 // 2, bias="col", prepacked=True),
+        Case(5, 2304 // 8, 768 // 4, bias="col", act=1, prepacked=True),
+        Case(40, 40, 64, batch0=3, batch1=4, b_t=True), Case(40, 64, 40, batch0=12),
+    ]
+    for kind in ("none", "scalar", "col", "row", "full", "full_t"):
+        for m in (3, 20):
+            cases.append(Case(m, 19, 11, bias=kind, alpha=-0.75, beta=1.5, act=1))
+            cases.append(Case(m, 19, 11, batch0=2, bias=kind, alpha=2.0, beta=-0.5, prepacked=True))
+    rng = random.Random(1234)
+    for _ in range(70):
+        cases.append(Case(
+            m=rng.choice(sizes), n=rng.choice(sizes), k=rng.choice(sizes),
+            batch0=rng.choice([1, 1, 2, 3]), batch1=rng.choice([1, 1, 2]),
+            a_t=rng.random() < 0.4, b_t=rng.random() < 0.4,
+            a_bcast=(rng.random() < 0.3, rng.random() < 0.3), b_bcast=(rng.random() < 0.3, rng.random() < 0.3),
+            bias=rng.choice(["none", "scalar", "col", "row", "full", "full_t"]),
+            alpha=rng.choice([1.0, 0.5, -1.25]), beta=rng.choice([1.0, 0.0, -0.5, 3.0]),
+            act=rng.choice([0, 1]), prepacked=rng.random() < 0.3))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("build", ["default", "tiny"])
+def test_gemm_matches_numpy(libs, build, case):
+    run_case(libs[build], case)
+
+
+@pytest.mark.parametrize("case", CASES[::7], ids=str)
+def test_scalar_fallback_matches_numpy(libs, case):
+    run_case(libs["scalar"], case)
+
+
+@pytest.mark.parametrize("build", ["default", "tiny"])
+@pytest.mark.parametrize("k,n,b_t", [(0, 5, False), (1, 1, False), (7, 9, True), (300, 40, False), (520, 33, True)])
+def test_pack_b_layout(libs, build, k, n, b_t):
+    lib = libs[build]
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((n, k)).astype(np.float32).T if b_t else rng.standard_normal((k, n)).astype(np.float32)
+    rsb, csb = _elem_strides(b)
+    size = lib.cdll.ss_gemm_packed_b_size(k, n)
+    packed = np.full(size + 4, np.nan, dtype=np.float32)
+    lib.cdll.ss_gemm_pack_b(k, n, b.ctypes.data, rsb, csb, packed.ctypes.data)
+    np.testing.assert_array_equal(packed[:size], gemm.pack_b_reference(b, lib.schedule))
+    assert np.all(np.isnan(packed[size:]))
+
+
+def test_attention_views(libs):
+    """Q K^T and P V of one [T, 12, 64] layout, read per head through strides."""
+    lib = libs["default"]
+    rng = np.random.default_rng(5)
+    t, heads, d = 37, 12, 64
+    q = rng.standard_normal((t, heads, d)).astype(np.float32)
+    kk = rng.standard_normal((t, heads, d)).astype(np.float32)
+    scores = np.full((heads, t, t), np.nan, dtype=np.float32)
+    # A(m,k) = q[m, h, k]: sa0 = d, rsa = heads*d; B(k,n) = kk[n, h, k]: rsb = 1, csb = heads*d
+    lib.cdll.ss_gemm(t, t, d, heads, 1, q.ctypes.data, d, 0, heads * d, 1, kk.ctypes.data, d, 0, 1, heads * d,
+                     scores.ctypes.data, t * t, 0, t, 0.125, None, 0.0, 0, 0, 0)
+    expected = np.einsum("mhk,nhk->hmn", q.astype(np.float64), kk.astype(np.float64)) * 0.125
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
+    out = np.full((t, heads, d), np.nan, dtype=np.float32)
+    # C(m,n) = out[m, h, n]: sc0 = d, ldc = heads*d
+    lib.cdll.ss_gemm(t, d, t, heads, 1, scores.ctypes.data, t * t, 0, t, 1, q.ctypes.data, d, 0, heads * d, 1,
+                     out.ctypes.data, d, 0, heads * d, 1.0, None, 0.0, 0, 0, 0)
+    expected_out = np.einsum("hmk,khn->mhn", scores.astype(np.float64), q.astype(np.float64))
+    np.testing.assert_allclose(out, expected_out, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("case", [Case(300, 200, 150, bias="col", alpha=0.5, act=1),
+                                  Case(3, 1400, 600, prepacked=True), Case(200, 5, 300, b_t=True),
+                                  Case(50, 40, 30, batch0=3, batch1=1), Case(8, 100, 200, batch0=3)], ids=str)
+@pytest.mark.parametrize("build", ["default", "tiny"])
+def test_threads_agree(libs, build, case):
+    """Two threads split batches, N or M; every element is summed in the same order, so bitwise equal.
+
+    The default build runs the first two cases in parallel (over parallel_min_flops), the
+    tiny build all of them."""
+    lib = libs[build]
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((case.batch0, case.m, case.k)).astype(np.float32)
+    b = rng.standard_normal((case.k, case.n)).astype(np.float32)
+    if case.b_t:
+        b = np.ascontiguousarray(b.T).T
+    bias = rng.standard_normal(case.n).astype(np.float32)
+    outs = []
+    try:
+        for threads in (1, 2):
+            lib.cdll.ss_set_num_threads(threads)
+            c = np.full((case.batch0, case.m, case.n), np.nan, dtype=np.float32)
+            rsb, csb = _elem_strides(b)
+            lib.cdll.ss_gemm(case.m, case.n, case.k, case.batch0, 1, a.ctypes.data, case.m * case.k, 0, case.k, 1,
+                             b.ctypes.data, 0, 0, rsb, csb, c.ctypes.data, case.m * case.n, 0, case.n,
+                             case.alpha, bias.ctypes.data if case.bias != "none" else None, 1.0, 0, 1, case.act)
+            outs.append(c)
+    finally:
+        lib.cdll.ss_set_num_threads(1)
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64)) * case.alpha
+    if case.bias != "none":
+        expected += bias
+    if case.act:
+        expected = np.maximum(expected, 0)
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(nr=12), "multiple of 8"),
+    (dict(mr=7, nr=16), "ymm registers"),
+    (dict(mr=2, nr=48), "ymm registers"),
+    (dict(mc=70), "multiple of mr"),
+    (dict(nc=3000), "multiple of nr"),
+    (dict(small_nc=100), "multiple of nr"),
+    (dict(prefetch_rows=-1), "prefetch_rows"),
+    (dict(kc=0), ">= 1"),
+    (dict(unroll_k=0), ">= 1"),
+    (dict(unroll_k=17), "over 16"),
+    (dict(small_m=15), "small_m"),
+    (dict(small_m=-1), "small_m"),
+    (dict(parallel_min_flops=-1), "parallel_min_flops"),
+])
+def test_schedule_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GemmSchedule(**kwargs)
+
+
+def test_schedule_types():
+    with pytest.raises(TypeError):
+        GemmSchedule(mr=6.0)
+    with pytest.raises(TypeError):
+        GemmSchedule(small_m=True)
+
+
+def test_source_reflects_schedule():
+    text = gemm.source(TINY)
+    for line in ("#define SS_GEMM_MR 4", "#define SS_GEMM_NR 8", "#define SS_GEMM_KC 5",
+                 "#define SS_GEMM_MC 8", "#define SS_GEMM_NC 16", "#define SS_GEMM_SMALL_NC 16",
+                 "#pragma GCC unroll 3"):
+        assert line in text
+    assert "ss_gemm_small_3(" in text and "ss_gemm_small_4(" not in text
+
+
+def test_packed_b_size_python_matches_c(libs):
+    for build in ("default", "tiny"):
+        lib = libs[build]
+        for k, n in [(0, 0), (0, 7), (5, 0), (1, 1), (768, 768), (100, 17)]:
+            assert lib.cdll.ss_gemm_packed_b_size(k, n) == gemm.packed_b_size(k, n, lib.schedule)
