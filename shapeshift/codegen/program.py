@@ -41,6 +41,7 @@ NATIVE, ALIAS, FALLBACK = "native", "alias", "fallback"
 
 # Storage kinds of a slot.
 CONST, INPUT, ARENA, DYNAMIC, PACKED, VIEW, WORK = "const", "input", "arena", "dynamic", "packed", "view", "work"
+DEAD = "dead"  # the output of a step a later rule dropped: never written, never read
 
 
 @dataclass
@@ -183,6 +184,7 @@ class _Builder:
             for value in node.outputs:
                 self._add_slot(ARENA, value)
             ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes, self._defined_before(node))
+            ctx.cancellable = self._cancellable
             lowered = rule(node, ctx, self._opset(node))
             if lowered is None:
                 raise Unsupported("rule declined")
@@ -198,7 +200,19 @@ class _Builder:
             self._rollback(mark, node)
             return self._fallback(node, str(exc) or "unsupported case")
         self.absorbed.update(id(n) for n in lowered.absorbed)
+        if lowered.cancels:
+            cancelled = {id(n) for n in lowered.cancels}
+            self.steps[:] = [s for s in self.steps if id(s.node) not in cancelled]  # in place: build() is appending to it
+            for dropped in lowered.cancels:
+                self.slots[self.slot_of[id(dropped.outputs[0])]].kind = DEAD
         return Step(NATIVE, node, lowered, work=work)
+
+    def _cancellable(self, node: Node) -> bool:
+        """Whether ``node`` already became a native step that a later rule may drop
+        (its only output read by that rule alone)."""
+        step = next((s for s in reversed(self.steps) if s.node is node), None)
+        return (step is not None and step.kind == NATIVE and not step.lowered.absorbed and len(node.outputs) == 1
+                and len(node.outputs[0].users) == 1 and id(node.outputs[0]) not in self.outputs)
 
     def _rollback(self, mark, node: Node) -> None:
         n_slots, n_packs, n_extents, extent_index = mark
@@ -240,6 +254,8 @@ class _Builder:
         end = len(self.steps)
         for i, step in enumerate(self.steps):
             nodes = [step.node, *(step.lowered.absorbed if step.lowered else ())]
+            for value in (step.lowered.reads if step.lowered else ()):
+                self._touch(value, i)
             for node in nodes:
                 for value in _reads(node):
                     self._touch(value, i)

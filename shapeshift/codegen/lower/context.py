@@ -49,6 +49,11 @@ class Lowered:
     fragments: tuple[str, ...] = ()  # kernel modules the code calls (shapeshift.codegen.kernels.<name>)
     # Nodes whose work this code also does (fused into it); they get no step of their own.
     absorbed: tuple[Node, ...] = ()
+    # Earlier nodes whose work this code makes unnecessary (a Transpose read through
+    # strides instead): their steps are dropped. ``reads`` lists what the code reads
+    # instead, so that those buffers stay alive until this step.
+    cancels: tuple[Node, ...] = ()
+    reads: tuple[Value, ...] = ()
     # The C code reports errors: it contains ``return STEP_ERROR;`` statements.
     can_fail: bool = False
     # Scratch space, in bytes, as a dim expression, reachable as ``WORK`` in the code.
@@ -71,6 +76,7 @@ class LowerContext:
                  defined_before: Callable[[Optional[Value]], bool]):
         self._slot_of = slot_of
         self.defined_before = defined_before  # whether a value exists before this node runs
+        self.cancellable: Callable[[Node], bool] = lambda node: False  # set by the program builder
         self._extent_of = extent_of
         self._new_slot = new_slot
         self._packs = packs

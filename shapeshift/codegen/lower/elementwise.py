@@ -197,8 +197,30 @@ _EXPRESSIONS: dict[str, Expr] = {
     "Identity": _any("{0}"),
 }
 
-# Ops whose node may have more inputs than it reads elementwise (none so far).
 ELEMENTWISE_OPS = frozenset(_EXPRESSIONS)
+
+# float32 ops with an AVX2 form, over __m256 operand expressions. A chain vectorizes when
+# every node in it has one; vmath's scalar twins (``ss_expf``...) then compute the tail,
+# so the vector body and the scalar tail agree bit for bit.
+_VECTOR: dict[str, Callable[[Node, Sequence[str]], str]] = {
+    "Add": lambda n, a: f"_mm256_add_ps({a[0]}, {a[1]})",
+    "Sub": lambda n, a: f"_mm256_sub_ps({a[0]}, {a[1]})",
+    "Mul": lambda n, a: f"_mm256_mul_ps({a[0]}, {a[1]})",
+    "Div": lambda n, a: f"_mm256_div_ps({a[0]}, {a[1]})",
+    "Neg": lambda n, a: f"_mm256_xor_ps({a[0]}, _mm256_set1_ps(-0.0f))",
+    "Abs": lambda n, a: f"ss_abs8({a[0]})",
+    "Relu": lambda n, a: f"_mm256_max_ps({a[0]}, _mm256_setzero_ps())",
+    "Sqrt": lambda n, a: f"_mm256_sqrt_ps({a[0]})",
+    "Reciprocal": lambda n, a: f"_mm256_div_ps(_mm256_set1_ps(1.0f), {a[0]})",
+    "Exp": lambda n, a: f"ss_exp8({a[0]})",
+    "Log": lambda n, a: f"ss_log8({a[0]})",
+    "Tanh": lambda n, a: f"ss_tanh8({a[0]})",
+    "Erf": lambda n, a: f"ss_erf8({a[0]})",
+    "Sigmoid": lambda n, a: f"ss_sigmoid8({a[0]})",
+}
+# The float32 scalar forms that match the vector ones above.
+_SCALAR_TWINS = {"Exp": "ss_expf({0})", "Log": "ss_logf({0})", "Tanh": "ss_tanhf({0})", "Erf": "ss_erff({0})",
+                 "Sigmoid": "ss_sigmoidf({0})"}
 _INT_DTYPES = (INT64, INT32)
 
 
@@ -310,8 +332,9 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
             if value is None or id(value) in internal or id(value) in operands:
                 continue
             operands[id(value)] = _operand(value, len(operands), out_shape, ctx, decls)
-    # Expression of each chain node, in order.
+    # Scalar (and, where every node has one, AVX2) expression of each chain node, in order.
     exprs: dict[int, str] = {}
+    vexprs: Optional[dict[int, str]] = {} if _vectorizable(chain, operands, ctx) else None
     for n in chain:
         args, dtypes = [], []
         for value in n.inputs:
@@ -323,10 +346,19 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
             args.append(exprs[id(value)] if id(value) in internal else _read(operands[id(value)]))
         if n.op_type in ("Where",):
             dtypes = dtypes[1:]
-        exprs[id(n.outputs[0])] = _EXPRESSIONS[n.op_type](n, args, dtypes)
+        if vexprs is not None:
+            vargs = [vexprs[id(v)] if id(v) in internal else _vread(operands[id(v)]) for v in n.inputs]
+            vexprs[id(n.outputs[0])] = _VECTOR[n.op_type](n, vargs)
+            exprs[id(n.outputs[0])] = _SCALAR_TWINS[n.op_type].format(*args) if n.op_type in _SCALAR_TWINS \
+                else _EXPRESSIONS[n.op_type](n, args, dtypes)
+        else:
+            exprs[id(n.outputs[0])] = _EXPRESSIONS[n.op_type](n, args, dtypes)
+    vector = vexprs[id(out_value)] if vexprs is not None else None
     code = _loop_nest(out_shape, list(operands.values()), exprs[id(out_value)], ctx.ctype(out_value),
-                      ctx.ptr(out_value), ctx, decls)
+                      ctx.ptr(out_value), ctx, decls, vector)
     fragments = ("scalar",) if "ss_pymod" in code else ()
+    if vector is not None:
+        fragments += ("vmath",)
     return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]))
 
 
@@ -357,9 +389,23 @@ def _read(op: _Operand) -> str:
     return op.name if op.literal else f"{op.name}[OFF_{op.name}]"
 
 
+def _vread(op: _Operand) -> str:
+    """An operand as a vector of 8 lanes: a load, or one value in every lane."""
+    if op.literal:
+        return f"_mm256_set1_ps({op.name})"
+    return f"VLOAD_{op.name}"
+
+
+def _vectorizable(chain: list[Node], operands: dict, ctx: LowerContext) -> bool:
+    values = [op.value for op in operands.values()] + [n.outputs[0] for n in chain]
+    return all(n.op_type in _VECTOR and len([v for v in n.inputs if v is not None]) == len(n.inputs)
+               for n in chain) and all(ctx.dtype(v) == FLOAT for v in values)
+
+
 def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype: str, out_ptr: str,
-               ctx: LowerContext, decls: list[str]) -> str:
-    """out[i] = expr over the output's index space, inputs read through their strides."""
+               ctx: LowerContext, decls: list[str], vector: Optional[str] = None) -> str:
+    """out[i] = expr over the output's index space, inputs read through their strides;
+    with ``vector``, the innermost loop runs 8 lanes at a time and ``expr`` does the tail."""
     arrays = [op for op in operands if not op.literal]
     lines = [*decls, f"{out_ctype}* out = {out_ptr};"]
     if not out_shape:  # rank 0: one element
@@ -378,12 +424,27 @@ def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype:
             stride = "0" if groups[g][1][k] else (" * ".join(later) or "1")
             lines.append(f"const int64_t s_{op.name}_{g} = {stride};")
     inner = rank - 1
+    if vector is not None:
+        # In the innermost merged group an input is either broadcast (one value for all
+        # lanes) or contiguous (a plain load).
+        for k, op in enumerate(arrays):
+            base = "0" if rank == 1 else f"b_{op.name}"
+            load = (f"_mm256_set1_ps({op.name}[{base}])" if groups[inner][1][k]
+                    else f"_mm256_loadu_ps({op.name} + {base} + j)")
+            vector = vector.replace(f"VLOAD_{op.name}", load)
     if rank == 1:
         for op in arrays:
             expr = expr.replace(f"OFF_{op.name}", f"j * s_{op.name}_0")
+        if vector is None:
+            lines.append(f"#pragma omp parallel for if(n0 >= {PARALLEL_ELEMENTS})")
+            lines.append(f"for (int64_t j = 0; j < n0; j++) out[j] = {expr};")
+            return "\n".join(lines)
+        lines.append(f"const int64_t blocks = n0 / 8;")
         lines.append(f"#pragma omp parallel for if(n0 >= {PARALLEL_ELEMENTS})")
-        lines.append(f"for (int64_t j = 0; j < n0; j++) out[j] = {expr};")
-        return "\n".join(lines)
+        lines.append(f"for (int64_t blk = 0; blk < blocks; blk++) {{ const int64_t j = blk * 8; "
+                     f"_mm256_storeu_ps(out + j, {vector}); }}")
+        lines.append(f"for (int64_t j = blocks * 8; j < n0; j++) out[j] = {expr};")
+        return "\n".join(["#ifdef __AVX2__", *lines, "#else", *_scalar_flat(lines, expr), "#endif"])
     for op in arrays:
         expr = expr.replace(f"OFF_{op.name}", f"b_{op.name} + j * s_{op.name}_{inner}")
     rows = " * ".join(f"n{g}" for g in range(inner))
@@ -397,6 +458,17 @@ def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype:
         lines.extend(f"      b_{op.name} += i * s_{op.name}_{g};" for op in arrays)
         lines.append("    }")
     lines.append(f"    {out_ctype}* o = out + r * n{inner};")
-    lines.append(f"    for (int64_t j = 0; j < n{inner}; j++) o[j] = {expr};")
+    lines.append("    int64_t j = 0;")
+    if vector is not None:
+        lines.append("#ifdef __AVX2__")
+        lines.append(f"    for (; j + 8 <= n{inner}; j += 8) _mm256_storeu_ps(o + j, {vector});")
+        lines.append("#endif")
+    lines.append(f"    for (; j < n{inner}; j++) o[j] = {expr};")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _scalar_flat(lines: list[str], expr: str) -> list[str]:
+    """The flat loop without AVX2: the declarations, then one scalar loop."""
+    declarations = [line for line in lines if not line.startswith(("#pragma", "for ", "const int64_t blocks"))]
+    return [*declarations, "for (int64_t j = 0; j < n0; j++) out[j] = " + expr + ";"]

@@ -13,6 +13,7 @@ shapes fast:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -75,45 +76,95 @@ def _is_column_bias(const: np.ndarray, n_dim: Dim) -> bool:
     return isinstance(n_dim, int) and const.size == n_dim and const.ndim >= 1 and const.shape[-1] == n_dim
 
 
-def _batch_strides(shape: Sequence[Dim], batch_shape: Sequence[Dim], matrix: Dim) -> list:
-    """Per output batch dim, the operand's stride (0 where it broadcasts), in dims."""
-    pad = len(batch_shape) - len(shape)
-    strides: list = []
-    step = matrix
-    per_dim = []
+def _contiguous(shape: Sequence[Dim]) -> list:
+    strides, step = [], 1
     for d in reversed(list(shape)):
-        per_dim.append(step)
+        strides.append(step)
         step = product([step, d])
-    per_dim.reverse()
+    return strides[::-1]
+
+
+@dataclass
+class _View:
+    """How the GEMM reads an operand: the buffer of ``source`` through ``strides``."""
+
+    source: Value
+    shape: tuple
+    strides: list
+    cancels: tuple = ()
+
+
+def _operand(value: Value, ctx: LowerContext) -> _View:
+    """A Transpose feeding only this MatMul is read through permuted strides instead of
+    being copied (its step is dropped); anything else is read as it is."""
+    shape = tuple(ctx.shape(value))
+    producer = value.producer
+    if producer is not None and producer.op_type == "Transpose" and producer.domain in ("", "ai.onnx") \
+            and ctx.cancellable(producer):
+        source = producer.inputs[0]
+        perm = list(producer.attrs.get("perm", range(len(shape) - 1, -1, -1)))
+        base = _contiguous(ctx.shape(source))
+        return _View(source, shape, [base[p] for p in perm], (producer,))
+    return _View(value, shape, _contiguous(shape))
+
+
+def _as_matrix(view: _View, left: bool) -> _View:
+    """1-D operands as NumPy sees them: [1, K] on the left, [K, 1] on the right."""
+    if len(view.shape) >= 2:
+        return view
+    if left:
+        return _View(view.source, (1, *view.shape), [0, *view.strides], view.cancels)
+    return _View(view.source, (*view.shape, 1), [*view.strides, 0], view.cancels)
+
+
+def _batch_strides(view: _View, batch_shape: Sequence[Dim]) -> list:
+    """Per output batch dim, the operand's stride (0 where it broadcasts)."""
+    shape, strides = view.shape[:-2], view.strides[:-2]
+    pad = len(batch_shape) - len(shape)
+    result: list = []
     for axis, od in enumerate(batch_shape):
         k = axis - pad
-        if k < 0:
-            strides.append(0)
+        if k < 0 or (shape[k] == 1 and not prove_eq(shape[k], od)):
+            result.append(0)
         elif prove_eq(shape[k], od):
-            strides.append(per_dim[k])
-        elif shape[k] == 1:
-            strides.append(0)
+            result.append(strides[k])
         else:
             raise Unsupported(f"cannot tell whether batch dim {shape[k]} broadcasts to {od}")
-    return strides
+    return result
 
 
-def _merge_batch(batch: list, a: list, b: list) -> tuple[list, list, list]:
-    """Merge adjacent batch dims that both operands (and the contiguous output) step
+def _merge_batch(batch: list, *operands: list) -> tuple:
+    """Drop batch dims of extent 1, then merge adjacent ones that every operand steps
     through uniformly, until at most MAX_BATCH_DIMS remain."""
-    batch, a, b = list(batch), list(a), list(b)
+    keep = [i for i, d in enumerate(batch) if not (isinstance(d, int) and d == 1)]
+    batch = [batch[i] for i in keep]
+    operands = [[op[i] for i in keep] for op in operands]
     i = len(batch) - 2
     while len(batch) > MAX_BATCH_DIMS and i >= 0:
-        ok_a = (a[i] == 0 and a[i + 1] == 0) or prove_eq(a[i], product([a[i + 1], batch[i + 1]]))
-        ok_b = (b[i] == 0 and b[i + 1] == 0) or prove_eq(b[i], product([b[i + 1], batch[i + 1]]))
-        if ok_a and ok_b:
+        if all((op[i] == 0 and op[i + 1] == 0) or prove_eq(op[i], product([op[i + 1], batch[i + 1]]))
+               for op in operands):
             batch[i:i + 2] = [product([batch[i], batch[i + 1]])]
-            a[i:i + 2] = [a[i + 1]]
-            b[i:i + 2] = [b[i + 1]]
+            for op in operands:
+                op[i:i + 2] = [op[i + 1]]
         i -= 1
     if len(batch) > MAX_BATCH_DIMS:
         raise Unsupported("more than two batch dims that do not merge")
-    return batch, a, b
+    return (batch, *operands)
+
+
+def _output_view(node: Node, out_shape: tuple, ctx: LowerContext) -> tuple:
+    """Where the product goes: its own buffer, or — when its only reader is a Transpose
+    that keeps the last axis last — straight into that Transpose's output, through the
+    inverse permutation (attention's [B,H,T,D] -> [B,T,H,D] costs no copy)."""
+    y = node.outputs[0]
+    if ctx.single_use(y) and len(out_shape) >= 2:
+        user = y.users[0][0]
+        if user.op_type == "Transpose" and user.domain in ("", "ai.onnx"):
+            perm = list(user.attrs.get("perm", range(len(out_shape) - 1, -1, -1)))
+            if perm[-1] == len(out_shape) - 1:
+                target = _contiguous(ctx.shape(user.outputs[0]))
+                return user.outputs[0], [target[perm.index(k)] for k in range(len(out_shape))], (user,)
+    return y, _contiguous(out_shape), ()
 
 
 @lowers("MatMul")
@@ -141,24 +192,33 @@ def lower_matmul(node: Node, ctx: LowerContext, opset: int) -> Lowered:
                           None, (), ctx.ptr(out), ["0", "0", ctx.dim(n)], act=act, packed_b=f"(const float*)v[{slot}]",
                           **bias_args)
         return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed))
-    batch_shape = _broadcast_batch(a_mat[:-2], b_mat[:-2])
-    a_batch = _batch_strides(a_mat[:-2], batch_shape, product([m, k]))
-    b_batch = _batch_strides(b_mat[:-2], batch_shape, product([k, n]))
-    batch, a_batch, b_batch = _merge_batch(list(batch_shape), a_batch, b_batch)
-    c_batch = []
-    step = product([m, n])
-    for d in reversed(batch):
-        c_batch.append(step)
-        step = product([step, d])
-    c_batch.reverse()
-    pad = lambda xs: ([0] * (2 - len(xs)) + list(xs)) if len(xs) < 2 else list(xs)  # noqa: E731
-    batch_args = [ctx.dim(d) for d in ([1] * (2 - len(batch)) + list(batch))]
-    sa = [ctx.dim(s) for s in pad(a_batch)] + [ctx.dim(k), "1"]
-    sb = [ctx.dim(s) for s in pad(b_batch)] + [ctx.dim(n), "1"]
-    sc = [ctx.dim(s) for s in pad(c_batch)] + [ctx.dim(n)]
-    code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), batch_args, ctx.ptr(a), sa, ctx.ptr(b), sb,
-                      ctx.ptr(out), sc, act=act, **bias_args)
-    return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed))
+    return _lower_batched(node, ctx, a, b, n, absorbed, act, bias_args)
+
+
+def _lower_batched(node: Node, ctx: LowerContext, a: Value, b: Value, n: Dim, absorbed: list, act: int,
+                   bias_args: dict) -> Lowered:
+    """The general case: one ss_gemm call over up to two (merged) batch dims, operands
+    and result addressed through strides."""
+    va, vb = _as_matrix(_operand(a, ctx), True), _as_matrix(_operand(b, ctx), False)
+    m, k = va.shape[-2], va.shape[-1]
+    batch_shape = _broadcast_batch(va.shape[:-2], vb.shape[:-2])
+    out_shape = (*batch_shape, m, n)
+    if absorbed:
+        out, c_strides, moved = absorbed[-1].outputs[0], _contiguous(out_shape), ()
+    else:
+        out, c_strides, moved = _output_view(node, out_shape, ctx)
+    a_batch, b_batch = _batch_strides(va, batch_shape), _batch_strides(vb, batch_shape)
+    batch, a_batch, b_batch, c_batch = _merge_batch(list(batch_shape), a_batch, b_batch, c_strides[:-2])
+    ones = [1] * (MAX_BATCH_DIMS - len(batch))
+    zeros = [0] * (MAX_BATCH_DIMS - len(batch))
+    dims = lambda xs: [ctx.dim(x) for x in xs]  # noqa: E731
+    sa = dims(zeros + a_batch) + dims(va.strides[-2:])
+    sb = dims(zeros + b_batch) + dims(vb.strides[-2:])
+    sc = dims(zeros + c_batch) + [ctx.dim(c_strides[-2])]
+    code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), dims(ones + batch), ctx.ptr(va.source), sa,
+                      ctx.ptr(vb.source), sb, ctx.ptr(out), sc, act=act, **bias_args)
+    return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed) + moved, cancels=va.cancels + vb.cancels,
+                   reads=tuple(v.source for v in (va, vb) if v.cancels))
 
 
 def _broadcast_batch(a: Sequence[Dim], b: Sequence[Dim]) -> list:

@@ -1,0 +1,336 @@
+"""End-to-end latency and memory: shapeshift native vs onnxruntime vs the reference backend.
+
+    python bench/e2e.py [--threads 1] [--seqs 1 8 32 128 512] [--models NAME ...]
+                        [--tools native onnxruntime reference] [--no-bert] [--runs 10]
+
+Models: a BERT-base-size encoder (hidden 768, 12 layers, 12 heads, random weights) built
+with ``shapeshift.examples.encoder.build_encoder`` in the TorchScript exporter's style,
+run at batch 1 and each sequence length; and every model in ../shared/models at the
+three feeds of ``tests/shared_models.py`` (skipped with a message when the folder is
+missing).
+
+Each (tool, model) runs in a fresh process with ``OMP_NUM_THREADS`` and
+``OPENBLAS_NUM_THREADS`` set to ``--threads``; onnxruntime gets the same
+``intra_op_num_threads`` and its default graph optimizations (all on). In that process:
+
+- load time: session creation. For native this is import + simplify + lowering + the C
+  build with an empty cache ("cold"), then a second session from the warm cache ("cache");
+- latency: per shape, two warm-up runs then the median of ``--runs`` runs (fewer when one
+  run takes over a second);
+- peak memory: the process's peak resident set over load and all runs, minus its resident
+  set before loading (Linux VmHWM, reset through /proc/self/clear_refs).
+
+Outputs are compared with onnxruntime's in the same bench (max abs difference reported).
+Prints the tables and writes bench/results/e2e.md and bench/results/e2e.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODELS_DIR = ROOT.parent / "shared" / "models"
+RESULTS = ROOT / "bench" / "results"
+TOOLS = ("native", "onnxruntime", "reference")
+SEQS = (1, 8, 32, 128, 512)
+BERT = "bert-base-encoder"
+BERT_SIZE = dict(layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
+LONG_RUN_S = 1.0
+# Targets from issue 4 (BERT-base-size encoder).
+TARGET_GEOMEAN = 1.5
+TARGET_SEQ1 = 1.2
+TARGET_VS_REFERENCE = 10.0
+TARGET_CACHE_LOAD_S = 1.0
+
+
+# -- the worker: one tool on one model, in its own process ------------------------------------
+
+
+def _vm_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> int:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _vm_kb("VmRSS")
+
+
+def _feeds(model: str, seqs) -> list[tuple[str, dict]]:
+    import numpy as np
+
+    if model == BERT:
+        rng = np.random.default_rng(0)
+        return [(f"seq {s}", {"input_ids": rng.integers(0, 1000, (1, s)).astype(np.int64),
+                              "attention_mask": np.ones((1, s), np.int64)}) for s in seqs]
+    from tests.shared_models import feeds
+
+    rng_feeds = []
+    for i in range(3):
+        feed = feeds(model + ".onnx", i)
+        rng_feeds.append((_describe(feed), feed))
+    return rng_feeds
+
+
+def _describe(feed: dict) -> str:
+    first = next(iter(feed.values()))
+    return "x".join(map(str, first.shape))
+
+
+def _model_path(model: str, workdir: Path) -> str:
+    if model != BERT:
+        return str(MODELS_DIR / f"{model}.onnx")
+    path = workdir / f"{BERT}.onnx"
+    if not path.exists():
+        import onnx
+
+        from shapeshift.examples.encoder import build_encoder
+
+        onnx.save(build_encoder(**BERT_SIZE), str(path))
+    return str(path)
+
+
+def _session(tool: str, path: str, threads: int):
+    if tool == "onnxruntime":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    import shapeshift
+
+    if tool == "native":
+        return shapeshift.InferenceSession(path, backend="native", num_threads=threads)
+    return shapeshift.InferenceSession(path, backend="reference")
+
+
+def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str) -> dict:
+    import numpy as np
+
+    workdir = Path(workdir)
+    path = _model_path(model, workdir)
+    feeds = _feeds(model, seqs)
+    os.environ["SHAPESHIFT_CACHE_DIR"] = str(workdir / f"cache-{tool}-{model}-{time.time_ns()}")
+    baseline = _reset_peak()
+    start = time.perf_counter()
+    session = _session(tool, path, threads)
+    result: dict = {"load_s": time.perf_counter() - start, "latency": {}, "outputs": {}}
+    if tool == "native":
+        start = time.perf_counter()
+        _session(tool, path, threads)
+        result["cache_load_s"] = time.perf_counter() - start
+        program = session._executor.program
+        result["fallback"] = dict(program.fallback_ops())
+        result["segments"] = len(program.segments)
+    for label, feed in feeds:
+        times = []
+        first = time.perf_counter()
+        outputs = session.run(None, feed)
+        once = time.perf_counter() - first
+        warmups = 0 if once > LONG_RUN_S else 1
+        for _ in range(warmups):
+            session.run(None, feed)
+        repeats = 1 if once > LONG_RUN_S else runs
+        for _ in range(repeats):
+            t = time.perf_counter()
+            session.run(None, feed)
+            times.append(time.perf_counter() - t)
+        result["latency"][label] = statistics.median(times if times else [once])
+        out_path = workdir / f"out-{tool}-{model}-{label.replace(' ', '_')}.npz"
+        np.savez(out_path, *[np.asarray(o) for o in outputs])
+        result["outputs"][label] = str(out_path)
+    result["peak_mb"] = (_vm_kb("VmHWM") - baseline) / 1024
+    return result
+
+
+# -- the parent: run the workers, compare, tabulate ---------------------------------------------
+
+
+def _run_worker(tool: str, model: str, args, workdir: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads))
+    cmd = [sys.executable, __file__, "--worker", tool, model, "--threads", str(args.threads), "--runs",
+           str(args.runs), "--workdir", workdir, "--seqs", *map(str, args.seqs)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": " / ".join(tail)}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _max_diff(a_path: str, b_path: str) -> float:
+    import numpy as np
+
+    a, b = np.load(a_path), np.load(b_path)
+    worst = 0.0
+    for key in a.files:
+        x, y = a[key], b[key]
+        if x.shape != y.shape:
+            return math.inf
+        if x.size and x.dtype.kind == "f":
+            worst = max(worst, float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))))
+    return worst
+
+
+def _geomean(values) -> float:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
+
+
+def _models(args) -> list[str]:
+    models = [] if args.no_bert else [BERT]
+    if args.models is not None:
+        return models + list(args.models)
+    if MODELS_DIR.is_dir():
+        models += sorted(p.stem for p in MODELS_DIR.glob("*.onnx"))
+    else:
+        print(f"note: {MODELS_DIR} is missing; only the BERT-base encoder is measured")
+    return models
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))
+    parser.add_argument("--models", nargs="*", default=None, help="names in ../shared/models (default: all)")
+    parser.add_argument("--no-bert", action="store_true", help="skip the BERT-base-size encoder")
+    parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--output", default=str(RESULTS / "e2e.md"))
+    parser.add_argument("--worker", nargs=2, metavar=("TOOL", "MODEL"), help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.threads, args.seqs, args.runs, args.workdir)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="shapeshift-e2e-") as workdir:
+        results = {}
+        for model in _models(args):
+            for tool in args.tools:
+                print(f"{model} / {tool} ...", flush=True)
+                results[(model, tool)] = _run_worker(tool, model, args, workdir)
+        report = _report(results, args)
+    print(report)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(report)
+    _plot(results, args, output.with_suffix(".png"))
+    return 0
+
+
+def _report(results: dict, args) -> str:
+    import numpy as np
+    import onnxruntime
+
+    lines = ["# End-to-end latency: shapeshift native vs onnxruntime vs reference", "",
+             f"Python {platform.python_version()}, numpy {np.__version__}, onnxruntime {onnxruntime.__version__}; "
+             f"{platform.machine()}, {os.cpu_count()} CPUs; {args.threads} thread(s) for every tool. "
+             f"Latency: median of {args.runs} runs after warm-up (1 run when a run takes over {LONG_RUN_S:.0f} s). "
+             "Load: session creation (native: import, simplify, lowering and the C build with an empty cache; "
+             "'cache': a second session from the warm build cache). Peak MB: the worker process's peak resident "
+             "set minus its resident set before loading. max |diff|: largest absolute difference from "
+             "onnxruntime's outputs. Ratios > 1 mean slower than onnxruntime.", ""]
+    models = sorted({m for m, _ in results}, key=lambda m: (m != BERT, m))
+    for model in models:
+        lines += [f"## {model}", ""]
+        ort_result = results.get((model, "onnxruntime"), {})
+        labels = list(ort_result.get("latency", {})) or list(
+            next((r.get("latency", {}) for (m, _), r in results.items() if m == model and "latency" in r), {}))
+        header = "| tool | load s | cache load s | peak MB | " + " | ".join(f"{l} ms" for l in labels) + \
+                 " | geomean ratio vs ORT | max abs diff | fallback ops |"
+        lines += [header, "|" + "---|" * (header.count("|") - 1)]
+        for tool in args.tools:
+            r = results.get((model, tool))
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"| {tool} | error: {r['error'][:200]} |")
+                continue
+            lat = r["latency"]
+            ratios = [lat[l] / ort_result["latency"][l] for l in labels
+                      if l in lat and l in ort_result.get("latency", {})]
+            diffs = [_max_diff(r["outputs"][l], ort_result["outputs"][l]) for l in labels
+                     if tool != "onnxruntime" and l in r["outputs"] and l in ort_result.get("outputs", {})]
+            cells = [f"{lat[l] * 1e3:.2f}" if l in lat else "" for l in labels]
+            fallback = ", ".join(f"{k}x{v}" for k, v in sorted(r.get("fallback", {}).items())) if tool == "native" else ""
+            cache = f"{r['cache_load_s']:.2f}" if "cache_load_s" in r else ""
+            lines.append(f"| {tool} | {r['load_s']:.2f} | {cache} | {r['peak_mb']:.0f} | " + " | ".join(cells)
+                         + f" | {_geomean(ratios):.2f} | {max(diffs) if diffs else 0:.2e} | {fallback} |")
+        lines.append("")
+        if model == BERT:
+            lines += _targets(results, labels)
+    return "\n".join(lines) + "\n"
+
+
+def _targets(results: dict, labels: list[str]) -> list[str]:
+    native, ort_r, ref = (results.get((BERT, t), {}) for t in TOOLS)
+    if "latency" not in native or "latency" not in ort_r:
+        return []
+    ratios = {l: native["latency"][l] / ort_r["latency"][l] for l in labels}
+    geo = _geomean(ratios.values())
+    out = ["Targets (issue 4, BERT-base-size encoder):", "",
+           f"- native / onnxruntime latency, geomean over the sequence lengths: {geo:.2f} "
+           f"(target <= {TARGET_GEOMEAN}) {'met' if geo <= TARGET_GEOMEAN else 'NOT met'}"]
+    first = labels[0]
+    out.append(f"- at {first}: {ratios[first]:.2f} (target <= {TARGET_SEQ1}) "
+               f"{'met' if ratios[first] <= TARGET_SEQ1 else 'NOT met'}")
+    if "latency" in ref:
+        speedup = _geomean(ref["latency"][l] / native["latency"][l] for l in labels)
+        out.append(f"- reference / native, geomean: {speedup:.1f}x (target >= {TARGET_VS_REFERENCE:.0f}x) "
+                   f"{'met' if speedup >= TARGET_VS_REFERENCE else 'NOT met'}")
+    cache = native.get("cache_load_s")
+    if cache is not None:
+        out.append(f"- session creation from the warm cache: {cache:.2f} s (target < {TARGET_CACHE_LOAD_S:.0f} s) "
+                   f"{'met' if cache < TARGET_CACHE_LOAD_S else 'NOT met'}")
+    return out + [""]
+
+
+def _plot(results: dict, args, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+        return
+    models = sorted({m for m, _ in results}, key=lambda m: (m != BERT, m))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for tool in args.tools:
+            r = results.get((model, tool), {})
+            if "latency" not in r:
+                continue
+            labels = list(r["latency"])
+            ax.plot(range(len(labels)), [r["latency"][l] * 1e3 for l in labels], marker="o", label=tool)
+            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_title(model, fontsize=9)
+        ax.set_ylabel("latency ms (log)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
