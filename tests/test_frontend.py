@@ -138,3 +138,51 @@ def test_types_are_inferred_symbolically(encoder_path):
     shapes = {tuple(str(d) for d in n.outputs[0].type.shape) for n in reshapes}
     assert ("batch", "seq", "2", "16") in shapes
     assert isinstance(graph.outputs[0].type, TensorType)
+
+
+def _weights_model(weight_tensor):
+    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])], initializers=[weight_tensor])
+
+
+def test_export_writes_an_unchanged_weight_back_as_it_was_read():
+    """Copied from the model's own TensorProto, or re-encoded: the same bytes either way."""
+    from shapeshift.frontend.onnx_export import export_model
+    from shapeshift.frontend.onnx_import import import_model
+
+    plain = onnx.numpy_helper.from_array(np.arange(4, dtype=np.float32).reshape(2, 2), "w")
+    reencoded = import_model(_weights_model(plain))
+    kept = import_model(_weights_model(plain), keep_tensors=True)
+    assert reencoded.initializers["w"].const_source is None
+    assert kept.initializers["w"].const_source[0] is kept.initializers["w"].const
+    for graph in (reencoded, kept):
+        assert export_model(graph).graph.initializer[0].SerializeToString() == plain.SerializeToString()
+
+
+def test_export_reencodes_a_weight_whose_contents_or_encoding_differ():
+    from shapeshift.frontend.onnx_export import export_model
+    from shapeshift.frontend.onnx_import import import_model
+
+    with_doc = onnx.numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    with_doc.doc_string = "not written by from_array"
+    graph = import_model(_weights_model(with_doc), keep_tensors=True)
+    written = export_model(graph).graph.initializer[0]
+    assert written.doc_string == "" and onnx.numpy_helper.to_array(written).tolist() == [[1, 1], [1, 1]]
+
+    typed = helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0])  # float_data, not raw
+    written = export_model(import_model(_weights_model(typed), keep_tensors=True)).graph.initializer[0]
+    assert not written.float_data and onnx.numpy_helper.to_array(written).tolist() == [[1, 2], [3, 4]]
+
+    plain = onnx.numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    graph = import_model(_weights_model(plain), keep_tensors=True)
+    graph.initializers["w"].const = np.zeros((2, 2), np.float32)  # new contents: the old proto is stale
+    assert not onnx.numpy_helper.to_array(export_model(graph).graph.initializer[0]).any()
+
+
+@pytest.mark.parametrize("name", ["a.b/c:0", "_x__", "été-1", "...", "Ω_2"])
+def test_unnamed_dims_are_named_after_their_value(name):
+    from shapeshift.frontend.onnx_import import _sanitize
+
+    expected = "".join(c if c.isalnum() else "_" for c in name).strip("_") or "dim"
+    assert _sanitize(name) == expected

@@ -7,13 +7,30 @@ these.  Sparse tensors and type protos are rare and kept as their protos.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
+from ..ir.types import PLAIN_TYPES, STRING, to_numpy_dtype
+
 A = AttributeProto
+
+#: ONNX types whose raw_data holds exactly the bytes of the NumPy array (on a
+#: little-endian host): these are read without numpy_helper's generic checks.
+_RAW_DTYPES = {t: to_numpy_dtype(t) for t in PLAIN_TYPES - {STRING}}
+
+
+def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """numpy_helper.to_array, with a short path for the common case (raw data of a
+    native NumPy type held in the proto itself), which most tensors take."""
+    dtype = _RAW_DTYPES.get(tensor.data_type)
+    if (dtype is None or sys.byteorder != "little" or not tensor.HasField("raw_data")
+            or tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.HasField("segment")):
+        return numpy_helper.to_array(tensor)
+    return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims)
 
 
 def _decode(raw: bytes) -> str:
@@ -33,7 +50,7 @@ def attribute_value(attr: AttributeProto, load_graph: Optional[Callable[[onnx.Gr
     if kind == A.STRING:
         return _decode(attr.s)
     if kind == A.TENSOR:
-        return numpy_helper.to_array(attr.t)
+        return tensor_array(attr.t)
     if kind == A.GRAPH:
         return load_graph(attr.g) if load_graph else attr.g
     if kind == A.INTS:
@@ -43,7 +60,7 @@ def attribute_value(attr: AttributeProto, load_graph: Optional[Callable[[onnx.Gr
     if kind == A.STRINGS:
         return [_decode(v) for v in attr.strings]
     if kind == A.TENSORS:
-        return [numpy_helper.to_array(t) for t in attr.tensors]
+        return [tensor_array(t) for t in attr.tensors]
     if kind == A.GRAPHS:
         return [load_graph(g) if load_graph else g for g in attr.graphs]
     if kind == A.SPARSE_TENSOR:

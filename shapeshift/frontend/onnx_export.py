@@ -6,6 +6,11 @@ attributes and nested subgraphs are written as the importer read them; the
 opset imports, IR version and producer of the imported model are kept.
 Outputs of a node that nothing reads and that are not graph outputs keep the
 empty name ONNX uses for "not requested".
+
+Weights dominate the cost: an initializer still holding the array it was
+imported with (``Value.const_source``) is copied from its original TensorProto
+rather than re-encoded, and the ModelProto is filled in place, so each weight
+is copied once.
 """
 
 from __future__ import annotations
@@ -37,7 +42,41 @@ def _value_info(value: Value) -> onnx.ValueInfoProto:
     return info
 
 
+#: numpy_helper.from_array fills only name, dims, data_type and raw_data: a tensor
+#: read from a model with none of these other fields set is exactly what
+#: re-encoding its array would give, so it is copied as it is.
+_OTHER_TENSOR_FIELDS = [f for f in onnx.TensorProto.DESCRIPTOR.fields
+                        if f.name not in ("name", "dims", "data_type", "raw_data")]
+_OTHER_SINGULAR = tuple(f.name for f in _OTHER_TENSOR_FIELDS if f.has_presence)
+_OTHER_REPEATED = tuple(f.name for f in _OTHER_TENSOR_FIELDS if not f.has_presence)
+
+
+def _is_plain(tensor: onnx.TensorProto) -> bool:
+    # Field by field: ListFields() would copy raw_data out just to look at it.
+    if not tensor.HasField("raw_data"):
+        return False
+    for name in _OTHER_SINGULAR:
+        if tensor.HasField(name):
+            return False
+    for name in _OTHER_REPEATED:
+        if getattr(tensor, name):
+            return False
+    return True
+
+
+def _unchanged_source(value: Value) -> Optional[onnx.TensorProto]:
+    """The TensorProto ``value`` was imported from, if its contents and name are unchanged."""
+    source = value.const_source
+    if source is None or source[0] is not value.const:
+        return None
+    tensor = source[1]
+    return tensor if tensor.name == value.name and _is_plain(tensor) else None
+
+
 def _tensor(value: Value) -> onnx.TensorProto:
+    source = _unchanged_source(value)
+    if source is not None:
+        return source
     array = value.const
     if array.dtype == object:
         tensor = helper.make_tensor(value.name, onnx.TensorProto.STRING, array.shape,
@@ -49,23 +88,35 @@ def _tensor(value: Value) -> onnx.TensorProto:
 
 def graph_to_proto(graph: Graph, emitter: Optional[ParamEmitter] = None) -> onnx.GraphProto:
     """The GraphProto of ``graph``; static parameters are written through ``emitter``."""
+    proto = onnx.GraphProto()
+    write_graph(proto, graph, emitter)
+    return proto
+
+
+def write_graph(proto: onnx.GraphProto, graph: Graph, emitter: Optional[ParamEmitter] = None) -> None:
+    """Fill the empty ``proto`` (written in place: a weight is copied once, not again
+    into its model); static parameters are written through ``emitter``."""
     if emitter is None:
         # The emitted computations go at the top of the graph being written (the
         # root, or a body written on its own, e.g. for onnx.reference).
         emitter = ParamEmitter(graph.root)
-        proto = graph_to_proto(graph, emitter)
-        if emitter.nodes or emitter.initializers:
-            nodes = emitter.nodes + list(proto.node)
-            del proto.node[:]
-            proto.node.extend(nodes)
-            proto.initializer.extend(emitter.initializers)
-        return proto
-    proto = onnx.GraphProto(name=graph.name, doc_string=graph.doc)
+        nodes = _write_parts(proto, graph, emitter)
+        proto.node.extend(emitter.nodes + nodes)
+        proto.initializer.extend(emitter.initializers)
+    else:
+        proto.node.extend(_write_parts(proto, graph, emitter))
+
+
+def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter) -> list[onnx.NodeProto]:
+    """Write all of ``graph`` but its nodes into ``proto``; returns the nodes' protos."""
+    proto.name = graph.name
+    proto.doc_string = graph.doc
     outputs = {id(v) for v in graph.outputs}
     for value in graph.inputs:
         proto.input.append(_value_info(value))
     for value in graph.initializers.values():
-        proto.initializer.append(_tensor(value))
+        proto.initializer.add().CopyFrom(_tensor(value))
+    nodes: list[onnx.NodeProto] = []
     for node in graph.nodes:
         if (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP):
             # Our own op: its readers read the computation of its contents from the
@@ -73,14 +124,15 @@ def graph_to_proto(graph: Graph, emitter: Optional[ParamEmitter] = None) -> onnx
             out = node.outputs[0]
             source = emitter.param(node, 0, node.params[0])
             if id(out) in outputs or _read_by_outer_output(out, graph):
-                proto.node.append(helper.make_node("Identity", [source], [out.name]))
+                nodes.append(helper.make_node("Identity", [source], [out.name]))
             else:
                 emitter.alias[out.name] = source
             continue
         node_proto = onnx.NodeProto(op_type=node.op_type, domain=node.domain, name=node.name, doc_string=node.doc)
         node_proto.input.extend("" if v is None else emitter.alias.get(v.name, v.name) for v in node.inputs)
-        for index, param in sorted(node.params.items()):
-            node_proto.input[index] = emitter.param(node, index, param)
+        if node.params:
+            for index, param in sorted(node.params.items()):
+                node_proto.input[index] = emitter.param(node, index, param)
         node_proto.output.extend(
             v.name if (v.users or id(v) in outputs or _read_by_outer_output(v, graph)
                        or not _output_optional(node.domain, node.op_type, graph.opset.get(node.domain, 1), i))
@@ -88,10 +140,10 @@ def graph_to_proto(graph: Graph, emitter: Optional[ParamEmitter] = None) -> onnx
         for name, value in node.attrs.items():
             node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name),
                                                        lambda g: graph_to_proto(g, emitter)))
-        proto.node.append(node_proto)
+        nodes.append(node_proto)
     for value in graph.outputs:
         proto.output.append(_value_info(value))
-    return proto
+    return nodes
 
 
 @lru_cache(maxsize=None)
@@ -127,13 +179,13 @@ def export_model(graph: Graph) -> onnx.ModelProto:
     """A ModelProto for ``graph`` (a root graph)."""
     meta = graph.metadata
     opsets = meta.get("opset_imports") or graph.opset
-    model = helper.make_model(
-        graph_to_proto(graph),
-        opset_imports=[helper.make_opsetid(domain, version) for domain, version in opsets.items()],
-        producer_name=meta.get("producer_name") or "shapeshift",
-        producer_version=meta.get("producer_version") or "",
-    )
+    # Built in place rather than by helper.make_model, which would copy the whole graph.
+    model = onnx.ModelProto()
     model.ir_version = meta.get("ir_version") or DEFAULT_IR_VERSION
+    write_graph(model.graph, graph)
+    model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in opsets.items())
+    model.producer_name = meta.get("producer_name") or "shapeshift"
+    model.producer_version = meta.get("producer_version") or ""
     if model.ir_version < 4:
         _list_initializers_as_inputs(model.graph)
     if meta.get("doc_string"):

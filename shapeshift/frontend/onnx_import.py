@@ -11,6 +11,7 @@ error naming all of its unsupported ops.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Optional, Union
 
@@ -18,17 +19,21 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ExpressionError, ModelLoadError, UnsupportedModelError
-from ..ir.graph import Graph, Node, SymbolTable, Value
+from ..ir.graph import Graph, SymbolTable, Value
 from ..ops import lookup
 from ..passes.infer_types import infer_types
 from ..symbolic import Dim, free_symbols, parse_dim, substitute
-from .attributes import attribute_value
+from .attributes import attribute_value, tensor_array
 from .type_protos import type_from_proto
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 
 #: The oldest default-domain opset we accept (the ONNX backend tests go back to 1).
 MIN_OPSET = 1
+#: What _sanitize replaces: ``\W`` is exactly "neither isalnum() nor '_'".
+_NON_WORD = re.compile(r"\W")
+#: Attribute types whose ``graphs`` field may be filled (an untyped attribute may hold anything).
+_MAY_HOLD_GRAPHS = (onnx.AttributeProto.GRAPHS, onnx.AttributeProto.UNDEFINED)
 
 
 def read_model(source: ModelSource) -> onnx.ModelProto:
@@ -104,18 +109,24 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, int]:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
+                elif attr.type in _MAY_HOLD_GRAPHS:
+                    for sub in attr.graphs:
+                        visit(sub)
 
     visit(model.graph)
     return missing
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, symbols: SymbolTable):
+    def __init__(self, model: onnx.ModelProto, symbols: SymbolTable, keep_tensors: bool = False):
         self.model = model
         self.symbols = symbols
+        self.keep_tensors = keep_tensors
         self.opsets = _default_opset(model)
+        # dim_param text -> Dim.  A model repeats the same few dim_params on
+        # hundreds of values, and reading one that is not an expression we know
+        # (``floor(height/2 - 1/2) + 1``) costs a Python parse and a failed walk.
+        self._named_dims: dict[str, Dim] = {}
 
     # -- dims and types ------------------------------------------------------
     def dim(self, d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> Dim:
@@ -127,6 +138,12 @@ class _Importer:
 
     def named_dim(self, name: str) -> Dim:
         """A dim_param: a symbol, or an expression when it reads as one (``past_seq+seq``)."""
+        dim = self._named_dims.get(name)
+        if dim is None:
+            dim = self._named_dims[name] = self._read_named_dim(name)
+        return dim
+
+    def _read_named_dim(self, name: str) -> Dim:
         if name in self.symbols.ranges or name.isidentifier():
             return self.symbols.get(name)
         try:
@@ -146,8 +163,11 @@ class _Importer:
         declared = {vi.name: vi for vi in list(proto.value_info) + list(proto.output)}
         initializer_names = {t.name for t in proto.initializer} | {t.values.name for t in proto.sparse_initializer}
         for tensor in proto.initializer:
-            value = graph.add_initializer(tensor.name, numpy_helper.to_array(tensor))
+            array = tensor_array(tensor)
+            value = graph.add_initializer(tensor.name, array)
             _expect_name(value, tensor.name)
+            if self.keep_tensors:
+                value.const_source = (array, tensor)
             scope[tensor.name] = value
         for sparse in proto.sparse_initializer:
             dense = numpy_helper.to_array(onnx.helper.make_tensor(
@@ -161,12 +181,10 @@ class _Importer:
             _expect_name(value, vi.name)
             scope[vi.name] = value
         for node_proto in proto.node:
-            node = self.node(node_proto, graph, scope)
-            for out_name, value in zip(node_proto.output, node.outputs):
-                if out_name:
-                    scope[out_name] = value
-                    if out_name in declared:
-                        value.type = self.value_type(declared[out_name].type, out_name)
+            for out_name, value in self.node(node_proto, graph, scope):
+                scope[out_name] = value
+                if out_name in declared:
+                    value.type = self.value_type(declared[out_name].type, out_name)
         for vi in proto.output:
             value = scope.get(vi.name)
             if value is None:
@@ -176,28 +194,28 @@ class _Importer:
             graph.outputs.append(value)
         return graph
 
-    def node(self, proto: onnx.NodeProto, graph: Graph, scope: dict[str, Value]) -> Node:
+    def node(self, proto: onnx.NodeProto, graph: Graph, scope: dict[str, Value]) -> list[tuple[str, Value]]:
+        """Add the node of ``proto`` to ``graph``; returns its named outputs as (name, value)."""
+        # Each read of a proto field builds new Python objects: read each field once.
+        op_type, name, output_names = proto.op_type, proto.name, list(proto.output)
         inputs = []
-        for name in proto.input:
-            if not name:
-                inputs.append(None)
-                continue
-            value = scope.get(name)
-            if value is None:
+        for input_name in proto.input:
+            value = scope.get(input_name) if input_name else None
+            if value is None and input_name:
                 raise ModelLoadError(
-                    f"node {proto.name or proto.op_type!r} ({proto.op_type}) reads {name!r}, which is not defined before it")
+                    f"node {name or op_type!r} ({op_type}) reads {input_name!r}, which is not defined before it")
             inputs.append(value)
-        names = [n if n else graph.fresh_name(f"{proto.name or proto.op_type}_unused") for n in proto.output]
-        node = graph.add_node(proto.op_type, inputs, len(proto.output), domain=proto.domain,
-                              name=proto.name, output_names=names)
-        for value, name in zip(node.outputs, proto.output):
-            if name:
-                _expect_name(value, name)
+        names = [n if n else graph.fresh_name(f"{name or op_type}_unused") for n in output_names]
+        node = graph.add_node(op_type, inputs, len(output_names), domain=proto.domain, name=name, output_names=names)
+        named = [(n, value) for n, value in zip(output_names, node.outputs) if n]
+        for out_name, value in named:
+            _expect_name(value, out_name)
         node.doc = proto.doc_string
-        for attr in proto.attribute:
-            node.attrs[attr.name] = attribute_value(attr, lambda g: self.graph(g, graph, scope))
-            node.attr_types[attr.name] = attr.type
-        return node
+        if len(proto.attribute):
+            for attr in proto.attribute:
+                node.attrs[attr.name] = attribute_value(attr, lambda g: self.graph(g, graph, scope))
+                node.attr_types[attr.name] = attr.type
+        return named
 
 
 def _densify(sparse: onnx.SparseTensorProto):
@@ -219,7 +237,9 @@ def _expect_name(value: Value, name: str) -> None:
 
 
 def _sanitize(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name).strip("_") or "dim"
+    # Every non-alphanumeric character becomes "_", in one regex call (a
+    # per-character join was a hot spot on models with many unnamed dims).
+    return _NON_WORD.sub("_", name).strip("_") or "dim"
 
 
 def substitute_symbols(dim: Dim, symbols: SymbolTable) -> Dim:
@@ -228,11 +248,14 @@ def substitute_symbols(dim: Dim, symbols: SymbolTable) -> Dim:
 
 
 def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int]]] = None,
-                 infer: bool = True, check: bool = True) -> Graph:
+                 infer: bool = True, check: bool = True, keep_tensors: bool = False) -> Graph:
     """Read and import a model; types are inferred unless ``infer`` is False.
 
     With ``check=False`` a model with unsupported ops still imports (for
-    ``shapeshift info``); those nodes are left untyped.
+    ``shapeshift info``); those nodes are left untyped.  With ``keep_tensors``
+    each initializer keeps the TensorProto it was read from (``const_source``),
+    so that export writes an unchanged one back by copying it rather than
+    re-encoding its array; the graph then holds on to the model's protos.
     """
     label = str(source) if isinstance(source, (str, os.PathLike)) else "model"
     model = read_model(source)
@@ -246,7 +269,7 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
         check_supported(model, label)
     symbols = SymbolTable({k: (int(lo), int(hi)) for k, (lo, hi) in (dynamic or {}).items()})
     try:
-        graph = _Importer(model, symbols).graph(model.graph, None, {})
+        graph = _Importer(model, symbols, keep_tensors).graph(model.graph, None, {})
     except RecursionError:
         raise ModelLoadError(f"{label}: graph nesting too deep") from None
     graph.metadata.update(

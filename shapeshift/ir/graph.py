@@ -30,9 +30,12 @@ class Value:
     ``const`` holds the contents of an initializer or folded constant.
     ``shape_contents`` may hold what is known of a small integer tensor's
     contents as dimensions (what ``Shape(x)`` yields for a symbolic ``x``).
+    ``const_source`` is, for an initializer read from a model, the pair
+    (array, serialized tensor) it was read from: while ``const`` is still that
+    array, export can write the tensor back as it was instead of re-encoding it.
     """
 
-    __slots__ = ("name", "type", "producer", "users", "const", "shape_contents", "graph", "doc")
+    __slots__ = ("name", "type", "producer", "users", "const", "shape_contents", "graph", "doc", "const_source")
 
     def __init__(self, name: str, type: Optional[ValueType] = None, graph: Optional["Graph"] = None):
         self.name = name
@@ -43,6 +46,7 @@ class Value:
         self.shape_contents: Optional[tuple] = None
         self.graph = graph
         self.doc = ""
+        self.const_source: Optional[tuple[np.ndarray, Any]] = None
 
     @property
     def is_initializer(self) -> bool:
@@ -94,14 +98,23 @@ class Node:
         self.doc = ""
         self.params: dict[int, StaticParam] = {}
 
+    # An attribute list holds one kind of item (ONNX's GRAPHS, INTS...), so its
+    # first item tells whether it is a list of bodies.
+
     def subgraphs(self) -> Iterator["Graph"]:
         for value in self.attrs.values():
             if isinstance(value, Graph):
                 yield value
-            elif isinstance(value, list):
-                for item in value:
-                    if isinstance(item, Graph):
-                        yield item
+            elif isinstance(value, list) and value and isinstance(value[0], Graph):
+                yield from (item for item in value if isinstance(item, Graph))
+
+    def has_subgraphs(self) -> bool:
+        """Whether any attribute is a body; cheaper than starting ``subgraphs()``,
+        which passes ask of nearly every node."""
+        for value in self.attrs.values():
+            if isinstance(value, Graph) or (isinstance(value, list) and value and isinstance(value[0], Graph)):
+                return True
+        return False
 
     def set_input(self, index: int, value: Optional[Value]) -> None:
         old = self.inputs[index]
@@ -260,8 +273,9 @@ class Graph:
         """Every node of this graph and of all nested subgraphs."""
         for node in self.nodes:
             yield node
-            for sub in node.subgraphs():
-                yield from sub.walk_nodes()
+            if node.has_subgraphs():
+                for sub in node.subgraphs():
+                    yield from sub.walk_nodes()
 
     def values(self) -> Iterable[Value]:
         yield from self.inputs

@@ -8,6 +8,7 @@ them to NumPy.  A shape is a tuple of dimensions (``int`` or symbolic
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -46,6 +47,7 @@ def to_numpy_dtype(elem_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
+@functools.lru_cache(maxsize=256)  # asked for every initializer and folded constant
 def from_numpy_dtype(dtype: np.dtype) -> int:
     dtype = np.dtype(dtype)
     if dtype.kind in ("U", "S", "O"):
@@ -78,7 +80,8 @@ class TensorType:
 
     @property
     def is_static(self) -> bool:
-        return self.shape is not None and all(not isinstance(d, Expr) for d in self.shape)
+        # Expr has no subclasses: comparing types runs in C, with no generator.
+        return self.shape is not None and Expr not in map(type, self.shape)
 
     def with_shape(self, shape) -> "TensorType":
         return TensorType(self.dtype, None if shape is None else tuple(shape))

@@ -65,14 +65,18 @@ class InferContext(_NodeView):
 
     def input_type(self, index: int) -> Optional[ValueType]:
         """The type of input ``index``; None if the input is absent or untyped."""
-        if not self.has_input(index):
+        # has_input() spelled out: type rules ask this of every input at every visit.
+        inputs = self.node.inputs
+        if index >= len(inputs):
             return None
-        param = self.node.params.get(index)
+        param = self.node.params.get(index) if self.node.params else None
         if param is not None:
             return TensorType(param.dtype, param.shape)
+        if inputs[index] is None:
+            return None
         if self._input_types is not None:
             return self._input_types[index]
-        return self.node.inputs[index].type
+        return inputs[index].type
 
     def input_shape(self, index: int) -> Optional[tuple[Dim, ...]]:
         """The shape of tensor input ``index``; None if absent or of unknown rank."""
@@ -103,7 +107,9 @@ class InferContext(_NodeView):
         value = self.node.inputs[index]
         if value.const is not None:
             array = value.const
-            if array.ndim <= 1 and array.dtype.kind in "iub":
+            if array.ndim <= 1 and array.dtype.kind in "iu":
+                return tuple(array.reshape(-1).tolist())  # Python ints, in one call
+            if array.ndim <= 1 and array.dtype.kind == "b":
                 return tuple(int(v) for v in array.reshape(-1))
             return None
         return value.shape_contents

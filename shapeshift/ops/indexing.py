@@ -67,7 +67,13 @@ def _check_static_range(ctx: InferContext, index: int, dim: Dim) -> None:
     const = ctx.input_const(index)
     if const is None or not _is_int(dim) or const.size == 0:
         return
-    if const.min() < -dim or const.max() >= dim:
+    # Indices are mostly a handful of ints: Python's min/max beat NumPy's reductions there.
+    if const.size <= 64:
+        values = const.reshape(-1).tolist()
+        lo, hi = min(values), max(values)
+    else:
+        lo, hi = const.min(), const.max()
+    if lo < -dim or hi >= dim:
         ctx.fail(f"constant indices out of range for a dimension of size {dim}")
 
 

@@ -20,6 +20,7 @@ The table is filled once, when the op modules are imported, and only read after.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -50,6 +51,7 @@ class OpRegistry:
             raise ValueError(f"op {rule.domain}::{rule.op_type} since {rule.since} registered twice")
         versions.append(rule)
         versions.sort(key=lambda r: r.since)
+        lookup.cache_clear()  # a rule registered late must not be hidden by a memoized answer
         return rule
 
     def lookup(self, domain: str, op_type: str, opset: int) -> Optional[OpRule]:
@@ -82,8 +84,13 @@ def define(op_type: str, *, infer: InferFn, evaluate: EvalFn, params: tuple[int,
     return REGISTRY.add(OpRule(op_type, infer, evaluate, domain, since, params))
 
 
+@functools.lru_cache(maxsize=4096)
 def lookup(domain: str, op_type: str, opset: int) -> Optional[OpRule]:
-    """The rule for an op at an opset, falling back to onnx's reference ops."""
+    """The rule for an op at an opset, falling back to onnx's reference ops.
+
+    Memoized: every pass asks this for every node it visits, and the answer only
+    depends on the table (whose changes clear the memo) and the onnx package.
+    """
     rule = REGISTRY.lookup(domain, op_type, opset)
     if rule is None:
         from .delegated import delegated_rule

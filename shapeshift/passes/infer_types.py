@@ -46,7 +46,7 @@ def infer_node(node: Node, retype_bodies: bool = True) -> None:
     rule = lookup(node.domain, node.op_type, opset)
     if rule is None:
         return
-    body_types = (lambda g, types: infer_graph(g, types)) if retype_bodies else _body_types_if_inputs_changed
+    body_types = infer_graph if retype_bodies else _body_types_if_inputs_changed
     ctx = InferContext(node, opset, graph.symbols, infer_subgraph=body_types)
     try:
         types = list(rule.infer(ctx))

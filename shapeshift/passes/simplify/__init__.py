@@ -83,7 +83,8 @@ def _cyclic_gc_paused():
 
 
 def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check):
-    graph = import_model(model, dict(dynamic or {}), infer=not input_shapes)
+    # keep_tensors: export copies the weights simplify left alone straight from the model.
+    graph = import_model(model, dict(dynamic or {}), infer=not input_shapes, keep_tensors=True)
     if input_shapes:
         _apply_input_shapes(graph, input_shapes)
         infer_types(graph)

@@ -80,6 +80,9 @@ class _Simplifier:
         self.stats = SimplifyStats()
         self.rw = Rewriter(graph)
         self.input_symbols = _input_symbols(graph)
+        # Expr -> whether all its symbols are input symbols (Exprs are interned, so
+        # identity is equality); asked of every dim of every candidate parameter.
+        self._bindable: dict[Expr, bool] = {}
         self.cse: dict[tuple, Node] = {}
         self.owners: dict[int, Node] = _subgraph_owners(graph)
 
@@ -114,8 +117,9 @@ class _Simplifier:
             self.rw.enqueue(self.owners.get(id(graph)))
 
     def drop_if_dead(self, node: Node) -> bool:
-        if any(self.rw.is_used(out) for out in node.outputs):
-            return False
+        for out in node.outputs:
+            if self.rw.is_used(out):
+                return False
         self.rw.remove_node(node)
         self.stats.removed_dead += 1
         return True
@@ -134,12 +138,13 @@ class _Simplifier:
         return True
 
     def fold(self, node: Node) -> bool:
-        if node.op_type in UNFOLDABLE or any(True for _ in node.subgraphs()):
+        if node.op_type in UNFOLDABLE:
             return False
         arrays = self._contents_as_arrays(node)
         if arrays is None:
             arrays = self._evaluate_constant(node)
-        if arrays is None:
+        # Asked last: most nodes are refused sooner, and asking costs a scan of the attributes.
+        if arrays is None or node.has_subgraphs():
             return False
         graph = node.graph
         for out, array in zip(node.outputs, arrays):
@@ -151,8 +156,9 @@ class _Simplifier:
 
     def symbolize(self, node: Node) -> bool:
         """Replace a computation whose result is known as input dims by a SymbolicTensor."""
-        if (len(node.outputs) != 1 or (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP)
-                or any(True for _ in node.subgraphs())):
+        if len(node.outputs) != 1 or node.outputs[0].shape_contents is None:
+            return False  # most nodes: nothing known of their contents
+        if (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP) or node.has_subgraphs():
             return False
         out = node.outputs[0]
         param = self._param_of(out)
@@ -195,14 +201,14 @@ class _Simplifier:
         arrays = []
         for out in node.outputs:
             t, contents = out.type, out.shape_contents
-            if (not isinstance(t, TensorType) or t.dtype not in INT_TYPES or contents is None
+            if (contents is None or not isinstance(t, TensorType) or t.dtype not in INT_TYPES
                     or not t.is_static or any(isinstance(d, Expr) for d in contents)):
                 return None
             arrays.append(np.array(contents, dtype=to_numpy_dtype(t.dtype)).reshape(t.shape))
         return arrays
 
     def _evaluate_constant(self, node: Node) -> Optional[list]:
-        if node.params or not all(v is None or v.const is not None for v in node.inputs):
+        if node.params or not all(v is None or v.const is not None for v in node.inputs) or node.has_subgraphs():
             return None
         for out in node.outputs:
             if isinstance(out.type, TensorType) and out.type.is_static:
@@ -256,9 +262,17 @@ class _Simplifier:
         t, dims = value.type, value.shape_contents
         if dims is None or not isinstance(t, TensorType) or t.dtype not in INT_TYPES or not t.is_static:
             return None
-        if any(not free_symbols(d) <= self.input_symbols for d in dims):
-            return None  # data-dependent symbols cannot be bound from the inputs
+        for d in dims:
+            if isinstance(d, Expr) and not self._is_bindable(d):
+                return None  # data-dependent symbols cannot be bound from the inputs
         return StaticParam(tuple(dims), tuple(t.shape), t.dtype)
+
+    def _is_bindable(self, dim: Expr) -> bool:
+        """Whether every symbol of ``dim`` is a dim of a model input."""
+        known = self._bindable.get(dim)
+        if known is None:
+            known = self._bindable[dim] = free_symbols(dim) <= self.input_symbols
+        return known
 
     def apply_rules(self, node: Node) -> bool:
         for rule in RULES.get(node.op_type, ()):
@@ -288,8 +302,9 @@ class _Simplifier:
     # -- strategies ----------------------------------------------------------------------
     def run_incremental(self) -> None:
         # Import typed every node with the same rules: first visits need not re-infer.
-        self.rw.enqueue_all(self.graph.walk_nodes(), stale=False)
-        budget = self.options.max_visits_per_node * max(1, sum(1 for _ in self.graph.walk_nodes()))
+        nodes = list(self.graph.walk_nodes())
+        self.rw.enqueue_all(nodes, stale=False)
+        budget = self.options.max_visits_per_node * max(1, len(nodes))
         while self.rw:
             node = self.rw.pop()
             if node is None:
@@ -381,14 +396,18 @@ def _freeze(value):
 
 
 def _cse_key(node: Node) -> Optional[tuple]:
-    if node.op_type in UNFOLDABLE or any(True for _ in node.subgraphs()):
+    if node.op_type in UNFOLDABLE:
         return None
-    try:
-        attrs = tuple(sorted((k, _freeze(v)) for k, v in node.attrs.items()))
-    except TypeError:
-        return None
-    params = tuple(sorted((i, p.dims, p.shape, p.dtype) for i, p in node.params.items()))
-    return (node.domain, node.op_type, tuple(id(v) if v is not None else None for v in node.inputs),
+    attrs: tuple = ()
+    if node.attrs:  # most nodes have none: skip the sorting and freezing
+        if node.has_subgraphs():
+            return None
+        try:
+            attrs = tuple(sorted((k, _freeze(v)) for k, v in node.attrs.items()))
+        except TypeError:
+            return None
+    params = tuple(sorted((i, p.dims, p.shape, p.dtype) for i, p in node.params.items())) if node.params else ()
+    return (node.domain, node.op_type, tuple([None if v is None else id(v) for v in node.inputs]),
             attrs, params, len(node.outputs), id(node.graph))
 
 

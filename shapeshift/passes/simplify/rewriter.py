@@ -50,12 +50,13 @@ class Rewriter:
         """Queue ``node`` for a visit; ``stale`` means its types must be re-inferred."""
         if node is None or node.graph is None:
             return
+        key = id(node)
         if stale:
-            self._stale.add(id(node))
-        if id(node) in self._queued:
+            self._stale.add(key)
+        if key in self._queued:
             return
-        self._queued.add(id(node))
-        heapq.heappush(self._heap, (self.order(node), next(self._tiebreak), node))
+        self._queued.add(key)
+        heapq.heappush(self._heap, (self._order.get(key, 0.0), next(self._tiebreak), node))
 
     def enqueue_all(self, nodes: Iterable[Node], stale: bool = True) -> None:
         for node in nodes:
@@ -214,7 +215,7 @@ def _still_returned(root: Graph, value: Value) -> bool:
 def _graphs(root: Graph):
     yield root
     for node in root.nodes:
-        if node.graph is None:
+        if node.graph is None or not node.has_subgraphs():
             continue
         for sub in node.subgraphs():
             yield from _graphs(sub)
