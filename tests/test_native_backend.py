@@ -380,3 +380,18 @@ def test_fallback_nodes_run_between_segments():
     session = _run_both(model, [{"x": _rand(rng, (n,))} for n in (1, 5, 12)], fully_native=False)
     kinds = {s.node.op_type: s.kind for s in session._executor.program.steps}
     assert kinds["Relu"] == "native" and kinds["NonZero"] == "fallback"
+
+
+def test_arena_always_holds_the_plan_after_alignment():
+    # Regression: the arena grew only when smaller than the plan, forgetting the bytes
+    # lost to aligning its base, so a slightly larger binding wrote past its end.
+    from shapeshift.runtime.vm import _aligned_base
+
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_input("x", ["m", 5])], [_output("y")])
+    session = shapeshift.InferenceSession(model, backend="native")
+    vm = session._executor.vm
+    for m in range(1, 40):
+        x = np.random.default_rng(m).standard_normal((m, 5)).astype(np.float32)
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], np.maximum(x, 0))
+        plan = vm._plan({"m": m})
+        assert _aligned_base(vm._arena) - vm._arena.ctypes.data + plan.arena_bytes <= vm._arena.nbytes

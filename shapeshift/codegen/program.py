@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -80,17 +80,42 @@ class Program:
     input_symbols: frozenset[str]
     fragments: tuple[str, ...] = ()
     counts: Counter = field(default_factory=Counter)
+    prefix: str = ""  # segment functions are ss_segment<prefix>_<k>
+    # An If's branches as programs of their own: id(node) -> (then, else). Their inputs
+    # are the outer values the branch reads; their segments live in the same library.
+    branches: dict[int, tuple["Program", "Program"]] = field(default_factory=dict)
 
     def fallback_ops(self) -> Counter:
-        return Counter(s.node.op_type for s in self.steps if s.kind == FALLBACK)
+        """Ops run by the reference evaluator, branches of native Ifs included (an If whose
+        branches are programs is itself counted only as control flow, not here)."""
+        counts = Counter(s.node.op_type for s in self.steps
+                         if s.kind == FALLBACK and id(s.node) not in self.branches)
+        for then_program, else_program in self.branches.values():
+            counts += then_program.fallback_ops() + else_program.fallback_ops()
+        return counts
+
+    def segment_name(self, k: int) -> str:
+        return f"ss_segment{self.prefix}_{k}"
+
+    def all_programs(self) -> list["Program"]:
+        """This program and every branch program under it."""
+        found = [self]
+        for pair in self.branches.values():
+            for branch in pair:
+                found.extend(branch.all_programs())
+        return found
 
 
 class _Builder:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, prefix: str = "", outer_inputs: Sequence[Value] = (),
+                 input_symbols: Optional[frozenset] = None):
         self.graph = graph
-        self.input_symbols = frozenset(
+        self.prefix = prefix
+        self.inputs = [*graph.inputs, *outer_inputs]
+        self.input_symbols = input_symbols if input_symbols is not None else frozenset(
             s for v in graph.inputs if isinstance(v.type, TensorType) and v.type.shape is not None
             for d in v.type.shape for s in free_symbols(d))
+        self.branches: dict[int, tuple[Program, Program]] = {}
         self.slots: list[Slot] = []
         self.slot_of: dict[int, int] = {}
         self.extent_index: dict[object, int] = {}
@@ -101,7 +126,7 @@ class _Builder:
         self.outputs = {id(v) for v in graph.outputs}
         self.absorbed: set[int] = set()
         self.current = -1  # position of the node being classified
-        for value in graph.inputs:
+        for value in self.inputs:
             self._add_slot(INPUT, value)
 
     # -- slots and extents -------------------------------------------------------------
@@ -152,16 +177,35 @@ class _Builder:
             self.steps.append(self._classify(node))
         self._set_lifetimes()
         segments = self._segments()
-        fragments = _with_dependencies({f for s in self.steps if s.lowered for f in s.lowered.fragments})
-        source = _emit_source(self, segments, fragments)
         counts = Counter(s.kind for s in self.steps)
-        return Program(self.graph, self.steps, self.slots, self.slot_of, self.extents, segments, source,
-                       self.packs, self.input_symbols, fragments, counts)
+        program = Program(self.graph, self.steps, self.slots, self.slot_of, self.extents, segments, "",
+                          self.packs, self.input_symbols, (), counts, self.prefix, self.branches)
+        if not self.prefix:  # the root: one translation unit for it and every branch
+            programs = program.all_programs()
+            program.fragments = _with_dependencies(
+                {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
+            program.source = _emit_source(programs, program.fragments)
+        return program
+
+    def _build_branches(self, node: Node) -> None:
+        """Programs for an If's two branches, so that the taken one runs natively."""
+        pair = []
+        for k, name in enumerate(("then_branch", "else_branch")):
+            body = node.attrs.get(name)
+            if not isinstance(body, Graph):
+                return
+            prefix = f"{self.prefix}_{self.position[id(node)]}{'te'[k]}"
+            builder = _Builder(body, prefix, _outer_reads(body), self.input_symbols)
+            pair.append(builder.build())
+        self.branches[id(node)] = (pair[0], pair[1])
 
     def _classify(self, node: Node) -> Step:
         self.current = self.position[id(node)]
         if any(True for _ in node.subgraphs()):
-            return self._fallback(node, "control flow")
+            step = self._fallback(node, "control flow")
+            if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+                self._build_branches(node)
+            return step
         values = [*node.inputs, *node.outputs]
         if not all(self.plannable(v) for v in values):
             return self._fallback(node, "shape or dtype not plannable")
@@ -239,7 +283,8 @@ class _Builder:
         def check(value: Optional[Value]) -> bool:
             if value is None or value.const is not None or value.producer is None:
                 return True
-            return self.position.get(id(value.producer), position) < position
+            # A producer outside this graph (an enclosing graph's) ran before it.
+            return self.position.get(id(value.producer), -1) < position
 
         return check
 
@@ -307,6 +352,28 @@ def _reads(node: Node) -> list[Value]:
     return values
 
 
+def _outer_reads(body: Graph) -> list[Value]:
+    """Values a subgraph reads from enclosing graphs (not constants: those get their own
+    slots), in a stable order."""
+    defined = {id(v) for v in body.initializers.values()} | {id(v) for v in body.inputs}
+    nodes = list(body.walk_nodes())
+    for node in nodes:
+        defined.update(id(v) for v in node.outputs if v is not None)
+    for node in nodes:
+        for sub in node.subgraphs():
+            defined.update(id(v) for v in sub.inputs)
+            defined.update(id(v) for v in sub.initializers.values())
+    outer: dict[int, Value] = {}
+    for node in nodes:
+        for value in node.inputs:
+            if value is not None and id(value) not in defined and value.const is None:
+                outer.setdefault(id(value), value)
+    for value in body.outputs:
+        if id(value) not in defined and value.const is None:
+            outer.setdefault(id(value), value)
+    return list(outer.values())
+
+
 def _nbytes(t: TensorType) -> Dim:
     from ..ops.common import product
 
@@ -332,22 +399,23 @@ def _with_dependencies(names: set[str]) -> tuple[str, ...]:
     return tuple(ordered)
 
 
-def _emit_source(builder: _Builder, segments: list[list[int]], fragments: tuple[str, ...]) -> str:
+def _emit_source(programs: list[Program], fragments: tuple[str, ...]) -> str:
     import importlib
 
     parts = [PRELUDE]
     for name in fragments:
         parts.append(f"/* ---- kernels: {name} ---- */\n")
         parts.append(importlib.import_module(f"shapeshift.codegen.kernels.{name}").source())
-    for k, indices in enumerate(segments):
-        body = []
-        for i in indices:
-            step = builder.steps[i]
-            code = step.lowered.code.replace("STEP_ERROR", str(i + 1))
-            body.append(f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n    {{\n"
-                        + _indent(code, 8) + "\n    }\n")
-        parts.append(f"\nint ss_segment_{k}(void* const* v, const int64_t* e) {{\n    (void)e;\n"
-                     + "".join(body) + "    return 0;\n}\n")
+    for program in programs:
+        for k, indices in enumerate(program.segments):
+            body = []
+            for i in indices:
+                step = program.steps[i]
+                code = step.lowered.code.replace("STEP_ERROR", str(i + 1))
+                body.append(f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n    {{\n"
+                            + _indent(code, 8) + "\n    }\n")
+            parts.append(f"\nint {program.segment_name(k)}(void* const* v, const int64_t* e) {{\n    (void)e;\n"
+                         + "".join(body) + "    return 0;\n}\n")
     return "".join(parts)
 
 

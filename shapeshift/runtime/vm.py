@@ -49,20 +49,24 @@ class Plan:
 class NativeVM:
     """Runs one Program; ``run(feeds, binding)`` returns the graph outputs."""
 
-    def __init__(self, program: Program, cache_dir=None, num_threads: Optional[int] = None):
+    def __init__(self, program: Program, cache_dir=None, num_threads: Optional[int] = None,
+                 library: Optional[CompiledLibrary] = None):
         self.program = program
-        self.library: Optional[CompiledLibrary] = None
+        self.library = library  # given for an If branch: it lives in its root's library
         self._segments: list = []
-        if program.segments:
+        if self.library is None and any(p.segments for p in program.all_programs()):
             self.library = compile_library(program.source, name_hint=f"{program.graph.name} program",
                                            cache_dir=cache_dir)
-            for k in range(len(program.segments)):
-                fn = getattr(self.library.cdll, f"ss_segment_{k}")
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-                fn.restype = ctypes.c_int
-                self._segments.append(fn)
-            if num_threads:
-                self.library.cdll.ss_set_num_threads(ctypes.c_int(num_threads))
+        if num_threads and self.library is not None:  # compiled here, or given by an artifact
+            self.library.cdll.ss_set_num_threads(ctypes.c_int(num_threads))
+        for k in range(len(program.segments)):
+            fn = getattr(self.library.cdll, program.segment_name(k))
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            self._segments.append(fn)
+        self._branches = {key: (NativeVM(then_program, library=self.library),
+                                NativeVM(else_program, library=self.library))
+                          for key, (then_program, else_program) in program.branches.items()}
         self._fixed = np.zeros(len(program.slots), dtype=np.uint64)  # constants and packed weights
         self._keep_alive: list[np.ndarray] = []
         self._load_constants()
@@ -140,7 +144,7 @@ class NativeVM:
     def _run(self, feeds: dict[Value, Any], binding: Mapping[str, int]) -> list:
         program = self.program
         plan = self._plan(binding)
-        if self._arena.nbytes < plan.arena_bytes:
+        if self._arena.nbytes < plan.arena_bytes + ALIGNMENT:  # room to align the base too
             self._arena = np.empty(plan.arena_bytes + ALIGNMENT, dtype=np.uint8)
         base = _aligned_base(self._arena)
         ptrs = self._fixed.copy()
@@ -207,20 +211,11 @@ class NativeVM:
         for value in _reads(node):
             if value not in env:
                 env[value] = self._array(value, env, arrays, plan)
-        args = [None if v is None else env[v] for v in node.inputs]
-        for index, param in node.params.items():
-            args[index] = materialize(param, binding, node)
-        reference = self._reference
-        reference._binding = dict(binding)
-        opset = self.program.graph.opset.get("" if node.domain == "ai.onnx" else node.domain, 1)
-        ctx = EvalContext(node, opset, lambda g, ins: reference._run_subgraph(env, g, ins))
-        rule = reference._plan(self.program.graph).steps[self._node_index(node)][1]
-        try:
-            results = rule.evaluate(ctx, *args)
-        except ShapeshiftError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported with the node's name
-            raise ExecutionError(f"{node.describe()} failed: {type(exc).__name__}: {exc}") from exc
+        branches = self._branches.get(id(node))
+        if branches is not None:
+            results = self._run_branch(node, branches, env, binding)
+        else:
+            results = self._evaluate(node, env, binding)
         for value, result in zip(node.outputs, results):
             if value is None:
                 continue
@@ -231,6 +226,32 @@ class NativeVM:
                 ptrs[index] = result.ctypes.data
                 self._set_views(ptrs, index, result.ctypes.data)
             env[value] = result
+
+    def _evaluate(self, node: Node, env: dict, binding: Mapping[str, int]) -> list:
+        """The node's outputs from its NumPy evaluator (subgraphs run by the reference executor)."""
+        args = [None if v is None else env[v] for v in node.inputs]
+        for index, param in node.params.items():
+            args[index] = materialize(param, binding, node)
+        reference = self._reference
+        reference._binding = dict(binding)
+        opset = self.program.graph.opset.get("" if node.domain == "ai.onnx" else node.domain, 1)
+        ctx = EvalContext(node, opset, lambda g, ins: reference._run_subgraph(env, g, ins))
+        rule = reference._plan(self.program.graph).steps[self._node_index(node)][1]
+        try:
+            return rule.evaluate(ctx, *args)
+        except ShapeshiftError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported with the node's name
+            raise ExecutionError(f"{node.describe()} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _run_branch(self, node: Node, branches: tuple, env: dict, binding: Mapping[str, int]) -> list:
+        """An If whose branches are programs: run the taken one natively."""
+        cond = np.asarray(env[node.inputs[0]])
+        if cond.size != 1:
+            raise ExecutionError(f"{node.describe()}: condition has {cond.size} elements, expected one")
+        branch = branches[0] if bool(cond.reshape(-1)[0]) else branches[1]
+        feeds = {slot.value: env[slot.value] for slot in branch.program.slots if slot.kind == INPUT}
+        return branch.run(feeds, binding)
 
     def _checked(self, node: Node, value: Value, result: np.ndarray, expected) -> np.ndarray:
         """The fallback result as native kernels may read it: contiguous, of the declared
