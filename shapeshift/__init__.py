@@ -35,4 +35,13 @@ def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]
     return simplify_model(model, dynamic, input_shapes, strategy)[0]
 
 
-__all__ = ["Graph", "InferenceSession", "ShapeshiftError", "load", "simplify", "to_onnx", "__version__"]
+def compile(model: ModelSource, out, dynamic: Optional[Mapping[str, tuple[int, int]]] = None):
+    """Compile ``model`` for the native backend into the artifact file ``out``, which
+    ``InferenceSession(out)`` runs without a C compiler; returns the written Artifact
+    (its header says what it holds). See docs/native.md, "Compiled artifacts"."""
+    from .runtime.artifact import write_artifact
+
+    return write_artifact(model, out, dynamic)
+
+
+__all__ = ["Graph", "InferenceSession", "ShapeshiftError", "compile", "load", "simplify", "to_onnx", "__version__"]

@@ -78,3 +78,11 @@ class CompilerNotFoundError(ShapeshiftError):
 
 class CompileError(ShapeshiftError):
     """The C compiler rejected generated code; the message names the kept source file."""
+
+
+# Compiled artifacts (shapeshift/runtime/artifact.py).
+
+
+class ArtifactError(ShapeshiftError):
+    """A compiled artifact cannot be written or used here (corrupt, another shapeshift version,
+    a CPU feature this machine lacks, ...); the message names the file."""

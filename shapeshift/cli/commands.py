@@ -137,6 +137,19 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_compile(args) -> int:
+    from ..runtime.artifact import write_artifact
+
+    artifact = write_artifact(args.model, args.output, args.dynamic)
+    header = artifact.header
+    parts = ", ".join(f"{s['name']} {s['size']} bytes" for s in header["sections"])
+    ranges = ", ".join(f"{k}={lo}:{hi}" for k, (lo, hi) in sorted(artifact.dynamic.items())) or "as declared"
+    print(f"wrote {artifact.path}: {artifact.size} bytes ({parts})")
+    print(f"shapeshift {header['shapeshift_version']}, dynamic ranges: {ranges}")
+    print(f"needs CPU features ({header['machine']}): {', '.join(header['cpu_features']) or 'none'}")
+    return 0
+
+
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 

@@ -1,4 +1,4 @@
-"""The ``shapeshift`` command line: info, run.
+"""The ``shapeshift`` command line: info, run, simplify, compile.
 
 Every failure the user can cause (a bad model, a bad input file, a wrong
 feed) is a ShapeshiftError: it is printed as one line on stderr and the
@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from ..errors import ShapeshiftError
 from ..passes.simplify.engine import STRATEGIES
 from ..runtime.session import BACKENDS
-from .commands import cmd_info, cmd_run
+from .commands import cmd_compile, cmd_info, cmd_run
 from .simplify_cmd import cmd_simplify
 
 EXIT_USER_ERROR = 2
@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save", metavar="DIR", help="write each output as DIR/NAME.npy")
-    run.add_argument("--backend", choices=BACKENDS, default="reference",
-                     help="native: elementwise ops as compiled C kernels, the rest on the reference evaluator")
+    run.add_argument("--backend", choices=BACKENDS, default=None,
+                     help="native: elementwise ops as compiled C kernels, the rest on the reference evaluator "
+                          "(default: reference, native for a compiled artifact)")
     run.set_defaults(handler=cmd_run)
 
     simplify = sub.add_parser("simplify", help="fold constants and make dynamic ops static; write OUT")
@@ -69,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
                           help="compare outputs with onnxruntime on N random inputs")
     simplify.add_argument("--strategy", choices=STRATEGIES, default="incremental")
     simplify.set_defaults(handler=cmd_simplify)
+
+    compile_ = sub.add_parser("compile", help="compile a model for the native backend into one file OUT "
+                                              "that `run` and InferenceSession load without a C compiler")
+    compile_.add_argument("model")
+    compile_.add_argument("-o", "--output", required=True, metavar="OUT")
+    compile_.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
+    compile_.set_defaults(handler=cmd_compile)
     return parser
 
 

@@ -13,6 +13,9 @@ Cache layout, under ``cache_dir`` / ``$SHAPESHIFT_CACHE_DIR`` / ``~/.cache/shape
                                 a lock file that another process may hold is a race)
     <key[:2]>/<key>.failed.c    the source of a build the compiler rejected
 
+    artifacts/<sha[:2]>/<sha>.so  a compiled artifact's library (``install_library``), named by
+                                the sha256 of its bytes, next to its source <sha>.c
+
 The key is a sha256 over the source, the flags and the compiler's ``--version`` output.
 
 Concurrency and crashes: every file is written to a temporary name in the same directory
@@ -150,6 +153,32 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
             raise CompileError(f"{name_hint}: {entry.so} was just built by {cc} but does not load; "
                                f"source kept at {entry.source}")
         return lib
+
+
+def library_metadata(library: CompiledLibrary) -> dict:
+    """The metadata of a library built by ``compile_library`` (flags, compiler, sizes; see above)."""
+    return json.loads(library.path.with_suffix(".json").read_text())
+
+
+def install_library(data: bytes, key: str, source: str, cache_dir: Optional[Path] = None) -> CompiledLibrary:
+    """Load a library built elsewhere (a compiled artifact's) from its bytes, without a compiler.
+
+    The bytes go to ``artifacts/<sha[:2]>/<sha>.so`` under the cache directory, named by their
+    own sha256 so that one name always holds the same bytes (two processes installing it race
+    harmlessly), next to the ``source`` it was built from. They are kept apart from the build
+    entries: ``key`` names the build that made them elsewhere, not one made on this machine.
+    The caller checks ``data`` against its own record; raises OSError if it cannot be written
+    or loaded.
+    """
+    digest = hashlib.sha256(data).hexdigest()
+    directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "artifacts" / digest[:2]
+    directory.mkdir(parents=True, exist_ok=True)
+    so, c_file = directory / f"{digest}.so", directory / f"{digest}.c"
+    if not c_file.exists() or c_file.read_text() != source:
+        _write_atomic(c_file, source.encode())
+    if not so.exists() or hashlib.sha256(so.read_bytes()).hexdigest() != digest:
+        _write_atomic(so, data)
+    return CompiledLibrary(path=so, source_path=c_file, key=key, cdll=ctypes.CDLL(str(so)))
 
 
 def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:

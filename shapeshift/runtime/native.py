@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..codegen.build import CompiledLibrary
 from ..codegen.program import Program, build_program
 from ..ir.graph import Graph, Value
 from ..passes.simplify import simplify_graph
@@ -25,10 +26,15 @@ def prepare_program(graph: Graph) -> Program:
 
 
 class NativeExecutor:
-    def __init__(self, graph: Graph, num_threads: Optional[int] = None, cache_dir=None):
+    """Runs ``graph`` natively. ``program`` and ``library`` come from a compiled artifact
+    (runtime/artifact.py): the program already built from ``graph`` (so ``graph`` is already
+    simplified) and its library already compiled, so nothing is simplified or compiled here."""
+
+    def __init__(self, graph: Graph, num_threads: Optional[int] = None, cache_dir=None,
+                 program: Optional[Program] = None, library: Optional[CompiledLibrary] = None):
         self.graph = graph
-        self.program = prepare_program(graph)
-        self.vm = NativeVM(self.program, cache_dir=cache_dir, num_threads=num_threads)
+        self.program = program if program is not None else prepare_program(graph)
+        self.vm = NativeVM(self.program, cache_dir=cache_dir, num_threads=num_threads, library=library)
 
     def run(self, feeds: dict[Value, Any], binding: Optional[Mapping[str, int]] = None) -> list:
         return self.vm.run(feeds, dict(binding or {}))

@@ -2,6 +2,10 @@
 
 ``InferenceSession(model, dynamic=None, backend="reference").run(None, feed)``
 checks the feed (see binding.py), runs the graph and returns a list of arrays.
+
+``model`` may also be the path of a compiled artifact (``shapeshift compile``; recognised by
+its magic header, see artifact.py): it runs on the native backend without compiling, and
+``dynamic``, if given, must equal the ranges it was compiled for.
 """
 
 from __future__ import annotations
@@ -9,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ..errors import ShapeshiftError, UnknownOutputError
+from ..errors import ArtifactError, ShapeshiftError, UnknownOutputError
 from ..frontend.onnx_import import ModelSource, import_model
 from ..ir.graph import Graph, Value
 from ..ir.types import OptionalType, SequenceType, TensorType, ort_type_name
 from ..symbolic import Expr, to_string
+from .artifact import is_artifact, load_artifact
 from .binding import check_feed
 from .reference import ReferenceExecutor, as_feed_array
 
@@ -49,19 +54,30 @@ def _native_executor(graph: Graph, num_threads: Optional[int]):
     return NativeExecutor(graph, num_threads=num_threads)
 
 
+def _artifact_backend(path, backend: Optional[str]) -> str:
+    if backend not in (None, "native"):
+        raise ArtifactError(f"{path}: a compiled artifact runs on the native backend only, not {backend!r}")
+    return "native"
+
+
 class InferenceSession:
     """Load a model once, run it on any input shapes inside the declared ranges."""
 
     def __init__(self, model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-                 backend: str = "reference", num_threads: Optional[int] = None):
-        if backend not in BACKENDS:
+                 backend: Optional[str] = None, num_threads: Optional[int] = None):
+        """``backend`` defaults to "reference" for a model and to "native" for an artifact."""
+        if backend is not None and backend not in BACKENDS:
             raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ShapeshiftError(f"num_threads must be a positive integer, got {num_threads!r}")
-        self.backend = backend
-        self.graph: Graph = import_model(model, dict(dynamic or {}))
-        self._executor = (ReferenceExecutor(self.graph) if backend == "reference"
-                          else _native_executor(self.graph, num_threads))
+        if is_artifact(model):
+            self.backend = _artifact_backend(model, backend)
+            self.graph, self._executor = load_artifact(model, dynamic, num_threads)
+        else:
+            self.backend = backend or "reference"
+            self.graph: Graph = import_model(model, dict(dynamic or {}))
+            self._executor = (ReferenceExecutor(self.graph) if self.backend == "reference"
+                              else _native_executor(self.graph, num_threads))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
 
     def get_inputs(self) -> list[NodeArg]:
