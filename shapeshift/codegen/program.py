@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..symbolic import Dim, Expr, free_symbols
 from .kernels.prelude import PRELUDE
@@ -302,7 +302,7 @@ class _Builder:
             for value in (step.lowered.reads if step.lowered else ()):
                 self._touch(value, i)
             for node in nodes:
-                for value in _reads(node):
+                for value in values_read(node):
                     self._touch(value, i)
                 for value in node.outputs:
                     index = self.slot_of.get(id(value)) if value is not None else None
@@ -341,15 +341,6 @@ class _Builder:
         if current:
             segments.append(current)
         return segments
-
-
-def _reads(node: Node) -> list[Value]:
-    values = [v for v in node.inputs if v is not None]
-    for sub in node.subgraphs():
-        for inner in sub.walk_nodes():
-            values.extend(v for v in inner.inputs if v is not None)
-        values.extend(sub.outputs)
-    return values
 
 
 def _outer_reads(body: Graph) -> list[Value]:

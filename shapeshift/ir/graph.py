@@ -288,3 +288,13 @@ class Graph:
 
         return format_graph(self)
 
+
+def values_read(node: Node) -> list[Value]:
+    """Values a node reads, including outer values read inside its subgraphs (what must
+    still exist when it runs)."""
+    values = [v for v in node.inputs if v is not None]
+    for sub in node.subgraphs():
+        for inner in sub.walk_nodes():
+            values.extend(v for v in inner.inputs if v is not None)
+        values.extend(sub.outputs)
+    return values

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from ..errors import ExecutionError, ShapeshiftError
-from ..ir.graph import Graph, Node, StaticParam, Value
+from ..ir.graph import Graph, Node, StaticParam, Value, values_read
 from ..ir.types import to_numpy_dtype
 from ..ops import lookup
 from ..ops.context import EvalContext
@@ -31,7 +31,7 @@ class _GraphPlan:
         position = {id(node): i for i, node in enumerate(graph.nodes)}
         last_use: dict[int, int] = {}
         for i, node in enumerate(graph.nodes):
-            for value in _reads(node):
+            for value in values_read(node):
                 last_use[id(value)] = i
         keep = {id(v) for v in graph.outputs}
         frees: dict[int, list[Value]] = {}
@@ -47,16 +47,6 @@ class _GraphPlan:
             if rule is None:
                 raise ExecutionError(f"{node.describe()}: no evaluator for {node.op_type} at opset {opset}")
             self.steps.append((node, rule, opset, frees.get(i, [])))
-
-
-def _reads(node: Node) -> list[Value]:
-    """Values a node reads, including outer values read inside its subgraphs."""
-    values = [v for v in node.inputs if v is not None]
-    for sub in node.subgraphs():
-        for inner in sub.walk_nodes():
-            values.extend(v for v in inner.inputs if v is not None)
-        values.extend(sub.outputs)
-    return values
 
 
 class ReferenceExecutor:

@@ -26,7 +26,7 @@ from ..codegen.build import CompiledLibrary, compile_library
 from ..codegen.program import (ALIAS, ARENA, CONST, DYNAMIC, FALLBACK, INPUT, NATIVE, PACKED, VIEW, WORK,
                                Program)
 from ..errors import ExecutionError, ShapeshiftError
-from ..ir.graph import Node, Value
+from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..ops.context import EvalContext
 from ..symbolic import evaluate
@@ -206,9 +206,7 @@ class NativeVM:
 
     def _run_fallback(self, node: Node, env: dict, arrays: dict, ptrs: np.ndarray, plan: Plan,
                       binding: Mapping[str, int]) -> None:
-        from ..codegen.program import _reads
-
-        for value in _reads(node):
+        for value in values_read(node):
             if value not in env:
                 env[value] = self._array(value, env, arrays, plan)
         branches = self._branches.get(id(node))

@@ -24,6 +24,7 @@ from ...ops.common import product
 from ...symbolic import Dim, prove_eq
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, float_literal
+from .layout import contiguous_strides
 
 MAX_BATCH_DIMS = 2
 
@@ -76,14 +77,6 @@ def _is_column_bias(const: np.ndarray, n_dim: Dim) -> bool:
     return isinstance(n_dim, int) and const.size == n_dim and const.ndim >= 1 and const.shape[-1] == n_dim
 
 
-def _contiguous(shape: Sequence[Dim]) -> list:
-    strides, step = [], 1
-    for d in reversed(list(shape)):
-        strides.append(step)
-        step = product([step, d])
-    return strides[::-1]
-
-
 @dataclass
 class _View:
     """How the GEMM reads an operand: the buffer of ``source`` through ``strides``."""
@@ -103,9 +96,9 @@ def _operand(value: Value, ctx: LowerContext) -> _View:
             and ctx.cancellable(producer):
         source = producer.inputs[0]
         perm = list(producer.attrs.get("perm", range(len(shape) - 1, -1, -1)))
-        base = _contiguous(ctx.shape(source))
+        base = contiguous_strides(ctx.shape(source))
         return _View(source, shape, [base[p] for p in perm], (producer,))
-    return _View(value, shape, _contiguous(shape))
+    return _View(value, shape, contiguous_strides(shape))
 
 
 def _as_matrix(view: _View, left: bool) -> _View:
@@ -162,9 +155,9 @@ def _output_view(node: Node, out_shape: tuple, ctx: LowerContext) -> tuple:
         if user.op_type == "Transpose" and user.domain in ("", "ai.onnx"):
             perm = list(user.attrs.get("perm", range(len(out_shape) - 1, -1, -1)))
             if perm[-1] == len(out_shape) - 1:
-                target = _contiguous(ctx.shape(user.outputs[0]))
+                target = contiguous_strides(ctx.shape(user.outputs[0]))
                 return user.outputs[0], [target[perm.index(k)] for k in range(len(out_shape))], (user,)
-    return y, _contiguous(out_shape), ()
+    return y, contiguous_strides(out_shape), ()
 
 
 @lowers("MatMul")
@@ -204,7 +197,7 @@ def _lower_batched(node: Node, ctx: LowerContext, a: Value, b: Value, n: Dim, ab
     batch_shape = _broadcast_batch(va.shape[:-2], vb.shape[:-2])
     out_shape = (*batch_shape, m, n)
     if absorbed:
-        out, c_strides, moved = absorbed[-1].outputs[0], _contiguous(out_shape), ()
+        out, c_strides, moved = absorbed[-1].outputs[0], contiguous_strides(out_shape), ()
     else:
         out, c_strides, moved = _output_view(node, out_shape, ctx)
     a_batch, b_batch = _batch_strides(va, batch_shape), _batch_strides(vb, batch_shape)
