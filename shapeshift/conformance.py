@@ -12,6 +12,15 @@ Cases come from the installed onnx package, collected in memory
 * ``simplify``: the model after ``shapeshift simplify`` (verified, exported) still
   gives the expected outputs on the reference backend.
 
+Two native stages (``NATIVE_STAGES``, opt-in: each case compiles its own C library,
+~0.3-2 s, too slow for the default test run) judge ``backend="native"`` from one build:
+
+* ``native``: every node was lowered to C (no fallback step) and the outputs match;
+* ``native_fallback``: the outputs match, fallback steps allowed.
+
+A ``native`` failure that is only a fallback reads ``fallback: Op (reason); ...``, so
+the bench can count cases per fallback reason.
+
 A case is *counted* when its opset is at most 23 and none of its tensors is
 bfloat16, float8, float4, int4 or uint4; the others are run and reported.
 """
@@ -28,6 +37,10 @@ import onnx
 STAGES = ("roundtrip", "types", "reference", "simplify")
 #: Reported beside the stages, not required: types with every input known by type only.
 EXTRA_STAGES = ("types_inputs_only",)
+#: Opt-in stages of the native backend (see the module docstring).
+NATIVE_STAGES = ("native", "native_fallback")
+#: Prefix of a ``native`` failure whose outputs were right but some node fell back.
+FALLBACK_PREFIX = "fallback: "
 MAX_COUNTED_OPSET = 23
 
 
@@ -291,20 +304,69 @@ def stage_types_strict(case) -> None:
     stage_types(case, parameters_known=False)
 
 
+def native_fallbacks(session) -> list[str]:
+    """``Op (reason)`` for every step of a native session left to the reference evaluator."""
+    from shapeshift.codegen.program import FALLBACK
+
+    return [f"{s.node.op_type} ({s.reason})" for s in session._executor.program.steps if s.kind == FALLBACK]
+
+
+def stage_native(case) -> dict[str, Optional[str]]:
+    """Both native stages from one build per data set: {stage: failure message or None}.
+
+    As in the ``types`` stage, parameter inputs (a Reshape's shape, OneHot's depth, a
+    CumSum's axis, ...) are constants holding the case's data, as exporters write them:
+    a native program needs them to size its buffers. Correctness is judged like the
+    reference stage; ``native`` also fails when any node fell back (listing them),
+    ``native_fallback`` does not.
+    """
+    import shapeshift
+
+    fallbacks: list[str] = []
+    for inputs, expected in case.data_sets:
+        # Some cases hold scalar parameters as NumPy scalars: as 0-d arrays they count too.
+        inputs = [np.asarray(x) if isinstance(x, np.generic) else x for x in inputs]
+        model = parameters_as_constants(case.model, inputs)
+        session = shapeshift.InferenceSession(model, backend="native")
+        names = {vi.name for vi in model.graph.input}
+        got = session.run(None, {k: v for k, v in _feed(case.model, inputs).items() if k in names})
+        assert_outputs_equal(got, list(expected), case.rtol, case.atol)
+        fallbacks += [f for f in native_fallbacks(session) if f not in fallbacks]
+    return {"native": FALLBACK_PREFIX + "; ".join(fallbacks) if fallbacks else None, "native_fallback": None}
+
+
 STAGE_FUNCTIONS = {"roundtrip": stage_roundtrip, "types": stage_types, "reference": stage_reference,
                    "simplify": stage_simplify, "types_inputs_only": stage_types_strict}
+
+
+def _failure(exc: Exception) -> str:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message}"[:300]
 
 
 def run_case(case, stages=STAGES) -> CaseResult:
     result = CaseResult(case.name, case_op_type(case), model_opset(case.model), is_counted(case.model))
     for stage in stages:
+        if stage in NATIVE_STAGES:
+            continue  # both run together below, from one build
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
                 STAGE_FUNCTIONS[stage](case)
         except Exception as exc:  # noqa: BLE001 - every failure is a result here
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            result.failures[stage] = f"{type(exc).__name__}: {message}"[:300]
+            result.failures[stage] = _failure(exc)
+    native = [s for s in NATIVE_STAGES if s in stages]
+    if native:
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                outcome = stage_native(case)
+        except Exception as exc:  # noqa: BLE001 - wrong outputs, or the build/run failed
+            outcome = dict.fromkeys(NATIVE_STAGES, _failure(exc))
+        for stage in native:
+            if outcome[stage] is not None:
+                # Fallback lists can be long; keep every op named (the bench counts them).
+                result.failures[stage] = outcome[stage][:2000]
     return result
 
 

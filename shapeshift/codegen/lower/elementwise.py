@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ...ir.graph import Node, Value
-from ...ir.types import BOOL, DOUBLE, FLOAT, INT32, INT64, TensorType
+from ...ir.types import BOOL, DOUBLE, FLOAT, INT32, INT64, UINT8, TensorType
 from ...symbolic import Dim, prove_eq
 from . import lowers
 from .context import C_TYPES, LowerContext, Lowered, Unsupported, float_literal
@@ -105,9 +105,16 @@ def _mod(node, args, dtypes):
 
 
 def _div(node, args, dtypes):
-    if dtypes[0] not in FLOATS:
-        raise Unsupported("integer Div")  # ONNX truncates, NumPy floors: leave it to the reference
-    return f"({args[0]} / {args[1]})"
+    if dtypes[0] in FLOATS:
+        return f"({args[0]} / {args[1]})"
+    if dtypes[0] == BOOL:
+        raise Unsupported("Div on bool")
+    # Integer Div truncates toward zero in ONNX (onnxruntime, onnx.reference), as C's / does.
+    # C traps on x / 0 and on MIN / -1: give 0 and the wrapped negation instead.
+    a, b, ctype = args[0], args[1], C_TYPES[dtypes[0]]
+    if dtypes[0] == UINT8:
+        return f"({b} == 0 ? ({ctype})0 : ({ctype})({a} / {b}))"
+    return (f"({b} == 0 ? ({ctype})0 : ({b} == -1 ? ({ctype})(0 - (uint64_t){a}) : ({ctype})({a} / {b})))")
 
 
 def _clip(node, args, dtypes):
@@ -140,6 +147,61 @@ def _minmax(op: str) -> Expr:
     return build
 
 
+def _thresholded_relu(node, args, dtypes):
+    _require_float(node, dtypes)
+    return f"({args[0]} > {_attr_float(node, 'alpha', 1.0)} ? {args[0]} : 0)"
+
+
+def _shrink(node, args, dtypes):
+    # Integer Shrink compares against float attributes after promotion: left to the reference.
+    _require_float(node, dtypes)
+    x, lambd, bias = args[0], _attr_float(node, "lambd", 0.5), _attr_float(node, "bias", 0.0)
+    return f"({x} < -{lambd} ? {x} + {bias} : ({x} > {lambd} ? {x} - {bias} : 0))"
+
+
+def _celu(node, args, dtypes):
+    if dtypes[0] != FLOAT:
+        raise Unsupported("Celu on a dtype other than float32")
+    x, alpha = args[0], _attr_float(node, "alpha", 1.0)
+    return f"(fmaxf(0.0f, {x}) + fminf(0.0f, {alpha} * (expf({x} / {alpha}) - 1.0f)))"
+
+
+def _is_inf(node, args, dtypes):
+    _require_float(node, dtypes)
+    x = args[0]
+    positive, negative = int(node.attrs.get("detect_positive", 1)), int(node.attrs.get("detect_negative", 1))
+    return f"(uint8_t)(isinf({x}) && (({x} > 0 && {positive}) || ({x} < 0 && {negative})))"
+
+
+def _integers_only(template: str) -> Expr:
+    """A bitwise op: integers only (C's operators match ONNX's on every integer width)."""
+
+    def build(node, args, dtypes):
+        if dtypes[0] in FLOATS or dtypes[0] == BOOL:
+            raise Unsupported(f"{node.op_type} on a non-integer dtype")
+        return f"({C_TYPES[dtypes[0]]})" + template.format(*args)
+
+    return build
+
+
+def _bit_shift(node, args, dtypes):
+    # ONNX defines BitShift on unsigned types only; of those the native backend has uint8.
+    if dtypes[0] != UINT8:
+        raise Unsupported("BitShift on a dtype other than uint8")
+    op = "<<" if node.attrs.get("direction") == "LEFT" else ">>"
+    # A shift by the width or more is 0 (NumPy, onnxruntime), undefined in C.
+    return f"(uint8_t)({args[1]} >= 8 ? 0 : ((unsigned){args[0]} {op} {args[1]}))"
+
+
+def _sum(node, args, dtypes):
+    return "(" + " + ".join(args) + ")"
+
+
+def _mean(node, args, dtypes):
+    _require_float(node, dtypes)
+    return f"(({' + '.join(args)}) / {len(args)})"
+
+
 def _require_float(node: Node, dtypes: Sequence[int]) -> None:
     if dtypes[0] not in FLOATS:
         raise Unsupported(f"{node.op_type} on a non-float dtype")
@@ -166,6 +228,26 @@ _EXPRESSIONS: dict[str, Expr] = {
     "Round": _f("nearbyint{f}({0})"),
     "Sin": _f("sin{f}({0})"),
     "Cos": _f("cos{f}({0})"),
+    "Tan": _f("tan{f}({0})"),
+    "Asin": _f("asin{f}({0})"),
+    "Acos": _f("acos{f}({0})"),
+    "Atan": _f("atan{f}({0})"),
+    "Sinh": _f("sinh{f}({0})"),
+    "Cosh": _f("cosh{f}({0})"),
+    "Asinh": _f("asinh{f}({0})"),
+    "Acosh": _f("acosh{f}({0})"),
+    "Atanh": _f("atanh{f}({0})"),
+    "ThresholdedRelu": _thresholded_relu,
+    "Shrink": _shrink,
+    "Celu": _celu,
+    "IsInf": _is_inf,
+    "BitwiseAnd": _integers_only("({0} & {1})"),
+    "BitwiseOr": _integers_only("({0} | {1})"),
+    "BitwiseXor": _integers_only("({0} ^ {1})"),
+    "BitwiseNot": _integers_only("(~{0})"),
+    "BitShift": _bit_shift,
+    "Sum": _sum,
+    "Mean": _mean,
     "Softplus": _f("log1p{f}(exp{f}({0}))"),
     "Softsign": _f("({0} / (1 + fabs{f}({0})))"),
     "HardSwish": _f("({0} * fmax{f}(0, fmin{f}(1, {0} / 6 + 0.5)))"),
