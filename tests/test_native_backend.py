@@ -395,3 +395,39 @@ def test_arena_always_holds_the_plan_after_alignment():
         np.testing.assert_array_equal(session.run(None, {"x": x})[0], np.maximum(x, 0))
         plan = vm._plan({"m": m})
         assert _aligned_base(vm._arena) - vm._arena.ctypes.data + plan.arena_bytes <= vm._arena.nbytes
+
+
+def test_broadcast_decided_at_run_time():
+    # BERT's position embeddings: [1, min(seq, 512), H] + [batch, seq, H]. Whether the
+    # min() broadcasts is only known per run; the loop takes the stride from the extents.
+    rng = np.random.default_rng(19)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "one"], ["seq"], axis=0),
+             helper.make_node("Min", ["seq", "cap"], ["m"]), helper.make_node("Unsqueeze", ["m", "zero"], ["m1"]),
+             helper.make_node("Slice", ["table", "zero", "m1", "axis1"], ["pos"]),
+             helper.make_node("Add", ["x", "pos"], ["y"])]
+    inits = [_const("one", np.array(1, np.int64)), _const("zero", np.array([0], np.int64)),
+             _const("axis1", np.array([1], np.int64)), _const("cap", np.array(6, np.int64)),
+             _const("table", _rand(rng, (1, 6, 4)))]
+    model = _model(nodes, [_input("x", ["b", "t", 4])], [_output("y")], inits)
+    session = _run_both(model, [{"x": _rand(rng, (b, t, 4))} for b, t in ((1, 1), (2, 6), (3, 2))])
+    kinds = {s.node.op_type: s.kind for s in session._executor.program.steps}
+    assert kinds["Add"] == "native"
+    with pytest.raises(ExecutionError, match="do not broadcast"):
+        session.run(None, {"x": _rand(rng, (1, 7, 4))})  # min(7, 6) = 6 against 7
+
+
+@pytest.mark.parametrize("size", [3, 5])  # onnxruntime takes odd sizes only
+def test_lrn(size):
+    rng = np.random.default_rng(20)
+    node = helper.make_node("LRN", ["x"], ["y"], size=size, alpha=2e-3, beta=0.6, bias=1.5)
+    model = _model([node], [_input("x", ["n", 7, "h", 3])], [_output("y")])
+    _run_both(model, [{"x": _rand(rng, (n, 7, h, 3)) * 3} for n, h in ((1, 1), (2, 4), (1, 9))])
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin"])
+def test_integer_reductions(op):
+    rng = np.random.default_rng(21)
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)
+    model = _model([node], [_input("x", [2, "n", 3], I64)], [_output("y", I64)],
+                   [_const("axes", np.array([1], np.int64))], opset=18)
+    _run_both(model, [{"x": rng.integers(-5, 5, (2, n, 3))} for n in (1, 4, 9)])

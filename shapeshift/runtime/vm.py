@@ -173,7 +173,8 @@ class NativeVM:
                 code = self._segments[step.segment](ptr_address, extents_address)
                 if code:
                     failed = steps[code - 1].node
-                    raise ExecutionError(f"{failed.describe()}: an index is out of range")
+                    raise ExecutionError(f"{failed.describe()}: its kernel rejected the inputs "
+                                         "(an index out of range, or shapes that do not broadcast)")
                 i = indices[-1] + 1
                 continue
             if step.kind == FALLBACK:

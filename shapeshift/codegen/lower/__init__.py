@@ -14,30 +14,29 @@ from .context import LowerContext, Lowered, Unsupported
 
 LowerFn = Callable[[Node, LowerContext, int], Optional[Lowered]]
 
-_RULES: dict[str, LowerFn] = {}
+_RULES: dict[tuple[str, str], LowerFn] = {}
 
 
-def lowers(*op_types: str) -> Callable[[LowerFn], LowerFn]:
-    """Register the decorated function as the lowering of ``op_types`` (default domain)."""
+def lowers(*op_types: str, domain: str = "") -> Callable[[LowerFn], LowerFn]:
+    """Register the decorated function as the lowering of ``op_types`` in ``domain``."""
 
     def register(fn: LowerFn) -> LowerFn:
         for op in op_types:
-            _RULES[op] = fn
+            _RULES[(domain, op)] = fn
         return fn
 
     return register
 
 
 def rule_for(node: Node) -> Optional[LowerFn]:
-    if node.domain not in ("", "ai.onnx"):
-        return None
     _load_families()
-    return _RULES.get(node.op_type)
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    return _RULES.get((domain, node.op_type))
 
 
 def lowered_op_types() -> frozenset[str]:
     _load_families()
-    return frozenset(_RULES)
+    return frozenset(op for _, op in _RULES)
 
 
 def _load_families() -> None:

@@ -367,8 +367,10 @@ class _Operand:
     strides: list  # per output axis: "contiguous" (product of later dims) or 0
 
 
-def _broadcast_axes(value: Value, out_shape: tuple, ctx: LowerContext) -> list[bool]:
-    """Per output axis, whether ``value`` is broadcast along it."""
+def _broadcast_axes(value: Value, out_shape: tuple, ctx: LowerContext) -> list[Optional[bool]]:
+    """Per output axis, whether ``value`` is broadcast along it: True, False, or None when
+    only the run can tell (``min(seq, 512)`` against ``seq``: the generated code then picks
+    the stride from the extents and rejects a shape that does not broadcast)."""
     shape = ctx.shape(value)
     if len(shape) > len(out_shape):
         raise Unsupported("input of higher rank than the output")
@@ -380,7 +382,7 @@ def _broadcast_axes(value: Value, out_shape: tuple, ctx: LowerContext) -> list[b
         elif isinstance(d, int) and d == 1:
             flags.append(True)
         else:
-            raise Unsupported(f"cannot tell whether a dim {d} broadcasts to {od}")
+            flags.append(None)
     return flags
 
 
@@ -390,7 +392,8 @@ def _merge_axes(out_shape: tuple, patterns: list[list[bool]]) -> list[tuple[list
     groups: list[tuple[list[int], list[bool]]] = []
     for axis in range(len(out_shape)):
         flags = [p[axis] for p in patterns]
-        if groups and groups[-1][1] == flags:
+        # An axis decided at run time stays on its own: its stride is not a product.
+        if groups and groups[-1][1] == flags and None not in flags:
             groups[-1][0].append(axis)
         else:
             groups.append(([axis], flags))
@@ -439,9 +442,9 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
     code = _loop_nest(out_shape, list(operands.values()), exprs[id(out_value)], ctx.ctype(out_value),
                       ctx.ptr(out_value), ctx, decls, vector)
     fragments = ("scalar",) if "ss_pymod" in code else ()
-    if vector is not None:
+    if any(name in code for name in ("_mm256", "ss_expf", "ss_logf", "ss_tanhf", "ss_erff", "ss_sigmoidf")):
         fragments += ("vmath",)
-    return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]))
+    return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]), can_fail="STEP_ERROR" in code)
 
 
 def _operand(value: Value, index: int, out_shape: tuple, ctx: LowerContext, decls: list[str]) -> _Operand:
@@ -499,13 +502,20 @@ def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype:
     for g, (axes, _) in enumerate(groups):
         lines.append(f"const int64_t n{g} = {ctx.numel([out_shape[a] for a in axes])};")
     # An input's stride along merged group g: 0 where it is broadcast, else the product of
-    # its later non-broadcast extents (every input is contiguous).
+    # its own dims after the group (every input is contiguous).
     for k, op in enumerate(arrays):
-        for g in range(rank):
-            later = [f"n{h}" for h in range(g + 1, rank) if not groups[h][1][k]]
-            stride = "0" if groups[g][1][k] else (" * ".join(later) or "1")
-            lines.append(f"const int64_t s_{op.name}_{g} = {stride};")
+        shape = ctx.shape(op.value)
+        pad = len(out_shape) - len(shape)
+        for g, (axes, flags) in enumerate(groups):
+            stride = ctx.numel(shape[max(axes[-1] - pad + 1, 0):])
+            if flags[k] is None:
+                d = ctx.dim(shape[axes[0] - pad])
+                lines.append(f"if ({d} != 1 && {d} != n{g}) return STEP_ERROR;  /* does not broadcast */")
+                stride = f"({d} == 1 ? 0 : {stride})"
+            lines.append(f"const int64_t s_{op.name}_{g} = {'0' if flags[k] else stride};")
     inner = rank - 1
+    if vector is not None and any(flag is None for flag in groups[inner][1]):
+        vector = None  # lanes need one stride known to be 0 or 1
     if vector is not None:
         # In the innermost merged group an input is either broadcast (one value for all
         # lanes) or contiguous (a plain load).

@@ -273,6 +273,17 @@ def lower_shape(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     return Lowered(code)
 
 
+@lowers("SymbolicTensor", domain="ai.shapeshift")
+def lower_symbolic_tensor(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    """Simplify's stand-in for a Shape computation: its contents are dims of the inputs,
+    which the extents table already holds."""
+    y = node.outputs[0]
+    ctype = ctx.ctype(y)
+    out = ctx.ptr(y)
+    code = "\n".join(f"{out}[{k}] = ({ctype}){ctx.dim(d)};" for k, d in enumerate(node.params[0].dims))
+    return Lowered(code or "(void)0;")
+
+
 @lowers("Size")
 def lower_size(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     return Lowered(f"{ctx.ptr(node.outputs[0], 'int64_t')}[0] = {ctx.numel(ctx.shape(node.inputs[0]))};")

@@ -325,3 +325,33 @@ def lower_lstm(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
             f"{ctx.dim(t)}, {ctx.dim(b)}, {ctx.dim(i)}, {hidden}, {direction}, (float*)WORK);")
     work = product([t, b, 4 * hidden, 4, 4])  # generous: gate pre-activations for every step, both directions
     return Lowered(code, fragments=("rnn",), work_bytes=work)
+
+
+@lowers("LRN")
+def lower_lrn(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    """Local response normalization across channels, as one generated loop: each output
+    divides by (bias + alpha/size * sum of squares over its channel window)^beta."""
+    _float_only(ctx, node)
+    x, y = node.inputs[0], node.outputs[0]
+    n, c, inner = _nc_inner(ctx, ctx.shape(x))
+    size = int(node.attrs["size"])
+    alpha = float(node.attrs.get("alpha", 1e-4)) / size
+    beta, bias = float(node.attrs.get("beta", 0.75)), float(node.attrs.get("bias", 1.0))
+    below, above = (size - 1) // 2, size - 1 - (size - 1) // 2  # floor and ceil of (size-1)/2
+    code = f"""const float* x = {ctx.ptr(x)};
+float* y = {ctx.ptr(y)};
+const int64_t N = {n}, C = {c}, S = {inner};
+#pragma omp parallel for collapse(2) if(N * C * S >= 32768)
+for (int64_t b = 0; b < N; b++)
+    for (int64_t ch = 0; ch < C; ch++) {{
+        const int64_t lo = ch - {below} < 0 ? 0 : ch - {below};
+        const int64_t hi = ch + {above} > C - 1 ? C - 1 : ch + {above};
+        const float* src = x + (b * C + ch) * S;
+        float* dst = y + (b * C + ch) * S;
+        for (int64_t s = 0; s < S; s++) {{
+            float sum = 0.0f;
+            for (int64_t k = lo; k <= hi; k++) {{ const float v = x[(b * C + k) * S + s]; sum += v * v; }}
+            dst[s] = src[s] / powf({float_literal(bias)} + {float_literal(alpha)} * sum, {float_literal(beta)});
+        }}
+    }}"""
+    return Lowered(code)

@@ -45,9 +45,37 @@ def _normalize(axes, rank: int) -> list[int]:
     return sorted({int(a) + rank if int(a) < 0 else int(a) for a in axes})
 
 
+# Reductions of integer tensors (shape arithmetic, detection post-processing): a plain
+# loop, since they are small; (identity, C combining expression over acc and v).
+INTEGER_REDUCTIONS = {
+    "ReduceSum": ("0", "acc + v"), "ReduceProd": ("1", "acc * v"),
+    "ReduceMax": ("MINVAL", "v > acc ? v : acc"), "ReduceMin": ("MAXVAL", "v < acc ? v : acc"),
+}
+INTEGER_LIMITS = {"int64_t": ("INT64_MIN", "INT64_MAX"), "int32_t": ("INT32_MIN", "INT32_MAX")}
+
+
+def _integer_reduce(node: Node, ctx: LowerContext, outer: str, n: str, inner: str) -> Lowered:
+    x, y = node.inputs[0], node.outputs[0]
+    ctype = ctx.ctype(x)
+    if node.op_type not in INTEGER_REDUCTIONS or ctype not in INTEGER_LIMITS:
+        raise Unsupported(f"{node.op_type} on {ctype}")
+    identity, combine = INTEGER_REDUCTIONS[node.op_type]
+    lo, hi = INTEGER_LIMITS[ctype]
+    identity = identity.replace("MINVAL", lo).replace("MAXVAL", hi)
+    code = f"""const {ctype}* x = {ctx.ptr(x)};
+{ctype}* y = {ctx.ptr(y)};
+const int64_t O = {outer}, N = {n}, I = {inner};
+for (int64_t o = 0; o < O; o++)
+    for (int64_t i = 0; i < I; i++) {{
+        {ctype} acc = {identity};
+        for (int64_t k = 0; k < N; k++) {{ const {ctype} v = x[(o * N + k) * I + i]; acc = {combine}; }}
+        y[o * I + i] = acc;
+    }}"""
+    return Lowered(code)
+
+
 @lowers(*REDUCE_KINDS)
 def lower_reduce(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
-    _float_only(ctx, node)
     x, y = node.inputs[0], node.outputs[0]
     shape = ctx.shape(x)
     if opset >= AXES_INPUT_SINCE.get(node.op_type, AXES_INPUT_DEFAULT):
@@ -61,6 +89,8 @@ def lower_reduce(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]
     if not all(isinstance(a, int) for a in axes):
         raise Unsupported("axes computed at run time")
     outer, n, inner = three_extents(ctx, shape, _normalize(axes, len(shape)))
+    if ctx.dtype(x) != FLOAT:
+        return _integer_reduce(node, ctx, outer, n, inner)
     code = f"ss_reduce({REDUCE_KINDS[node.op_type]}, {ctx.ptr(x)}, {ctx.ptr(y)}, {outer}, {n}, {inner});"
     return Lowered(code, fragments=("reduce",))
 
