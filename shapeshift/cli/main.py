@@ -1,4 +1,4 @@
-"""The ``shapeshift`` command line: info, run, simplify, compile.
+"""The ``shapeshift`` command line: info, run, simplify, compile, tune.
 
 Every failure the user can cause (a bad model, a bad input file, a wrong
 feed) is a ShapeshiftError: it is printed as one line on stderr and the
@@ -16,6 +16,7 @@ from ..passes.simplify.engine import STRATEGIES
 from ..runtime.session import BACKENDS
 from .commands import cmd_compile, cmd_info, cmd_run
 from .simplify_cmd import cmd_simplify
+from .tune_cmd import cmd_tune
 
 EXIT_USER_ERROR = 2
 
@@ -77,6 +78,28 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("-o", "--output", required=True, metavar="OUT")
     compile_.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
     compile_.set_defaults(handler=cmd_compile)
+
+    tune = sub.add_parser(
+        "tune", help="auto-schedule a dense GEMM (constant B) for a whole range of M: a few kernels and a "
+                     "decision tree that picks one per M (tuning a whole ONNX model is not supported yet)",
+        description="Tune a dense float32 GEMM C[M,N] = A[M,K] x B[K,N] (B a constant, prepacked weight) for a "
+                    "range of M: measure shape-generic kernel schedules at sampled M values, learn a cost model, "
+                    "keep a few kernels and a decision tree over M (printed as C with --show). Only a single GEMM "
+                    "given by --gemm K N is tuned: extracting and tuning the MatMul workloads of a whole ONNX "
+                    "model is out of scope for now. See docs/tune.md.")
+    tune.add_argument("--gemm", nargs=2, type=int, required=True, metavar=("K", "N"),
+                      help="C[M,N] = A[M,K] x B[K,N], B a constant weight (prepacked)")
+    tune.add_argument("--dynamic", action="append", default=[], metavar="M=LO:HI", help="the range of M")
+    tune.add_argument("--db", default="shapeshift_tuning.db", metavar="FILE",
+                      help="SQLite tuning database; measurements in it are reused (default: %(default)s)")
+    tune.add_argument("--trials", type=int, default=32, help="candidates to measure (default: %(default)s)")
+    tune.add_argument("--time-budget", type=float, default=None, metavar="MINUTES")
+    tune.add_argument("--strategy", choices=("dietcode", "per-shape", "pad-max"), default="dietcode")
+    tune.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default: %(default)s)")
+    tune.add_argument("--max-kernels", type=int, default=8)
+    tune.add_argument("--cache-dir", default=None, help="compiled candidates (default: FILE.cache next to --db)")
+    tune.add_argument("--show", action="store_true", help="print the kernels and the dispatch tree as C")
+    tune.set_defaults(handler=cmd_tune)
     return parser
 
 

@@ -307,3 +307,53 @@ def test_packed_b_size_python_matches_c(libs):
         lib = libs[build]
         for k, n in [(0, 0), (0, 7), (5, 0), (1, 1), (768, 768), (100, 17)]:
             assert lib.cdll.ss_gemm_packed_b_size(k, n) == gemm.packed_b_size(k, n, lib.schedule)
+
+
+# sha256 of gemm.source() for the default schedule before the prefix parameter existed: the
+# default output must not change, or every cached library built from it would be rebuilt.
+DEFAULT_SOURCE_SHA256 = "bd39244c315cbd6cb8f5a2322665c07e0506b5734035a0330585244d28d026b2"
+
+
+def test_default_prefix_source_unchanged():
+    import hashlib
+
+    assert gemm.source() == gemm.source(GemmSchedule(), prefix="ss_")
+    assert hashlib.sha256(gemm.source().encode()).hexdigest() == DEFAULT_SOURCE_SHA256
+
+
+def test_prefix_renames_everything():
+    text = gemm.source(TINY, prefix="k1_")
+    assert "ss_gemm" not in text and "SS_GEMM" not in text
+    assert "void k1_gemm_prepacked(" in text and "#define K1_GEMM_MR 4" in text
+
+
+@pytest.mark.parametrize("prefix", ["", "1x_", "a-b_", "k1"])
+def test_bad_prefix(prefix):
+    with pytest.raises(ValueError, match="prefix"):
+        gemm.source(prefix=prefix)
+
+
+def test_two_prefixed_schedules_in_one_library(tmp_path):
+    """Two schedules side by side in one library, each numpy-correct through its own names."""
+    schedules = {"ka_": GemmSchedule(), "kb_": TINY}
+    text = PRELUDE + "".join(gemm.source(s, prefix=p) for p, s in schedules.items())
+    cdll = compile_library(text, name_hint="gemm_prefix_test", cache_dir=tmp_path).cdll
+    rng = np.random.default_rng(0)
+    m, k, n = 13, 37, 29
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    for prefix, schedule in schedules.items():
+        size = getattr(cdll, f"{prefix}gemm_packed_b_size")
+        size.argtypes, size.restype = [i64, i64], i64
+        assert size(k, n) == gemm.packed_b_size(k, n, schedule)
+        packed = np.empty(size(k, n), dtype=np.float32)
+        pack = getattr(cdll, f"{prefix}gemm_pack_b")
+        pack.argtypes = [i64, i64, ptr, i64, i64, ptr]
+        pack(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+        np.testing.assert_array_equal(packed, gemm.pack_b_reference(b, schedule))
+        run = getattr(cdll, f"{prefix}gemm_prepacked")
+        run.argtypes = _GEMM_ARGS + [ptr] + _TAIL_ARGS
+        c = np.full((m, n), np.nan, dtype=np.float32)
+        run(m, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, packed.ctypes.data, c.ctypes.data, 0, 0, n,
+            1.0, None, 0.0, 0, 0, 0)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

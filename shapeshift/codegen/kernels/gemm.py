@@ -65,6 +65,7 @@ of any other B packed into L2.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,6 +145,11 @@ class GemmSchedule:
             raise ValueError(f"GemmSchedule.parallel_min_flops must be >= 0, got {self.parallel_min_flops}")
 
 
+# Names in the default fragment start with this; ``source(prefix=...)`` swaps it.
+DEFAULT_PREFIX = "ss_"
+_PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*_")
+
+
 def packed_b_size(k: int, n: int, schedule: GemmSchedule = GemmSchedule()) -> int:
     """Floats in the prepacked B of a K x N matrix (what ``ss_gemm_packed_b_size`` returns)."""
     return k * (-(-n // schedule.nr)) * schedule.nr
@@ -164,9 +170,26 @@ def pack_b_reference(b: np.ndarray, schedule: GemmSchedule = GemmSchedule()) -> 
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
 
 
-def source(schedule: GemmSchedule = GemmSchedule()) -> str:
-    """The C fragment: ``#define``s of the schedule, generated kernels, then the drivers."""
-    s = schedule
+def source(schedule: GemmSchedule = GemmSchedule(), prefix: str = DEFAULT_PREFIX) -> str:
+    """The C fragment: ``#define``s of the schedule, generated kernels, then the drivers.
+
+    ``prefix`` replaces the ``ss_`` of every function and type name (``ss_gemm`` becomes
+    ``<prefix>gemm``) and, upper-cased, the ``SS_`` of every ``SS_GEMM_*`` macro, so that
+    several schedules can live in one library (the tuner's dispatcher, shapeshift/tune).
+    The default prefix returns the text unchanged, byte for byte, so existing
+    callers and their build-cache keys are unaffected.
+    """
+    text = _source(schedule)
+    if prefix == DEFAULT_PREFIX:
+        return text
+    if not _PREFIX_RE.fullmatch(prefix):
+        raise ValueError(f"gemm prefix {prefix!r} must be a C identifier prefix ending in '_'")
+    # Every name the fragment defines starts with ss_gemm / SS_GEMM_ (the prelude's own ss_*
+    # names are not used here), so a textual rename is complete.
+    return text.replace("ss_gemm", f"{prefix}gemm").replace("SS_GEMM_", f"{prefix.upper()}GEMM_")
+
+
+def _source(s: GemmSchedule) -> str:
     parts = [
         "/* ---- gemm (shapeshift/codegen/kernels/gemm.py) ---- */",
         f"#define SS_GEMM_MR {s.mr}",

@@ -1,0 +1,106 @@
+"""A learned cost model: predicts log GFLOPS of a schedule at one M.
+
+Features describe how the schedule meets the shape (padding of M to mr and of N to nr,
+block counts, whether the B-streaming path runs, how evenly the threads are loaded) as
+well as the schedule's own fields; the regressor is scikit-learn's gradient boosting,
+retrained from scratch on all measurements whenever new ones arrive (a few hundred rows
+train in well under a second). Until enough measurements exist it predicts from the
+padding alone, which is what ranks tiles before any data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..codegen.kernels.gemm import GemmSchedule
+
+MIN_TRAIN_ROWS = 8
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def features(s: GemmSchedule, m: int, k: int, n: int, threads: int) -> list[float]:
+    small = m <= s.small_m
+    pad_m = _cdiv(m, s.mr) * s.mr / m
+    pad_n = _cdiv(n, s.nr) * s.nr / n
+    # The driver's work split (ss_gemm_make_plan): N panels first, M panels if too few.
+    used = threads if 2.0 * m * n * k >= s.parallel_min_flops else 1
+    n_panels, m_panels = _cdiv(n, s.nr), _cdiv(m, s.mr)
+    n_split = min(used, n_panels)
+    m_split = 1 if small or n_split >= used else min(_cdiv(used, n_split), m_panels)
+    items = _cdiv(n_panels, _cdiv(n_panels, n_split)) * _cdiv(m_panels, _cdiv(m_panels, m_split))
+    parts = min(used, items)
+    balance = items / (parts * _cdiv(items, parts))
+    return [s.mr, s.nr, s.kc, s.mc, s.nc, s.unroll_k, s.small_m, s.small_nc, math.log2(s.parallel_min_flops),
+            m, math.log2(m), float(small), pad_m, pad_n, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
+            m_panels * n_panels, balance, parts]
+
+
+def prior_log_gflops(s: GemmSchedule, m: int, n: int) -> float:
+    """Before any data: bigger tiles are faster, padded rows and columns are wasted work."""
+    pad = (_cdiv(m, s.mr) * s.mr / m) * (_cdiv(n, s.nr) * s.nr / n)
+    tile = min(s.mr, m) * s.nr / (s.mr + s.nr / 8)
+    return math.log(tile) - math.log(pad)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (ties get their average rank), without scipy."""
+    ra, rb = _ranks(np.asarray(a, dtype=float)), _ranks(np.asarray(b, dtype=float))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum() / denom) if denom else 0.0
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=float)
+    ranks[order] = np.arange(1, len(x) + 1)
+    for value in np.unique(x):  # average the ranks of tied values
+        tied = x == value
+        if tied.sum() > 1:
+            ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+class CostModel:
+    def __init__(self, k: int, n: int, threads: int, seed: int = 0):
+        self.k, self.n, self.threads, self.seed = k, n, threads, seed
+        self.model = None
+        self.holdout_spearman: Optional[float] = None
+
+    def _x(self, rows: Sequence[tuple[GemmSchedule, int]]) -> np.ndarray:
+        return np.array([features(s, m, self.k, self.n, self.threads) for s, m in rows])
+
+    def fit(self, rows: Sequence[tuple[GemmSchedule, int]], log_gflops: Sequence[float]) -> None:
+        """Retrain on all rows; first on 80% of them, to report Spearman on the other 20%."""
+        if len(rows) < MIN_TRAIN_ROWS:
+            return
+        from sklearn.ensemble import GradientBoostingRegressor
+
+        x, y = self._x(rows), np.asarray(log_gflops, dtype=float)
+
+        def make():
+            return GradientBoostingRegressor(n_estimators=150, max_depth=3, learning_rate=0.1, subsample=0.9,
+                                             random_state=self.seed)
+
+        order = np.random.default_rng(self.seed).permutation(len(y))
+        # Fewer than 5 held-out points make the correlation meaningless (it is +-1 at 2).
+        held = order[: max(5, len(y) // 5)]
+        train = order[len(held):]
+        if len(train) >= MIN_TRAIN_ROWS:
+            probe = make().fit(x[train], y[train])
+            self.holdout_spearman = spearman(probe.predict(x[held]), y[held])
+        self.model = make().fit(x, y)
+
+    def predict(self, rows: Sequence[tuple[GemmSchedule, int]]) -> np.ndarray:
+        """Predicted log GFLOPS of each (schedule, M)."""
+        if not rows:
+            return np.zeros(0)
+        if self.model is None:
+            return np.array([prior_log_gflops(s, m, self.n) for s, m in rows])
+        return self.model.predict(self._x(rows))

@@ -1,0 +1,257 @@
+"""Tuning strategies and the loop that drives builder, runner, database and cost model.
+
+``dietcode``: one evolutionary search over shape-generic schedules for all sampled M at
+once. Each round scores a population with the cost model at every sampled M, ranks the M
+values by regret (predicted optimum over the best measured so far, worst first) and, M by
+M in that order, picks the best-predicted schedule not yet measured there; each pick is
+measured at the M values where it is predicted best among the picks. ``per-shape``: the
+same loop run separately at each sampled M, the trial budget split evenly (every shape
+gets the same budget). ``pad-max``: the loop at M = hi only, one kernel for every M.
+Afterwards the kernel set is chosen (``dispatch.greedy_cover``), measured at every sampled
+M where it was not, and the decision tree is trained on the best kernel per M over the
+whole range (measured where measured, predicted elsewhere).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..codegen.kernels import gemm
+from ..codegen.kernels.gemm import GemmSchedule
+from . import dispatch, space
+from .builder import SourceFn, build_many
+from .cost_model import CostModel
+from .database import Database
+from .runner import RunnerConfig, measure
+from .workload import GemmWorkload
+
+STRATEGIES = ("dietcode", "per-shape", "pad-max")
+# Points of the range the decision tree is trained on (all of them when the range is smaller).
+TREE_POINTS = 1024
+
+
+@dataclass
+class TuneConfig:
+    strategy: str = "dietcode"
+    trials: int = 32  # candidate measurements in all
+    time_budget_s: float = math.inf
+    samples: int = 10
+    threads: int = 1
+    max_kernels: int = 8
+    population: int = 64
+    batch: int = 4  # candidates measured per round
+    jobs: int = 2  # parallel compiles
+    seed: int = 0
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+
+
+@dataclass
+class TuneResult:
+    workload: GemmWorkload
+    strategy: str
+    sampled_ms: list[int]
+    kernels: list[GemmSchedule]
+    tree: dict
+    seconds: dict[int, float]  # the dispatcher's kernel at each sampled M (measured)
+    trials: int
+    failed: int
+    wall_s: float
+    spearman: Optional[float]
+
+    def gflops(self, m: int) -> float:
+        return self.workload.flops(m) / self.seconds[m] / 1e9 if m in self.seconds else float("nan")
+
+
+class Tuner:
+    def __init__(self, workload: GemmWorkload, db: Database, cache_dir: Path, config: TuneConfig = TuneConfig(),
+                 source_fn: SourceFn = gemm.source, log: Callable[[str], None] = print):
+        if config.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        self.w, self.db, self.cache_dir, self.cfg = workload, db, cache_dir, config
+        self.source_fn, self.log = source_fn, log
+        self.rng = random.Random(config.seed)
+        self.wid = db.workload_id(workload)
+        self.model = CostModel(workload.k, workload.n, config.threads, config.seed)
+        self.ms = workload.sampled_ms(config.samples)
+        self.schedules: dict[int, GemmSchedule] = {}
+        self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
+        self.failed: set[int] = set()
+        self.trials = 0
+        self._load()
+
+    # ---- state -------------------------------------------------------------------------
+    def _load(self) -> None:
+        """Everything already in the database for this workload (resuming a run)."""
+        for cid, m, seconds, error in self.db.measurements(self.wid, self.cfg.threads):
+            self.schedules.setdefault(cid, self.db.schedule(cid))
+            if error is not None:
+                self.failed.add(cid)
+            else:
+                self.times.setdefault(cid, {})[m] = seconds
+        self._fit()
+
+    def _fit(self) -> None:
+        rows, ys = [], []
+        for cid, by_m in self.times.items():
+            if cid in self.failed:
+                continue
+            for m, s in by_m.items():
+                rows.append((self.schedules[cid], m))
+                ys.append(math.log(self.w.flops(m) / s / 1e9))
+        self.model.fit(rows, ys)
+
+    def _best_measured(self, m: int) -> float:
+        """Best measured log GFLOPS at m, -inf if none."""
+        vals = [by_m[m] for cid, by_m in self.times.items() if m in by_m and cid not in self.failed]
+        return math.log(self.w.flops(m) / min(vals) / 1e9) if vals else -math.inf
+
+    def _measure(self, picks: list[tuple[GemmSchedule, list[int]]]) -> None:
+        built = build_many([s for s, _ in picks], self.cache_dir, self.cfg.jobs, self.source_fn)
+        for (schedule, ms), b in zip(picks, built):
+            cid = self.db.candidate_id(schedule)
+            self.schedules[cid] = schedule
+            todo = [m for m in ms if m not in self.db.measured_ms(self.wid, cid, self.cfg.threads)]
+            if not todo:
+                continue
+            result = measure(b, self.w.k, self.w.n, todo, self.cfg.runner)
+            self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
+            if result.error:
+                self.failed.add(cid)
+                self.log(f"  candidate {cid} failed: {result.error}")
+            else:
+                self.times.setdefault(cid, {}).update(result.seconds)
+        self._fit()
+
+    # ---- the evolutionary loop ----------------------------------------------------------
+    def _scores(self, pool: list[GemmSchedule], ms: list[int]) -> np.ndarray:
+        pred = self.model.predict([(s, m) for s in pool for m in ms])
+        return pred.reshape(len(pool), len(ms))
+
+    def _next_pool(self, pool: list[GemmSchedule], ms: list[int]) -> list[GemmSchedule]:
+        """Keep the best half by weighted score (log ratio to each M's predicted optimum,
+        averaged over M), add mutants of the best and fresh random schedules."""
+        pool = list(dict.fromkeys(pool + list(self.schedules.values())))
+        scores = self._scores(pool, ms)
+        rel = (scores - scores.max(axis=0)).mean(axis=1)
+        ranked = [pool[i] for i in np.argsort(-rel)]
+        keep = ranked[: self.cfg.population // 2]
+        mutants = [space.mutate(self.rng.choice(keep[:8]), self.rng) for _ in range(self.cfg.population // 3)]
+        fresh = [space.random_schedule(self.rng) for _ in range(self.cfg.population - len(keep) - len(mutants))]
+        return list(dict.fromkeys(keep + mutants + fresh))
+
+    def _measured_at(self, schedule: GemmSchedule, m: int) -> bool:
+        cid = next((c for c, s in self.schedules.items() if s == schedule), None)
+        return cid is not None and (cid in self.failed or m in self.times.get(cid, {}))
+
+    def _pick(self, pool: list[GemmSchedule], ms: list[int], count: int) -> list[tuple[GemmSchedule, list[int]]]:
+        scores = self._scores(pool, ms)
+        regret = [scores[:, j].max() - self._best_measured(m) for j, m in enumerate(ms)]
+        picks: list[int] = []
+        targets: dict[int, set[int]] = {}
+        order = sorted(range(len(ms)), key=lambda j: -regret[j])
+        # Round robin over M, worst regret first, until the batch is full (with one M, as in
+        # per-shape and pad-max, that M takes every slot).
+        for _ in range(count):
+            for j in order:
+                if len(picks) >= count:
+                    break
+                for i in np.argsort(-scores[:, j]):
+                    if int(i) not in picks and not self._measured_at(pool[i], ms[j]):
+                        picks.append(int(i))
+                        targets[int(i)] = {ms[j]}
+                        break
+        if not picks:
+            return []
+        # Each pick also runs at every M where it is predicted best among the picks.
+        best = np.array(picks)[np.argmax(scores[picks], axis=0)]
+        for j, i in enumerate(best):
+            targets[int(i)].add(ms[j])
+        return [(pool[i], sorted(m for m in targets[i] if not self._measured_at(pool[i], m))) for i in picks]
+
+    def evolve(self, ms: list[int], trials: int, deadline: float) -> None:
+        # The hand-tuned default seeds the pool: the search starts from what ships today.
+        pool = [GemmSchedule()] + [space.random_schedule(self.rng) for _ in range(self.cfg.population - 1)]
+        done, rnd = 0, 0
+        while done < trials and time.monotonic() < deadline:
+            pool = self._next_pool(pool, ms)
+            picks = self._pick(pool, ms, min(self.cfg.batch, trials - done))
+            if not picks:
+                break
+            self._measure(picks)
+            done += len(picks)
+            self.trials += len(picks)
+            rnd += 1
+            best = " ".join(f"{m}:{math.exp(self._best_measured(m)):.1f}" if self._best_measured(m) > -math.inf
+                            else f"{m}:-" for m in ms)
+            rho = self.model.holdout_spearman
+            self.log(f"  round {rnd}: trials {self.trials}, best GFLOPS per M {best}"
+                     + (f", cost model Spearman {rho:.2f}" if rho is not None else ""))
+
+    # ---- selection ---------------------------------------------------------------------
+    def _time_matrix(self, cids: list[int], ms: list[int]) -> np.ndarray:
+        """Seconds of each candidate at each M: measured, else predicted by the model."""
+        pred = self.model.predict([(self.schedules[c], m) for c in cids for m in ms]).reshape(len(cids), len(ms))
+        out = np.empty((len(cids), len(ms)))
+        for i, c in enumerate(cids):
+            for j, m in enumerate(ms):
+                s = self.times.get(c, {}).get(m)
+                out[i, j] = s if s is not None else self.w.flops(m) / (math.exp(pred[i, j]) * 1e9)
+        return out
+
+    def _select(self, validated: bool = False) -> list[int]:
+        """The kernel set; ``validated``: only from candidates measured at every sampled M."""
+        cids = [c for c in self.times if c not in self.failed
+                and (not validated or all(m in self.times[c] for m in self.ms))]
+        if not cids:
+            raise RuntimeError("no candidate was measured successfully")
+        max_k = 1 if self.cfg.strategy == "pad-max" else self.cfg.max_kernels
+        if self.cfg.strategy == "pad-max":
+            hi = self.w.hi
+            at_hi = [c for c in cids if hi in self.times[c]]
+            return [min(at_hi or cids, key=lambda c: self.times[c].get(hi, math.inf))]
+        return [cids[i] for i in dispatch.greedy_cover(self._time_matrix(cids, self.ms), max_k)]
+
+    def _tree(self, chosen: list[int]) -> dict:
+        lo, hi = self.w.lo, self.w.hi
+        points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()))
+        labels = np.argmin(self._time_matrix(chosen, points), axis=0)
+        return dispatch.fit_tree(points, labels.tolist(), max_leaves=2 * len(chosen))
+
+    def run(self) -> TuneResult:
+        start = time.monotonic()
+        deadline = start + self.cfg.time_budget_s
+        trials0 = self.trials
+        if self.cfg.strategy == "dietcode":
+            self.evolve(self.ms, self.cfg.trials, deadline)
+        elif self.cfg.strategy == "per-shape":
+            each = max(1, self.cfg.trials // len(self.ms))
+            for i, m in enumerate(self.ms):
+                self.log(f" M = {m}")
+                # The time left is shared evenly by the shapes still to tune.
+                share = (deadline - time.monotonic()) / (len(self.ms) - i)
+                self.evolve([m], each, time.monotonic() + share)
+        else:
+            self.evolve([self.w.hi], self.cfg.trials, deadline)
+        # Validate: measure the chosen kernels wherever they were only predicted, and choose
+        # again (the model changed); the final set comes from fully measured candidates only.
+        for _ in range(3):
+            chosen = self._select()
+            missing = [c for c in chosen if any(m not in self.times.get(c, {}) for m in self.ms)]
+            if not missing:
+                break
+            self._measure([(self.schedules[c], self.ms) for c in missing])
+        chosen = self._select(validated=True)
+        tree = self._tree(chosen)
+        kernels = [self.schedules[c] for c in chosen]
+        seconds = {m: self.times[chosen[dispatch.choose(tree, m)]].get(m, math.nan) for m in self.ms}
+        self.db.add_selection(self.wid, self.w.lo, self.w.hi, self.cfg.threads, self.cfg.strategy,
+                              [{"candidate": c, "schedule": space.to_json(self.schedules[c])} for c in chosen], tree)
+        return TuneResult(self.w, self.cfg.strategy, self.ms, kernels, tree, seconds, self.trials - trials0,
+                          len(self.failed), time.monotonic() - start, self.model.holdout_spearman)

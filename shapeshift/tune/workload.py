@@ -1,0 +1,54 @@
+"""What is tuned: a dense float32 GEMM C[M,N] = A[M,K] x B[K,N] with a constant B.
+
+B is a weight, packed once at load (``ss_gemm_prepacked``), so only the multiply is timed.
+K and N are static; M is dynamic in [lo, hi]. The structural hash names the computation,
+not the range, so measurements made for one range serve every other range of M.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+# Sampled M values: this many uniformly spaced points of [lo, hi], both ends included.
+DEFAULT_SAMPLES = 10
+
+
+@dataclass(frozen=True)
+class GemmWorkload:
+    k: int
+    n: int
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.n < 1:
+            raise ValueError(f"GEMM K and N must be >= 1, got K={self.k}, N={self.n}")
+        if not 1 <= self.lo <= self.hi:
+            raise ValueError(f"dynamic M range must satisfy 1 <= LO <= HI, got {self.lo}:{self.hi}")
+
+    @property
+    def key(self) -> str:
+        """The computation's structure, independent of the M range."""
+        return f"gemm-prepacked:{self.k}:{self.n}"
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.key.encode()).hexdigest()
+
+    def flops(self, m: int) -> float:
+        return 2.0 * m * self.n * self.k
+
+    def range_flops(self) -> float:
+        """FLOPs of one call at every M of the range, summed (the task's total work)."""
+        lo, hi = self.lo, self.hi
+        return 2.0 * self.n * self.k * (hi * (hi + 1) - (lo - 1) * lo) / 2
+
+    def sampled_ms(self, count: int = DEFAULT_SAMPLES) -> list[int]:
+        """``count`` uniformly spaced M values in [lo, hi] with both ends, deduplicated."""
+        return sorted({int(round(x)) for x in np.linspace(self.lo, self.hi, count)})
+
+    def describe(self) -> str:
+        return f"GEMM C[M,{self.n}] = A[M,{self.k}] x B[{self.k},{self.n}] (B constant, prepacked), M in [{self.lo}, {self.hi}]"

@@ -1,0 +1,234 @@
+"""shapeshift.tune: runner failures, the database, the cost model's Spearman, the
+dispatcher's C code and the `tune` command, on tiny GEMMs (K = N = 64, M in [1, 64])."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import sqlite3
+
+import numpy as np
+import pytest
+
+from shapeshift.cli.main import main
+from shapeshift.codegen.build import compile_library
+from shapeshift.codegen.kernels import gemm
+from shapeshift.codegen.kernels.gemm import GemmSchedule
+from shapeshift.tune import dispatch, space
+from shapeshift.tune.builder import build_one
+from shapeshift.tune.cost_model import CostModel, spearman
+from shapeshift.tune.database import Database
+from shapeshift.tune.runner import RunnerConfig, measure
+from shapeshift.tune.search import TuneConfig, Tuner
+from shapeshift.tune.workload import GemmWorkload
+
+pytest.importorskip("sklearn")
+
+K = N = 64
+WORKLOAD = GemmWorkload(K, N, 1, 64)
+FAST = RunnerConfig(repeats=1, sample_s=0.0005, timeout_s=20)
+SMALL = GemmSchedule(mr=4, nr=8, kc=32, mc=8, nc=32, unroll_k=2, small_m=2, small_nc=16)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tune_cache")
+
+
+# ---- runner ----------------------------------------------------------------------------
+
+def _doubled(schedule):
+    """Computes 2 * A x B: a wrong result."""
+    return gemm.source(schedule).replace("C, sc0, sc1, ldc, alpha,", "C, sc0, sc1, ldc, 2.0f * alpha,")
+
+
+def _hangs(schedule):
+    return gemm.source(schedule).replace("static void ss_gemm_run(const ss_gemm_problem* P)\n{",
+                                         "static void ss_gemm_run(const ss_gemm_problem* P)\n{\n"
+                                         "    for (volatile int spin = 1; spin;) {}")
+
+
+def _crashes(schedule):
+    return gemm.source(schedule).replace("static void ss_gemm_run(const ss_gemm_problem* P)\n{",
+                                         "static void ss_gemm_run(const ss_gemm_problem* P)\n{\n    abort();")
+
+
+def test_runner_measures_a_good_candidate(cache):
+    result = measure(build_one(SMALL, cache), K, N, [1, 7, 64], FAST)
+    assert result.error is None and sorted(result.seconds) == [1, 7, 64]
+    assert all(s > 0 for s in result.seconds.values())
+
+
+def test_runner_records_wrong_result(cache):
+    result = measure(build_one(SMALL, cache, _doubled), K, N, [5], FAST)
+    assert result.error and "wrong result at M=5" in result.error
+
+
+def test_runner_records_timeout(cache):
+    result = measure(build_one(SMALL, cache, _hangs), K, N, [5], RunnerConfig(repeats=1, timeout_s=2))
+    assert result.error and "timeout" in result.error
+
+
+def test_runner_records_crash(cache):
+    result = measure(build_one(SMALL, cache, _crashes), K, N, [5], FAST)
+    assert result.error and "crashed" in result.error
+
+
+def test_runner_records_build_failure(cache):
+    result = measure(build_one(SMALL, cache, lambda s: gemm.source(s) + "this is not C;"), K, N, [5], FAST)
+    assert result.error and "build failed" in result.error
+
+
+def test_tuning_goes_on_past_broken_candidates(tmp_path, cache):
+    """Every other schedule computes a wrong result: those fail, the rest are selected."""
+    def sometimes_wrong(schedule):
+        return _doubled(schedule) if schedule.kc in (64, 192, 384) else gemm.source(schedule)
+
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(WORKLOAD, db, cache, TuneConfig(trials=4, batch=4, samples=4, runner=FAST),
+                      source_fn=sometimes_wrong, log=lambda s: None)
+        try:
+            result = tuner.run()
+        except RuntimeError:
+            pytest.skip("every sampled candidate happened to be broken")
+        assert all(k.kc not in (64, 192, 384) for k in result.kernels)
+        failed = db.failed_candidates(tuner.wid, 1)
+        assert all(db.schedule(c).kc in (64, 192, 384) for c in failed)
+
+
+# ---- database --------------------------------------------------------------------------
+
+def test_db_round_trip_and_no_overwrite(tmp_path):
+    with Database(tmp_path / "t.db") as db:
+        wid = db.workload_id(WORKLOAD)
+        assert db.workload_id(GemmWorkload(K, N, 3, 9)) == wid  # same structure, other range
+        cid = db.candidate_id(SMALL)
+        assert db.candidate_id(SMALL) == cid and db.schedule(cid) == SMALL
+        db.add_measurements(wid, cid, 1, {1: 1e-6, 64: 2e-5})
+        db.add_measurements(wid, cid, 1, {1: 9.0})  # already measured: kept as it was
+        bad = db.candidate_id(GemmSchedule())
+        db.add_measurements(wid, bad, 1, {}, error="wrong result", ms=[1, 64])
+        sel = db.add_selection(wid, 1, 64, 1, "dietcode", [{"candidate": cid}], {"leaf": 0})
+        assert sel
+    with Database(tmp_path / "t.db") as db:
+        assert db.measurements(wid, 1) == [(cid, 1, 1e-6, None), (cid, 64, 2e-5, None),
+                                           (bad, 1, None, "wrong result"), (bad, 64, None, "wrong result")]
+        assert db.failed_candidates(wid, 1) == {bad}
+        assert db.latest_selection(wid, 1, 64, 1, "dietcode") == {"kernels": [{"candidate": cid}], "tree": {"leaf": 0}}
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def _writer(path: str, offset: int) -> None:
+    with Database(path) as db:
+        wid = db.workload_id(WORKLOAD)
+        for i in range(60):
+            cid = db.candidate_id(GemmSchedule(kc=1 + offset + i))
+            db.add_measurements(wid, cid, 1, {m: 1e-6 * m for m in (1, 2, 3)})
+
+
+def test_db_two_processes_at_once(tmp_path):
+    path = str(tmp_path / "t.db")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, off)) for off in (0, 1000)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert conn.execute("SELECT COUNT(*) FROM candidates").fetchone()[0] == 120
+    assert conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 360
+
+
+def test_tuning_resumes(tmp_path, cache):
+    config = TuneConfig(trials=2, batch=2, samples=3, runner=FAST)
+    with Database(tmp_path / "t.db") as db:
+        first = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
+        first.run()
+        rows = db.measurements(first.wid, 1)
+        again = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
+        assert again.times == first.times  # loaded from the database
+        # Measuring what is measured is a no-op: no row added or changed.
+        again._measure([(first.schedules[c], first.ms) for c in first.times])
+        assert db.measurements(first.wid, 1) == rows
+
+
+# ---- cost model ------------------------------------------------------------------------
+
+def test_spearman_known_values():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # Ties take their average rank: ranks (1, 2, 3.5, 5, 3.5) -> 8 / sqrt(10 * 9.5).
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / math.sqrt(95))
+    assert spearman([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_cost_model_learns_a_ranking():
+    import random
+
+    rng = random.Random(0)
+    rows = [(space.random_schedule(rng), m) for m in range(1, 65, 3) for _ in range(3)]
+    y = [math.log(s.mr * s.nr) - math.log(math.ceil(m / s.mr) * s.mr / m) for s, m in rows]
+    model = CostModel(K, N, 1)
+    model.fit(rows, y)
+    assert model.holdout_spearman is not None and model.holdout_spearman > 0.5
+    assert spearman(model.predict(rows), y) > 0.9
+
+
+# ---- selection and dispatch --------------------------------------------------------------
+
+def test_greedy_cover_and_tree():
+    times = np.array([[1.0, 1.0, 5.0, 5.0], [2.0, 2.0, 1.0, 1.0], [1.5, 1.5, 1.5, 1.5]])
+    assert dispatch.greedy_cover(times, 8) == [1, 0]
+    assert dispatch.greedy_cover(times, 1) == [1]
+    ms = list(range(1, 65))
+    tree = dispatch.fit_tree(ms, [0 if m <= 20 else 1 if m <= 40 else 2 for m in ms], 6)
+    assert [dispatch.choose(tree, m) for m in (1, 20, 21, 40, 41, 64)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_dispatcher_c_is_correct_and_routes_by_the_tree(tmp_path):
+    kernels = [GemmSchedule(), SMALL, GemmSchedule(mr=2, nr=32, mc=8, nc=64, small_m=0, small_nc=64, kc=48)]
+    tree = {"le": 9, "left": {"leaf": 1}, "right": {"le": 33, "left": {"leaf": 2}, "right": {"leaf": 0}}}
+    lib = dispatch.load(compile_library(dispatch.library_source(kernels, tree), name_hint="tuned_test",
+                                        cache_dir=tmp_path).cdll)
+    rng = np.random.default_rng(0)
+    k, n = 70, 50  # not multiples of any nr or kc: every edge path runs
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    packed = np.empty(lib.ss_gemm_tuned_packed_b_size(k, n), dtype=np.float32)
+    assert len(packed) == sum(gemm.packed_b_size(k, n, s) for s in kernels)
+    lib.ss_gemm_tuned_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+    for m in list(range(1, 41)) + [47, 63, 64, 100]:
+        assert lib.ss_gemm_tuned_choice(m) == dispatch.choose(tree, m)
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        c = np.full((m, n), np.nan, dtype=np.float32)
+        lib.ss_gemm_tuned(m, n, k, a.ctypes.data, k, packed.ctypes.data, c.ctypes.data, n)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4, err_msg=f"M={m}")
+
+
+# ---- command line ----------------------------------------------------------------------
+
+def test_cli_tune_show(tmp_path, capsys):
+    db = tmp_path / "t.db"
+    assert main(["tune", "--gemm", "64", "64", "--dynamic", "M=1:64", "--trials", "2", "--db", str(db),
+                 "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "sampled M: 1 8 15 22 29 36 43 50 57 64" in out
+    assert "round 1" in out and "GFLOPS" in out
+    assert "int ss_gemm_tuned_choice(int64_t M)" in out and "k0_gemm:" in out
+    assert db.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["--dynamic", "M=9:3"],
+    ["--dynamic", "M=a:b"],
+    ["--dynamic", "M=0:8"],
+    [],
+    ["--dynamic", "M=1:8", "--dynamic", "T=1:8"],
+    ["--dynamic", "M=1:8", "--trials", "0"],
+    ["--dynamic", "M=1:8", "--time-budget", "-1"],
+])
+def test_cli_tune_bad_arguments_exit_2(tmp_path, capsys, argv):
+    assert main(["tune", "--gemm", "64", "64", "--db", str(tmp_path / "t.db"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shapeshift tune: error:") and len(err.strip().splitlines()) == 1
