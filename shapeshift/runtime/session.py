@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
+
 from ..errors import ArtifactError, ShapeshiftError, UnknownOutputError
 from ..frontend.onnx_import import ModelSource, import_model
 from ..ir.graph import Graph, Value
@@ -23,6 +25,7 @@ from .binding import check_feed
 from .reference import ReferenceExecutor, as_feed_array
 
 BACKENDS = ("reference", "native")
+CHECKED_FEEDS_KEPT = 256  # distinct feed signatures whose check is remembered
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class InferenceSession:
             self._executor = (ReferenceExecutor(self.graph) if self.backend == "reference"
                               else _native_executor(self.graph, num_threads))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
+        self._input_values = {v.name: v for v in self.graph.inputs}
+        self._checked_feeds: dict[tuple, dict[str, int]] = {}
 
     def get_inputs(self) -> list[NodeArg]:
         return [_node_arg(v) for v in self.graph.inputs]
@@ -97,6 +102,22 @@ class InferenceSession:
             raise UnknownOutputError(
                 f"unknown output name(s) {', '.join(map(repr, unknown))}; the model's outputs are "
                 f"{', '.join(map(repr, self._outputs))}")
-        values, binding = check_feed(self.graph, {k: as_feed_array(v) for k, v in feed.items()})
+        values, binding = self._check(feed)
         results = self._executor.run(values, binding)
         return [results[self._outputs[n]] for n in wanted]
+
+    def _check(self, feed: Mapping[str, Any]) -> tuple[dict, dict]:
+        """check_feed, remembered per (name, shape, dtype) signature: for array feeds its
+        verdict and binding depend on nothing else, and at small shapes checking again
+        would cost more than running the model."""
+        arrays = {k: as_feed_array(v) for k, v in feed.items()}
+        key = None
+        if all(isinstance(a, np.ndarray) and a.dtype.kind != "O" for a in arrays.values()):
+            key = tuple((k, a.shape, a.dtype.str) for k, a in arrays.items())
+            binding = self._checked_feeds.get(key)
+            if binding is not None:
+                return {self._input_values[k]: a for k, a in arrays.items()}, binding
+        values, binding = check_feed(self.graph, arrays)
+        if key is not None and len(self._checked_feeds) < CHECKED_FEEDS_KEPT:
+            self._checked_feeds[key] = binding
+        return values, binding

@@ -15,6 +15,7 @@ are serialized by a lock, since they share the arena.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Plan:
     offsets: np.ndarray  # int64 per slot: arena offset, or -1
     shapes: dict[int, tuple[int, ...]]  # slot -> concrete shape (tensor slots)
     arena_bytes: int
+    extents_address: int  # of ``extents``, which lives as long as the plan
 
 
 class NativeVM:
@@ -73,10 +75,19 @@ class NativeVM:
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._symbols = sorted(program.input_symbols)
         self._arena = np.empty(0, dtype=np.uint8)
+        self._arena_base = _aligned_base(self._arena)  # first aligned address in the arena
+        # The pointer table, reused by every run (runs are serialized): its address is fixed.
+        self._ptrs = self._fixed.copy()
+        self._ptrs_address = self._ptrs.ctypes.data
         self._lock = threading.Lock()
         self._reference = ReferenceExecutor(program.graph)
         self._arena_kinds = np.array([s.kind in (ARENA, WORK) for s in program.slots], dtype=bool)
         self._view_children = _view_children(program)
+        # Views of arena buffers: their pointers follow the plan's, set per run in one step.
+        arena_views = [s for s in program.slots if s.kind == VIEW and program.slots[s.root].kind in (ARENA, WORK)]
+        self._arena_views = np.array([s.index for s in arena_views], dtype=np.int64)
+        self._arena_view_roots = np.array([s.root for s in arena_views], dtype=np.int64)
+        self._node_positions = {id(n): i for i, n in enumerate(program.graph.nodes)}
         self.native_steps = sum(1 for s in program.steps if s.kind == NATIVE)
         self.fallback_steps = sum(1 for s in program.steps if s.kind == FALLBACK)
 
@@ -133,7 +144,7 @@ class NativeVM:
                 except ShapeshiftError:
                     pass
         offsets, total = _assign_offsets(program, binding)
-        return Plan(extents, offsets, shapes, total)
+        return Plan(extents, offsets, shapes, total, extents.ctypes.data)
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -146,8 +157,10 @@ class NativeVM:
         plan = self._plan(binding)
         if self._arena.nbytes < plan.arena_bytes + ALIGNMENT:  # room to align the base too
             self._arena = np.empty(plan.arena_bytes + ALIGNMENT, dtype=np.uint8)
-        base = _aligned_base(self._arena)
-        ptrs = self._fixed.copy()
+            self._arena_base = _aligned_base(self._arena)
+        base = self._arena_base
+        ptrs = self._ptrs
+        np.copyto(ptrs, self._fixed)
         ptrs[self._arena_kinds] = (plan.offsets[self._arena_kinds] + base).astype(np.uint64)
         arrays: dict[int, Any] = {}  # slot -> array, for inputs and fallback results
         for value, data in feeds.items():
@@ -158,12 +171,10 @@ class NativeVM:
             arrays[index] = data
             ptrs[index] = data.ctypes.data
             self._set_views(ptrs, index, data.ctypes.data)
-        for view in program.slots:
-            if view.kind == VIEW and program.slots[view.root].kind in (ARENA, WORK):
-                ptrs[view.index] = ptrs[view.root]
+        ptrs[self._arena_views] = ptrs[self._arena_view_roots]
         env: dict[Value, Any] = dict(feeds)
-        ptr_address = ptrs.ctypes.data
-        extents_address = plan.extents.ctypes.data
+        ptr_address = self._ptrs_address
+        extents_address = plan.extents_address
         steps = program.steps
         i = 0
         while i < len(steps):
@@ -201,8 +212,8 @@ class NativeVM:
         if root.kind in (CONST, INPUT, DYNAMIC):
             data = np.asarray(root.value.const) if root.kind == CONST else arrays[root.index]
             return data if shape is None else data.reshape(shape)
-        offset = int(plan.offsets[root.index]) + (_aligned_base(self._arena) - self._arena.ctypes.data)
-        count = int(np.prod(shape, dtype=np.int64))
+        offset = int(plan.offsets[root.index]) + (self._arena_base - self._arena.ctypes.data)
+        count = math.prod(shape)
         return np.frombuffer(self._arena, dtype=dtype, count=count, offset=offset).reshape(shape)
 
     def _run_fallback(self, node: Node, env: dict, arrays: dict, ptrs: np.ndarray, plan: Plan,
@@ -235,7 +246,7 @@ class NativeVM:
         reference._binding = dict(binding)
         opset = self.program.graph.opset.get("" if node.domain == "ai.onnx" else node.domain, 1)
         ctx = EvalContext(node, opset, lambda g, ins: reference._run_subgraph(env, g, ins))
-        rule = reference._plan(self.program.graph).steps[self._node_index(node)][1]
+        rule = reference._plan(self.program.graph).steps[self._node_positions[id(node)]][1]
         try:
             return rule.evaluate(ctx, *args)
         except ShapeshiftError:
@@ -263,12 +274,6 @@ class NativeVM:
             raise ExecutionError(f"{node.describe()}: output {value.name!r} has shape {list(result.shape)}, "
                                  f"expected {list(expected)}")
         return np.asarray(result, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
-
-    def _node_index(self, node: Node) -> int:
-        index = getattr(self, "_node_positions", None)
-        if index is None:
-            index = self._node_positions = {id(n): i for i, n in enumerate(self.program.graph.nodes)}
-        return index[id(node)]
 
     def _output(self, value: Value, env: dict, arrays: dict, plan: Plan) -> Any:
         result = self._array(value, env, arrays, plan)
