@@ -21,6 +21,7 @@ shapes that depend on data (NonZero's count...) keep their consumers on the fall
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -84,6 +85,9 @@ class Program:
     # An If's branches as programs of their own: id(node) -> (then, else). Their inputs
     # are the outer values the branch reads; their segments live in the same library.
     branches: dict[int, tuple["Program", "Program"]] = field(default_factory=dict)
+    # Constants no generated code, fallback step or output reads (weights only reached
+    # through their packed copies): the VM drops them once everything is packed.
+    unread_consts: list[Value] = field(default_factory=list)
 
     def fallback_ops(self) -> Counter:
         """Ops run by the reference evaluator, branches of native Ifs included (an If whose
@@ -185,6 +189,7 @@ class _Builder:
             program.fragments = _with_dependencies(
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
             program.source = _emit_source(programs, program.fragments)
+            program.unread_consts = _unread_consts(programs)
         return program
 
     def _build_branches(self, node: Node) -> None:
@@ -341,6 +346,27 @@ class _Builder:
         if current:
             segments.append(current)
         return segments
+
+
+def _unread_consts(programs: list[Program]) -> list[Value]:
+    """Constant values that no program needs as such once the packed copies exist."""
+    consts: dict[int, Value] = {}
+    needed: set[int] = set()
+    for program in programs:
+        code = "\n".join(step.lowered.code for step in program.steps if step.lowered)
+        referenced = {int(index) for index in re.findall(r"\bv\[(\d+)\]", code)}
+        for slot in program.slots:
+            if slot.kind == CONST:
+                consts[id(slot.value)] = slot.value
+                if slot.index in referenced:
+                    needed.add(id(slot.value))
+            elif slot.kind == VIEW and slot.index in referenced and program.slots[slot.root].kind == CONST:
+                needed.add(id(program.slots[slot.root].value))
+        for step in program.steps:
+            if step.kind == FALLBACK:
+                needed.update(id(v) for v in values_read(step.node))
+        needed.update(id(v) for v in program.graph.outputs)
+    return [v for key, v in consts.items() if key not in needed]
 
 
 def _outer_reads(body: Graph) -> list[Value]:

@@ -88,14 +88,16 @@ class NativeVM:
         self._arena_views = np.array([s.index for s in arena_views], dtype=np.int64)
         self._arena_view_roots = np.array([s.root for s in arena_views], dtype=np.int64)
         self._node_positions = {id(n): i for i, n in enumerate(program.graph.nodes)}
+        self._release_unread_constants()
         self.native_steps = sum(1 for s in program.steps if s.kind == NATIVE)
         self.fallback_steps = sum(1 for s in program.steps if s.kind == FALLBACK)
 
     # -- load time -------------------------------------------------------------------------
 
     def _load_constants(self) -> None:
+        unread = {id(v) for v in self.program.unread_consts}
         for slot in self.program.slots:
-            if slot.kind == CONST:
+            if slot.kind == CONST and id(slot.value) not in unread:
                 array = np.asarray(slot.value.const, order="C")
                 self._keep_alive.append(array)
                 self._fixed[slot.index] = array.ctypes.data
@@ -109,11 +111,26 @@ class NativeVM:
             lib.ss_gemm_pack_b.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                            ctypes.c_int64, ctypes.c_void_p]
             for pack in self.program.packs:
+                if pack.source is None:
+                    raise ShapeshiftError("this program's weights were released by the VM that loaded it; "
+                                          "build the program again for another VM")
                 k, n = pack.source.shape
                 packed = np.empty(max(int(lib.ss_gemm_packed_b_size(k, n)), 1), dtype=np.float32)
                 lib.ss_gemm_pack_b(k, n, pack.source.ctypes.data, n, 1, packed.ctypes.data)
                 self._keep_alive.append(packed)
                 self._fixed[pack.slot] = packed.ctypes.data
+
+    def _release_unread_constants(self) -> None:
+        """Drop the weights that only packed copies are read through (about half the
+        memory of a transformer's session): the pack requests' sources and the graph's
+        own reference. The program is then good for this VM only."""
+        if not self.program.unread_consts:
+            return
+        for program in self.program.all_programs():
+            for pack in program.packs:
+                pack.source = None
+        for value in self.program.unread_consts:
+            value.const = None
 
     # -- plans -----------------------------------------------------------------------------
 

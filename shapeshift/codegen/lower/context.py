@@ -65,7 +65,9 @@ class PackRequest:
     """A constant weight to pack once at load into the layout a GEMM kernel reads."""
 
     slot: int  # the pointer slot the packed copy goes into
-    source: np.ndarray  # contiguous float32 matrix [K, N] (after any transposition)
+    # Contiguous float32 matrix [K, N] (after any transposition); None once the VM that
+    # packed it released the original.
+    source: Optional[np.ndarray]
 
 
 class LowerContext:
