@@ -41,7 +41,7 @@ def lowered_op_types() -> frozenset[str]:
 
 def _load_families() -> None:
     # Imported for their registrations; deferred so that the package imports cheaply.
-    from . import elementwise, layout, linalg, misc, nn, reduce  # noqa: F401
+    from . import attention, elementwise, layout, linalg, losses, misc, nn, reduce  # noqa: F401
 
 
 __all__ = ["LowerContext", "Lowered", "Unsupported", "lowers", "rule_for", "lowered_op_types"]

@@ -355,3 +355,50 @@ for (int64_t b = 0; b < N; b++)
         }}
     }}"""
     return Lowered(code)
+
+
+# -- RMSNormalization ----------------------------------------------------------------------------
+
+
+def _scale_is_suffix(ctx: LowerContext, scale_shape: Sequence[Dim], norm_shape: Sequence[Dim]) -> bool:
+    """Whether the scale is exactly the trailing dims of the normalized block, so that it
+    repeats every ``numel(scale)`` elements (the only broadcast the loop below does)."""
+    if len(scale_shape) > len(norm_shape):
+        return False
+    tail = norm_shape[len(norm_shape) - len(scale_shape):]
+    return all(_same_dim(a, b) for a, b in zip(scale_shape, tail))
+
+
+@lowers("RMSNormalization")
+def lower_rms_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    """Y = X / sqrt(mean(X^2 over axes [axis, rank)) + epsilon) * Scale, as one C loop.
+
+    The mean of squares is accumulated in double, then rounded like the reference's
+    float32 ``sqrt`` and ``reciprocal``."""
+    x, scale, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if ctx.dtype(x) not in (FLOAT,) or ctx.dtype(scale) != ctx.dtype(x):
+        raise Unsupported("RMSNormalization on a dtype other than float32")
+    if int(node.attrs.get("stash_type", 1)) != 1:
+        raise Unsupported("RMSNormalization stash_type other than float")
+    shape = ctx.shape(x)
+    axis = int(node.attrs.get("axis", -1))
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis < len(shape):
+        raise Unsupported("RMSNormalization axis out of range")
+    if not _scale_is_suffix(ctx, ctx.shape(scale), shape[axis:]):
+        raise Unsupported("RMSNormalization scale that broadcasts other than as a suffix")
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    code = "\n".join([
+        f"const float* in = {ctx.ptr(x)}; const float* w = {ctx.ptr(scale)}; float* out = {ctx.ptr(y)};",
+        f"const int64_t rows = {ctx.numel(shape[:axis])}, n = {ctx.numel(shape[axis:])};",
+        f"const int64_t wn = {ctx.numel(ctx.shape(scale))};",
+        "#pragma omp parallel for if(rows * n >= 65536)",
+        "for (int64_t r = 0; r < rows; r++) {",
+        "    const float* xr = in + r * n; float* yr = out + r * n;",
+        "    double acc = 0.0;",
+        "    for (int64_t k = 0; k < n; k++) acc += (double)xr[k] * (double)xr[k];",
+        f"    const float ms = (float)(acc / (double)(n > 0 ? n : 1)) + {eps};",
+        "    const float inv = 1.0f / sqrtf(ms);",
+        "    for (int64_t k = 0; k < n; k++) yr[k] = (xr[k] * inv) * w[k % wn];",
+        "}"])
+    return Lowered(code)
