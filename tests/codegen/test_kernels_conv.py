@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from shapeshift.codegen.kernels import conv
+from shapeshift.codegen.kernels import conv, vmath
 
 from .naive_gemm import build_with_gemm
 
@@ -33,7 +33,7 @@ I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cdll = build_with_gemm(conv.source(), tmp_path_factory.mktemp("conv"), "test_conv").cdll
+    cdll = build_with_gemm(vmath.source() + conv.source(), tmp_path_factory.mktemp("conv"), "test_conv").cdll
     cdll.ss_conv2d_work_size.restype = I64
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
@@ -110,6 +110,15 @@ CONV_CASES = [
     ((2, 4, 17), 6, (3,), (2,), (1, 2), (2,), 1),  # 1-D
     ((1, 6, 15), 6, (5,), (1,), (2, 2), (1,), 6),  # 1-D depthwise
     ((3, 4, 9), 5, (1,), (1,), (0, 0), (1,), 1),  # 1-D 1x1
+    # Depthwise register tiles (4 rows x 2 vectors): wide rows with a masked last vector,
+    # a last row block recomputed overlapping, planes shorter than a row block.
+    ((1, 3, 13, 37), 3, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 3),
+    ((2, 4, 21, 40), 4, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1), 4),  # stride 2: vector deinterleave
+    ((1, 2, 30, 50), 2, (3, 3), (3, 3), (1, 1, 1, 1), (1, 1), 2),  # stride 3: scalar phases
+    ((1, 2, 9, 35), 4, (3, 3), (2, 1), (0, 2, 3, 1), (2, 3), 2),  # multiplier 2, dilated, asymmetric
+    ((1, 3, 2, 17), 3, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 3),  # OH < row block, pads > half the kernel
+    ((1, 2, 6, 7), 2, (7, 1), (1, 2), (3, 0, 3, 0), (1, 1), 2),  # KH != KW: the generic tap loops
+    ((1, 2, 8, 16), 2, (3, 3), (1, 1), (0, 0, 0, 0), (1, 1), 2),  # no padding, whole vectors
 ]
 
 
@@ -180,4 +189,41 @@ def test_conv_transpose2d(lib, case, bias):
                        output_padding=list(out_pad), dilations=list(dilations), group=group)
     y = np.full(expected.shape, np.nan, np.float32)
     call_conv_transpose(lib, x, w, inputs[2] if bias else None, y, strides, pads[:len(kernel)], dilations, group)
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.fixture(scope="module")
+def small_chunk_lib(tmp_path_factory):
+    """The fragment with a tiny im2col column chunk: many packed chunks per GEMM (in parallel
+    where OpenMP has threads), a last chunk narrower than the rest, then the partial panel."""
+    cdll = build_with_gemm(vmath.source() + conv.source(chunk_floats=600), tmp_path_factory.mktemp("conv_chunk"),
+                           "test_conv_chunk").cdll
+    cdll.ss_conv2d_work_size.restype = I64
+    cdll.ss_conv2d_work_size.argtypes = [I64] * 6
+    cdll.ss_conv2d.restype = None
+    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P]
+    return cdll
+
+
+CHUNK_CASES = [
+    ((1, 16, 31, 29), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 6, 19, 23), 8, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 2),  # stride 2, groups, batch
+    ((1, 5, 7, 9), 3, (1, 1), (1, 1), (1, 0, 0, 2), (1, 1), 1),  # padded 1x1
+    ((1, 8, 40, 3), 6, (3, 2), (1, 1), (2, 0, 1, 1), (2, 3), 1),  # OW < NR: runs cross output rows
+    ((1, 7, 1, 300), 9, (1, 5), (1, 2), (0, 2, 0, 2), (1, 1), 1),  # 1-D, Kc * NR > chunk
+]
+
+
+@pytest.mark.parametrize("act", [0, 3])
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
+def test_conv2d_chunked_im2col(small_chunk_lib, case, act):
+    xshape, M, kernel, strides, pads, dilations, group = case
+    rng = np.random.default_rng(hash((case, act)) % 2**32)
+    x = rng.standard_normal(xshape, dtype=np.float32)
+    w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
+    b = rng.standard_normal(M, dtype=np.float32)
+    expected = apply_act(run_ort("Conv", [x, w, b], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                                 dilations=list(dilations), group=group), act)
+    y = np.full(expected.shape, np.nan, np.float32)
+    call_conv(small_chunk_lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act)
     np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)

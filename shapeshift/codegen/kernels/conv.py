@@ -25,11 +25,27 @@ Exported C::
                              int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                              int64_t dh, int64_t dw, int64_t group, float* work);
 
-Strategy of ss_conv2d: a 1x1, stride-1, unpadded conv is one ss_gemm per group straight on
-the NCHW data (the image batch is ss_gemm's batch); a depthwise conv (group == C, any
-channel multiplier M / C) is a direct loop, parallel over output planes; every other conv
-is im2col of one (image, group) into `work` (parallel over im2col rows) and one ss_gemm.
-The bias and relu ride in ss_gemm's epilogue; sigmoid and silu are a pass over y after.
+Strategy of ss_conv2d:
+
+- 1x1, stride-1, unpadded: one ss_gemm per group straight on the NCHW data (the image
+  batch is ss_gemm's batch), then a vectorized activation pass.
+- Depthwise (group == C, any channel multiplier M / C): parallel over output planes. Each
+  input plane is first staged into a per-thread buffer with its zero padding, split into
+  `sw` column phases (stride 2 by an AVX2 deinterleave), so every tap of a run of output
+  columns is one contiguous unaligned load whatever the stride and padding. Output planes
+  are computed in register tiles of dw_rows rows x dw_vecs vectors (independent FMA
+  chains, so 10- or 20-pixel-wide late-stage planes still hide the FMA latency; 3x3 and
+  5x5 unrolled), with the bias and activation applied before the one store.
+- Everything else (k x k, strided or padded 1x1, grouped, 1-D): per (image, group), tiled
+  over output columns. Each chunk of columns (Kc * chunk about chunk_floats, so it stays
+  in L2) is im2col'ed straight into ss_gemm_prepacked's packed-B layout (no second copy
+  by the GEMM's packing) in its own part of `work` and multiplied, then the activation
+  runs on that chunk of y while it is in cache. Chunks run in parallel when there are
+  enough of them for every thread (else each GEMM is parallel inside). Without the real
+  gemm fragment (SS_GEMM_NR undefined), a plain im2col of the whole matrix and ss_gemm.
+
+The bias and relu ride in ss_gemm's epilogue; sigmoid and silu use vmath's ss_sigmoid8
+(and its scalar twin for tails), so every path gives the same values.
 
 ss_conv_transpose2d: per (image, group), ss_gemm computes col[(m, kh, kw), (h, w)] =
 sum_c w[c, m, kh, kw] * x[c, h, w] into `work`, then col2im scatters it into the output
@@ -38,12 +54,19 @@ planes, parallel over output channels (each thread owns its planes, so no races)
 
 from __future__ import annotations
 
-DEPENDS = ("gemm",)
+DEPENDS = ("gemm", "vmath")
 
 _TEMPLATE = r"""
 /* ---- conv ---- */
 /* Loops with fewer multiply-adds (or copied elements) than this stay serial. */
 #define SS_CONV_PAR_MIN {par_min}
+/* Elements per chunk of the parallel activation pass. */
+#define SS_CONV_ACT_CHUNK {act_chunk}
+/* The depthwise register tile: SS_CONV_DW_ROWS output rows x SS_CONV_DW_VECS ymm vectors. */
+#define SS_CONV_DW_VECS {dw_vecs}
+/* Floats of packed im2col columns per GEMM call (L2-sized: the GEMM rereads them per row block). */
+#define SS_CONV_CHUNK_FLOATS {chunk_floats}
+#define SS_CONV_DW_ROWS {dw_rows}
 
 /* ceil(a / b) for b > 0 and any sign of a. */
 static inline int64_t ss_conv_ceil_div(int64_t a, int64_t b) {{
@@ -61,18 +84,45 @@ static inline void ss_conv_valid(int64_t L, int64_t O, int64_t s, int64_t p, int
     *hi = b;
 }}
 
+/* Scalar twin of ss_conv_act8 (vmath's sigmoid, so vector bodies and scalar tails agree). */
 static inline float ss_conv_act(float v, int act) {{
     switch (act) {{
     case 1: return v > 0.0f ? v : 0.0f;
-    case 2: return 1.0f / (1.0f + expf(-v));
-    case 3: return v / (1.0f + expf(-v));
+    case 2: return ss_sigmoidf(v);
+    case 3: return v * ss_sigmoidf(v);
     default: return v;
     }}
 }}
 
+#ifdef __AVX2__
+static inline __m256 ss_conv_act8(__m256 v, int act) {{
+    switch (act) {{
+    case 1: return _mm256_max_ps(v, _mm256_setzero_ps());
+    case 2: return ss_sigmoid8(v);
+    case 3: return _mm256_mul_ps(v, ss_sigmoid8(v));
+    default: return v;
+    }}
+}}
+#endif
+
+/* y[0..n) = act(y), vectorized: the separate pass after a GEMM block, while it is in cache. */
+static void ss_conv_act_run(float* y, int64_t n, int act) {{
+    if (act == 0) return;
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, ss_conv_act8(_mm256_loadu_ps(y + i), act));
+#endif
+    for (; i < n; ++i) y[i] = ss_conv_act(y[i], act);
+}}
+
+/* ss_conv_act_run over a large y, parallel over SS_CONV_ACT_CHUNK-element chunks. */
 static void ss_conv_act_inplace(float* y, int64_t n, int act) {{
+    int64_t chunks = (n + SS_CONV_ACT_CHUNK - 1) / SS_CONV_ACT_CHUNK;
     #pragma omp parallel for if(n >= SS_CONV_PAR_MIN / 8)
-    for (int64_t i = 0; i < n; ++i) y[i] = ss_conv_act(y[i], act);
+    for (int64_t c = 0; c < chunks; ++c) {{
+        int64_t lo = c * SS_CONV_ACT_CHUNK, hi = lo + SS_CONV_ACT_CHUNK < n ? lo + SS_CONV_ACT_CHUNK : n;
+        ss_conv_act_run(y + lo, hi - lo, act);
+    }}
 }}
 
 /* col [C * KH * KW, OH * OW] from one image's C channels x [C, H, W]; padding reads as 0. */
@@ -106,41 +156,327 @@ static void ss_conv_im2col(const float* x, float* col, int64_t C, int64_t H, int
     }}
 }}
 
-/* group == C: output channel m reads input channel m / (M / C) only. */
+#if defined(SS_GEMM_NR) && defined(SS_GEMM_KC)
+#define SS_CONV_PACKED 1
+/* Columns [p0, p0 + w) (w a multiple of SS_GEMM_NR) of one image's im2col matrix
+   [C * KH * KW, OH * OW], written straight in ss_gemm_prepacked's packed-B layout (see
+   gemm.py: K blocks of SS_GEMM_KC rows, each a run of NR-column panels, each panel's rows
+   one after another), so the GEMM does not copy it again. Each row's columns go in runs
+   that stay inside one output row and one panel: zeros for the padding, a copy for the rest. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+static void ss_conv_im2col_packed(const float* x, float* dst, int64_t C, int64_t H, int64_t W,
+                                  int64_t KH, int64_t KW, int64_t OW, int64_t sh, int64_t sw,
+                                  int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t p0, int64_t w) {{
+    int64_t Kc = C * KH * KW;
+    for (int64_t r = 0; r < Kc; ++r) {{
+        int64_t c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
+        int64_t k0 = r / SS_GEMM_KC * SS_GEMM_KC, kb = Kc - k0 < SS_GEMM_KC ? Kc - k0 : SS_GEMM_KC;
+        float* row = dst + k0 * w + (r - k0) * SS_GEMM_NR;  /* column t sits at row[(t / NR) * NR * kb + t % NR] */
+        int64_t lo, hi;
+        ss_conv_valid(W, OW, sw, pw, kw * dw, &lo, &hi);
+        const float* plane = x + c * H * W + (kw * dw - pw);
+        int64_t t = 0, oh = p0 / OW, ow = p0 % OW;
+        while (t < w) {{
+            /* One run: up to the end of the output row or of the panel, whichever is first. */
+            int64_t n = OW - ow, left = SS_GEMM_NR - t % SS_GEMM_NR;
+            if (n > left) n = left;
+            if (n > w - t) n = w - t;
+            float* d = row + (t / SS_GEMM_NR) * SS_GEMM_NR * kb + t % SS_GEMM_NR;
+            int64_t ih = oh * sh - ph + kh * dh;
+            if (ih < 0 || ih >= H) {{
+                for (int64_t j = 0; j < n; ++j) d[j] = 0.0f;
+            }} else {{
+                const float* src = plane + ih * W;  /* output column o reads src[o * sw] */
+                int64_t a = lo > ow ? lo : ow, b = hi < ow + n ? hi : ow + n, j = ow;
+                for (; j < a && j < ow + n; ++j) d[j - ow] = 0.0f;
+                if (sw == 1) {{
+#ifdef __AVX2__
+                    for (; j + 8 <= b; j += 8) _mm256_storeu_ps(d + (j - ow), _mm256_loadu_ps(src + j));
+#endif
+                    for (; j < b; ++j) d[j - ow] = src[j];
+                }} else {{
+#ifdef __AVX2__
+                    /* The even lanes of 16 consecutive floats; the 16th, odd one must still
+                       lie inside the row (src[k] is inside for k < W + pw - kw * dw). */
+                    if (sw == 2)
+                        for (; j + 8 <= b && 2 * j + 16 <= W + pw - kw * dw; j += 8) {{
+                            __m256 lo8 = _mm256_loadu_ps(src + 2 * j), hi8 = _mm256_loadu_ps(src + 2 * j + 8);
+                            __m256 ev = _mm256_shuffle_ps(lo8, hi8, _MM_SHUFFLE(2, 0, 2, 0));
+                            _mm256_storeu_ps(d + (j - ow),
+                                             _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
+                        }}
+#endif
+                    for (; j < b; ++j) d[j - ow] = src[j * sw];
+                }}
+                for (; j < ow + n; ++j) d[j - ow] = 0.0f;
+            }}
+            t += n;
+            ow += n;
+            if (ow == OW) {{
+                ow = 0;
+                ++oh;
+            }}
+        }}
+    }}
+}}
+
+/* Columns [p0, p0 + w) of the im2col matrix, row-major [Kc, w] (images of fewer than NR pixels). */
+static void ss_conv_im2col_cols(const float* x, float* dst, int64_t C, int64_t H, int64_t W,
+                                int64_t KH, int64_t KW, int64_t OW, int64_t sh, int64_t sw,
+                                int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t p0, int64_t w) {{
+    for (int64_t r = 0; r < C * KH * KW; ++r) {{
+        int64_t c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
+        for (int64_t t = 0; t < w; ++t) {{
+            int64_t oh = (p0 + t) / OW, ow = (p0 + t) % OW;
+            int64_t ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
+            dst[r * w + t] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[(c * H + ih) * W + iw] : 0.0f;
+        }}
+    }}
+}}
+
+/* One (image, group) of an im2col conv, tiled over output columns: chunks of cw columns
+   (a multiple of NR, Kc * cw about SS_CONV_CHUNK_FLOATS, so the packed chunk stays in L2
+   while the GEMM reads it) are packed-im2col'ed into their own part of `work` (column p0
+   at work + Kc * p0: the chunks never overlap, so they can run in parallel) and multiplied
+   by ss_gemm_prepacked, the activation applied to the chunk's output while it is in
+   cache. The last P % NR columns are one more packed panel that ends at column P (below),
+   so `work` of Kc * P floats always suffices. */
+static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bias, float* yg, float* work,
+                               int64_t Cg, int64_t H, int64_t W, int64_t Mg, int64_t KH, int64_t KW,
+                               int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                               int64_t dh, int64_t dw, int act) {{
+    int64_t P = OH * OW, Kc = Cg * KH * KW, Pfull = P / SS_GEMM_NR * SS_GEMM_NR;
+    int64_t cw = SS_CONV_CHUNK_FLOATS / (Kc > 0 ? Kc : 1) / SS_GEMM_NR * SS_GEMM_NR;
+    if (cw < SS_GEMM_NR) cw = SS_GEMM_NR;
+    int gemm_act = act == 1 ? 1 : 0;
+    int64_t chunks = (Pfull + cw - 1) / cw;
+    /* Chunks in parallel only when there are enough for every thread; else one at a time,
+       each GEMM parallel inside. */
+    int par = chunks >= omp_get_max_threads() && Mg * P * Kc >= SS_CONV_PAR_MIN * 64;
+    #pragma omp parallel for schedule(dynamic) if(par)
+    for (int64_t ci = 0; ci < chunks; ++ci) {{
+        int64_t p0 = ci * cw, w = Pfull - p0 < cw ? Pfull - p0 : cw;
+        float* packed = work + Kc * p0;
+        ss_conv_im2col_packed(x, packed, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, p0, w);
+        ss_gemm_prepacked(Mg, w, Kc, 1, 1, wg, 0, 0, Kc, 1, packed, yg + p0, 0, 0, P,
+                          1.0f, bias, 1.0f, 1, 0, gemm_act);
+        if (act >= 2)
+            for (int64_t m = 0; m < Mg; ++m) ss_conv_act_run(yg + m * P + p0, w, act);
+    }}
+    if (Pfull == P) return;
+    if (P >= SS_GEMM_NR) {{
+        /* The last, partial panel: one more packed panel over the last NR columns,
+           overlapping columns already done (rewritten with the same values, not
+           accumulated). Its scratch overlaps the last chunk's, free now the loop is over. */
+        int64_t p0 = P - SS_GEMM_NR;
+        float* packed = work + Kc * p0;
+        ss_conv_im2col_packed(x, packed, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, p0, SS_GEMM_NR);
+        ss_gemm_prepacked(Mg, SS_GEMM_NR, Kc, 1, 1, wg, 0, 0, Kc, 1, packed, yg + p0, 0, 0, P,
+                          1.0f, bias, 1.0f, 1, 0, gemm_act);
+        if (act >= 2)
+            for (int64_t m = 0; m < Mg; ++m) ss_conv_act_run(yg + m * P + p0, SS_GEMM_NR, act);
+        return;
+    }}
+    /* Fewer than NR columns in all: a plain [Kc, P] im2col and ss_gemm. */
+    ss_conv_im2col_cols(x, work, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, 0, P);
+    ss_gemm(Mg, P, Kc, 1, 1, wg, 0, 0, Kc, 1, work, 0, 0, P, 1, yg, 0, 0, P, 1.0f, bias, 1.0f, 1, 0, gemm_act);
+    if (act >= 2) ss_conv_act_run(yg, Mg * P, act);
+}}
+#endif
+
+/* Stages one input plane xp [H, W] for the depthwise kernel: buf [sw][Hs][Wq] with
+   buf[(q * Hs + i) * Wq + j] = x[i - ph][j * sw + q - pw] (0 outside the image). Both
+   paddings are then plain zeros in buf, so every output row runs the same loop, and output
+   column ow's tap kw, input column ow * sw - pw + kw * dw, is buf phase (kw * dw) % sw at
+   column ow + (kw * dw) / sw: every tap of a run of output columns is one contiguous load,
+   at any stride. The loops are written out (and kept from becoming memcpy / memset calls):
+   late-stage rows are a few dozen floats, where a library call costs more than the copy. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t H, int64_t W, int64_t sw,
+                             int64_t ph, int64_t pw, int64_t Hs, int64_t Wq) {{
+    /* padrow [sw * Wq]: one input row with its zero padding, pr[t] = x[ih][t - pw]. */
+    int64_t L = sw * Wq, lo = pw < L ? pw : L, hi = W + pw < L ? W + pw : L;
+    for (int64_t i = 0; i < Hs; ++i) {{
+        int64_t ih = i - ph;
+        int inside = ih >= 0 && ih < H;
+        /* Stride 1: the padded row is phase 0's row itself. */
+        float* pr = sw == 1 ? buf + i * Wq : padrow;
+        int64_t t = 0;
+#ifdef __AVX2__
+        /* Whole vectors (L is a multiple of 8): a masked load reads the image part and
+           zero-fills the padding lanes, without touching memory outside the row. */
+        if (inside) {{
+            const float* src = xp + ih * W - pw;
+            __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            __m256i vlo = _mm256_set1_epi32((int)lo - 1), vhi = _mm256_set1_epi32((int)hi);
+            for (; t < L; t += 8) {{
+                if (t >= lo && t + 8 <= hi) {{
+                    _mm256_storeu_ps(pr + t, _mm256_loadu_ps(src + t));
+                    continue;
+                }}
+                __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)t), lane);
+                __m256i m = _mm256_and_si256(_mm256_cmpgt_epi32(idx, vlo), _mm256_cmpgt_epi32(vhi, idx));
+                _mm256_storeu_ps(pr + t, _mm256_maskload_ps(src + t, m));
+            }}
+        }} else {{
+            for (; t < L; t += 8) _mm256_storeu_ps(pr + t, _mm256_setzero_ps());
+        }}
+#else
+        for (; t < L; ++t) pr[t] = inside && t >= lo && t < hi ? xp[ih * W + t - pw] : 0.0f;
+#endif
+        if (sw == 1) continue;
+        float* d0 = buf + i * Wq;  /* phase q's row i: d0 + q * Hs * Wq */
+        int64_t j = 0;
+#ifdef __AVX2__
+        if (sw == 2) {{
+            float* d1 = d0 + Hs * Wq;
+            for (; j + 8 <= Wq; j += 8) {{
+                __m256 a = _mm256_loadu_ps(pr + 2 * j), c = _mm256_loadu_ps(pr + 2 * j + 8);
+                /* [a0 a2 c0 c2 | a4 a6 c4 c6] -> a0 a2 a4 a6 c0 c2 c4 c6 (and the odd lanes). */
+                __m256 ev = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+                __m256 od = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+                _mm256_storeu_ps(d0 + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
+                _mm256_storeu_ps(d1 + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8)));
+            }}
+        }}
+#endif
+        for (; j < Wq; ++j)
+            for (int64_t q = 0; q < sw; ++q) d0[q * Hs * Wq + j] = pr[j * sw + q];
+    }}
+}}
+
+#ifdef __AVX2__
+/* Lanes [0, n) of a maskstore mask: the partial last vector of an output row. */
+static inline __m256i ss_conv_lane_mask(int64_t n) {{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}}
+
+/* A tile of R output rows (oh0..) x V vectors of columns (ow..) of a depthwise plane from
+   its staged input: R * V independent accumulators (FMA chains), bias and activation in
+   registers, one store each; `last` valid lanes in the tile's last vector (8: all).
+   Always inlined with literal R, V (and KH, KW where common), so the loops unroll. */
+static inline __attribute__((always_inline)) void ss_conv_dw_tile(
+        const float* buf, const float* wp, float b, float* yp, const int64_t* toff,
+        int64_t oh0, int64_t ow, int R, int V, int64_t last, int64_t KH, int64_t KW, int64_t OW,
+        int64_t sh, int64_t dh, int64_t Wq, int act) {{
+    __m256 acc[SS_CONV_DW_ROWS][SS_CONV_DW_VECS];
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+        #pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm256_set1_ps(b);
+    const float* base = buf + oh0 * sh * Wq + ow;
+    for (int64_t kh = 0; kh < KH; ++kh) {{
+        const float* row = base + kh * dh * Wq;
+        for (int64_t kw = 0; kw < KW; ++kw) {{
+            const float* src = row + toff[kw];
+            __m256 wv = _mm256_set1_ps(wp[kh * KW + kw]);
+            #pragma GCC unroll 8
+            for (int r = 0; r < R; ++r)
+                #pragma GCC unroll 8
+                for (int v = 0; v < V; ++v)
+                    acc[r][v] = ss_fmadd8(wv, _mm256_loadu_ps(src + r * sh * Wq + 8 * v), acc[r][v]);
+        }}
+    }}
+    float* y0 = yp + oh0 * OW + ow;
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+        #pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {{
+            __m256 out = ss_conv_act8(acc[r][v], act);
+            if (v < V - 1 || last == 8) _mm256_storeu_ps(y0 + r * OW + 8 * v, out);
+            else _mm256_maskstore_ps(y0 + r * OW + 8 * v, ss_conv_lane_mask(last), out);
+        }}
+}}
+
+/* R output rows from oh0: SS_CONV_DW_VECS vectors at a time, then single vectors. */
+static inline __attribute__((always_inline)) void ss_conv_dw_rows(
+        const float* buf, const float* wp, float b, float* yp, const int64_t* toff, int64_t oh0, int R,
+        int64_t KH, int64_t KW, int64_t OW, int64_t sh, int64_t dh, int64_t Wq, int act) {{
+    int64_t ow = 0;
+    for (; ow + 8 * SS_CONV_DW_VECS <= OW; ow += 8 * SS_CONV_DW_VECS)
+        ss_conv_dw_tile(buf, wp, b, yp, toff, oh0, ow, R, SS_CONV_DW_VECS, 8, KH, KW, OW, sh, dh, Wq, act);
+    for (; ow < OW; ow += 8)
+        ss_conv_dw_tile(buf, wp, b, yp, toff, oh0, ow, R, 1, OW - ow < 8 ? OW - ow : 8, KH, KW, OW, sh, dh, Wq,
+                        act);
+}}
+
+/* The whole plane in blocks of SS_CONV_DW_ROWS rows; a last partial block is recomputed
+   overlapping the one before (the same values rewritten) rather than run with fewer
+   chains; planes with fewer rows go one row at a time. */
+static inline __attribute__((always_inline)) void ss_conv_dw_plane_k(
+        const float* buf, const float* wp, float b, float* yp, const int64_t* toff,
+        int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t dh, int64_t Wq, int act) {{
+    if (OH < SS_CONV_DW_ROWS) {{
+        for (int64_t oh = 0; oh < OH; ++oh) ss_conv_dw_rows(buf, wp, b, yp, toff, oh, 1, KH, KW, OW, sh, dh, Wq, act);
+        return;
+    }}
+    for (int64_t oh = 0; oh < OH; oh += SS_CONV_DW_ROWS) {{
+        int64_t oh0 = oh + SS_CONV_DW_ROWS <= OH ? oh : OH - SS_CONV_DW_ROWS;
+        ss_conv_dw_rows(buf, wp, b, yp, toff, oh0, SS_CONV_DW_ROWS, KH, KW, OW, sh, dh, Wq, act);
+    }}
+}}
+#endif
+
+/* One output plane yp [OH, OW] from its staged input plane and KH x KW filter wp. */
+static void ss_conv_dw_plane(const float* buf, const float* wp, float b, float* yp, const int64_t* toff,
+                             int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t dh, int64_t Wq,
+                             int act) {{
+#ifdef __AVX2__
+    /* Literal 3x3 and 5x5 (inlined): the tap loops unroll completely. */
+    if (KH == 3 && KW == 3) ss_conv_dw_plane_k(buf, wp, b, yp, toff, 3, 3, OH, OW, sh, dh, Wq, act);
+    else if (KH == 5 && KW == 5) ss_conv_dw_plane_k(buf, wp, b, yp, toff, 5, 5, OH, OW, sh, dh, Wq, act);
+    else ss_conv_dw_plane_k(buf, wp, b, yp, toff, KH, KW, OH, OW, sh, dh, Wq, act);
+#else
+    for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {{
+            float acc = b;
+            for (int64_t kh = 0; kh < KH; ++kh) {{
+                const float* row = buf + (oh * sh + kh * dh) * Wq + ow;
+                for (int64_t kw = 0; kw < KW; ++kw) acc = ss_fmaf(wp[kh * KW + kw], row[toff[kw]], acc);
+            }}
+            yp[oh * OW + ow] = ss_conv_act(acc, act);
+        }}
+#endif
+}}
+
+/* group == C: output channel m reads input channel m / (M / C) only. Parallel over output
+   planes; each thread stages its planes in its own buffer, malloc'd once per call. */
 static void ss_conv_depthwise(const float* x, const float* w, const float* bias, float* y,
                               int64_t N, int64_t C, int64_t H, int64_t W, int64_t M,
                               int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
                               int64_t ph, int64_t pw, int64_t dh, int64_t dw, int act) {{
     int64_t mult = M / C, P = OH * OW;
-    #pragma omp parallel for if(N * M * P * KH * KW >= SS_CONV_PAR_MIN)
-    for (int64_t nm = 0; nm < N * M; ++nm) {{
-        int64_t n = nm / M, m = nm % M;
-        const float* xp = x + (n * C + m / mult) * H * W;
-        const float* wp = w + m * KH * KW;
-        float b = bias ? bias[m] : 0.0f;
-        for (int64_t oh = 0; oh < OH; ++oh) {{
-            float* yr = y + nm * P + oh * OW;
-            for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = b;
-            for (int64_t kh = 0; kh < KH; ++kh) {{
-                int64_t ih = oh * sh - ph + kh * dh;
-                if (ih < 0 || ih >= H) continue;
-                const float* xr = xp + ih * W;
-                for (int64_t kw = 0; kw < KW; ++kw) {{
-                    int64_t lo, hi;
-                    ss_conv_valid(W, OW, sw, pw, kw * dw, &lo, &hi);
-                    float wv = wp[kh * KW + kw];
-                    const float* xs = xr + (lo * sw - pw + kw * dw);
-                    float* yo = yr + lo;
-                    if (sw == 1) {{
-                        for (int64_t j = 0; j < hi - lo; ++j) yo[j] += wv * xs[j];
-                    }} else {{
-                        for (int64_t j = 0; j < hi - lo; ++j) yo[j] += wv * xs[j * sw];
-                    }}
-                }}
+    /* Staged rows: every input row a tap of some output row reads, padding included.
+       Columns per phase row: OW rounded up to whole vectors, plus the furthest tap, rounded
+       up to whole vectors (so staging runs in whole vectors). */
+    int64_t Hs = (OH - 1) * sh + (KH - 1) * dh + 1;
+    int64_t Wq = ((OW + 7) / 8 * 8 + ((KW - 1) * dw) / sw + 1 + 7) / 8 * 8;
+    int64_t* toff = (int64_t*)malloc((size_t)KW * sizeof(int64_t));
+    if (!toff) return;
+    for (int64_t kw = 0; kw < KW; ++kw) toff[kw] = ((kw * dw) % sw) * Hs * Wq + (kw * dw) / sw;
+    #pragma omp parallel if(N * M * P * KH * KW >= SS_CONV_PAR_MIN)
+    {{
+        /* The staged plane, then one padded input row (stride > 1 only). */
+        float* buf = (float*)malloc((size_t)(sw * Hs * Wq + sw * Wq) * sizeof(float));
+        int64_t staged = -1;  /* the input plane now in buf (a channel multiplier reuses it) */
+        #pragma omp for schedule(static)
+        for (int64_t nm = 0; nm < N * M; ++nm) {{
+            int64_t n = nm / M, m = nm % M, plane = n * C + m / mult;
+            if (!buf) continue;
+            if (plane != staged) {{
+                ss_conv_dw_stage(x + plane * H * W, buf, buf + sw * Hs * Wq, H, W, sw, ph, pw, Hs, Wq);
+                staged = plane;
             }}
-            if (act) for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = ss_conv_act(yr[ow], act);
+            ss_conv_dw_plane(buf, w + m * KH * KW, bias ? bias[m] : 0.0f, y + nm * P, toff,
+                             KH, KW, OH, OW, sh, dh, Wq, act);
         }}
+        free(buf);
     }}
+    free(toff);
 }}
 
 int64_t ss_conv2d_work_size(int64_t C, int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t group) {{
@@ -169,6 +505,11 @@ void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
     }} else {{
         for (int64_t n = 0; n < N; ++n)
             for (int64_t g = 0; g < group; ++g) {{
+#ifdef SS_CONV_PACKED
+                ss_conv_gemm_tiled(x + (n * C + g * Cg) * H * W, w + g * Mg * Kc, bias ? bias + g * Mg : NULL,
+                                   y + (n * M + g * Mg) * P, work, Cg, H, W, Mg, KH, KW, OH, OW,
+                                   sh, sw, ph, pw, dh, dw, act);
+#else
                 ss_conv_im2col(x + (n * C + g * Cg) * H * W, work, Cg, H, W, KH, KW, OH, OW,
                                sh, sw, ph, pw, dh, dw);
                 ss_gemm(Mg, P, Kc, 1, 1,
@@ -176,7 +517,11 @@ void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
                         work, 0, 0, P, 1,
                         y + (n * M + g * Mg) * P, 0, 0, P,
                         1.0f, bias ? bias + g * Mg : NULL, 1.0f, 1, 0, gemm_act);
+                /* Right after its GEMM, while this block of y is still in cache. */
+                if (act >= 2) ss_conv_act_inplace(y + (n * M + g * Mg) * P, Mg * P, act);
+#endif
             }}
+        return;
     }}
     if (act >= 2) ss_conv_act_inplace(y, N * M * P, act);
 }}
@@ -240,6 +585,24 @@ void ss_conv_transpose2d(const float* x, const float* w, const float* bias, floa
 """
 
 
-def source(par_min: int = 32768) -> str:
-    """The conv fragment; ``par_min`` is the work (multiply-adds or copies) below which loops stay serial."""
-    return _TEMPLATE.format(par_min=int(par_min))
+def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vecs: int = 2,
+           chunk_floats: int = 1 << 17) -> str:
+    """The conv fragment.
+
+    ``par_min``: the work (multiply-adds or copies) below which loops stay serial;
+    ``act_chunk``: elements per chunk of the parallel activation pass after a GEMM;
+    ``dw_rows`` x ``dw_vecs``: the depthwise register tile, output rows x ymm vectors (8
+    columns each) accumulated together as independent FMA chains; rows first, since the
+    planes of late stages are only one or two vectors wide. At most 12 accumulators, so the
+    weight broadcast and the loads still have registers of the 16;
+    ``chunk_floats``: the im2col conv's column chunk, in floats of packed im2col matrix
+    (128K floats = 512 KB, half of this machine's 1 MB L2, leaving room for the weights).
+    """
+    if int(dw_rows) < 1 or int(dw_vecs) < 1 or int(dw_rows) * int(dw_vecs) > 12:
+        raise ValueError(f"dw_rows x dw_vecs must be 1..12 accumulators, got {dw_rows} x {dw_vecs}")
+    if int(chunk_floats) < 1:
+        raise ValueError(f"chunk_floats must be >= 1, got {chunk_floats}")
+    if int(act_chunk) < 8:
+        raise ValueError(f"act_chunk must be >= 8, got {act_chunk}")
+    return _TEMPLATE.format(par_min=int(par_min), act_chunk=int(act_chunk), dw_vecs=int(dw_vecs),
+                            dw_rows=int(dw_rows), chunk_floats=int(chunk_floats))
