@@ -21,6 +21,8 @@ demo: $(EXAMPLE)
 	$(BIN)/shapeshift simplify $(EXAMPLE) examples/out/encoder.simplified.onnx --check 3 --dynamic batch=1:4 --dynamic seq=1:128
 	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128
 	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128 --seed 1
+	$(BIN)/shapeshift info $(EXAMPLE) --backend native
+	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128 --seed 1 --backend native
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -n 2 -q -p no:cacheprovider
