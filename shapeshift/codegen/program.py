@@ -211,7 +211,10 @@ class _Builder:
             if node.op_type == "If" and node.domain in ("", "ai.onnx"):
                 self._build_branches(node)
             return step
-        values = [*node.inputs, *node.outputs]
+        # An optional output nobody reads may have no known shape: it is simply not written.
+        unread = {id(v) for v in node.outputs if v is not None and not v.users and id(v) not in self.outputs
+                  and not self.plannable(v)}
+        values = [*node.inputs, *(v for v in node.outputs if id(v) not in unread)]
         if not all(self.plannable(v) for v in values):
             return self._fallback(node, "shape or dtype not plannable")
         if node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx") and len(node.outputs) == 1 \
@@ -231,7 +234,8 @@ class _Builder:
                 if value is not None:
                     self.slot(value)
             for value in node.outputs:
-                self._add_slot(ARENA, value)
+                if value is not None and id(value) not in unread:
+                    self._add_slot(ARENA, value)
             ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes, self._defined_before(node))
             ctx.cancellable = self._cancellable
             lowered = rule(node, ctx, self._opset(node))

@@ -57,8 +57,10 @@ def _input(node: Node, index: int) -> Optional[Value]:
     return node.inputs[index] if index < len(node.inputs) else None
 
 
-def _output(node: Node, index: int) -> Optional[Value]:
-    return node.outputs[index] if index < len(node.outputs) else None
+def _output(node: Node, index: int, ctx: LowerContext) -> Optional[Value]:
+    """An output the code must write: present and read by someone."""
+    value = node.outputs[index] if index < len(node.outputs) else None
+    return None if index > 0 and ctx.unused(value) else value
 
 
 def _layout(ctx: LowerContext, value: Value, heads_attr: Optional[int]) -> _Layout:
@@ -249,7 +251,7 @@ def lower_attention(node: Node, ctx: LowerContext, opset: int) -> Lowered:
              f"{ctype}* row = ({ctype}*)WORK;",
              f"const {ctype} sc = ({ctype}){_scale_expr(node)};"]
     for index, cur, size, s in ((1, "kp", "Dh", "k"), (2, "vp", "Dv", "v")):
-        present = _output(node, index)
+        present = _output(node, index, ctx)
         if present is not None:
             lines += _present_lines(ctype, ctx.ptr(present), "pk" if index == 1 else "pv", cur, size, s)
     mask = _input(node, MASK_IN)
@@ -257,7 +259,7 @@ def lower_attention(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     if mask is not None:
         mask_lines, mask_value = _mask_lines(ctx, mask, (q.batch, q.heads, q.length, total), ctype)
         lines += mask_lines
-    qk_out = _output(node, 3)
+    qk_out = _output(node, 3, ctx)
     if qk_out is not None:
         lines.append(f"{ctype}* qk = {ctx.ptr(qk_out)};")
     body = _row_lines(ctype, float(node.attrs.get("softcap", 0.0)), mask_value, bool(int(node.attrs.get("is_causal", 0))),

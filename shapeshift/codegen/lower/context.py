@@ -121,6 +121,11 @@ class LowerContext:
             return None
         return np.asarray(value.const)
 
+    def unused(self, value: Optional[Value]) -> bool:
+        """Whether nothing reads ``value`` (an optional output nobody asked for); the
+        builder gives such an output storage only if its shape is plannable."""
+        return value is None or (not value.users and not self._is_live_after(value))
+
     def single_use(self, value: Value) -> bool:
         """Whether ``value`` is read by exactly one node and is not a graph output."""
         return len(value.users) == 1 and not self._is_live_after(value)
