@@ -87,7 +87,7 @@ def _print_native_coverage(graph: Graph) -> None:
     for step in program.steps:
         if step.kind != "fallback":
             native[step.node.op_type] += 1
-            for node in (step.lowered.absorbed if step.lowered else ()):
+            for node in ((*step.lowered.absorbed, *step.lowered.cancels) if step.lowered else ()):
                 native[node.op_type] += 1
     fallback = program.fallback_ops()
     total = sum(native.values()) + sum(fallback.values())
