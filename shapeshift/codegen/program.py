@@ -26,8 +26,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-import numpy as np
-
 from ..ir.graph import Graph, Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..symbolic import Dim, Expr, free_symbols
@@ -80,7 +78,6 @@ class Program:
     packs: list[PackRequest]
     input_symbols: frozenset[str]
     fragments: tuple[str, ...] = ()
-    counts: Counter = field(default_factory=Counter)
     prefix: str = ""  # segment functions are ss_segment<prefix>_<k>
     # An If's branches as programs of their own: id(node) -> (then, else). Their inputs
     # are the outer values the branch reads; their segments live in the same library.
@@ -181,9 +178,8 @@ class _Builder:
             self.steps.append(self._classify(node))
         self._set_lifetimes()
         segments = self._segments()
-        counts = Counter(s.kind for s in self.steps)
         program = Program(self.graph, self.steps, self.slots, self.slot_of, self.extents, segments, "",
-                          self.packs, self.input_symbols, (), counts, self.prefix, self.branches)
+                          self.packs, self.input_symbols, (), self.prefix, self.branches)
         if not self.prefix:  # the root: one translation unit for it and every branch
             programs = program.all_programs()
             program.fragments = _with_dependencies(
@@ -206,7 +202,7 @@ class _Builder:
 
     def _classify(self, node: Node) -> Step:
         self.current = self.position[id(node)]
-        if any(True for _ in node.subgraphs()):
+        if node.has_subgraphs():
             step = self._fallback(node, "control flow")
             if node.op_type == "If" and node.domain in ("", "ai.onnx"):
                 self._build_branches(node)
@@ -236,8 +232,8 @@ class _Builder:
             for value in node.outputs:
                 if value is not None and id(value) not in unread:
                     self._add_slot(ARENA, value)
-            ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes, self._defined_before(node))
-            ctx.cancellable = self._cancellable
+            ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
+                               self._defined_before(node), self._cancellable)
             lowered = rule(node, ctx, self._opset(node))
             if lowered is None:
                 raise Unsupported("rule declined")

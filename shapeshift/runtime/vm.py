@@ -24,8 +24,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from ..codegen.build import CompiledLibrary, compile_library
-from ..codegen.program import (ALIAS, ARENA, CONST, DYNAMIC, FALLBACK, INPUT, NATIVE, PACKED, VIEW, WORK,
-                               Program)
+from ..codegen.program import ARENA, CONST, DYNAMIC, FALLBACK, INPUT, NATIVE, VIEW, WORK, Program
 from ..errors import ExecutionError, ShapeshiftError
 from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
@@ -89,8 +88,6 @@ class NativeVM:
         self._arena_view_roots = np.array([s.root for s in arena_views], dtype=np.int64)
         self._node_positions = {id(n): i for i, n in enumerate(program.graph.nodes)}
         self._release_unread_constants()
-        self.native_steps = sum(1 for s in program.steps if s.kind == NATIVE)
-        self.fallback_steps = sum(1 for s in program.steps if s.kind == FALLBACK)
 
     # -- load time -------------------------------------------------------------------------
 

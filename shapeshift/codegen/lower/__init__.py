@@ -34,14 +34,10 @@ def rule_for(node: Node) -> Optional[LowerFn]:
     return _RULES.get((domain, node.op_type))
 
 
-def lowered_op_types() -> frozenset[str]:
-    _load_families()
-    return frozenset(op for _, op in _RULES)
-
 
 def _load_families() -> None:
     # Imported for their registrations; deferred so that the package imports cheaply.
     from . import attention, elementwise, layout, linalg, losses, misc, nn, reduce  # noqa: F401
 
 
-__all__ = ["LowerContext", "Lowered", "Unsupported", "lowers", "rule_for", "lowered_op_types"]
+__all__ = ["LowerContext", "Lowered", "Unsupported", "lowers", "rule_for"]

@@ -16,7 +16,7 @@ fallback.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -75,10 +75,11 @@ class LowerContext:
 
     def __init__(self, slot_of: Callable[[Value], int], extent_of: Callable[[Dim], str],
                  new_slot: Callable[[], int], packs: list[PackRequest], is_live_after: Callable[[Value], bool],
-                 defined_before: Callable[[Optional[Value]], bool]):
+                 defined_before: Callable[[Optional[Value]], bool], cancellable: Callable[[Node], bool]):
         self._slot_of = slot_of
         self.defined_before = defined_before  # whether a value exists before this node runs
-        self.cancellable: Callable[[Node], bool] = lambda node: False  # set by the program builder
+        # Whether an earlier node is a native step a rule may drop (see Lowered.cancels).
+        self.cancellable = cancellable
         self._extent_of = extent_of
         self._new_slot = new_slot
         self._packs = packs

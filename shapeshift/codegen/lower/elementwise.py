@@ -331,7 +331,7 @@ def _same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
 
 def _is_elementwise(node: Node) -> bool:
     return (node.op_type in ELEMENTWISE_OPS and node.domain in ("", "ai.onnx") and len(node.outputs) == 1
-            and not node.params and not any(True for _ in node.subgraphs()))
+            and not node.params and not node.has_subgraphs())
 
 
 def _chain(leader: Node, ctx: LowerContext) -> list[Node]:
@@ -531,7 +531,7 @@ def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype:
             lines.append(f"#pragma omp parallel for if(n0 >= {PARALLEL_ELEMENTS})")
             lines.append(f"for (int64_t j = 0; j < n0; j++) out[j] = {expr};")
             return "\n".join(lines)
-        lines.append(f"const int64_t blocks = n0 / 8;")
+        lines.append("const int64_t blocks = n0 / 8;")
         lines.append(f"#pragma omp parallel for if(n0 >= {PARALLEL_ELEMENTS})")
         lines.append(f"for (int64_t blk = 0; blk < blocks; blk++) {{ const int64_t j = blk * 8; "
                      f"_mm256_storeu_ps(out + j, {vector}); }}")

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...ir.graph import Node, Value
+from ...ir.graph import Node
 from ...ir.types import INT32, INT64
 from ...ops.common import product
 from ...symbolic import Dim
@@ -79,11 +79,12 @@ def lower_transpose(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 
 @lowers("Slice")
 def lower_slice(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    # The ends are not needed: the output's (planned) shape gives every extent.
     if opset < 10:
-        starts, ends = node.attrs.get("starts"), node.attrs.get("ends")
-        axes, steps = node.attrs.get("axes"), None
+        starts, axes, steps = node.attrs.get("starts"), node.attrs.get("axes"), None
     else:
-        starts, ends = param_values(node, 1, ctx), param_values(node, 2, ctx)
+        starts = param_values(node, 1, ctx)
+        param_values(node, 2, ctx)  # still declined when computed at run time, as before
         axes, steps = param_values(node, 3, ctx), param_values(node, 4, ctx)
     x, y = node.inputs[0], node.outputs[0]
     in_shape, out_shape = ctx.shape(x), ctx.shape(y)

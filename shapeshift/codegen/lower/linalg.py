@@ -170,7 +170,7 @@ def lower_matmul(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         raise Unsupported("MatMul of a scalar")
     a_mat = a_shape if len(a_shape) >= 2 else (1, a_shape[0])
     b_mat = b_shape if len(b_shape) >= 2 else (b_shape[0], 1)
-    m, k, n = a_mat[-2], a_mat[-1], b_mat[-1]
+    k, n = a_mat[-1], b_mat[-1]
     absorbed, bias, act = _epilogue(node, ctx, n)
     out = absorbed[-1].outputs[0] if absorbed else y
     bias_args = {}
