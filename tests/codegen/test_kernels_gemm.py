@@ -21,8 +21,12 @@ from shapeshift.codegen.kernels import gemm
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.codegen.kernels.prelude import PRELUDE
 
-TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2,
+TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2, prefetch_min_m=2,
                     parallel_min_flops=0)
+# B-streaming path up to 20 rows: every m past 6 rows (nr 16) runs as row groups.
+GROUPED = GemmSchedule(small_m=20)
+# nr = 32 keeps at most 2 rows at full width, so groups of 1 and 2 rows.
+GROUPED_WIDE = GemmSchedule(mr=2, nr=32, mc=64, nc=256, small_m=9, small_nc=64)
 SCALAR_FLAGS = tuple(f for f in DEFAULT_FLAGS if f != "-march=native")
 
 i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -57,6 +61,8 @@ def libs(tmp_path_factory) -> dict[str, Lib]:
         "default": _load(PRELUDE + gemm.source(), GemmSchedule(), cache),
         "tiny": _load(PRELUDE + gemm.source(TINY), TINY, cache),
         "scalar": _load(PRELUDE + gemm.source(), GemmSchedule(), cache, flags=SCALAR_FLAGS),
+        "grouped": _load(PRELUDE + gemm.source(GROUPED), GROUPED, cache),
+        "grouped_wide": _load(PRELUDE + gemm.source(GROUPED_WIDE), GROUPED_WIDE, cache),
     }
 
 
@@ -189,6 +195,25 @@ def test_gemm_matches_numpy(libs, build, case):
     run_case(libs[build], case)
 
 
+@pytest.mark.parametrize("build", ["grouped", "grouped_wide"])
+@pytest.mark.parametrize("m", range(1, 21))
+@pytest.mark.parametrize("prepacked,b_t", [(True, False), (False, False), (False, True)])
+def test_small_path_row_groups(libs, build, m, prepacked, b_t):
+    """Every row count of the B-streaming path, including those split into row groups."""
+    run_case(libs[build], Case(m, 70, 300, b_t=b_t, bias="col", act=1, prepacked=prepacked))
+
+
+def test_small_row_groups_keep_full_width():
+    groups = gemm._small_row_groups
+    assert groups(GemmSchedule(), 6) == [6]
+    assert groups(GemmSchedule(), 8) == [4, 4]
+    assert groups(GemmSchedule(), 13) == [5, 4, 4]
+    assert groups(GROUPED_WIDE, 5) == [2, 2, 1]
+    for schedule in (GemmSchedule(), GROUPED, GROUPED_WIDE):
+        for m in range(1, schedule.small_m + 1):
+            assert sum(groups(schedule, m)) == m
+
+
 @pytest.mark.parametrize("case", CASES[::7], ids=str)
 def test_scalar_fallback_matches_numpy(libs, case):
     run_case(libs["scalar"], case)
@@ -274,10 +299,11 @@ def test_threads_agree(libs, build, case):
     (dict(nc=3000), "multiple of nr"),
     (dict(small_nc=100), "multiple of nr"),
     (dict(prefetch_rows=-1), "prefetch_rows"),
+    (dict(prefetch_min_m=-1), "prefetch_min_m"),
     (dict(kc=0), ">= 1"),
     (dict(unroll_k=0), ">= 1"),
     (dict(unroll_k=17), "over 16"),
-    (dict(small_m=15), "small_m"),
+    (dict(small_m=33), "small_m"),
     (dict(small_m=-1), "small_m"),
     (dict(parallel_min_flops=-1), "parallel_min_flops"),
 ])
@@ -299,7 +325,10 @@ def test_source_reflects_schedule():
                  "#define SS_GEMM_MC 8", "#define SS_GEMM_NC 16", "#define SS_GEMM_SMALL_NC 16",
                  "#pragma GCC unroll 3"):
         assert line in text
-    assert "ss_gemm_small_3(" in text and "ss_gemm_small_4(" not in text
+    # TINY prefetches from 2 rows on: the 2- and 3-row kernels exist in both variants.
+    assert "ss_gemm_small_3_pf(" in text and "ss_gemm_small_1(" in text and "ss_gemm_small_4" not in text
+    assert "ss_gemm_small_1_pf(" not in text and "_mm_prefetch" in text
+    assert "_mm_prefetch" not in gemm.source(GemmSchedule(prefetch_rows=0))
 
 
 def test_packed_b_size_python_matches_c(libs):
@@ -309,9 +338,10 @@ def test_packed_b_size_python_matches_c(libs):
             assert lib.cdll.ss_gemm_packed_b_size(k, n) == gemm.packed_b_size(k, n, lib.schedule)
 
 
-# sha256 of gemm.source() for the default schedule before the prefix parameter existed: the
-# default output must not change, or every cached library built from it would be rebuilt.
-DEFAULT_SOURCE_SHA256 = "bd39244c315cbd6cb8f5a2322665c07e0506b5734035a0330585244d28d026b2"
+# sha256 of gemm.source() for the default schedule: the prefix parameter must leave the
+# default text alone. Update it deliberately when the generated kernels change (last: the
+# B-streaming path's row groups and pinned B registers).
+DEFAULT_SOURCE_SHA256 = "2a6542d4eff752f763820ad40765eda867c7145a34a509d969ed9d81256ffa16"
 
 
 def test_default_prefix_source_unchanged():

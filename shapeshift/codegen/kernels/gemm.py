@@ -77,7 +77,9 @@ YMM_REGISTERS = 16
 # Independent FMA chains needed to hide FMA latency (latency 4-5 cycles x 2 ports).
 FMA_CHAINS = 8
 # Above this many rows the B-streaming kernel would need more than 16 registers.
-MAX_SMALL_M = YMM_REGISTERS - 2
+# The B-streaming path splits larger m into row groups (see _small_row_groups); past this
+# the packed path, which reuses each packed B panel across mc rows, is the better one.
+MAX_SMALL_M = 32
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,11 @@ class GemmSchedule:
     kc x small_nc floats should fit in L2);
     pack_rows: rows of a row-major B read together, across the whole block (one read stream
     each), when packing it and when the B-streaming path reads it in place;
-    prefetch_rows: how many rows of B ahead the B-streaming path prefetches (0: none; the
-    default, since the hardware prefetcher already follows the packed stream and the extra
-    instructions measured slower at M = 1);
+    prefetch_rows: how many rows of B ahead the B-streaming path prefetches (0: none);
+    prefetch_min_m: ... in calls of at least this many rows, and only in their first row
+    group. With weights streamed from DRAM, 32 rows ahead made M = 6..8 about 30% faster
+    (the hardware prefetcher falls behind once the loop has that much work per row), while
+    at M <= 5 it measured neutral to slightly slower;
     parallel_min_flops: calls with fewer flops (2*M*N*K*batch) run on one thread. 4 Mflop is
     about 60 us on one core, well above the cost of waking a second thread.
     """
@@ -109,12 +113,13 @@ class GemmSchedule:
     small_m: int = 8
     small_nc: int = 256
     pack_rows: int = 8
-    prefetch_rows: int = 0
+    prefetch_rows: int = 32
+    prefetch_min_m: int = 6
     parallel_min_flops: int = 1 << 22
 
     def __post_init__(self) -> None:
         for name in ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-                     "parallel_min_flops"):
+                     "prefetch_min_m", "parallel_min_flops"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"GemmSchedule.{name} must be an int, got {value!r}")
@@ -139,8 +144,9 @@ class GemmSchedule:
             raise ValueError(f"GemmSchedule.unroll_k={self.unroll_k} is over 16: code size for nothing")
         if not 0 <= self.small_m <= MAX_SMALL_M:
             raise ValueError(f"GemmSchedule.small_m must be in 0..{MAX_SMALL_M}, got {self.small_m}")
-        if self.prefetch_rows < 0:
-            raise ValueError(f"GemmSchedule.prefetch_rows must be >= 0, got {self.prefetch_rows}")
+        for name in ("prefetch_rows", "prefetch_min_m"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"GemmSchedule.{name} must be >= 0, got {getattr(self, name)}")
         if self.parallel_min_flops < 0:
             raise ValueError(f"GemmSchedule.parallel_min_flops must be >= 0, got {self.parallel_min_flops}")
 
@@ -204,10 +210,10 @@ def _source(s: GemmSchedule) -> str:
         _COMMON,
         "#ifdef __AVX2__",
         _micro_kernel_avx2(s),
-        *(_small_kernel_avx2(s, m) for m in range(1, s.small_m + 1)),
+        *(_small_kernel_avx2(s, m, prefetch) for m, prefetch in _small_kernels(s)),
         "#else",
         _MICRO_KERNEL_SCALAR,
-        *(_small_kernel_scalar(m) for m in range(1, s.small_m + 1)),
+        *(_small_kernel_scalar(m, prefetch) for m, prefetch in _small_kernels(s)),
         "#endif",
         _small_dispatch(s),
         _DRIVER,
@@ -285,13 +291,20 @@ def _small_shape(s: GemmSchedule, m: int) -> tuple[int, int]:
     return width, sets
 
 
-def _small_kernel_avx2(s: GemmSchedule, m: int) -> str:
+def _small_name(rows: int, prefetch: bool) -> str:
+    return f"ss_gemm_small_{rows}" + ("_pf" if prefetch else "")
+
+
+def _small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool) -> str:
     width, sets = _small_shape(s, m)
     acc = [[[f"c{t}_{i}_{v}" for v in range(width)] for i in range(m)] for t in range(sets)]
 
     def step(t: int) -> list[str]:
         lines = [f"            b{v} = _mm256_loadu_ps(bp + {t} * ldb + {8 * v});" for v in range(width)]
-        if s.prefetch_rows:
+        # Pin each B vector in a register: otherwise GCC folds the load into every FMA that
+        # uses it (m loads per vector instead of one) and the loop becomes load-bound.
+        lines += [f'            __asm__("" : "+x"(b{v}));' for v in range(width)]
+        if prefetch:
             lines.insert(0, f"            _mm_prefetch((const char*)(bp + ({t} + {s.prefetch_rows}) * ldb), _MM_HINT_T0);")
         for i in range(m):
             lines.append(f"            av = _mm256_broadcast_ss(ap + {i} * rsa + {t} * csa);")
@@ -302,7 +315,7 @@ def _small_kernel_avx2(s: GemmSchedule, m: int) -> str:
     out = [
         f"/* {m} rows: c (row stride ldc) = (acc ? c : 0) + A(0:{m}, 0:kc) * b, b: kc rows of NR floats",
         "   (row stride ldb); A(i,k) at a[i*rsa + k*csa], read in place. */",
-        f"static void ss_gemm_small_{m}(int64_t kc, const float* restrict a, int64_t rsa, int64_t csa,",
+        f"static void {_small_name(m, prefetch)}(int64_t kc, const float* restrict a, int64_t rsa, int64_t csa,",
         "                              const float* restrict b, int64_t ldb, float* restrict c, int64_t ldc, int acc)",
         "{",
         f"    for (int j0 = 0; j0 < SS_GEMM_NR; j0 += {8 * width}) {{",
@@ -333,9 +346,9 @@ def _small_kernel_avx2(s: GemmSchedule, m: int) -> str:
     return "\n".join(out)
 
 
-def _small_kernel_scalar(m: int) -> str:
+def _small_kernel_scalar(m: int, prefetch: bool) -> str:
     return f"""\
-static void ss_gemm_small_{m}(int64_t kc, const float* restrict a, int64_t rsa, int64_t csa,
+static void {_small_name(m, prefetch)}(int64_t kc, const float* restrict a, int64_t rsa, int64_t csa,
                               const float* restrict b, int64_t ldb, float* restrict c, int64_t ldc, int acc)
 {{
     for (int i = 0; i < {m}; ++i) {{
@@ -350,11 +363,46 @@ static void ss_gemm_small_{m}(int64_t kc, const float* restrict a, int64_t rsa, 
 }}"""
 
 
+def _small_row_groups(s: GemmSchedule, m: int) -> list[int]:
+    """Row counts the m-row B-streaming call is split into.
+
+    A kernel keeps m x width accumulators plus the width B vectors and one broadcast in
+    16 registers; past 6 rows (nr = 16) only one B vector per pass fits, so every FMA needs
+    its own broadcast load and the loop becomes load-bound (measured: 8 rows ran at about
+    half the FMA rate of 6).  Such m are cut into balanced groups that keep full width; each
+    group re-reads the same kc x nr panel of B, which is in L1 by then.
+    """
+    vectors = s.nr // 8
+    widest = (YMM_REGISTERS - vectors - 1) // vectors
+    if m <= widest or widest < 1:
+        return [m]
+    count = -(-m // widest)
+    return [m // count + (1 if i < m % count else 0) for i in range(count)]
+
+
+def _small_calls(s: GemmSchedule, m: int) -> list[tuple[int, bool]]:
+    """(rows, prefetch) of each kernel call for m rows: only a first group prefetches."""
+    prefetch = bool(s.prefetch_rows) and m >= max(1, s.prefetch_min_m)
+    return [(rows, prefetch and i == 0) for i, rows in enumerate(_small_row_groups(s, m))]
+
+
+def _small_kernels(s: GemmSchedule) -> list[tuple[int, bool]]:
+    """(rows, prefetch) of every kernel the dispatch calls."""
+    return sorted({call for m in range(1, s.small_m + 1) for call in _small_calls(s, m)})
+
+
 def _small_dispatch(s: GemmSchedule) -> str:
-    cases = "\n".join(f"    case {m}: ss_gemm_small_{m}(kc, a, rsa, csa, b, ldb, c, ldc, acc); break;"
-                      for m in range(1, s.small_m + 1))
+    cases = []
+    for m in range(1, s.small_m + 1):
+        calls, first = [], 0
+        for rows, prefetch in _small_calls(s, m):
+            calls.append(f"{_small_name(rows, prefetch)}(kc, a + {first} * rsa, rsa, csa, b, ldb, c + {first} * ldc, ldc, acc);")
+            first += rows
+        cases.append(f"    case {m}: " + " ".join(calls) + " break;")
+    cases = "\n".join(cases)
     return f"""\
-/* The B-streaming kernel for m rows, 1 <= m <= SS_GEMM_SMALL_M. */
+/* The B-streaming kernel for m rows, 1 <= m <= SS_GEMM_SMALL_M (in row groups that keep
+   full vector width, see _small_row_groups). */
 static void ss_gemm_small(int64_t m, int64_t kc, const float* a, int64_t rsa, int64_t csa,
                           const float* b, int64_t ldb, float* c, int64_t ldc, int acc)
 {{
