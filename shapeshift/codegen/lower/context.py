@@ -22,7 +22,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ...ir.graph import Node, Value
-from ...ir.types import BOOL, DOUBLE, FLOAT, INT8, INT32, INT64, UINT8, TensorType, to_numpy_dtype
+from ...ir.types import (BOOL, DOUBLE, FLOAT, INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, TensorType,
+                         to_numpy_dtype)
 from ...symbolic import Dim, Expr
 
 # ONNX element type -> C type, for the dtypes the native backend computes on.
@@ -34,6 +35,12 @@ C_TYPES: dict[int, str] = {
     INT8: "int8_t",
     UINT8: "uint8_t",
     BOOL: "uint8_t",
+    # Less common integer widths: elementwise ops, comparisons and layout ops handle them
+    # generically; kernels that exist for particular dtypes check them themselves.
+    INT16: "int16_t",
+    UINT16: "uint16_t",
+    UINT32: "uint32_t",
+    UINT64: "uint64_t",
 }
 
 

@@ -22,12 +22,13 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ...ir.graph import Node, Value
-from ...ir.types import BOOL, DOUBLE, FLOAT, INT32, INT64, UINT8, TensorType
+from ...ir.types import BOOL, DOUBLE, FLOAT, INT32, INT64, UINT8, UINT16, UINT32, UINT64, TensorType
 from ...symbolic import Dim, prove_eq
 from . import lowers
 from .context import C_TYPES, LowerContext, Lowered, Unsupported, float_literal
 
 FLOATS = (FLOAT, DOUBLE)
+UNSIGNED_BITS = {UINT8: 8, UINT16: 16, UINT32: 32, UINT64: 64}
 # Below this many elements a parallel region costs more than it saves.
 PARALLEL_ELEMENTS = 1 << 15
 
@@ -96,7 +97,10 @@ def _pow(node, args, dtypes):
 def _mod(node, args, dtypes):
     if node.attrs.get("fmod", 0):
         if dtypes[0] not in FLOATS:
-            return f"({args[0]} % {args[1]})"
+            # C traps on x % 0 and on MIN % -1 (whose remainder is 0 anyway): give 0.
+            a, b, ctype = args[0], args[1], C_TYPES[dtypes[0]]
+            guard = f"{b} == 0" if dtypes[0] in UNSIGNED_BITS else f"({b} == 0 || {b} == -1)"
+            return f"({guard} ? ({ctype})0 : ({ctype})({a} % {b}))"
         return f"fmod{'f' if dtypes[0] == FLOAT else ''}({args[0]}, {args[1]})"
     if dtypes[0] in FLOATS:
         raise Unsupported("float Mod with fmod=0")
@@ -112,7 +116,7 @@ def _div(node, args, dtypes):
     # Integer Div truncates toward zero in ONNX (onnxruntime, onnx.reference), as C's / does.
     # C traps on x / 0 and on MIN / -1: give 0 and the wrapped negation instead.
     a, b, ctype = args[0], args[1], C_TYPES[dtypes[0]]
-    if dtypes[0] == UINT8:
+    if dtypes[0] in UNSIGNED_BITS:
         return f"({b} == 0 ? ({ctype})0 : ({ctype})({a} / {b}))"
     return (f"({b} == 0 ? ({ctype})0 : ({b} == -1 ? ({ctype})(0 - (uint64_t){a}) : ({ctype})({a} / {b})))")
 
@@ -185,12 +189,21 @@ def _integers_only(template: str) -> Expr:
 
 
 def _bit_shift(node, args, dtypes):
-    # ONNX defines BitShift on unsigned types only; of those the native backend has uint8.
-    if dtypes[0] != UINT8:
-        raise Unsupported("BitShift on a dtype other than uint8")
+    # ONNX defines BitShift on unsigned types only.
+    bits = UNSIGNED_BITS.get(dtypes[0])
+    if bits is None:
+        raise Unsupported("BitShift on a signed or non-integer dtype")
     op = "<<" if node.attrs.get("direction") == "LEFT" else ">>"
+    ctype = C_TYPES[dtypes[0]]
     # A shift by the width or more is 0 (NumPy, onnxruntime), undefined in C.
-    return f"(uint8_t)({args[1]} >= 8 ? 0 : ((unsigned){args[0]} {op} {args[1]}))"
+    return f"({ctype})({args[1]} >= {bits} ? 0 : ((uint64_t){args[0]} {op} {args[1]}))"
+
+
+def _mul(node, args, dtypes):
+    if dtypes[0] == UINT16:
+        # uint16 operands promote to (signed) int, where 65535 * 65535 overflows: undefined.
+        return f"(uint16_t)((uint32_t){args[0]} * {args[1]})"
+    return f"({args[0]} * {args[1]})"
 
 
 def _sum(node, args, dtypes):
@@ -210,7 +223,7 @@ def _require_float(node: Node, dtypes: Sequence[int]) -> None:
 _EXPRESSIONS: dict[str, Expr] = {
     "Add": _any("({0} + {1})"),
     "Sub": _any("({0} - {1})"),
-    "Mul": _any("({0} * {1})"),
+    "Mul": _mul,
     "Div": _div,
     "Neg": _any("(-{0})"),
     "Abs": lambda node, a, d: f"fabs{'f' if d[0] == FLOAT else ''}({a[0]})" if d[0] in FLOATS
