@@ -14,8 +14,12 @@ Kernels address data through ``v[slot]`` (a table of pointers the VM fills per r
 sizes through ``e[k]`` (a table of extents the VM evaluates once per distinct binding
 of the input symbols), so one build serves every shape in the declared ranges.
 
-A node is lowered only when every shape it touches is known from the input symbols;
-shapes that depend on data (NonZero's count...) keep their consumers on the fallback.
+A node is lowered only when every shape it touches is known from the input symbols or
+from *late* symbols: a dim of a fallback step's output that is a symbol of its own (the
+count of NonZero, the length of a Range over computed bounds, a dim an If's branches
+disagree on) is bound by the VM from the array that step returns. What is sized by late
+symbols lives in LATE storage, allocated per run once they are bound, and their extents
+are evaluated then too; everything else keeps the plan made once per input binding.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ NATIVE, ALIAS, FALLBACK = "native", "alias", "fallback"
 
 # Storage kinds of a slot.
 CONST, INPUT, ARENA, DYNAMIC, PACKED, VIEW, WORK = "const", "input", "arena", "dynamic", "packed", "view", "work"
+LATE = "late"  # an ARENA or WORK buffer sized by late symbols: allocated per run once they are bound
 DEAD = "dead"  # the output of a step a later rule dropped: never written, never read
 
 
@@ -51,6 +56,8 @@ class Step:
     segment: int = -1
     reason: str = ""  # why a node falls back, for reports
     work: int = -1  # slot of the step's scratch space, if any
+    # Fallback steps: the late symbols their results bind, as (output index, axis, symbol).
+    binds: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -61,7 +68,7 @@ class Slot:
     kind: str
     value: Optional[Value] = None  # None for packed weights and workspaces
     root: int = -1  # VIEW: the slot whose buffer it shares
-    nbytes: Dim = 0  # ARENA and WORK: size as a dim expression
+    nbytes: Dim = 0  # ARENA, WORK and LATE: size as a dim expression
     first: int = 0  # ARENA and WORK: live from this step...
     last: int = 0  # ...through this one
 
@@ -85,6 +92,10 @@ class Program:
     # Constants no generated code, fallback step or output reads (weights only reached
     # through their packed copies): the VM drops them once everything is packed.
     unread_consts: list[Value] = field(default_factory=list)
+    # Symbols bound at run time by fallback steps (Step.binds), and the indices of the
+    # extents that depend on them (evaluated per run, once they are bound).
+    late_symbols: frozenset[str] = frozenset()
+    late_extents: list[int] = field(default_factory=list)
 
     def fallback_ops(self) -> Counter:
         """Ops run by the reference evaluator, branches of native Ifs included (an If whose
@@ -127,6 +138,7 @@ class _Builder:
         self.outputs = {id(v) for v in graph.outputs}
         self.absorbed: set[int] = set()
         self.current = -1  # position of the node being classified
+        self.late_symbols: set[str] = set()  # bound by a fallback step before the current node
         for value in self.inputs:
             self._add_slot(INPUT, value)
 
@@ -164,12 +176,15 @@ class _Builder:
     # -- classification ----------------------------------------------------------------
 
     def plannable(self, value: Optional[Value]) -> bool:
-        """A tensor of a native dtype whose shape is known from the input symbols."""
+        """A tensor of a native dtype whose shape is known from the input or late symbols."""
         if value is None:
             return True
         t = value.type
         return (isinstance(t, TensorType) and t.shape is not None and t.dtype in C_TYPES
-                and all(free_symbols(d) <= self.input_symbols for d in t.shape))
+                and all(free_symbols(d) <= self.known_symbols() for d in t.shape))
+
+    def known_symbols(self) -> set[str]:
+        return self.input_symbols | self.late_symbols
 
     def build(self) -> Program:
         for node in self.graph.nodes:
@@ -177,9 +192,13 @@ class _Builder:
                 continue
             self.steps.append(self._classify(node))
         self._set_lifetimes()
+        self._mark_late_storage()
         segments = self._segments()
         program = Program(self.graph, self.steps, self.slots, self.slot_of, self.extents, segments, "",
-                          self.packs, self.input_symbols, (), self.prefix, self.branches)
+                          self.packs, self.input_symbols, (), self.prefix, self.branches,
+                          late_symbols=frozenset(self.late_symbols),
+                          late_extents=[k for k, d in enumerate(self.extents)
+                                        if not free_symbols(d) <= self.input_symbols])
         if not self.prefix:  # the root: one translation unit for it and every branch
             programs = program.all_programs()
             program.fragments = _with_dependencies(
@@ -196,7 +215,9 @@ class _Builder:
             if not isinstance(body, Graph):
                 return
             prefix = f"{self.prefix}_{self.position[id(node)]}{'te'[k]}"
-            builder = _Builder(body, prefix, _outer_reads(body), self.input_symbols)
+            # A branch sees the late symbols bound so far as inputs: the VM passes it the
+            # whole binding.
+            builder = _Builder(body, prefix, _outer_reads(body), frozenset(self.known_symbols()))
             pair.append(builder.build())
         self.branches[id(node)] = (pair[0], pair[1])
 
@@ -274,10 +295,26 @@ class _Builder:
         self.extent_index = extent_index
 
     def _fallback(self, node: Node, reason: str) -> Step:
-        for value in node.outputs:
+        step = Step(FALLBACK, node, reason=reason)
+        for k, value in enumerate(node.outputs):
             if value is not None and isinstance(value.type, TensorType):
                 self._add_slot(DYNAMIC, value)
-        return Step(FALLBACK, node, reason=reason)
+                step.binds += self._late_binds(k, value)
+        return step
+
+    def _late_binds(self, k: int, value: Value) -> list[tuple[int, int, str]]:
+        """(output, axis, symbol) for each dim of this fallback output that is a symbol not
+        known yet: the VM binds it from the array the step returns."""
+        binds = []
+        if value.type.shape is None:
+            return binds
+        for axis, d in enumerate(value.type.shape):
+            atom = d.as_symbol() if isinstance(d, Expr) else None
+            if atom is None or atom.definition is not None or atom.name in self.known_symbols():
+                continue
+            self.late_symbols.add(atom.name)
+            binds.append((k, axis, atom.name))
+        return binds
 
     def _escapes(self, value: Value) -> bool:
         return id(value) in self.outputs
@@ -320,6 +357,12 @@ class _Builder:
                 self.slots[step.work].first = self.slots[step.work].last = i
         for value in self.graph.outputs:
             self._touch(value, end)
+
+    def _mark_late_storage(self) -> None:
+        """Buffers sized by late symbols cannot take part in the per-binding arena plan."""
+        for slot in self.slots:
+            if slot.kind in (ARENA, WORK) and not free_symbols(slot.nbytes) <= self.input_symbols:
+                slot.kind = LATE
 
     def _touch(self, value: Optional[Value], i: int) -> None:
         if value is None:

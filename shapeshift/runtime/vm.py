@@ -10,6 +10,10 @@ Memory: every buffer a native step writes lives in one arena, reused across runs
 grown when a larger binding needs more. Offsets come from a linear scan over the steps
 (a buffer is freed after its last reader; views keep their root alive). Runs of one VM
 are serialized by a lock, since they share the arena.
+
+Late symbols (program.py): after a fallback step that binds some, the VM reads them off
+the arrays it returned, evaluates the extents that depend on them into ``e[]`` and
+allocates the LATE buffers they size, before the next segment runs.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from ..codegen.build import CompiledLibrary, compile_library
-from ..codegen.program import ARENA, CONST, DYNAMIC, FALLBACK, INPUT, NATIVE, VIEW, WORK, Program
+from ..codegen.program import ARENA, CONST, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK, Program
 from ..errors import ExecutionError, ShapeshiftError
 from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
@@ -87,6 +91,7 @@ class NativeVM:
         self._arena_views = np.array([s.index for s in arena_views], dtype=np.int64)
         self._arena_view_roots = np.array([s.root for s in arena_views], dtype=np.int64)
         self._node_positions = {id(n): i for i, n in enumerate(program.graph.nodes)}
+        self._late_slots = [s for s in program.slots if s.kind == LATE]
         self._release_unread_constants()
 
     # -- load time -------------------------------------------------------------------------
@@ -145,8 +150,10 @@ class NativeVM:
 
     def _make_plan(self, binding: Mapping[str, int]) -> Plan:
         program = self.program
+        late = set(program.late_extents)  # evaluated per run, once their symbols are bound
         try:
-            extents = np.array([evaluate(d, binding) for d in program.extents] or [0], dtype=np.int64)
+            extents = np.array([0 if k in late else evaluate(d, binding) for k, d in enumerate(program.extents)]
+                               or [0], dtype=np.int64)
         except ShapeshiftError as exc:
             raise ExecutionError(f"cannot evaluate the program's extents: {exc}") from None
         shapes: dict[int, tuple[int, ...]] = {}
@@ -169,6 +176,8 @@ class NativeVM:
     def _run(self, feeds: dict[Value, Any], binding: Mapping[str, int]) -> list:
         program = self.program
         plan = self._plan(binding)
+        if program.late_symbols:
+            binding = dict(binding)  # grows with the late symbols as they are bound
         if self._arena.nbytes < plan.arena_bytes + ALIGNMENT:  # room to align the base too
             self._arena = np.empty(plan.arena_bytes + ALIGNMENT, dtype=np.uint8)
             self._arena_base = _aligned_base(self._arena)
@@ -203,15 +212,15 @@ class NativeVM:
                 i = indices[-1] + 1
                 continue
             if step.kind == FALLBACK:
-                self._run_fallback(step.node, env, arrays, ptrs, plan, binding)
+                self._run_fallback(step, env, arrays, ptrs, plan, binding)
             i += 1
-        return [self._output(v, env, arrays, plan) for v in program.graph.outputs]
+        return [self._output(v, env, arrays, plan, binding) for v in program.graph.outputs]
 
     def _set_views(self, ptrs: np.ndarray, root: int, address: int) -> None:
         for child in self._view_children.get(root, ()):
             ptrs[child] = address
 
-    def _array(self, value: Value, env: dict, arrays: dict, plan: Plan) -> Any:
+    def _array(self, value: Value, env: dict, arrays: dict, plan: Plan, binding: Mapping[str, int]) -> Any:
         """The value's contents as an array (a view of the arena where it lives there)."""
         if value in env:
             return env[value]
@@ -222,7 +231,11 @@ class NativeVM:
         slot = program.slots[index]
         root = program.slots[slot.root] if slot.kind == VIEW else slot
         shape = plan.shapes.get(index)
+        if shape is None and program.late_symbols and value.type.shape is not None:
+            shape = tuple(evaluate(d, binding) for d in value.type.shape)
         dtype = to_numpy_dtype(value.type.dtype)
+        if root.kind == LATE:
+            return np.frombuffer(arrays[root.index], dtype=dtype, count=math.prod(shape)).reshape(shape)
         if root.kind in (CONST, INPUT, DYNAMIC):
             data = np.asarray(root.value.const) if root.kind == CONST else arrays[root.index]
             return data if shape is None else data.reshape(shape)
@@ -230,26 +243,61 @@ class NativeVM:
         count = math.prod(shape)
         return np.frombuffer(self._arena, dtype=dtype, count=count, offset=offset).reshape(shape)
 
-    def _run_fallback(self, node: Node, env: dict, arrays: dict, ptrs: np.ndarray, plan: Plan,
+    def _run_fallback(self, step, env: dict, arrays: dict, ptrs: np.ndarray, plan: Plan,
                       binding: Mapping[str, int]) -> None:
+        node = step.node
         for value in values_read(node):
             if value not in env:
-                env[value] = self._array(value, env, arrays, plan)
+                env[value] = self._array(value, env, arrays, plan, binding)
         branches = self._branches.get(id(node))
         if branches is not None:
             results = self._run_branch(node, branches, env, binding)
         else:
             results = self._evaluate(node, env, binding)
+        if step.binds:
+            self._bind_late(step, results, binding, plan, arrays, ptrs)
         for value, result in zip(node.outputs, results):
             if value is None:
                 continue
             index = self.program.slot_of.get(id(value))
             if index is not None and isinstance(result, np.ndarray):
-                result = self._checked(node, value, result, plan.shapes.get(index))
+                expected = plan.shapes.get(index)
+                if expected is None and self.program.late_symbols and value.type.shape is not None:
+                    expected = tuple(evaluate(d, binding) for d in value.type.shape)
+                result = self._checked(node, value, result, expected)
                 arrays[index] = result
                 ptrs[index] = result.ctypes.data
                 self._set_views(ptrs, index, result.ctypes.data)
             env[value] = result
+
+    def _bind_late(self, step, results: list, binding: dict, plan: Plan, arrays: dict, ptrs: np.ndarray) -> None:
+        """Bind the step's late symbols from its results, then evaluate the extents and
+        allocate the LATE buffers that have become computable."""
+        for k, axis, symbol in step.binds:
+            result = results[k] if k < len(results) else None
+            if not isinstance(result, np.ndarray) or result.ndim <= axis:
+                raise ExecutionError(f"{step.node.describe()}: output {k} has no axis {axis} to give {symbol!r} "
+                                     "its value")
+            binding[symbol] = int(result.shape[axis])
+        program = self.program
+        for index in program.late_extents:
+            try:
+                plan.extents[index] = evaluate(program.extents[index], binding)
+            except ShapeshiftError:
+                pass  # needs a symbol bound later
+        for slot in self._late_slots:
+            if slot.index in arrays:
+                continue
+            try:
+                nbytes = evaluate(slot.nbytes, binding)
+            except ShapeshiftError:
+                continue
+            buffer = np.empty(max(nbytes, 1) + ALIGNMENT, dtype=np.uint8)
+            address = _aligned_base(buffer)
+            # Kept as the raw buffer: _array views it at its aligned start.
+            arrays[slot.index] = buffer[address - buffer.ctypes.data:]
+            ptrs[slot.index] = address
+            self._set_views(ptrs, slot.index, address)
 
     def _evaluate(self, node: Node, env: dict, binding: Mapping[str, int]) -> list:
         """The node's outputs from its NumPy evaluator (subgraphs run by the reference executor)."""
@@ -289,8 +337,8 @@ class NativeVM:
                                  f"expected {list(expected)}")
         return np.asarray(result, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
 
-    def _output(self, value: Value, env: dict, arrays: dict, plan: Plan) -> Any:
-        result = self._array(value, env, arrays, plan)
+    def _output(self, value: Value, env: dict, arrays: dict, plan: Plan, binding: Mapping[str, int]) -> Any:
+        result = self._array(value, env, arrays, plan, binding)
         if isinstance(result, np.ndarray):
             return np.array(result, copy=True)
         return result

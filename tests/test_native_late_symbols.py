@@ -1,0 +1,127 @@
+"""Late symbols: a dim that only a fallback step's result fixes (NonZero's count, a
+Range over computed bounds, an If whose branches disagree) is bound by the VM at run
+time, so the nodes after it still run natively.
+
+Each model is compared with onnxruntime over several input sizes in one session (the
+late dims change from run to run), and only the data-dependent node may fall back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import shapeshift
+from shapeshift.codegen.program import LATE
+
+from . import test_native_ops_extra
+from .test_native_ops_extra import _input, _model, _output
+
+pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _scalar(name, value, dtype=F):
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, dtype, [], [value]))
+
+
+def _compare(model, feeds_list, only_fallback):
+    session = shapeshift.InferenceSession(model, backend="native")
+    program = session._executor.program
+    assert dict(program.fallback_ops()) == only_fallback, [(s.node.op_type, s.reason) for s in program.steps
+                                                         if s.reason]
+    assert program.late_symbols
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feeds in feeds_list:
+        for got, want in zip(session.run(None, feeds), reference.run(None, feeds)):
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    return program
+
+
+def test_nonzero_count_feeds_native_gather_and_elementwise():
+    nodes = [_scalar("zero_f", 0.0), helper.make_node("Greater", ["x", "zero_f"], ["positive"]),
+             helper.make_node("NonZero", ["positive"], ["where"]),
+             _scalar("zero_i", 0, I64), helper.make_node("Gather", ["where", "zero_i"], ["index"], axis=0),
+             helper.make_node("Gather", ["x", "index"], ["picked"], axis=0),
+             _scalar("two", 2.0), helper.make_node("Mul", ["picked", "two"], ["doubled"]),
+             helper.make_node("Exp", ["doubled"], ["y"]),
+             helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0)]
+    model = _model(nodes, [_input("x", ["n"])], [_output("y"), _output("total")])
+    rng = np.random.default_rng(0)
+    # Sizes up and down (late buffers are sized per run), an empty selection included.
+    feeds = [{"x": rng.standard_normal(n).astype(np.float32)} for n in (5, 40, 1, 17, 3)]
+    feeds.append({"x": -np.ones(6, dtype=np.float32)})
+    program = _compare(model, feeds, {"NonZero": 1})
+    assert any(slot.kind == LATE for slot in program.slots)
+
+
+def test_range_over_computed_bounds():
+    # limit = ReduceMax(int input): the Range's length is data; its consumers go native.
+    nodes = [helper.make_node("ReduceMax", ["k"], ["limit"], keepdims=0),
+             _scalar("start", 0, I64), _scalar("step", 1, I64),
+             helper.make_node("Range", ["start", "limit", "step"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=F),
+             helper.make_node("Unsqueeze", ["rf", "axis1"], ["col"]),
+             helper.make_node("Mul", ["col", "x"], ["outer"]),
+             helper.make_node("Softmax", ["outer"], ["y"], axis=0)]
+    axis1 = helper.make_tensor("axis1", I64, [1], [1])
+    model = _model(nodes, [_input("k", ["m"], I64), _input("x", [1, "n"])], [_output("y")], [axis1])
+    rng = np.random.default_rng(1)
+    feeds = [{"k": rng.integers(1, limit + 1, 4).astype(np.int64) * 0 + limit,
+              "x": rng.standard_normal((1, n)).astype(np.float32)} for limit, n in ((3, 2), (9, 5), (1, 1), (6, 8))]
+    _compare(model, feeds, {"Range": 1})
+
+
+def test_if_whose_branches_disagree_on_a_dim():
+    # then: x[:2]; else: x (n rows): the If's output dim is late; a native Relu follows.
+    starts, ends, axes = (helper.make_tensor(name, I64, [1], [v]) for name, v in (("s", 0), ("e", 2), ("a", 0)))
+    then_graph = helper.make_graph([helper.make_node("Slice", ["x", "s", "e", "a"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", F, None)], [starts, ends, axes])
+    else_graph = helper.make_graph([helper.make_node("Identity", ["x"], ["u"])], "else", [],
+                                   [helper.make_tensor_value_info("u", F, None)])
+    nodes = [helper.make_node("If", ["c"], ["picked"], then_branch=then_graph, else_branch=else_graph),
+             helper.make_node("Relu", ["picked"], ["y"])]
+    model = _model(nodes, [_input("x", ["n", 3]), _input("c", [], TensorProto.BOOL)], [_output("y")])
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.standard_normal((n, 3)).astype(np.float32), "c": np.array(c)}
+             for n, c in ((4, True), (4, False), (7, False), (2, True), (9, False))]
+    program = _compare(model, feeds, {})
+    assert any(step.binds for step in program.steps)
+
+
+def test_late_symbols_survive_a_compiled_artifact(tmp_path):
+    nodes = [_scalar("zero_f", 0.0), helper.make_node("Greater", ["x", "zero_f"], ["positive"]),
+             helper.make_node("NonZero", ["positive"], ["where"]), helper.make_node("Neg", ["where"], ["y"])]
+    model = _model(nodes, [_input("x", ["n"])], [_output("y", I64)])
+    path = tmp_path / "late.ssa"
+    shapeshift.compile(model, path)
+    session = shapeshift.InferenceSession(str(path))
+    x = np.array([1.0, -1.0, 2.0, 0.0, 3.0], dtype=np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], -np.array([[0, 2, 4]]))
+    x = np.array([-1.0, 2.0], dtype=np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], -np.array([[1]]))
+
+
+@pytest.mark.parametrize("wrong", ["rank", "dtype"])
+def test_fallback_result_that_contradicts_its_type_is_an_error(monkeypatch, wrong):
+    """A late-bound result is still checked: a wrong rank or dtype is a clear error."""
+    from shapeshift.errors import ExecutionError
+    from shapeshift.runtime import vm
+
+    nodes = [_scalar("zero_f", 0.0), helper.make_node("Greater", ["x", "zero_f"], ["positive"]),
+             helper.make_node("NonZero", ["positive"], ["where"]), helper.make_node("Neg", ["where"], ["y"])]
+    model = _model(nodes, [_input("x", ["n"])], [_output("y", I64)])
+    session = shapeshift.InferenceSession(model, backend="native")
+    real = vm.NativeVM._evaluate
+
+    def broken(self, node, env, binding):
+        (out,) = real(self, node, env, binding)
+        return [out.reshape(-1) if wrong == "rank" else out.astype(np.int32)]
+
+    monkeypatch.setattr(vm.NativeVM, "_evaluate", broken)
+    with pytest.raises(ExecutionError, match="NonZero"):
+        session.run(None, {"x": np.array([1.0, -2.0, 3.0], dtype=np.float32)})
