@@ -1,9 +1,11 @@
-"""Late symbols: a dim that only a fallback step's result fixes (NonZero's count, a
-Range over computed bounds, an If whose branches disagree) is bound by the VM at run
-time, so the nodes after it still run natively.
+"""Late symbols: a dim that only the data fixes (NonZero's count, a Range over computed
+bounds, a TopK's computed k, an If whose branches disagree) is bound by the VM at run
+time, so the nodes after it still run natively. NonZero, Range and ConstantOfShape
+compute such dims natively (a size step); other producers (TopK, If) fall back and the
+VM reads the dims off their results.
 
 Each model is compared with onnxruntime over several input sizes in one session (the
-late dims change from run to run), and only the data-dependent node may fall back.
+late dims change from run to run); the expected fallback steps are named.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ def test_nonzero_count_feeds_native_gather_and_elementwise():
     # Sizes up and down (late buffers are sized per run), an empty selection included.
     feeds = [{"x": rng.standard_normal(n).astype(np.float32)} for n in (5, 40, 1, 17, 3)]
     feeds.append({"x": -np.ones(6, dtype=np.float32)})
-    program = _compare(model, feeds, {"NonZero": 1})
+    program = _compare(model, feeds, {})
     assert any(slot.kind == LATE for slot in program.slots)
+    assert [s.node.op_type for s in program.steps if s.binds] == ["NonZero"]  # its size step
 
 
 def test_range_over_computed_bounds():
@@ -73,7 +76,34 @@ def test_range_over_computed_bounds():
     rng = np.random.default_rng(1)
     feeds = [{"k": rng.integers(1, limit + 1, 4).astype(np.int64) * 0 + limit,
               "x": rng.standard_normal((1, n)).astype(np.float32)} for limit, n in ((3, 2), (9, 5), (1, 1), (6, 8))]
-    _compare(model, feeds, {"Range": 1})
+    _compare(model, feeds, {})
+
+
+def test_constant_of_shape_from_data():
+    nodes = [helper.make_node("Abs", ["s"], ["shape"]),
+             helper.make_node("ConstantOfShape", ["shape"], ["ones"], value=helper.make_tensor("v", F, [1], [1.5])),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Mul", ["ones", "total"], ["y"])]
+    model = _model(nodes, [_input("s", [2], I64), _input("x", ["n"])], [_output("y")])
+    rng = np.random.default_rng(3)
+    feeds = [{"s": np.array(shape, dtype=np.int64), "x": rng.standard_normal(n).astype(np.float32)}
+             for shape, n in (((3, 4), 4), ((1, 2), 2), ((5, 1), 7), ((0, 3), 3))]
+    _compare(model, feeds, {})
+
+
+def _topk_model():
+    # k is data: TopK falls back, and binds its output length for the Mul after it.
+    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"]),
+             _scalar("two", 2.0), helper.make_node("Mul", ["values", "two"], ["y"])]
+    return _model(nodes, [_input("x", ["n"]), _input("k", [1], I64)], [_output("y"), _output("indices", I64)])
+
+
+def test_fallback_producer_binds_for_native_consumers():
+    rng = np.random.default_rng(4)
+    feeds = [{"x": rng.standard_normal(n).astype(np.float32), "k": np.array([k], dtype=np.int64)}
+             for n, k in ((6, 2), (9, 9), (3, 0), (12, 5))]
+    program = _compare(_topk_model(), feeds, {"TopK": 1})
+    assert [s.kind for s in program.steps if s.binds] == ["fallback"]
 
 
 def test_if_whose_branches_disagree_on_a_dim():
@@ -112,16 +142,13 @@ def test_fallback_result_that_contradicts_its_type_is_an_error(monkeypatch, wron
     from shapeshift.errors import ExecutionError
     from shapeshift.runtime import vm
 
-    nodes = [_scalar("zero_f", 0.0), helper.make_node("Greater", ["x", "zero_f"], ["positive"]),
-             helper.make_node("NonZero", ["positive"], ["where"]), helper.make_node("Neg", ["where"], ["y"])]
-    model = _model(nodes, [_input("x", ["n"])], [_output("y", I64)])
-    session = shapeshift.InferenceSession(model, backend="native")
+    session = shapeshift.InferenceSession(_topk_model(), backend="native")
     real = vm.NativeVM._evaluate
 
     def broken(self, node, env, binding):
-        (out,) = real(self, node, env, binding)
-        return [out.reshape(-1) if wrong == "rank" else out.astype(np.int32)]
+        values, indices = real(self, node, env, binding)
+        return [values.reshape(1, -1) if wrong == "rank" else values.astype(np.float64), indices]
 
     monkeypatch.setattr(vm.NativeVM, "_evaluate", broken)
-    with pytest.raises(ExecutionError, match="NonZero"):
-        session.run(None, {"x": np.array([1.0, -2.0, 3.0], dtype=np.float32)})
+    with pytest.raises(ExecutionError, match="TopK"):
+        session.run(None, {"x": np.array([1.0, -2.0, 3.0], dtype=np.float32), "k": np.array([2], dtype=np.int64)})

@@ -45,6 +45,7 @@ NATIVE, ALIAS, FALLBACK = "native", "alias", "fallback"
 # Storage kinds of a slot.
 CONST, INPUT, ARENA, DYNAMIC, PACKED, VIEW, WORK = "const", "input", "arena", "dynamic", "packed", "view", "work"
 LATE = "late"  # an ARENA or WORK buffer sized by late symbols: allocated per run once they are bound
+DIMS = "dims"  # int64 dims that a size step computes, for the VM to bind as late symbols
 DEAD = "dead"  # the output of a step a later rule dropped: never written, never read
 
 
@@ -56,8 +57,11 @@ class Step:
     segment: int = -1
     reason: str = ""  # why a node falls back, for reports
     work: int = -1  # slot of the step's scratch space, if any
-    # Fallback steps: the late symbols their results bind, as (output index, axis, symbol).
+    # The late symbols this step binds, as (output index, axis, symbol): a fallback step's
+    # from the arrays it returns; a native *size step* (the first half of a node whose
+    # output size depends on data) from the DIMS slot its code fills, in this order.
     binds: list[tuple[int, int, str]] = field(default_factory=list)
+    dims: int = -1  # size steps: the DIMS slot
 
 
 @dataclass
@@ -190,7 +194,10 @@ class _Builder:
         for node in self.graph.nodes:
             if id(node) in self.absorbed:
                 continue
-            self.steps.append(self._classify(node))
+            step = self._classify(node)
+            if step.kind == NATIVE and step.binds:
+                self.steps.append(self._size_step(step))
+            self.steps.append(step)
         self._set_lifetimes()
         self._mark_late_storage()
         segments = self._segments()
@@ -232,9 +239,16 @@ class _Builder:
         unread = {id(v) for v in node.outputs if v is not None and not v.users and id(v) not in self.outputs
                   and not self.plannable(v)}
         values = [*node.inputs, *(v for v in node.outputs if id(v) not in unread)]
+        late_binds: list[tuple[int, int, str]] = []
+        if all(self.plannable(v) for v in node.inputs) and rule_for(node) is not None:
+            # Outputs sized by the data: a rule may compute those dims natively (size_code).
+            for k, value in enumerate(node.outputs):
+                if value is not None and id(value) not in unread and not self.plannable(value):
+                    late_binds += self._late_binds(k, value)
         if not all(self.plannable(v) for v in values):
+            self._forget(late_binds)
             return self._fallback(node, "shape or dtype not plannable")
-        if node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx") and len(node.outputs) == 1 \
+        if node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx") and len(node.outputs) == 1 and not late_binds \
                 and node.inputs and node.inputs[0] is not None \
                 and node.inputs[0].type.dtype == node.outputs[0].type.dtype:
             source = node.inputs[0]
@@ -253,11 +267,16 @@ class _Builder:
             for value in node.outputs:
                 if value is not None and id(value) not in unread:
                     self._add_slot(ARENA, value)
+            late: dict[int, list[tuple[int, int]]] = {}
+            for j, (k, axis, _) in enumerate(late_binds):
+                late.setdefault(id(node.outputs[k]), []).append((axis, j))
             ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
-                               self._defined_before(node), self._cancellable)
+                               self._defined_before(node), self._cancellable, late)
             lowered = rule(node, ctx, self._opset(node))
             if lowered is None:
                 raise Unsupported("rule declined")
+            if late_binds and not lowered.size_code:
+                raise Unsupported("output size depends on the data")
             for extra in lowered.absorbed:
                 for value in extra.outputs:
                     if id(value) not in self.slot_of:
@@ -268,6 +287,7 @@ class _Builder:
                 lowered.code = lowered.code.replace("WORK", f"v[{work}]")
         except Unsupported as exc:
             self._rollback(mark, node)
+            self._forget(late_binds)
             return self._fallback(node, str(exc) or "unsupported case")
         self.absorbed.update(id(n) for n in lowered.absorbed)
         if lowered.cancels:
@@ -275,7 +295,21 @@ class _Builder:
             self.steps[:] = [s for s in self.steps if id(s.node) not in cancelled]  # in place: build() is appending to it
             for dropped in lowered.cancels:
                 self.slots[self.slot_of[id(dropped.outputs[0])]].kind = DEAD
-        return Step(NATIVE, node, lowered, work=work)
+        return Step(NATIVE, node, lowered, work=work, binds=late_binds)
+
+    def _size_step(self, step: Step) -> Step:
+        """The first half of a node whose output size depends on data: its size code, which
+        ends a segment so that the VM can bind the dims before the rest runs."""
+        dims = self._add_slot(DIMS, nbytes=8 * len(step.binds))
+        code = step.lowered.size_code.replace("DIMS", f"((int64_t*)v[{dims}])")
+        size_step = Step(NATIVE, step.node, Lowered(code, can_fail=step.lowered.can_fail), binds=step.binds,
+                         dims=dims)
+        step.binds = []
+        return size_step
+
+    def _forget(self, binds: list[tuple[int, int, str]]) -> None:
+        for _, _, symbol in binds:
+            self.late_symbols.discard(symbol)
 
     def _cancellable(self, node: Node) -> bool:
         """Whether ``node`` already became a native step that a later rule may drop
@@ -383,6 +417,9 @@ class _Builder:
             if step.kind == NATIVE:
                 step.segment = len(segments)
                 current.append(i)
+                if step.binds:  # a size step: the VM binds its dims before going on
+                    segments.append(current)
+                    current = []
             elif step.kind == FALLBACK and current:
                 segments.append(current)
                 current = []

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from ..codegen.build import CompiledLibrary, compile_library
-from ..codegen.program import ARENA, CONST, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK, Program
+from ..codegen.program import ARENA, CONST, DIMS, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK, Program
 from ..errors import ExecutionError, ShapeshiftError
 from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
@@ -74,6 +74,7 @@ class NativeVM:
                           for key, (then_program, else_program) in program.branches.items()}
         self._fixed = np.zeros(len(program.slots), dtype=np.uint64)  # constants and packed weights
         self._keep_alive: list[np.ndarray] = []
+        self._dims: dict[int, np.ndarray] = {}  # DIMS slot -> its array
         self._load_constants()
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._symbols = sorted(program.input_symbols)
@@ -97,6 +98,12 @@ class NativeVM:
     # -- load time -------------------------------------------------------------------------
 
     def _load_constants(self) -> None:
+        for slot in self.program.slots:
+            if slot.kind == DIMS:  # filled by a size step, read back by the VM
+                dims = np.zeros(max(int(slot.nbytes) // 8, 1), dtype=np.int64)
+                self._keep_alive.append(dims)
+                self._fixed[slot.index] = dims.ctypes.data
+                self._dims[slot.index] = dims
         unread = {id(v) for v in self.program.unread_consts}
         for slot in self.program.slots:
             if slot.kind == CONST and id(slot.value) not in unread:
@@ -209,6 +216,11 @@ class NativeVM:
                     failed = steps[code - 1].node
                     raise ExecutionError(f"{failed.describe()}: its kernel rejected the inputs "
                                          "(an index out of range, or shapes that do not broadcast)")
+                last = steps[indices[-1]]
+                if last.binds:  # a size step: bind what it computed before going on
+                    dims = self._dims[last.dims]
+                    self._bind_late(last, [int(dims[j]) for j in range(len(last.binds))], binding, plan,
+                                    arrays, ptrs)
                 i = indices[-1] + 1
                 continue
             if step.kind == FALLBACK:
@@ -255,7 +267,7 @@ class NativeVM:
         else:
             results = self._evaluate(node, env, binding)
         if step.binds:
-            self._bind_late(step, results, binding, plan, arrays, ptrs)
+            self._bind_late(step, self._result_dims(step, results), binding, plan, arrays, ptrs)
         for value, result in zip(node.outputs, results):
             if value is None:
                 continue
@@ -270,15 +282,25 @@ class NativeVM:
                 self._set_views(ptrs, index, result.ctypes.data)
             env[value] = result
 
-    def _bind_late(self, step, results: list, binding: dict, plan: Plan, arrays: dict, ptrs: np.ndarray) -> None:
-        """Bind the step's late symbols from its results, then evaluate the extents and
-        allocate the LATE buffers that have become computable."""
+    @staticmethod
+    def _result_dims(step, results: list) -> list[int]:
+        """The late dims a fallback step binds, read off the arrays it returned."""
+        dims = []
         for k, axis, symbol in step.binds:
             result = results[k] if k < len(results) else None
             if not isinstance(result, np.ndarray) or result.ndim <= axis:
                 raise ExecutionError(f"{step.node.describe()}: output {k} has no axis {axis} to give {symbol!r} "
                                      "its value")
-            binding[symbol] = int(result.shape[axis])
+            dims.append(int(result.shape[axis]))
+        return dims
+
+    def _bind_late(self, step, dims: list[int], binding: dict, plan: Plan, arrays: dict, ptrs: np.ndarray) -> None:
+        """Bind the step's late symbols to ``dims``, then evaluate the extents and allocate
+        the LATE buffers that have become computable."""
+        for (k, axis, symbol), value in zip(step.binds, dims):
+            if value < 0:
+                raise ExecutionError(f"{step.node.describe()}: computed a negative size {value} for output {k}")
+            binding[symbol] = value
         program = self.program
         for index in program.late_extents:
             try:

@@ -65,6 +65,10 @@ class Lowered:
     can_fail: bool = False
     # Scratch space, in bytes, as a dim expression, reachable as ``WORK`` in the code.
     work_bytes: Dim = 0
+    # For outputs whose size depends on data (``ctx.late_dims``): C statements that compute
+    # those dims into the lvalues ``late_dims`` named, from the inputs alone. They run in a
+    # step of their own, before the outputs exist; ``code`` runs once the VM has bound them.
+    size_code: str = ""
 
 
 @dataclass
@@ -82,8 +86,12 @@ class LowerContext:
 
     def __init__(self, slot_of: Callable[[Value], int], extent_of: Callable[[Dim], str],
                  new_slot: Callable[[], int], packs: list[PackRequest], is_live_after: Callable[[Value], bool],
-                 defined_before: Callable[[Optional[Value]], bool], cancellable: Callable[[Node], bool]):
+                 defined_before: Callable[[Optional[Value]], bool], cancellable: Callable[[Node], bool],
+                 late: Optional[dict[int, list[tuple[int, int]]]] = None):
         self._slot_of = slot_of
+        # id(output) -> [(axis, j)]: the output's dims that only the data fixes, each to be
+        # computed by Lowered.size_code into DIMS[j].
+        self._late = late or {}
         self.defined_before = defined_before  # whether a value exists before this node runs
         # Whether an earlier node is a native step a rule may drop (see Lowered.cancels).
         self.cancellable = cancellable
@@ -93,6 +101,14 @@ class LowerContext:
         self._is_live_after = is_live_after
 
     # -- values ----------------------------------------------------------------------
+
+    def late_dims(self, value: Value) -> dict[int, str]:
+        """{axis: C lvalue} for each dim of this output that depends on the data: the rule
+        must compute each in ``Lowered.size_code`` (or decline)."""
+        return {axis: f"DIMS[{j}]" for axis, j in self._late.get(id(value), ())}
+
+    def has_late_dims(self) -> bool:
+        return bool(self._late)
 
     @staticmethod
     def tensor_type(value: Optional[Value]) -> TensorType:

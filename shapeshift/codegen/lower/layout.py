@@ -298,7 +298,11 @@ def lower_constant_of_shape(node: Node, ctx: LowerContext, opset: int) -> Lowere
     ctype = ctx.ctype(y)
     code = (f"const {ctype} value = ({ctype}){_number(scalar)};\n"
             f"ss_fill({ctx.elem_size(y)}, {ctx.raw_ptr(y)}, {ctx.numel(ctx.shape(y))}, &value);")
-    return Lowered(code, fragments=("layout",))
+    # A shape computed from data: the output's dims are the shape tensor's contents.
+    shape = ctx.ptr(node.inputs[0], "int64_t") if ctx.has_late_dims() else ""
+    size = "\n".join(f"{lvalue} = {shape}[{axis}] > 0 ? {shape}[{axis}] : 0;"
+                      for axis, lvalue in ctx.late_dims(y).items())
+    return Lowered(code, fragments=("layout",), size_code=size)
 
 
 @lowers("Range")
@@ -309,5 +313,14 @@ def lower_range(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     code = (f"const {ctype} start = {ctx.ptr(start)}[0], delta = {ctx.ptr(delta)}[0];\n"
             f"{ctype}* out = {ctx.ptr(y)};\n"
             f"for (int64_t i = 0; i < {ctx.numel(ctx.shape(y))}; i++) out[i] = start + ({ctype})i * delta;")
-    return Lowered(code)
+    size = ""
+    late = ctx.late_dims(y)
+    if late:
+        # Bounds computed from data: max(ceil((limit - start) / delta), 0) elements, as ONNX
+        # defines it (in double: exact for every float32 and for integers up to 2^53).
+        limit = node.inputs[1]
+        size = (f"const double span = ((double){ctx.ptr(limit)}[0] - (double){ctx.ptr(start)}[0])"
+                f" / (double){ctx.ptr(delta)}[0];\n"
+                f"{late[0]} = span > 0 ? (int64_t)ceil(span) : 0;")
+    return Lowered(code, size_code=size)
 
