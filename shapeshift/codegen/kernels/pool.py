@@ -1,37 +1,84 @@
-"""Max and average pooling kernels (ONNX MaxPool / AveragePool, NCHW float32, 1-D and 2-D).
+"""Max and average pooling, and max unpooling (ONNX MaxPool, AveragePool, MaxUnpool).
 
-Exported C::
+Pools take NC + up to three spatial axes: a 1-D or 2-D pool is a 3-D one whose leading
+spatial axes have extent 1 (input, output and kernel 1, stride and dilation 1, no pads).
+The geometry is passed as arrays of three int64, outermost axis first:
 
-    /* y [NC, OH, OW] = max over each window of x [NC, H, W] (1-D: H = 1, KH = 1);
-       begin pads ph, pw; strides sh, sw; dilations dh, dw. Padding never wins: a window
-       holds at least one element of x in every valid ONNX configuration. */
+    in[3] = {D, H, W}        out[3] = {OD, OH, OW}     k[3] = kernel extents
+    s[3]  = strides          p[3]   = begin pads       dil[3] = dilations
+    p_end[3] = end pads (AveragePool only)
+
+Output (od, oh, ow) of plane nc reads the taps x[nc, od*s0 - p0 + kd*dil0, oh*s1 - p1 +
+kh*dil1, ow*s2 - p2 + kw*dil2] for kd < k0, kh < k1, kw < k2; taps outside x (padding,
+ceil_mode's overhang) are skipped.
+
+Exported C (SFX and T: f32 float, f64 double, i8 int8_t, u8 uint8_t; average: f32, f64)::
+
+    /* y [NC, OD, OH, OW] = max over each window (taps outside x never win: the start
+       value is -inf, or the type's minimum for integers). An x with an empty spatial axis
+       gives zeros (Indices too), as the reference evaluator does. */
+    void ss_maxpool3d_SFX(const T* x, T* y, int64_t NC, const int64_t* in, const int64_t* out,
+                          const int64_t* k, const int64_t* s, const int64_t* p, const int64_t* dil);
+
+    /* The same and MaxPool's Indices: the flat index into x of each window's first
+       maximum in window order (kd, kh, kw), nc * D*H*W plus the spatial offset raveled row
+       major (storage_order 0) or column major (1). A window whose taps all miss x keeps
+       its first tap's coordinates clipped into x, as the reference evaluator does. */
+    void ss_maxpool3d_argmax_SFX(const T* x, T* y, int64_t* indices, int64_t NC, const int64_t* in,
+                                 const int64_t* out, const int64_t* k, const int64_t* s,
+                                 const int64_t* p, const int64_t* dil, int storage_order);
+
+    /* y = the sum over each window divided by its tap count: taps in the padded input
+       [-p, L + p_end) along every axis with count_include_pad, else taps in x; a count of 0
+       gives 0 (as onnxruntime). The ceil_mode overhang past the end padding never counts. */
+    void ss_avgpool3d_SFX(const T* x, T* y, int64_t NC, const int64_t* in, const int64_t* out,
+                          const int64_t* k, const int64_t* s, const int64_t* p, const int64_t* p_end,
+                          const int64_t* dil, int count_include_pad);
+
+    /* auto_pad SAME_UPPER (upper = 1) or SAME_LOWER (0): the begin and end pads of each
+       axis, total = max(0, (O - 1) * s + (k - 1) * dil + 1 - L), begin = total / 2 (UPPER)
+       or total - total / 2 (LOWER). */
+    void ss_pool_same_pads(const int64_t* in, const int64_t* out, const int64_t* k, const int64_t* s,
+                           const int64_t* dil, int upper, int64_t* p, int64_t* p_end);
+
+    /* MaxUnpool: y (total elements of elem_size bytes) = 0, then y[indices[i]] = x[i] for
+       i < n, later i winning a repeated index. Returns 1 (writing nothing after the
+       zeroing) if an index is outside [0, total). */
+    int ss_maxunpool(int64_t elem_size, const void* x, const int64_t* indices, int64_t n,
+                     void* y, int64_t total);
+
+    /* The 2-D float32 forms kept for existing callers (1-D: H = 1, KH = 1). */
     void ss_maxpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
                       int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw, int64_t dh, int64_t dw);
-
-    /* y = mean over each window; begin pads ph, pw, declared end pads ph_end, pw_end.
-       count_include_pad 1 divides by the window's extent clipped to the padded input
-       (so with ceil_mode a window running past the end padding counts only up to it);
-       0 divides by the number of elements of x in the window. */
     void ss_avgpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
                       int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
                       int64_t ph, int64_t pw, int64_t ph_end, int64_t pw_end, int count_include_pad);
 
 The divisor with count_include_pad = 1 is what onnxruntime 1.32 computes (checked in
-tests/codegen/test_kernels_pool.py): a window [start, start + K) is cut at H + ph_end,
-never at the begin side, whose start is at least -ph anyway.
+tests/codegen/test_kernels_pool.py): a window is cut at L + p_end, never at the begin
+side, whose first tap is at least -p anyway. Sums run in T, in window order, as the
+reference evaluator's do.
 
-Both kernels work one output row at a time, parallel over the NC * OH rows; within a row
-each kernel tap is one pass over the output columns it reaches, which the compiler
+Every pool works one output row (nc, od, oh) at a time, parallel over the NC * OD * OH
+rows; the window's planes and rows outside x are skipped up front, and each remaining
+(kd, kh, kw) tap is one pass over the output columns it reaches, which the compiler
 vectorizes for stride 1.
 """
 
 from __future__ import annotations
 
-_TEMPLATE = r"""
+# (suffix, C type, the value that never wins a max)
+MAX_TYPES = (("f32", "float", "(-INFINITY)"), ("f64", "double", "(-INFINITY)"),
+             ("i8", "int8_t", "INT8_MIN"), ("u8", "uint8_t", "0"))
+AVERAGE_TYPES = (("f32", "float"), ("f64", "double"))
+
+_COMMON = r"""
 /* ---- pool ---- */
 /* Output rows * taps below which the loops stay serial. */
 #define SS_POOL_PAR_MIN {par_min}
+/* Kernel widths up to which the per-column output ranges live on the stack. */
+#define SS_POOL_STACK_KW 64
 
 /* ceil(a / b) for b > 0 and any sign of a. */
 static inline int64_t ss_pool_ceil_div(int64_t a, int64_t b) {{
@@ -49,83 +96,259 @@ static inline void ss_pool_valid(int64_t L, int64_t O, int64_t s, int64_t p, int
     *hi = b;
 }}
 
-void ss_maxpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
-                  int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
-                  int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
-    int64_t rows = NC * OH;
-    #pragma omp parallel for if(rows * OW * KH * KW >= SS_POOL_PAR_MIN)
-    for (int64_t r = 0; r < rows; ++r) {{
-        int64_t nc = r / OH, oh = r % OH;
-        float* yr = y + r * OW;
-        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = -FLT_MAX;
-        for (int64_t kh = 0; kh < KH; ++kh) {{
-            int64_t ih = oh * sh - ph + kh * dh;
-            if (ih < 0 || ih >= H) continue;
-            const float* xr = x + (nc * H + ih) * W;
-            for (int64_t kw = 0; kw < KW; ++kw) {{
-                int64_t lo, hi;
-                ss_pool_valid(W, OW, sw, pw, kw * dw, &lo, &hi);
-                const float* xs = xr + (lo * sw - pw + kw * dw);
-                float* yo = yr + lo;
-                if (sw == 1) {{
-                    for (int64_t j = 0; j < hi - lo; ++j) yo[j] = yo[j] > xs[j] ? yo[j] : xs[j];
-                }} else {{
-                    for (int64_t j = 0; j < hi - lo; ++j) yo[j] = yo[j] > xs[j * sw] ? yo[j] : xs[j * sw];
-                }}
-            }}
-        }}
+/* How many taps start + t * dil (t < K) lie in [lo, hi). */
+static inline int64_t ss_pool_taps(int64_t start, int64_t K, int64_t dil, int64_t lo, int64_t hi) {{
+    int64_t a, b;
+    if (dil == 1) {{  /* the common case, without divisions */
+        a = start > lo ? start : lo;
+        b = start + K < hi ? start + K : hi;
+        return b > a ? b - a : 0;
+    }}
+    a = ss_pool_ceil_div(lo - start, dil);
+    b = ss_pool_ceil_div(hi - start, dil);
+    if (a < 0) a = 0;
+    if (b > K) b = K;
+    return b > a ? b - a : 0;
+}}
+
+/* A max pool over an input with an empty spatial axis (padding alone gives it outputs):
+   zeros, values and indices, as the reference evaluator (onnxruntime rejects the input). */
+static void ss_pool_no_input(void* y, int64_t* indices, int64_t count, size_t elem_size) {{
+    if (count <= 0) return;
+    memset(y, 0, (size_t)count * elem_size);
+    if (indices) memset(indices, 0, (size_t)count * sizeof(int64_t));
+}}
+
+static inline int64_t ss_pool_clip(int64_t i, int64_t L) {{
+    return i < 0 ? 0 : (i >= L ? L - 1 : i);
+}}
+
+void ss_pool_same_pads(const int64_t* in, const int64_t* out, const int64_t* k, const int64_t* s,
+                       const int64_t* dil, int upper, int64_t* p, int64_t* p_end) {{
+    for (int a = 0; a < 3; ++a) {{
+        int64_t total = (out[a] - 1) * s[a] + (k[a] - 1) * dil[a] + 1 - in[a];
+        if (total < 0) total = 0;
+        p[a] = upper ? total / 2 : total - total / 2;
+        p_end[a] = total - p[a];
     }}
 }}
 
-/* The window [start, start + K) along one axis, cut at the end padding: its extent with
-   padding (count_include_pad) and the number of input elements it covers. */
-static inline void ss_pool_extent(int64_t o, int64_t s, int64_t p, int64_t p_end, int64_t K, int64_t L,
-                                  int64_t* padded, int64_t* inside) {{
-    int64_t start = o * s - p, end = start + K;
-    if (end > L + p_end) end = L + p_end;
-    *padded = end - start;
-    int64_t a = start > 0 ? start : 0, b = end < L ? end : L;
-    *inside = b > a ? b - a : 0;
+int ss_maxunpool(int64_t elem_size, const void* x, const int64_t* indices, int64_t n,
+                 void* y, int64_t total) {{
+    if (total > 0) memset(y, 0, (size_t)(total * elem_size));
+    for (int64_t i = 0; i < n; ++i)
+        if (indices[i] < 0 || indices[i] >= total) return 1;
+    /* A scatter: serial, so that a repeated index keeps its last value, as NumPy does. The
+       memcpy of a constant size is one move. */
+    char* dst = (char*)y;
+    const char* src = (const char*)x;
+    switch (elem_size) {{
+    case 4: for (int64_t i = 0; i < n; ++i) memcpy(dst + indices[i] * 4, src + i * 4, 4); break;
+    case 8: for (int64_t i = 0; i < n; ++i) memcpy(dst + indices[i] * 8, src + i * 8, 8); break;
+    default:
+        for (int64_t i = 0; i < n; ++i)
+            memcpy(dst + indices[i] * elem_size, src + i * elem_size, (size_t)elem_size);
+    }}
+    return 0;
 }}
+"""
+
+# The loop nest shared by every pool: one output row (nc, od, oh) per iteration, the
+# window's planes and rows outside x skipped. SETUP (before the rows), INIT, TAP and FINISH
+# (per row) are the per-kernel parts; TAP sees xs (the tap's first input), yo (the output
+# columns from lo), j < n and the column stride sw; it also has id, ih and the input column
+# iw0 of column lo.
+_NEST = r"""
+    const int64_t D = in[0], H = in[1], W = in[2], OD = out[0], OH = out[1], OW = out[2];
+    const int64_t KD = k[0], KH = k[1], KW = k[2], sd = s[0], sh = s[1], sw = s[2];
+    const int64_t pd = p[0], ph = p[1], pw = p[2], dd = dil[0], dh = dil[1], dw = dil[2];
+    const int64_t rows = NC * OD * OH;
+    /* Each kernel column's output range [lo, hi), the same for every row: computed once
+       (its divisions cost more than a small row's taps), on the stack for kernels up to
+       SS_POOL_STACK_KW wide; NULL (computed per row) if a wider one's malloc fails. */
+    int64_t stack_cols[2 * SS_POOL_STACK_KW];
+    int64_t* cols = KW <= SS_POOL_STACK_KW ? stack_cols : (int64_t*)malloc((size_t)(2 * KW) * sizeof(int64_t));
+    for (int64_t kw = 0; cols && kw < KW; ++kw) ss_pool_valid(W, OW, sw, pw, kw * dw, &cols[2 * kw], &cols[2 * kw + 1]);
+{setup}
+    #pragma omp parallel for if(rows * OW * KD * KH * KW >= SS_POOL_PAR_MIN)
+    for (int64_t r = 0; r < rows; ++r) {{
+        const int64_t plane_row = r / OH, oh = r - plane_row * OH;  /* r = (nc * OD + od) * OH + oh */
+        const int64_t nc = OD == 1 ? plane_row : plane_row / OD, od = plane_row - nc * OD;
+        {ctype}* yr = y + r * OW;
+{init}
+        for (int64_t kd = 0; kd < KD; ++kd) {{
+            const int64_t id = od * sd - pd + kd * dd;
+            if (id < 0 || id >= D) continue;
+            for (int64_t kh = 0; kh < KH; ++kh) {{
+                const int64_t ih = oh * sh - ph + kh * dh;
+                if (ih < 0 || ih >= H) continue;
+                const {ctype}* xr = x + ((nc * D + id) * H + ih) * W;
+                for (int64_t kw = 0; kw < KW; ++kw) {{
+                    int64_t lo, hi;
+                    if (cols) {{
+                        lo = cols[2 * kw];
+                        hi = cols[2 * kw + 1];
+                    }} else {{
+                        ss_pool_valid(W, OW, sw, pw, kw * dw, &lo, &hi);
+                    }}
+                    const int64_t iw0 = lo * sw - pw + kw * dw, n = hi - lo;
+                    const {ctype}* xs = xr + iw0;
+                    {ctype}* yo = yr + lo;
+{tap}
+                }}
+            }}
+        }}
+{finish}
+    }}
+    if (cols != stack_cols) free(cols);
+"""
+
+_MAX_TAP = r"""
+                    if (sw == 1) {{
+                        for (int64_t j = 0; j < n; ++j) yo[j] = yo[j] > xs[j] ? yo[j] : xs[j];
+                    }} else {{
+                        for (int64_t j = 0; j < n; ++j) yo[j] = yo[j] > xs[j * sw] ? yo[j] : xs[j * sw];
+                    }}"""
+
+_MAX = r"""
+void ss_maxpool3d_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, const int64_t* in, const int64_t* out,
+                        const int64_t* k, const int64_t* s, const int64_t* p, const int64_t* dil) {{
+    if (in[0] * in[1] * in[2] == 0) {{  /* see ss_pool_no_input */
+        ss_pool_no_input(y, NULL, NC * out[0] * out[1] * out[2], sizeof({ctype}));
+        return;
+    }}
+{nest}
+}}
+"""
+
+# Strict > keeps the first maximum in window order, as the reference evaluator does.
+_ARGMAX_TAP = r"""
+                    int64_t* io = ir + lo;
+                    const int64_t base = plane + id * cd + ih * ch;
+                    for (int64_t j = 0; j < n; ++j) {{
+                        const {ctype} v = xs[j * sw];
+                        if (v > yo[j]) {{
+                            yo[j] = v;
+                            io[j] = base + (iw0 + j * sw) * cw;
+                        }}
+                    }}"""
+
+_ARGMAX = r"""
+void ss_maxpool3d_argmax_{sfx}(const {ctype}* x, {ctype}* y, int64_t* indices, int64_t NC,
+                               const int64_t* in, const int64_t* out, const int64_t* k, const int64_t* s,
+                               const int64_t* p, const int64_t* dil, int storage_order) {{
+    /* Spatial coefficients of the flat index: row major, or column major (storage_order 1). */
+    const int64_t cd = storage_order ? 1 : in[1] * in[2];
+    const int64_t ch = storage_order ? in[0] : in[2];
+    const int64_t cw = storage_order ? in[0] * in[1] : 1;
+    int64_t* ir_base = indices;
+    if (in[0] * in[1] * in[2] == 0) {{  /* see ss_pool_no_input */
+        ss_pool_no_input(y, indices, NC * out[0] * out[1] * out[2], sizeof({ctype}));
+        return;
+    }}
+{nest}
+}}
+"""
+
+_AVERAGE = r"""
+void ss_avgpool3d_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, const int64_t* in, const int64_t* out,
+                        const int64_t* k, const int64_t* s, const int64_t* p, const int64_t* p_end,
+                        const int64_t* dil, int count_include_pad) {{
+{nest}
+}}
+"""
+
+_AVERAGE_TAP = r"""
+                    if (sw == 1) {{
+                        for (int64_t j = 0; j < n; ++j) yo[j] += xs[j];
+                    }} else {{
+                        for (int64_t j = 0; j < n; ++j) yo[j] += xs[j * sw];
+                    }}"""
+
+# The divisor is a product of per-axis tap counts within [lo, hi) along each axis. The
+# columns [inner_lo, inner_hi) whose window lies wholly inside [lo_w, hi_w) share one
+# divisor, so that their divisions vectorize; only the border columns count their taps one
+# by one.
+_AVERAGE_SETUP = r"""
+    const int64_t lo_d = count_include_pad ? -pd : 0, hi_d = count_include_pad ? D + p_end[0] : D;
+    const int64_t lo_h = count_include_pad ? -ph : 0, hi_h = count_include_pad ? H + p_end[1] : H;
+    const int64_t lo_w = count_include_pad ? -pw : 0, hi_w = count_include_pad ? W + p_end[2] : W;
+    int64_t inner_lo, inner_hi;
+    ss_pool_valid(hi_w - lo_w - (KW - 1) * dw, OW, sw, pw + lo_w, 0, &inner_lo, &inner_hi);
+    if (inner_lo > OW) inner_lo = inner_hi = OW;"""
+
+_AVERAGE_FINISH = r"""
+        const int64_t rows_in = ss_pool_taps(od * sd - pd, KD, dd, lo_d, hi_d)
+                              * ss_pool_taps(oh * sh - ph, KH, dh, lo_h, hi_h);
+        const int64_t full = rows_in * KW;
+        if (full > 0) {{
+            const {ctype} divisor = ({ctype})full;
+            for (int64_t ow = inner_lo; ow < inner_hi; ++ow) yr[ow] /= divisor;
+        }} else {{
+            for (int64_t ow = inner_lo; ow < inner_hi; ++ow) yr[ow] = ({ctype})0;
+        }}
+        for (int side = 0; side < 2; ++side) {{  /* the border columns: [0, inner_lo), [inner_hi, OW) */
+            const int64_t from = side ? inner_hi : 0, to = side ? OW : inner_lo;
+            for (int64_t ow = from; ow < to; ++ow) {{
+                const int64_t count = rows_in * ss_pool_taps(ow * sw - pw, KW, dw, lo_w, hi_w);
+                yr[ow] = count > 0 ? yr[ow] / ({ctype})count : ({ctype})0;
+            }}
+        }}"""
+
+
+_WRAPPERS_2D = r"""
+void ss_maxpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
+                  int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
+                  int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
+    const int64_t in[3] = {1, H, W}, out[3] = {1, OH, OW}, k[3] = {1, KH, KW};
+    const int64_t s[3] = {1, sh, sw}, p[3] = {0, ph, pw}, dil[3] = {1, dh, dw};
+    ss_maxpool3d_f32(x, y, NC, in, out, k, s, p, dil);
+}
 
 void ss_avgpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
                   int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
-                  int64_t ph, int64_t pw, int64_t ph_end, int64_t pw_end, int count_include_pad) {{
-    int64_t rows = NC * OH;
-    #pragma omp parallel for if(rows * OW * KH * KW >= SS_POOL_PAR_MIN)
-    for (int64_t r = 0; r < rows; ++r) {{
-        int64_t nc = r / OH, oh = r % OH;
-        float* yr = y + r * OW;
-        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = 0.0f;
-        for (int64_t kh = 0; kh < KH; ++kh) {{
-            int64_t ih = oh * sh - ph + kh;
-            if (ih < 0 || ih >= H) continue;
-            const float* xr = x + (nc * H + ih) * W;
-            for (int64_t kw = 0; kw < KW; ++kw) {{
-                int64_t lo, hi;
-                ss_pool_valid(W, OW, sw, pw, kw, &lo, &hi);
-                const float* xs = xr + (lo * sw - pw + kw);
-                float* yo = yr + lo;
-                if (sw == 1) {{
-                    for (int64_t j = 0; j < hi - lo; ++j) yo[j] += xs[j];
-                }} else {{
-                    for (int64_t j = 0; j < hi - lo; ++j) yo[j] += xs[j * sw];
-                }}
-            }}
-        }}
-        int64_t hpad, hin;
-        ss_pool_extent(oh, sh, ph, ph_end, KH, H, &hpad, &hin);
-        for (int64_t ow = 0; ow < OW; ++ow) {{
-            int64_t wpad, win;
-            ss_pool_extent(ow, sw, pw, pw_end, KW, W, &wpad, &win);
-            int64_t count = count_include_pad ? hpad * wpad : hin * win;
-            yr[ow] = count > 0 ? yr[ow] / (float)count : 0.0f;
-        }}
-    }}
-}}
+                  int64_t ph, int64_t pw, int64_t ph_end, int64_t pw_end, int count_include_pad) {
+    const int64_t in[3] = {1, H, W}, out[3] = {1, OH, OW}, k[3] = {1, KH, KW};
+    const int64_t s[3] = {1, sh, sw}, p[3] = {0, ph, pw}, p_end[3] = {0, ph_end, pw_end}, dil[3] = {1, 1, 1};
+    ss_avgpool3d_f32(x, y, NC, in, out, k, s, p, p_end, dil, count_include_pad);
+}
 """
+
+
+def _max_kernel(sfx: str, ctype: str, lowest: str) -> str:
+    init = f"        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = {lowest};"
+    nest = _NEST.format(ctype=ctype, setup="", init=init, tap=_MAX_TAP.format().strip("\n"), finish="")
+    return _MAX.format(sfx=sfx, ctype=ctype, nest=nest)
+
+
+def _argmax_kernel(sfx: str, ctype: str, lowest: str) -> str:
+    # Each output starts at the lowest value and at its first tap's coordinates clipped
+    # into x: what the reference evaluator reports for a window no tap of x beats.
+    init = f"""        int64_t* ir = ir_base + r * OW;
+        const int64_t plane = nc * D * H * W;
+        const int64_t first = plane + ss_pool_clip(od * sd - pd, D) * cd + ss_pool_clip(oh * sh - ph, H) * ch;
+        for (int64_t ow = 0; ow < OW; ++ow) {{
+            yr[ow] = {lowest};
+            ir[ow] = first + ss_pool_clip(ow * sw - pw, W) * cw;
+        }}"""
+    nest = _NEST.format(ctype=ctype, setup="", init=init, tap=_ARGMAX_TAP.format(ctype=ctype).strip("\n"), finish="")
+    return _ARGMAX.format(sfx=sfx, ctype=ctype, nest=nest)
+
+
+def _average_kernel(sfx: str, ctype: str) -> str:
+    init = f"        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = ({ctype})0;"
+    nest = _NEST.format(ctype=ctype, setup=_AVERAGE_SETUP.strip("\n"), init=init, tap=_AVERAGE_TAP.format().strip("\n"),
+                        finish=_AVERAGE_FINISH.format(ctype=ctype))
+    return _AVERAGE.format(sfx=sfx, ctype=ctype, nest=nest)
 
 
 def source(par_min: int = 32768) -> str:
     """The pool fragment; ``par_min`` is the work (outputs times taps) below which loops stay serial."""
-    return _TEMPLATE.format(par_min=int(par_min))
+    parts = [_COMMON.format(par_min=int(par_min))]
+    for sfx, ctype, lowest in MAX_TYPES:
+        parts.append(_max_kernel(sfx, ctype, lowest))
+        parts.append(_argmax_kernel(sfx, ctype, lowest))
+    for sfx, ctype in AVERAGE_TYPES:
+        parts.append(_average_kernel(sfx, ctype))
+    parts.append(_WRAPPERS_2D)
+    return "".join(parts)

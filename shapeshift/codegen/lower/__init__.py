@@ -37,7 +37,8 @@ def rule_for(node: Node) -> Optional[LowerFn]:
 
 def _load_families() -> None:
     # Imported for their registrations; deferred so that the package imports cheaply.
-    from . import attention, elementwise, layout, linalg, losses, lp, misc, nn, recurrent, reduce, sampling, selection  # noqa: F401
+    from . import (attention, elementwise, layout, linalg, losses, lp, misc, nn, pooling,  # noqa: F401
+                   recurrent, reduce, sampling, selection)
 
 
 __all__ = ["LowerContext", "Lowered", "Unsupported", "lowers", "rule_for"]

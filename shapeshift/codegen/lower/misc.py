@@ -4,7 +4,8 @@ GatherElements, GatherND, ScatterElements, ScatterND, OneHot, CumSum, Trilu, Har
 EyeLike, CastLike and Dropout (inference) have no kernel of their own: each is a short
 loop over its index space, written here with the extents as C expressions, so one build
 serves every binding of the input symbols. DepthToSpace and SpaceToDepth are one
-``ss_copy`` of a rank-6 view (kernels/layout.py).
+``ss_copy`` of a rank-6 view (kernels/layout.py). Seeded training-mode Dropout calls
+kernels/dropout.py, which draws the reference evaluator's random numbers.
 
 Index inputs are checked before use: an index outside ``[-dim, dim)`` makes the step
 fail (``return STEP_ERROR``) instead of reading or writing out of bounds. Loops that may
@@ -14,6 +15,7 @@ update wins, as in onnxruntime and the reference.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from ...ir.graph import Node, Value
@@ -319,36 +321,76 @@ def lower_cast_like(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 
 @lowers("Dropout")
 def lower_dropout(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
-    """Dropout that drops nothing: the input unchanged, and an all-true mask.
-
-    That is inference mode, or training mode with a constant ratio of 0; any other
-    training-mode Dropout draws random numbers and is left to the reference."""
+    """Dropout. In inference mode, or with a ratio of 0, it drops nothing: the input
+    unchanged and an all-true mask. In training mode with a seed it keeps what the
+    reference evaluator keeps (kernels/dropout.py draws NumPy's numbers for that seed).
+    The mode and the ratio may be inputs read at run time. Training mode without a seed
+    draws at random: left to the reference unless the ratio is a constant 0."""
     if opset < 7:
         raise Unsupported("Dropout before opset 7 (is_test)")
-    if _dropout_training(node, ctx) and _input_const(node, ctx, 1, 0.5) != 0:
-        raise Unsupported("Dropout in training mode with a nonzero ratio")
     x, y = node.inputs[0], node.outputs[0]
-    lines = [_copy_input(ctx, x, y)]
     mask = node.outputs[1] if len(node.outputs) > 1 else None
+    if mask is not None and ctx.dtype(mask) != BOOL:
+        raise Unsupported("Dropout mask of a dtype other than bool")
+    keep_all = [_copy_input(ctx, x, y)]
     if mask is not None:
-        if ctx.dtype(mask) != BOOL:
-            raise Unsupported("Dropout mask of a dtype other than bool")
-        lines.append(f"memset({ctx.raw_ptr(mask)}, 1, (size_t)({ctx.numel(ctx.shape(mask))}) * {ctx.elem_size(mask)});")
-    return Lowered("\n".join(lines))
+        keep_all.append(f"memset({ctx.raw_ptr(mask)}, 1, (size_t)({ctx.numel(ctx.shape(mask))}) * {ctx.elem_size(mask)});")
+    training = _dropout_training(node, ctx, opset)
+    if training == "0":
+        return Lowered("\n".join(keep_all))  # the ratio is never read
+    ratio = _dropout_ratio(node, ctx)
+    if ratio == _c_double(0.0):
+        return Lowered("\n".join(keep_all))
+    draw = _dropout_draw(node, ctx, x, y, mask)
+    code = "\n".join([f"const int training = {training};", f"const double ratio = {ratio};",
+                      "if (training && ratio != 0.0) {", "    " + draw, "} else {",
+                      *("    " + line for line in keep_all), "}"])
+    return Lowered(code, fragments=("dropout",))
 
 
-def _input_const(node: Node, ctx: LowerContext, index: int, default: float) -> float:
-    """A scalar input's constant value, its default when absent; Unsupported when computed."""
-    if index >= len(node.inputs) or node.inputs[index] is None:
-        return default
-    const = ctx.const(node.inputs[index])
-    if const is None:
-        raise Unsupported(f"{node.op_type} input {index} computed at run time")
-    return float(const.reshape(-1)[0])
+def _dropout_draw(node: Node, ctx: LowerContext, x: Value, y: Value, mask: Optional[Value]) -> str:
+    """The training-mode call (reads ``ratio``); Unsupported where it would not match the reference."""
+    seed = node.attrs.get("seed")
+    if seed is None:
+        raise Unsupported("Dropout in training mode without a seed (random draws)")
+    kernel = {FLOAT: "ss_dropout_f32", DOUBLE: "ss_dropout_f64"}.get(ctx.dtype(x))
+    if kernel is None:
+        raise Unsupported("training-mode Dropout on a dtype other than float32/float64")
+    mask_ptr = "NULL" if mask is None else ctx.ptr(mask)
+    # The reference seeds RandomState with seed % 2**32 (Python's modulo: never negative).
+    return (f"{kernel}({ctx.ptr(x)}, {ctx.ptr(y)}, {mask_ptr}, {ctx.numel(ctx.shape(x))}, ratio, "
+            f"{int(seed) % 2**32}u);")
 
 
-def _dropout_training(node: Node, ctx: LowerContext) -> bool:
-    return bool(_input_const(node, ctx, 2, 0.0))
+def _dropout_training(node: Node, ctx: LowerContext, opset: int) -> str:
+    """C expression for the training flag: "0" or "1" when known, else a read of input 2."""
+    if opset < 12 or len(node.inputs) < 3 or node.inputs[2] is None:
+        return "0"  # no training mode before opset 12; false by default after
+    mode = node.inputs[2]
+    const = ctx.const(mode)
+    if const is not None:
+        return "1" if bool(const.reshape(-1)[0]) else "0"
+    return f"({ctx.ptr(mode)}[0] != 0)"
+
+
+def _dropout_ratio(node: Node, ctx: LowerContext) -> str:
+    """C double expression for the ratio (input 1, default 0.5): a literal when known, else a
+    read of the input (float32 widens exactly, as the reference's float() does)."""
+    if len(node.inputs) < 2 or node.inputs[1] is None:
+        return _c_double(0.5)
+    const = ctx.const(node.inputs[1])
+    if const is not None:
+        return _c_double(float(const.reshape(-1)[0]))
+    if ctx.dtype(node.inputs[1]) not in FLOATS:
+        raise Unsupported("Dropout ratio of a dtype other than float32/float64")
+    return f"(double){ctx.ptr(node.inputs[1])}[0]"
+
+
+def _c_double(value: float) -> str:
+    """An exact C double literal (hexadecimal, C99)."""
+    if not math.isfinite(value):
+        raise Unsupported(f"Dropout ratio {value}")
+    return float(value).hex()
 
 
 # -- depth <-> space --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Neural-network ops: normalizations, convolution, pooling, Resize and LSTM.
+"""Neural-network ops: normalizations, convolution, Resize and LSTM (pooling: pooling.py).
 
-Each is one kernel call (kernels/normalize.py, conv.py, pool.py, resize.py, rnn.py);
+Each is one kernel call (kernels/normalize.py, conv.py, resize.py, rnn.py);
 this module only turns ONNX attributes into the kernels' arguments. Conv absorbs the
 activation after it (Relu, Sigmoid, or SiLU written as ``x * Sigmoid(x)``), so YOLO-style
 blocks do not take an extra pass over their output.
@@ -71,13 +71,67 @@ def _nc_inner(ctx: LowerContext, shape: Sequence[Dim]) -> tuple[str, str, str]:
 def lower_batch_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     _float_only(ctx, node)
     if int(node.attrs.get("training_mode", 0)) or len([v for v in node.outputs if v is not None]) > 1:
-        raise Unsupported("BatchNormalization in training mode")
+        return _lower_batch_norm_training(node, ctx, opset)
     x = node.inputs[0]
     n, c, inner = _nc_inner(ctx, ctx.shape(x))
     eps = float_literal(node.attrs.get("epsilon", 1e-5))
     scale, bias, mean, var = (ctx.ptr(v) for v in node.inputs[1:5])
     code = f"ss_batchnorm({ctx.ptr(x)}, {scale}, {bias}, {mean}, {var}, {ctx.ptr(node.outputs[0])}, {n}, {c}, {inner}, {eps});"
     return Lowered(code, fragments=("normalize",))
+
+
+def _lower_batch_norm_training(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    """Training mode: normalize with the batch's own mean and (population) variance over
+    every axis but the channel, and output the running statistics
+    ``input * momentum + batch * (1 - momentum)``, as the reference does."""
+    if opset < 14:
+        # Before opset 14 training outputs also include saved statistics (and "spatial").
+        raise Unsupported("BatchNormalization in training mode before opset 14")
+    if not int(node.attrs.get("training_mode", 0)):
+        raise Unsupported("BatchNormalization running statistics outside training mode")
+    x, y = node.inputs[0], node.outputs[0]
+    shape = ctx.shape(x)
+    n, c, inner = _nc_inner(ctx, shape)
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    momentum = float(node.attrs.get("momentum", 0.9))
+    scale, bias, mean, var = (ctx.ptr(v) for v in node.inputs[1:5])
+    work_bytes = product([2, shape[1], 4])
+    lines = [f"float* batch_mean = {_float_work(work_bytes)};", f"float* batch_var = batch_mean + {c};",
+             f"ss_channel_moments({ctx.ptr(x)}, {n}, {c}, {inner}, batch_mean, batch_var);",
+             f"ss_batchnorm({ctx.ptr(x)}, {scale}, {bias}, batch_mean, batch_var, {ctx.ptr(y)}, {n}, {c}, {inner}, {eps});"]
+    # The reference computes the running statistics in float32 (momentum rounded to it).
+    for index, running, batch in ((1, mean, "batch_mean"), (2, var, "batch_var")):
+        out = node.outputs[index] if index < len(node.outputs) else None
+        if out is not None:
+            lines.append(f"for (int64_t k = 0; k < {c}; k++) {ctx.ptr(out)}[k] = "
+                         f"{running}[k] * {float_literal(momentum)} + {batch}[k] * {float_literal(1 - momentum)};")
+    return Lowered("\n".join(lines), fragments=("normalize", "moments"), work_bytes=work_bytes)
+
+
+def _float_work(work_bytes: Dim) -> str:
+    """The scratch space as a float pointer; NULL when its size is known to be 0 (no WORK
+    exists then, and the kernels touch nothing)."""
+    return "NULL" if isinstance(work_bytes, int) and work_bytes == 0 else "(float*)WORK"
+
+
+@lowers("MeanVarianceNormalization")
+def lower_mean_variance_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    """(x - mean) / (sqrt(variance) + 1e-9), statistics over ``axes`` (default N, H, W).
+    The kept axes must be adjacent: x is then [reduced before, kept, reduced after]."""
+    _float_only(ctx, node)
+    x, y = node.inputs[0], node.outputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    axes = {int(a) + rank if int(a) < 0 else int(a) for a in node.attrs.get("axes", [0, 2, 3])}
+    kept = [a for a in range(rank) if a not in axes]
+    if kept and kept != list(range(kept[0], kept[-1] + 1)):
+        raise Unsupported("MeanVarianceNormalization keeping axes that are not adjacent")
+    first, last = (kept[0], kept[-1] + 1) if kept else (rank, rank)
+    outer, channels, inner = (product(list(shape[a:b])) for a, b in ((0, first), (first, last), (last, rank)))
+    work_bytes = product([2, channels, 4])
+    code = (f"ss_mvn({ctx.ptr(x)}, {ctx.ptr(y)}, {ctx.dim(outer)}, {ctx.dim(channels)}, {ctx.dim(inner)}, "
+            f"{_float_work(work_bytes)});")
+    return Lowered(code, fragments=("moments",), work_bytes=work_bytes)
 
 
 @lowers("InstanceNormalization")
@@ -105,7 +159,7 @@ def lower_group_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     return Lowered(code, fragments=("normalize",))
 
 
-# -- convolution and pooling ------------------------------------------------------------------
+# -- convolution ----------------------------------------------------------------------------------
 
 
 def _spatial(node: Node, ctx: LowerContext, x: Value, y: Value, kernel: Sequence[int]):
@@ -214,39 +268,6 @@ def lower_conv_transpose(node: Node, ctx: LowerContext, opset: int) -> Lowered:
             f"{strides[0]}, {strides[1]}, {pads[0]}, {pads[1]}, {dilations[0]}, {dilations[1]}, {group}, (float*)WORK);")
     work = product([m, kh, kw, hw[0], hw[1], 4])
     return Lowered(code, fragments=("conv",), work_bytes=work)
-
-
-@lowers("MaxPool", "AveragePool")
-def lower_pool(node: Node, ctx: LowerContext, opset: int) -> Lowered:
-    _float_only(ctx, node)
-    if len([v for v in node.outputs if v is not None]) > 1:
-        raise Unsupported("MaxPool with Indices")
-    if int(node.attrs.get("storage_order", 0)):
-        raise Unsupported("storage_order")
-    x, y = node.inputs[0], node.outputs[0]
-    kernel = list(node.attrs["kernel_shape"])
-    hw, ohw, kernel2, strides, dilations = _spatial(node, ctx, x, y, kernel)
-    spatial = len(kernel)
-    begins = _begin_pads(node, ctx, hw, ohw, kernel2, strides, dilations, spatial)
-    in_shape = ctx.shape(x)
-    nc = ctx.dim(product(list(in_shape[:2])))
-    h, wd, oh, ow = (ctx.dim(d) for d in (*hw, *ohw))
-    kh, kw = kernel2
-    if node.op_type == "MaxPool":
-        code = (f"ss_maxpool2d({ctx.ptr(x)}, {ctx.ptr(y)}, {nc}, {h}, {wd}, {oh}, {ow}, {kh}, {kw}, "
-                f"{strides[0]}, {strides[1]}, {begins[0]}, {begins[1]}, {dilations[0]}, {dilations[1]});")
-        return Lowered(code, fragments=("pool",))
-    if any(d != 1 for d in dilations):
-        raise Unsupported("AveragePool with dilations")
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    if auto not in ("NOTSET", b"NOTSET", "VALID", b"VALID"):
-        raise Unsupported("AveragePool with auto_pad SAME")
-    pads = list(node.attrs.get("pads", [0] * (2 * spatial))) if auto in ("NOTSET", b"NOTSET") else [0] * (2 * spatial)
-    ends = [0] * (2 - spatial) + [int(p) for p in pads[spatial:]]
-    include = int(node.attrs.get("count_include_pad", 0))
-    code = (f"ss_avgpool2d({ctx.ptr(x)}, {ctx.ptr(y)}, {nc}, {h}, {wd}, {oh}, {ow}, {kh}, {kw}, "
-            f"{strides[0]}, {strides[1]}, {begins[0]}, {begins[1]}, {ends[0]}, {ends[1]}, {include});")
-    return Lowered(code, fragments=("pool",))
 
 
 # -- Resize ----------------------------------------------------------------------------------
