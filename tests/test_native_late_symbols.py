@@ -152,3 +152,28 @@ def test_fallback_result_that_contradicts_its_type_is_an_error(monkeypatch, wron
     monkeypatch.setattr(vm.NativeVM, "_evaluate", broken)
     with pytest.raises(ExecutionError, match="TopK"):
         session.run(None, {"x": np.array([1.0, -2.0, 3.0], dtype=np.float32), "k": np.array([2], dtype=np.int64)})
+
+
+def test_broadcast_of_late_dims_is_sized_natively():
+    # ones [s0, s1] + x [1, n]: whether s1 or n gives the output dim is known only at run time.
+    nodes = [helper.make_node("Abs", ["s"], ["shape"]),
+             helper.make_node("ConstantOfShape", ["shape"], ["ones"], value=helper.make_tensor("v", F, [1], [1.5])),
+             helper.make_node("Add", ["ones", "x"], ["sum"]), helper.make_node("Relu", ["sum"], ["y"])]
+    model = _model(nodes, [_input("s", [2], I64), _input("x", [1, "n"])], [_output("y")])
+    rng = np.random.default_rng(6)
+    feeds = [{"s": np.array(shape, dtype=np.int64), "x": rng.standard_normal((1, n)).astype(np.float32)}
+             for shape, n in (((3, 4), 4), ((2, 1), 5), ((1, 6), 6), ((4, 1), 1))]
+    program = _compare(model, feeds, {})
+    assert [s.node.op_type for s in program.steps if s.binds] == ["ConstantOfShape", "Add"]
+
+
+def test_broadcast_of_late_dims_that_disagree_is_an_error():
+    from shapeshift.errors import ExecutionError
+
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["ones"], value=helper.make_tensor("v", F, [1], [1.0])),
+             helper.make_node("Add", ["ones", "x"], ["y"])]
+    model = _model(nodes, [_input("s", [1], I64), _input("x", ["n"])], [_output("y")])
+    session = shapeshift.InferenceSession(model, backend="native")
+    assert not session._executor.program.fallback_ops()
+    with pytest.raises(ExecutionError, match="broadcast"):
+        session.run(None, {"s": np.array([3], dtype=np.int64), "x": np.ones(4, dtype=np.float32)})

@@ -88,10 +88,25 @@ def _gelu(node, args, dtypes):
     return f"(0.5f * {x} * (1.0f + erff({x} * 0.7071067811865476f)))"
 
 
+# Integer bases ONNX allows for Pow, and the suffix of their kernels/intpow.py helpers.
+_INT_POW_SUFFIX = {INT32: "i32", INT64: "i64"}
+
+
 def _pow(node, args, dtypes):
-    if dtypes[0] not in FLOATS:
-        raise Unsupported("Pow on integers")
-    return f"pow{'f' if dtypes[0] == FLOAT else ''}({args[0]}, {args[1]})"
+    base, exponent = args[0], args[1]
+    if dtypes[0] in FLOATS:
+        # An integer exponent converts to the base's type, as the reference evaluator does.
+        return f"pow{'f' if dtypes[0] == FLOAT else ''}({base}, {exponent})"
+    suffix = _INT_POW_SUFFIX.get(dtypes[0])
+    if suffix is None:
+        raise Unsupported(f"Pow on a base of dtype {dtypes[0]}")
+    if dtypes[1] in FLOATS:
+        return f"ss_ipow_real_{suffix}((double){base}, (double){exponent})"
+    if dtypes[1] not in C_TYPES or dtypes[1] == BOOL:
+        raise Unsupported(f"Pow with an exponent of dtype {dtypes[1]}")
+    # The exponent's sign, then its bits (conversion to uint64_t keeps the parity).
+    negative = "0" if dtypes[1] in UNSIGNED_BITS else f"({exponent} < 0)"
+    return f"ss_ipow_{suffix}({base}, {negative}, (uint64_t)({exponent}))"
 
 
 def _mod(node, args, dtypes):
@@ -455,9 +470,34 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
     code = _loop_nest(out_shape, list(operands.values()), exprs[id(out_value)], ctx.ctype(out_value),
                       ctx.ptr(out_value), ctx, decls, vector)
     fragments = ("scalar",) if "ss_pymod" in code else ()
+    if "ss_ipow_" in code:
+        fragments += ("intpow",)
     if any(name in code for name in ("_mm256", "ss_expf", "ss_logf", "ss_tanhf", "ss_erff", "ss_sigmoidf")):
         fragments += ("vmath",)
-    return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]), can_fail="STEP_ERROR" in code)
+    return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]), can_fail="STEP_ERROR" in code,
+                   size_code=_broadcast_size_code(node, ctx))
+
+
+def _broadcast_size_code(node: Node, ctx: LowerContext) -> str:
+    """Output dims that only the data fixes (inputs whose dims are late symbols of their
+    own): each is the one input dim that is not 1, as ONNX broadcasting has it. Inputs
+    that disagree are caught by the loop's run-time broadcast check."""
+    late = ctx.late_dims(node.outputs[0])
+    if not late:
+        return ""
+    rank = len(ctx.shape(node.outputs[0]))
+    lines = []
+    for axis, lvalue in late.items():
+        lines.append(f"{{ int64_t d = 1;")
+        for value in node.inputs:
+            if value is None:
+                continue
+            shape = ctx.shape(value)
+            own = axis - (rank - len(shape))
+            if own >= 0:
+                lines.append(f"  if ({ctx.dim(shape[own])} != 1) d = {ctx.dim(shape[own])};")
+        lines.append(f"  {lvalue} = d; }}")
+    return "\n".join(lines)
 
 
 def _operand(value: Value, index: int, out_shape: tuple, ctx: LowerContext, decls: list[str]) -> _Operand:
