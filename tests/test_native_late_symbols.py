@@ -177,3 +177,16 @@ def test_broadcast_of_late_dims_that_disagree_is_an_error():
     assert not session._executor.program.fallback_ops()
     with pytest.raises(ExecutionError, match="broadcast"):
         session.run(None, {"s": np.array([3], dtype=np.int64), "x": np.ones(4, dtype=np.float32)})
+
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic", [0, 1])
+def test_window_functions_of_a_size_given_at_run_time(op, periodic):
+    nodes = [helper.make_node(op, ["size"], ["w"], periodic=periodic), helper.make_node("Mul", ["w", "w"], ["y"])]
+    # onnx's shape inference gives no rank for a window of run-time size: the outputs
+    # declare it, with a length symbol of their own (a late symbol for the program).
+    outputs = [helper.make_tensor_value_info(name, F, ["length"]) for name in ("w", "y")]
+    model = _model(nodes, [_input("size", [], I64)], outputs, opset=17)
+    # Size 1 in symmetric mode divides 0 by 0: NaN in both.
+    feeds = [{"size": np.array(n, dtype=np.int64)} for n in (8, 3, 17, 2)]
+    _compare(model, feeds, {})
