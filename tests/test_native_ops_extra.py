@@ -256,3 +256,17 @@ def test_integer_div_truncates_toward_zero(dtype):
         b = rng.integers(1, 9, n) * rng.choice([-1, 1], n)  # no zero divisor: onnxruntime leaves it undefined
         feeds.append({"a": rng.integers(-50, 50, n).astype(np_dtype), "b": b.astype(np_dtype)})
     _run_both(model, feeds)
+
+
+@pytest.mark.parametrize("dims", [["n", 3, 3], [2, "n", 4, 4], ["n", 1, 1]])
+def test_det(dims):
+    node = helper.make_node("Det", ["x"], ["y"])
+    model = _model([node], [_input("x", dims)], [_output("y")])
+    rng = np.random.default_rng(11)
+    feeds = []
+    for n in SIZES:
+        x = _rand(rng, [n if d == "n" else d for d in dims])
+        if x.shape[-1] > 1 and x.size:
+            x.reshape(-1, *x.shape[-2:])[0, 1] = x.reshape(-1, *x.shape[-2:])[0, 0]  # a singular matrix too
+        feeds.append({"x": x})
+    _run_both(model, feeds, rtol=1e-4, atol=1e-5)

@@ -268,3 +268,43 @@ def lower_gemm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), [], ctx.ptr(a), sa, ctx.ptr(b), sb, ctx.ptr(out),
                           ["0", "0", ctx.dim(n)], **common)
     return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed))
+
+
+@lowers("Det")
+def lower_det(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    """Determinants of the trailing [M, M] matrices: Gaussian elimination with partial
+    pivoting, in double (as NumPy's LU), one matrix at a time."""
+    x, y = node.inputs[0], node.outputs[0]
+    if ctx.dtype(x) != FLOAT:
+        raise Unsupported("Det on a dtype other than float32")
+    shape = ctx.shape(x)
+    if len(shape) < 2 or not prove_eq(shape[-1], shape[-2]):
+        raise Unsupported("Det of matrices not provably square")
+    m = ctx.dim(shape[-1])
+    batch = ctx.numel(list(shape[:-2]))
+    code = f"""const float* x = {ctx.ptr(x)};
+float* y = {ctx.ptr(y)};
+const int64_t M = {m}, B = {batch};
+double* a = (double*)malloc(sizeof(double) * (M * M > 0 ? M * M : 1));
+if (!a) return STEP_ERROR;
+for (int64_t b = 0; b < B; b++) {{
+    for (int64_t i = 0; i < M * M; i++) a[i] = x[b * M * M + i];
+    double det = 1.0;
+    for (int64_t c = 0; c < M && det != 0.0; c++) {{
+        int64_t p = c;
+        for (int64_t r = c + 1; r < M; r++) if (fabs(a[r * M + c]) > fabs(a[p * M + c])) p = r;
+        if (a[p * M + c] == 0.0) {{ det = 0.0; break; }}
+        if (p != c) {{
+            for (int64_t k = 0; k < M; k++) {{ double t = a[c * M + k]; a[c * M + k] = a[p * M + k]; a[p * M + k] = t; }}
+            det = -det;
+        }}
+        det *= a[c * M + c];
+        for (int64_t r = c + 1; r < M; r++) {{
+            const double f = a[r * M + c] / a[c * M + c];
+            for (int64_t k = c; k < M; k++) a[r * M + k] -= f * a[c * M + k];
+        }}
+    }}
+    y[b] = (float)det;
+}}
+free(a);"""
+    return Lowered(code, can_fail=True)
