@@ -1,4 +1,4 @@
-"""Ops whose output size depends on the data: NonZero and the window functions.
+"""Ops whose output size depends on the data: NonZero, NonMaxSuppression and the window functions.
 
 Such a rule computes the data-dependent dims in ``Lowered.size_code`` (a step of its own,
 run before the outputs exist); the VM binds them as late symbols, allocates the outputs,
@@ -7,9 +7,12 @@ and then runs ``code`` (program.py, docs/native.md).
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ...ir.graph import Node
+from ...ir.types import FLOAT
 from . import lowers
-from .context import LowerContext, Lowered, Unsupported
+from .context import LowerContext, Lowered, Unsupported, float_literal
 
 
 @lowers("NonZero")
@@ -68,3 +71,55 @@ def lower_window(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         f"    out[i] = ({ctype})({a0!r} - {a1!r} * cos(x) + {a2!r} * cos(2.0 * x));",
         "}"])
     return Lowered(code, size_code=size_code)
+
+
+def _scalar_input(node: Node, ctx: LowerContext, index: int, cast: str) -> Optional[str]:
+    """A C expression for an optional scalar input: its constant value, or a read of its
+    first element at run time; None when absent."""
+    if index >= len(node.inputs) or node.inputs[index] is None:
+        return None
+    value = node.inputs[index]
+    const = ctx.const(value)
+    if const is not None:
+        if const.size == 0:
+            return None
+        item = const.reshape(-1)[0].item()
+        return f"({cast})({float_literal(item) if cast == 'float' else int(item)})"
+    return f"({cast}){ctx.ptr(value)}[0]"
+
+
+@lowers("NonMaxSuppression")
+def lower_nms(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    boxes, scores, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if node.params:
+        raise Unsupported("NonMaxSuppression parameters computed from input dims")
+    if ctx.dtype(boxes) != FLOAT or ctx.dtype(scores) != FLOAT:
+        raise Unsupported("NonMaxSuppression on a dtype other than float32")
+    box_shape, score_shape = ctx.shape(boxes), ctx.shape(scores)
+    if len(box_shape) != 3 or len(score_shape) != 3:
+        raise Unsupported("NonMaxSuppression inputs of the wrong rank")
+    max_out = _scalar_input(node, ctx, 2, "int64_t") or "0"
+    iou = _scalar_input(node, ctx, 3, "float") or "0.0f"
+    score = _scalar_input(node, ctx, 4, "float")
+    center = int(node.attrs.get("center_point_box", 0))
+    b, c, n = ctx.dim(score_shape[0]), ctx.dim(score_shape[1]), ctx.dim(score_shape[2])
+    checks = (f"if ({ctx.dim(box_shape[0])} != {b} || {ctx.dim(box_shape[1])} != {n} "
+              f"|| {ctx.dim(box_shape[2])} != 4) return STEP_ERROR;")
+
+    def call(out: str) -> str:
+        return (f"ss_nms({ctx.ptr(boxes)}, {ctx.ptr(scores)}, {b}, {c}, {n}, {max_out}, {iou}, "
+                f"{0 if score is None else 1}, {score or '0.0f'}, {center}, {out})")
+
+    late = ctx.late_dims(y)
+    rows = ctx.dim(ctx.shape(y)[0])
+    size_code = ""
+    if late:
+        # The selection runs once to count (this size step) and once to write: both cheap
+        # next to the model, and nothing has to live between the two steps.
+        size_code = f"{checks}\nconst int64_t count = {call('NULL')};\nif (count < 0) return STEP_ERROR;\n{late[0]} = count;"
+        code = f"if ({call(ctx.ptr(y, 'int64_t'))} != {rows}) return STEP_ERROR;"
+    else:
+        # A declared row count: check it before writing that many rows.
+        code = (f"{checks}\nif ({call('NULL')} != {rows}) return STEP_ERROR;\n"
+                f"{call(ctx.ptr(y, 'int64_t'))};")
+    return Lowered(code, fragments=("nms",), can_fail=True, size_code=size_code)

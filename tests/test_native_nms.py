@@ -1,0 +1,70 @@
+"""NonMaxSuppression on the native backend (kernels/nms.py): compared with onnxruntime on
+random boxes with many overlaps and tied scores, for both box formats, with constant and
+run-time thresholds, at several box counts in one session (the output length is a late
+symbol computed by a size step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import shapeshift
+
+from . import test_native_ops_extra
+from .test_native_ops_extra import _const, _input, _model
+
+pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _boxes(rng, batch, n, center):
+    xy = rng.uniform(0, 10, (batch, n, 2)).astype(np.float32)
+    wh = rng.uniform(0.5, 4, (batch, n, 2)).astype(np.float32)
+    if center:
+        return np.concatenate([xy, wh], axis=2)
+    corners = np.concatenate([xy, xy + wh], axis=2)
+    corners[:, ::3] = corners[:, ::3][..., [2, 3, 0, 1]]  # some boxes with swapped corners
+    return corners
+
+
+def _session_pair(model):
+    session = shapeshift.InferenceSession(model, backend="native")
+    assert not session._executor.program.fallback_ops(), [(s.node.op_type, s.reason)
+                                                        for s in session._executor.program.steps if s.reason]
+    return session, ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("max_out,iou,score", [(3, 0.5, None), (100, 0.3, 0.2), (1, 0.0, None), (0, 0.5, None),
+                                               (50, 1.0, 0.9)])
+def test_nms_with_constant_parameters(center, max_out, iou, score):
+    inputs = ["boxes", "scores", "max_out", "iou"] + (["score"] if score is not None else [])
+    node = helper.make_node("NonMaxSuppression", inputs, ["selected"], center_point_box=center)
+    consts = [_const("max_out", np.array([max_out], dtype=np.int64)), _const("iou", np.array([iou], dtype=np.float32))]
+    if score is not None:
+        consts.append(_const("score", np.array([score], dtype=np.float32)))
+    model = _model([node], [_input("boxes", ["b", "n", 4]), _input("scores", ["b", 3, "n"])],
+                   [helper.make_tensor_value_info("selected", I64, None)], consts, opset=11)
+    native, reference = _session_pair(model)
+    rng = np.random.default_rng(max_out * 10 + center)
+    for batch, n in ((1, 1), (2, 40), (1, 300), (3, 7)):
+        scores = np.round(rng.random((batch, 3, n)), 1).astype(np.float32)  # many ties
+        feeds = {"boxes": _boxes(rng, batch, n, center), "scores": scores}
+        np.testing.assert_array_equal(native.run(None, feeds)[0], reference.run(None, feeds)[0])
+
+
+def test_nms_with_run_time_parameters():
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "score"], ["selected"])
+    model = _model([node], [_input("boxes", [1, "n", 4]), _input("scores", [1, 2, "n"]),
+                            _input("max_out", [1], I64), _input("iou", [1]), _input("score", [1])],
+                   [helper.make_tensor_value_info("selected", I64, None)], opset=11)
+    native, reference = _session_pair(model)
+    rng = np.random.default_rng(7)
+    for n, max_out, iou, score in ((50, 5, 0.4, 0.1), (200, 1000, 0.6, 0.0), (9, 2, 0.0, 0.5)):
+        feeds = {"boxes": _boxes(rng, 1, n, 0), "scores": rng.random((1, 2, n)).astype(np.float32),
+                 "max_out": np.array([max_out], dtype=np.int64), "iou": np.array([iou], dtype=np.float32),
+                 "score": np.array([score], dtype=np.float32)}
+        np.testing.assert_array_equal(native.run(None, feeds)[0], reference.run(None, feeds)[0])
