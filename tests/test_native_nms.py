@@ -1,7 +1,7 @@
-"""NonMaxSuppression on the native backend (kernels/nms.py): compared with onnxruntime on
-random boxes with many overlaps and tied scores, for both box formats, with constant and
-run-time thresholds, at several box counts in one session (the output length is a late
-symbol computed by a size step)."""
+"""NonMaxSuppression and TopK on the native backend (kernels/nms.py, ss_topk), compared
+with onnxruntime: random boxes with many overlaps and tied scores, both box formats,
+constant and run-time thresholds; TopK with a constant k and with k given at run time. Each
+session runs several sizes (the output length is a late symbol computed by a size step)."""
 
 from __future__ import annotations
 
@@ -68,3 +68,29 @@ def test_nms_with_run_time_parameters():
                  "max_out": np.array([max_out], dtype=np.int64), "iou": np.array([iou], dtype=np.float32),
                  "score": np.array([score], dtype=np.float32)}
         np.testing.assert_array_equal(native.run(None, feeds)[0], reference.run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("axis,largest", [(-1, 1), (0, 0), (1, 1)])
+def test_topk_with_k_given_at_run_time(axis, largest):
+    node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=axis, largest=largest)
+    model = _model([node], [_input("x", ["n", 5, 6]), _input("k", [1], I64)],
+                   [helper.make_tensor_value_info("values", F, None),
+                    helper.make_tensor_value_info("indices", I64, None)], opset=11)
+    native, reference = _session_pair(model)
+    rng = np.random.default_rng(axis + 5)
+    for n, k in ((4, 2), (7, 4), (3, 0), (9, 3)):
+        x = np.round(rng.standard_normal((n, 5, 6)), 1).astype(np.float32)  # ties broken by index
+        feeds = {"x": x, "k": np.array([k], dtype=np.int64)}
+        for got, want in zip(native.run(None, feeds), reference.run(None, feeds)):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_topk_with_constant_k():
+    node = helper.make_node("TopK", ["x", "k"], ["values", "indices"])
+    model = _model([node], [_input("x", ["n", 10])], [helper.make_tensor_value_info("values", F, None),
+                                                      helper.make_tensor_value_info("indices", I64, None)],
+                   [_const("k", np.array([3], dtype=np.int64))], opset=11)
+    native, reference = _session_pair(model)
+    x = np.random.default_rng(0).standard_normal((4, 10)).astype(np.float32)
+    for got, want in zip(native.run(None, {"x": x}), reference.run(None, {"x": x})):
+        np.testing.assert_array_equal(got, want)

@@ -1,4 +1,5 @@
-"""Ops whose output size depends on the data: NonZero, NonMaxSuppression and the window functions.
+"""Ops whose output size can depend on the data: NonZero, NonMaxSuppression, TopK and the
+window functions.
 
 Such a rule computes the data-dependent dims in ``Lowered.size_code`` (a step of its own,
 run before the outputs exist); the VM binds them as late symbols, allocates the outputs,
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ...ir.graph import Node
-from ...ir.types import FLOAT
+from ...ir.types import FLOAT, INT64
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, float_literal
 
@@ -123,3 +124,39 @@ def lower_nms(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         code = (f"{checks}\nif ({call('NULL')} != {rows}) return STEP_ERROR;\n"
                 f"{call(ctx.ptr(y, 'int64_t'))};")
     return Lowered(code, fragments=("nms",), can_fail=True, size_code=size_code)
+
+
+@lowers("TopK")
+def lower_topk(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    x, values, indices = node.inputs[0], node.outputs[0], node.outputs[1]
+    if opset < 10:
+        raise Unsupported("TopK-1 (k as an attribute)")
+    if ctx.dtype(x) != FLOAT:
+        raise Unsupported("TopK on a dtype other than float32")
+    shape = ctx.shape(x)
+    axis = int(node.attrs.get("axis", -1))
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis < len(shape):
+        raise Unsupported("TopK axis out of range")
+    outer = ctx.numel(list(shape[:axis]))
+    n = ctx.dim(shape[axis])
+    inner = ctx.numel(list(shape[axis + 1:]))
+    k = ctx.dim(ctx.shape(values)[axis])
+    largest = 1 if int(node.attrs.get("largest", 1)) else 0
+    # Both outputs share the k dim: the first one that carries it as a late dim names it.
+    late = ctx.late_dims(values) or ctx.late_dims(indices)
+    k_input = node.inputs[1] if len(node.inputs) > 1 and 1 not in node.params else None
+    if k_input is not None and ctx.dtype(k_input) != INT64:
+        raise Unsupported("TopK with a k that is not int64")
+    if late and (set(late) != {axis} or k_input is None):
+        raise Unsupported("TopK with an unexpected data-dependent output shape")
+    size_code, check = "", ""
+    if late:
+        read = f"{ctx.ptr(k_input, 'int64_t')}[0]"
+        size_code = f"if ({read} < 0 || {read} > {n}) return STEP_ERROR;\n{late[axis]} = {read};"
+    elif k_input is not None:
+        check = f"if ({ctx.ptr(k_input, 'int64_t')}[0] != {k}) return STEP_ERROR;\n"
+    code = (f"{check}if ({k} > {n}) return STEP_ERROR;\n"
+            f"ss_topk({ctx.ptr(x)}, {ctx.ptr(values)}, {ctx.ptr(indices, 'int64_t')}, {outer}, {n}, {inner}, {k}, "
+            f"{largest});")
+    return Lowered(code, fragments=("indexing",), can_fail=True, size_code=size_code)
