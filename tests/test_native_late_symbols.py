@@ -1,8 +1,8 @@
 """Late symbols: a dim that only the data fixes (NonZero's count, a Range over computed
 bounds, a TopK's computed k, an If whose branches disagree) is bound by the VM at run
-time, so the nodes after it still run natively. NonZero, Range and ConstantOfShape
-compute such dims natively (a size step); other producers (TopK, If) fall back and the
-VM reads the dims off their results.
+time, so the nodes after it still run natively. NonZero, Range, ConstantOfShape and
+elementwise broadcasts compute such dims natively (a size step); other producers
+(Unique, If) fall back and the VM reads the dims off their results.
 
 Each model is compared with onnxruntime over several input sizes in one session (the
 late dims change from run to run); the expected fallback steps are named.
@@ -91,18 +91,17 @@ def test_constant_of_shape_from_data():
     _compare(model, feeds, {})
 
 
-def _topk_model():
-    # k is data: TopK falls back, and binds its output length for the Mul after it.
-    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"]),
+def _unique_model():
+    # Unique has no native rule: it falls back, and binds its output length for the Mul.
+    nodes = [helper.make_node("Unique", ["x"], ["values", "indices", "inverse", "counts"]),
              _scalar("two", 2.0), helper.make_node("Mul", ["values", "two"], ["y"])]
-    return _model(nodes, [_input("x", ["n"]), _input("k", [1], I64)], [_output("y"), _output("indices", I64)])
+    return _model(nodes, [_input("x", ["n"])], [_output("y"), _output("counts", I64)])
 
 
 def test_fallback_producer_binds_for_native_consumers():
     rng = np.random.default_rng(4)
-    feeds = [{"x": rng.standard_normal(n).astype(np.float32), "k": np.array([k], dtype=np.int64)}
-             for n, k in ((6, 2), (9, 9), (3, 0), (12, 5))]
-    program = _compare(_topk_model(), feeds, {"TopK": 1})
+    feeds = [{"x": rng.integers(0, k, n).astype(np.float32)} for n, k in ((6, 2), (9, 9), (3, 1), (12, 5))]
+    program = _compare(_unique_model(), feeds, {"Unique": 1})
     assert [s.kind for s in program.steps if s.binds] == ["fallback"]
 
 
@@ -142,16 +141,16 @@ def test_fallback_result_that_contradicts_its_type_is_an_error(monkeypatch, wron
     from shapeshift.errors import ExecutionError
     from shapeshift.runtime import vm
 
-    session = shapeshift.InferenceSession(_topk_model(), backend="native")
+    session = shapeshift.InferenceSession(_unique_model(), backend="native")
     real = vm.NativeVM._evaluate
 
     def broken(self, node, env, binding):
-        values, indices = real(self, node, env, binding)
-        return [values.reshape(1, -1) if wrong == "rank" else values.astype(np.float64), indices]
+        values, *rest = real(self, node, env, binding)
+        return [values.reshape(1, -1) if wrong == "rank" else values.astype(np.float64), *rest]
 
     monkeypatch.setattr(vm.NativeVM, "_evaluate", broken)
-    with pytest.raises(ExecutionError, match="TopK"):
-        session.run(None, {"x": np.array([1.0, -2.0, 3.0], dtype=np.float32), "k": np.array([2], dtype=np.int64)})
+    with pytest.raises(ExecutionError, match="Unique"):
+        session.run(None, {"x": np.array([1.0, -2.0, 3.0], dtype=np.float32)})
 
 
 def test_broadcast_of_late_dims_is_sized_natively():

@@ -33,7 +33,7 @@ from ..errors import ExecutionError, ShapeshiftError
 from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..ops.context import EvalContext
-from ..symbolic import evaluate
+from ..symbolic import evaluate, free_symbols
 from .reference import ReferenceExecutor, materialize
 
 ALIGNMENT = 64
@@ -92,7 +92,9 @@ class NativeVM:
         self._arena_views = np.array([s.index for s in arena_views], dtype=np.int64)
         self._arena_view_roots = np.array([s.root for s in arena_views], dtype=np.int64)
         self._node_positions = {id(n): i for i, n in enumerate(program.graph.nodes)}
-        self._late_slots = [s for s in program.slots if s.kind == LATE]
+        # What each binding step makes computable: (late extent indices, LATE slots), keyed
+        # by id(step), so that a run with many late symbols evaluates each thing once.
+        self._late_ready = _late_ready(program)
         self._release_unread_constants()
 
     # -- load time -------------------------------------------------------------------------
@@ -302,18 +304,11 @@ class NativeVM:
                 raise ExecutionError(f"{step.node.describe()}: computed a negative size {value} for output {k}")
             binding[symbol] = value
         program = self.program
-        for index in program.late_extents:
-            try:
-                plan.extents[index] = evaluate(program.extents[index], binding)
-            except ShapeshiftError:
-                pass  # needs a symbol bound later
-        for slot in self._late_slots:
-            if slot.index in arrays:
-                continue
-            try:
-                nbytes = evaluate(slot.nbytes, binding)
-            except ShapeshiftError:
-                continue
+        extents, slots = self._late_ready.get(id(step), ((), ()))
+        for index in extents:
+            plan.extents[index] = evaluate(program.extents[index], binding)
+        for slot in slots:
+            nbytes = evaluate(slot.nbytes, binding)
             buffer = np.empty(max(nbytes, 1) + ALIGNMENT, dtype=np.uint8)
             address = _aligned_base(buffer)
             # Kept as the raw buffer: _array views it at its aligned start.
@@ -364,6 +359,31 @@ class NativeVM:
         if isinstance(result, np.ndarray):
             return np.array(result, copy=True)
         return result
+
+
+def _late_ready(program: Program) -> dict[int, tuple[list[int], list]]:
+    """For each step that binds late symbols: the late extents and LATE slots whose last
+    late symbol it binds (so they can be evaluated right after it)."""
+    bound_by: dict[str, int] = {}
+    steps = {}
+    for position, step in enumerate(program.steps):
+        for _, _, symbol in step.binds:
+            bound_by.setdefault(symbol, position)
+            steps[position] = step
+    ready: dict[int, tuple[list[int], list]] = {}
+
+    def add(dim, item, which: int) -> None:
+        late = [bound_by[s] for s in free_symbols(dim) if s in bound_by]
+        if late:
+            entry = ready.setdefault(id(steps[max(late)]), ([], []))
+            entry[which].append(item)
+
+    for index in program.late_extents:
+        add(program.extents[index], index, 0)
+    for slot in program.slots:
+        if slot.kind == LATE:
+            add(slot.nbytes, slot, 1)
+    return ready
 
 
 def _aligned_base(arena: np.ndarray) -> int:

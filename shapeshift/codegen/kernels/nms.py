@@ -33,17 +33,22 @@ static int ss_nms_order(const void* pa, const void* pb) {
     return (a->index > b->index) - (a->index < b->index);
 }
 
-/* Does box i suppress box j? corners: [N][4] as x_min, y_min, x_max, y_max; area [N]. */
-static int ss_nms_suppresses(const float* corners, const float* area, int64_t i, int64_t j, float threshold) {
-    const float* a = corners + 4 * i;
-    const float* b = corners + 4 * j;
-    const float ix = (a[2] < b[2] ? a[2] : b[2]) - (a[0] > b[0] ? a[0] : b[0]);
-    const float iy = (a[3] < b[3] ? a[3] : b[3]) - (a[1] > b[1] ? a[1] : b[1]);
-    if (!(ix > 0.0f && iy > 0.0f)) return 0;
-    const float inter = ix * iy;
-    const float uni = area[i] + area[j] - inter;
-    if (!(inter > 0.0f && area[i] > 0.0f && area[j] > 0.0f && uni > 0.0f)) return 0;
-    return inter / uni > threshold;
+/* Does any of the n kept boxes suppress box c (corners x0, y0, x1, y1; area ac)? The IoU
+   test of shapeshift/ops/detection.py in float32 (union = kept area + candidate area -
+   intersection, in that order), with no early exit so that it vectorizes. */
+static int ss_nms_suppressed(const float* restrict kx0, const float* restrict ky0, const float* restrict kx1,
+                             const float* restrict ky1, const float* restrict karea, int64_t n,
+                             const float* c, float ac, float threshold) {
+    int hit = 0;
+    for (int64_t q = 0; q < n; ++q) {
+        const float ix = (kx1[q] < c[2] ? kx1[q] : c[2]) - (kx0[q] > c[0] ? kx0[q] : c[0]);
+        const float iy = (ky1[q] < c[3] ? ky1[q] : c[3]) - (ky0[q] > c[1] ? ky0[q] : c[1]);
+        const float inter = ix * iy;
+        const float uni = karea[q] + ac - inter;
+        hit |= (ix > 0.0f) & (iy > 0.0f) & (inter > 0.0f) & (karea[q] > 0.0f) & (ac > 0.0f) & (uni > 0.0f)
+               & (inter / uni > threshold);
+    }
+    return hit;
 }
 
 int64_t ss_nms(const float* boxes, const float* scores, int64_t B, int64_t C, int64_t N,
@@ -52,9 +57,12 @@ int64_t ss_nms(const float* boxes, const float* scores, int64_t B, int64_t C, in
     if (max_out <= 0 || B <= 0 || C <= 0 || N <= 0) return 0;
     float* corners = (float*)malloc(sizeof(float) * 5 * N);
     ss_nms_candidate* cand = (ss_nms_candidate*)malloc(sizeof(ss_nms_candidate) * N);
-    int64_t* kept = (int64_t*)malloc(sizeof(int64_t) * N);
+    /* The kept boxes' corners and areas, one array each: the test of a candidate against
+       all of them is then one branch-free loop that GCC vectorizes. */
+    float* kept = (float*)malloc(sizeof(float) * 5 * N);
     if (!corners || !cand || !kept) { free(corners); free(cand); free(kept); return -1; }
     float* area = corners + 4 * N;
+    float *kx0 = kept, *ky0 = kept + N, *kx1 = kept + 2 * N, *ky1 = kept + 3 * N, *karea = kept + 4 * N;
     int64_t count = 0;
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t i = 0; i < N; ++i) {
@@ -78,11 +86,12 @@ int64_t ss_nms(const float* boxes, const float* scores, int64_t B, int64_t C, in
             int64_t nkept = 0;
             for (int64_t t = 0; t < n && nkept < max_out; ++t) {
                 const int64_t j = cand[t].index;
-                int keep = 1;
-                for (int64_t q = 0; q < nkept && keep; ++q)
-                    if (ss_nms_suppresses(corners, area, kept[q], j, iou_threshold)) keep = 0;
-                if (!keep) continue;
-                kept[nkept++] = j;
+                if (ss_nms_suppressed(kx0, ky0, kx1, ky1, karea, nkept, corners + 4 * j, area[j], iou_threshold))
+                    continue;
+                kx0[nkept] = corners[4 * j]; ky0[nkept] = corners[4 * j + 1];
+                kx1[nkept] = corners[4 * j + 2]; ky1[nkept] = corners[4 * j + 3];
+                karea[nkept] = area[j];
+                ++nkept;
                 if (out) { out[3 * count] = b; out[3 * count + 1] = k; out[3 * count + 2] = j; }
                 ++count;
             }
