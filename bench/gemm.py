@@ -1,6 +1,6 @@
 """GFLOPS of ss_gemm / ss_gemm_prepacked against NumPy matmul (OpenBLAS) on BERT-base shapes.
 
-    python bench/gemm.py [--ts 1 8 32 128 512] [--threads 1 2] [--repeats 5] [--sample-ms 5]
+    python bench/gemm.py [--ts 1 8 32 128 512] [--threads 1 2] [--repeats 5] [--sample-ms 5] [--cold]
 
 Shapes, at sequence length T (batch 1): the four dense layers (M = T; K x N = 768x768,
 768x3072, 3072x768, 768x2304; B a constant weight: ours prepacked, and ours plain for
@@ -13,6 +13,10 @@ the same number of threads as ours (ss_set_num_threads) without needing threadpo
 Per shape, the candidates run interleaved: one sample (enough calls for --sample-ms) of
 each in turn, --repeats times; the table gives the median sample. Prints the table and
 writes bench/results/gemm.md.
+
+``--cold``: the dense shapes only, with every call's weight streamed from DRAM (each call
+takes the next of 160 MB of distinct weights, ours and NumPy's alike), as in a model whose
+weights do not fit in cache; writes bench/results/gemm_cold.md.
 """
 
 from __future__ import annotations
@@ -52,7 +56,20 @@ double bench_{name}(int64_t calls, {_ARGS % b_args})
 }}
 """ for name, b_args, b_call in (
     ("ss_gemm", "const float* B, int64_t sb0, int64_t sb1, int64_t rsb, int64_t csb,", "B, sb0, sb1, rsb, csb,"),
-    ("ss_gemm_prepacked", "const float* packed_b,", "packed_b,")))
+    ("ss_gemm_prepacked", "const float* packed_b,", "packed_b,"))) + """
+double bench_ss_gemm_prepacked_cold(int64_t calls, int64_t first, int64_t count, const float* const* packed,
+                                    int64_t M, int64_t N, int64_t K, const float* A, float* C, const float* bias)
+{
+    double start = omp_get_wtime();
+    for (int64_t i = 0; i < calls; ++i)
+        ss_gemm_prepacked(M, N, K, 1, 1, A, 0, 0, K, 1, packed[(first + i) % count], C, 0, 0, N,
+                          1.0f, bias, 1.0f, 0, 1, 0);
+    return (omp_get_wtime() - start) / (double)calls;
+}
+"""
+# --cold: this many bytes of weights per candidate, several times the last-level cache, so
+# every call streams its weight from DRAM as a model's layers do.
+COLD_BYTES = 160e6
 
 
 def _load_library(cache_dir: Path):
@@ -67,6 +84,8 @@ def _load_library(cache_dir: Path):
     cdll.bench_ss_gemm.argtypes = [i64] + head + [ptr, i64, i64, i64, i64] + tail
     cdll.bench_ss_gemm_prepacked.argtypes = [i64] + head + [ptr] + tail
     cdll.bench_ss_gemm.restype = cdll.bench_ss_gemm_prepacked.restype = ctypes.c_double
+    cdll.bench_ss_gemm_prepacked_cold.argtypes = [i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, ptr]
+    cdll.bench_ss_gemm_prepacked_cold.restype = ctypes.c_double
     cdll.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
     cdll.ss_gemm_packed_b_size.argtypes = [i64, i64]
     cdll.ss_gemm_packed_b_size.restype = i64
@@ -127,6 +146,43 @@ def _dense_candidates(lib, np, t: int, k: int, n: int):
     return {"ss_gemm_prepacked": prepacked, "ss_gemm": plain, "numpy": _python_loop(numpy_matmul)}, flops, check
 
 
+def _dense_cold_candidates(lib, np, t: int, k: int, n: int):
+    """Dense GEMMs whose weight comes from DRAM: each call takes the next of enough
+    distinct weights (COLD_BYTES in all) that none is still cached; numpy rotates alike."""
+    rng = np.random.default_rng(2)
+    count = max(2, int(COLD_BYTES // (k * n * 4)))
+    a = rng.standard_normal((t, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    weights = [rng.standard_normal((k, n)).astype(np.float32) for _ in range(count)]
+    packed = [np.empty(lib.ss_gemm_packed_b_size(k, n), dtype=np.float32) for _ in range(count)]
+    for w, p in zip(weights, packed):
+        lib.ss_gemm_pack_b(k, n, w.ctypes.data, n, 1, p.ctypes.data)
+    table = (ctypes.c_void_p * count)(*[p.ctypes.data for p in packed])
+    c = np.empty((t, n), dtype=np.float32)
+    position = {"ours": 0, "numpy": 0}
+
+    def prepacked(calls, _keep_alive=packed):  # the table points into these arrays
+        first = position["ours"]
+        position["ours"] = (first + calls) % count
+        return lib.bench_ss_gemm_prepacked_cold(calls, first, count, ctypes.addressof(table), t, n, k,
+                                                a.ctypes.data, c.ctypes.data, bias.ctypes.data)
+
+    def numpy_matmul(calls):
+        first = position["numpy"]
+        position["numpy"] = (first + calls) % count
+        start = time.perf_counter()
+        for i in range(calls):
+            a @ weights[(first + i) % count] + bias
+        return (time.perf_counter() - start) / calls
+
+    def check():
+        last = (position["ours"] - 1) % count
+        ref = a.astype(np.float64) @ weights[last].astype(np.float64) + bias
+        assert np.allclose(c, ref, rtol=1e-3, atol=1e-2), "ss_gemm_prepacked disagrees with numpy"
+
+    return {"ss_gemm_prepacked": prepacked, "numpy": numpy_matmul}, 2.0 * t * k * n, check
+
+
 def _attention_candidates(lib, np, t: int, which: str):
     rng = np.random.default_rng(1)
     hd = HEADS * HEAD_DIM
@@ -168,7 +224,8 @@ def _attention_candidates(lib, np, t: int, which: str):
     return {"ss_gemm": ours_ctx, "numpy": _python_loop(numpy_ctx)}, 2.0 * HEADS * t * t * HEAD_DIM, check_ctx
 
 
-def run_child(threads: int, ts: list[int], repeats: int, sample_s: float, cache_dir: Path) -> list[dict]:
+def run_child(threads: int, ts: list[int], repeats: int, sample_s: float, cache_dir: Path,
+              cold: bool = False) -> list[dict]:
     """One thread count, in this process (OPENBLAS_NUM_THREADS was set before numpy loaded)."""
     import numpy as np
 
@@ -176,9 +233,13 @@ def run_child(threads: int, ts: list[int], repeats: int, sample_s: float, cache_
     lib.ss_set_num_threads(threads)
     rows = []
     for t in ts:
-        shapes = [(f"dense {k}x{n}", lambda k=k, n=n: _dense_candidates(lib, np, t, k, n)) for k, n in DENSE]
-        shapes += [("attn QK^T", lambda: _attention_candidates(lib, np, t, "scores")),
-                   ("attn PV", lambda: _attention_candidates(lib, np, t, "context"))]
+        if cold:
+            shapes = [(f"dense {k}x{n} cold", lambda k=k, n=n: _dense_cold_candidates(lib, np, t, k, n))
+                      for k, n in DENSE]
+        else:
+            shapes = [(f"dense {k}x{n}", lambda k=k, n=n: _dense_candidates(lib, np, t, k, n)) for k, n in DENSE]
+            shapes += [("attn QK^T", lambda: _attention_candidates(lib, np, t, "scores")),
+                       ("attn PV", lambda: _attention_candidates(lib, np, t, "context"))]
         for label, make in shapes:
             candidates, flops, check = make()
             seconds = _time_interleaved(candidates, repeats, sample_s)
@@ -192,10 +253,11 @@ def run_child(threads: int, ts: list[int], repeats: int, sample_s: float, cache_
 
 def _format_row(row: dict) -> str:
     g = row["gflops"]
-    ours = [g["ss_gemm"], g.get("ss_gemm_prepacked", 0.0)]
+    ours = [g.get("ss_gemm", 0.0), g.get("ss_gemm_prepacked", 0.0)]
     ratio = max(ours) / g["numpy"]
     pre = f"{g['ss_gemm_prepacked']:.1f}" if "ss_gemm_prepacked" in g else "-"
-    return (f"| {row['threads']} | {row['T']} | {row['shape']} | {pre} | {g['ss_gemm']:.1f} | {g['numpy']:.1f} "
+    plain = f"{g['ss_gemm']:.1f}" if "ss_gemm" in g else "-"
+    return (f"| {row['threads']} | {row['T']} | {row['shape']} | {pre} | {plain} | {g['numpy']:.1f} "
             f"| {ratio:.2f} | {row['us']['numpy']:.0f} |")
 
 
@@ -207,11 +269,16 @@ def main() -> None:
     parser.add_argument("--sample-ms", type=float, default=5.0)
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "gemm.md")
+    parser.add_argument("--cold", action="store_true",
+                        help="dense shapes only, each call's weight streamed from DRAM (as in a model)")
+    parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(run_child(args.child, args.ts, args.repeats, args.sample_ms / 1e3, args.cache_dir)))
+        print(json.dumps(run_child(args.child, args.ts, args.repeats, args.sample_ms / 1e3, args.cache_dir,
+                                   args.cold)))
         return
+    if args.output is None:
+        args.output = ROOT / "bench" / "results" / ("gemm_cold.md" if args.cold else "gemm.md")
 
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as cache:
@@ -222,7 +289,8 @@ def main() -> None:
             env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                        OPENBLAS_THREAD_TIMEOUT="4", GOMP_SPINCOUNT="10000")
             cmd = [sys.executable, __file__, "--child", str(threads), "--ts", *map(str, args.ts),
-                   "--repeats", str(args.repeats), "--sample-ms", str(args.sample_ms), "--cache-dir", cache]
+                   "--repeats", str(args.repeats), "--sample-ms", str(args.sample_ms), "--cache-dir", cache,
+                   *(["--cold"] if args.cold else [])]
             proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
             rows += json.loads(proc.stdout)
 
@@ -238,6 +306,8 @@ def main() -> None:
         "equal to it, so numpy used the same number of threads as ours. Median of "
         f"{args.repeats} interleaved samples of about {args.sample_ms:g} ms each. Dense: M = T, B a constant "
         "weight, plus a [N] bias (numpy: `a @ w + bias`); ss_gemm_prepacked uses the weight packed at load. "
+        + ("With --cold, each call takes the next of enough distinct weights (160 MB in all, ours and numpy's "
+           "each) that it streams from DRAM, as a model's layers do. " if args.cold else "") +
         "Attention: 12 heads of 64 on strided [T, 12, 64] views (numpy: `np.matmul` on the transposed views). "
         f"The machine is shared: the 1-minute load average was {load_before:.1f} before the run and "
         f"{os.getloadavg()[0]:.1f} after it, on {os.cpu_count()} CPUs; with other work on the cores, a parallel "
