@@ -301,7 +301,7 @@ def main() -> None:
     table = "\n".join(header + [_format_row(r) for r in rows])
     text = (
         "# GEMM benchmark\n\n"
-        f"`python bench/gemm.py` on {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"`python bench/gemm.py{' --cold' if args.cold else ''}` on {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"numpy {np.__version__} (OpenBLAS). Each thread count ran in its own process with OPENBLAS_NUM_THREADS "
         "equal to it, so numpy used the same number of threads as ours. Median of "
         f"{args.repeats} interleaved samples of about {args.sample_ms:g} ms each. Dense: M = T, B a constant "
