@@ -56,6 +56,8 @@ typedef struct {{
 }} ss_copy_plan;
 
 static inline int64_t ss_copy_abs(int64_t v) {{ return v < 0 ? -v : v; }}
+/* Pad's reflect mode: a position in one period [0, 2n - 2) of the mirrored axis -> [0, n). */
+static inline int64_t ss_pad_fold(int64_t i, int64_t n) {{ return i >= n ? 2 * n - 2 - i : i; }}
 
 /* Returns 0 when the index space is empty (nothing to copy). */
 static int ss_copy_canon(ss_copy_plan* p, int64_t rank, const int64_t* shape,

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...ir.graph import Node
+from ...ir.graph import Node, Value
 from ...ir.types import INT32, INT64
 from ...ops.common import product
 from ...symbolic import Dim
@@ -205,10 +205,22 @@ def lower_tile(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     return Lowered(code, fragments=("layout",))
 
 
+# Pad modes that read the input at a mapped index: i, the output index minus the axis's
+# begin pad, taken back into [0, n) (n > 0) as C code over i and n.
+PAD_INDEX_MAPS = {
+    "edge": "(i < 0 ? 0 : (i >= n ? n - 1 : i))",
+    "wrap": "(((i % n) + n) % n)",
+    # Mirror without repeating the edge, period 2 (n - 1); one element mirrors onto itself.
+    "reflect": "(n == 1 ? 0 : ss_pad_fold((((i % (2 * n - 2)) + (2 * n - 2)) % (2 * n - 2)), n))",
+}
+
+
 @lowers("Pad")
 def lower_pad(node: Node, ctx: LowerContext, opset: int) -> Lowered:
-    if node.attrs.get("mode", "constant") != "constant":
-        raise Unsupported("Pad modes other than constant")
+    mode = node.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant" and mode not in PAD_INDEX_MAPS:
+        raise Unsupported(f"Pad mode {mode!r}")
     x, y = node.inputs[0], node.outputs[0]
     in_shape, out_shape = ctx.shape(x), ctx.shape(y)
     rank = len(in_shape)
@@ -226,6 +238,8 @@ def lower_pad(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         begins[axis] = pads[k]
     if any(isinstance(p, (int, np.integer)) and p < 0 for p in pads):
         raise Unsupported("negative pads")
+    if mode != "constant":
+        return _pad_by_index_map(ctx, x, y, begins, PAD_INDEX_MAPS[mode])
     ctype = ctx.ctype(y)
     out_strides = contiguous_strides(out_shape)
     offset = " + ".join(f"({ctx.dim(b)}) * {ctx.dim(s)}" for b, s in zip(begins, out_strides)) or "0"
@@ -235,6 +249,25 @@ def lower_pad(node: Node, ctx: LowerContext, opset: int) -> Lowered:
              copy_call(ctx, elem, _dims(ctx, in_shape), ctx.raw_ptr(x), _dims(ctx, contiguous_strides(in_shape)),
                        f"(char*){ctx.raw_ptr(y)} + ({offset}) * {elem}", _dims(ctx, out_strides))]
     return Lowered("\n".join(lines), fragments=("layout",))
+
+
+def _pad_by_index_map(ctx: LowerContext, x: Value, y: Value, begins: Sequence[Dim], index_map: str) -> Lowered:
+    """Every output element reads the input at its index mapped back per axis (edge,
+    wrap, reflect). An empty input axis under a non-empty output one is an error."""
+    in_shape, out_shape = ctx.shape(x), ctx.shape(y)
+    ctype = ctx.ctype(y)
+    rank = len(in_shape)
+    lines = [f"const {ctype}* in = {ctx.ptr(x)};", f"{ctype}* out = {ctx.ptr(y)};",
+             f"if ({ctx.numel(out_shape)} > 0 && {ctx.numel(in_shape)} == 0) return STEP_ERROR;",
+             f"for (int64_t f = 0; f < {ctx.numel(out_shape)}; f++) {{",
+             "    int64_t rest = f, src = 0, stride = 1;"]
+    for axis in reversed(range(rank)):
+        lines += [f"    {{ const int64_t n = {ctx.dim(in_shape[axis])};",
+                  f"      const int64_t i = rest % {ctx.dim(out_shape[axis])} - ({ctx.dim(begins[axis])});",
+                  f"      rest /= {ctx.dim(out_shape[axis])};",
+                  f"      src += {index_map} * stride; stride *= n; }}"]
+    lines += ["    out[f] = in[src];", "}"]
+    return Lowered("\n".join(lines), fragments=("layout",), can_fail=True)
 
 
 def _number(x) -> str:
