@@ -239,8 +239,9 @@ class _Builder:
         unread = {id(v) for v in node.outputs if v is not None and not v.users and id(v) not in self.outputs
                   and not self.plannable(v)}
         values = [*node.inputs, *(v for v in node.outputs if id(v) not in unread)]
+        rule = rule_for(node)
         late_binds: list[tuple[int, int, str]] = []
-        if all(self.plannable(v) for v in node.inputs) and rule_for(node) is not None:
+        if all(self.plannable(v) for v in node.inputs) and rule is not None:
             # Outputs sized by the data: a rule may compute those dims natively (size_code).
             for k, value in enumerate(node.outputs):
                 if value is not None and id(value) not in unread and not self.plannable(value):
@@ -256,7 +257,6 @@ class _Builder:
             root_index = root.root if root.kind == VIEW else root.index
             self._add_slot(VIEW, node.outputs[0], root=root_index)
             return Step(ALIAS, node)
-        rule = rule_for(node)
         if rule is None:
             return self._fallback(node, "no lowering")
         mark = (len(self.slots), len(self.packs), len(self.extents), dict(self.extent_index))

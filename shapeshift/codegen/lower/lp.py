@@ -9,16 +9,14 @@ whole input. LpNormalization is one call of ``ss_lp_normalize`` (kernels/lpnorm.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 from ...ir.graph import Node
 from ...ir.types import FLOAT
 from ...ops.common import product
-from ...symbolic import Dim
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, float_literal
-
-MAX_SPATIAL = 3
+from .nn import begin_pads
+from .pooling import as_3d, per_axis, spatial_rank
 
 
 def _float_only(ctx: LowerContext, node: Node) -> None:
@@ -34,43 +32,11 @@ def _exponent(node: Node) -> str:
     return float_literal(p)
 
 
-def _spatial_rank(node: Node, shape: Sequence[Dim]) -> int:
-    spatial = len(shape) - 2
-    if not 1 <= spatial <= MAX_SPATIAL:
-        raise Unsupported(f"{node.op_type} with {spatial} spatial axes")
-    return spatial
-
-
-def _as_3d(values: Sequence, fill) -> list:
-    """Per-spatial-axis values padded in front to three axes (a 2-D pool has D = 1)."""
-    return [fill] * (MAX_SPATIAL - len(values)) + list(values)
-
-
-def _begin_pads(node: Node, ctx: LowerContext, in_dims, out_dims, kernel, strides, dilations) -> list[str]:
-    """The begin pad of each spatial axis, as C expressions (SAME_* from the extents)."""
-    spatial = len(kernel)
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    if auto == "NOTSET":
-        return [str(int(p)) for p in list(node.attrs.get("pads", [0] * (2 * spatial)))[:spatial]]
-    if auto == "VALID":
-        return ["0"] * spatial
-    if auto not in ("SAME_UPPER", "SAME_LOWER"):
-        raise Unsupported(f"auto_pad {auto}")
-    begins = []
-    for size, out, k, s, d in zip(in_dims, out_dims, kernel, strides, dilations):
-        # The padding that lets the output cover the input; SAME_UPPER puts the odd one at the end.
-        total = f"(({ctx.dim(out)} - 1) * {s} + ({k} - 1) * {d} + 1 - {ctx.dim(size)})"
-        total = f"({total} > 0 ? {total} : 0)"
-        begins.append(f"({total} / 2)" if auto == "SAME_UPPER" else f"({total} - {total} / 2)")
-    return begins
-
-
 def _lppool_call(ctx: LowerContext, node: Node, nc: str, in_dims: list[str], out_dims: list[str],
                  kernel: list[str], strides: list, pads: list[str], dilations: list, p: str) -> str:
-    args = [nc, *_as_3d(in_dims, "1"), *_as_3d(out_dims, "1"), *_as_3d(kernel, "1"),
-            *(str(int(s)) for s in _as_3d(strides, 1)), *_as_3d(pads, "0"),
-            *(str(int(d)) for d in _as_3d(dilations, 1))]
+    args = [nc, *as_3d(in_dims, "1"), *as_3d(out_dims, "1"), *as_3d(kernel, "1"),
+            *(str(int(s)) for s in as_3d(strides, 1)), *as_3d(pads, "0"),
+            *(str(int(d)) for d in as_3d(dilations, 1))]
     return f"ss_lppool3d({ctx.ptr(node.inputs[0])}, {ctx.ptr(node.outputs[0])}, {', '.join(args)}, {p});"
 
 
@@ -79,13 +45,13 @@ def lower_lp_pool(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     _float_only(ctx, node)
     x, y = node.inputs[0], node.outputs[0]
     in_shape, out_shape = ctx.shape(x), ctx.shape(y)
-    spatial = _spatial_rank(node, in_shape)
-    kernel = [int(k) for k in node.attrs["kernel_shape"]]
-    if len(kernel) != spatial:
-        raise Unsupported("LpPool kernel_shape of another rank than the input's spatial axes")
-    strides = [int(s) for s in node.attrs.get("strides", [1] * spatial)]
-    dilations = [int(d) for d in node.attrs.get("dilations", [1] * spatial)]
-    pads = _begin_pads(node, ctx, in_shape[2:], out_shape[2:], kernel, strides, dilations)
+    spatial = spatial_rank(node, ctx)
+    if node.attrs.get("kernel_shape") is None:
+        raise Unsupported("LpPool without kernel_shape")
+    kernel = per_axis(node, "kernel_shape", 1, spatial)
+    strides = per_axis(node, "strides", 1, spatial)
+    dilations = per_axis(node, "dilations", 1, spatial)
+    pads = begin_pads(node, ctx, in_shape[2:], out_shape[2:], kernel, strides, dilations, spatial)
     # ceil_mode needs nothing here: it only lengthens the output, whose extents the call takes.
     code = _lppool_call(ctx, node, ctx.numel(in_shape[:2]), [ctx.dim(d) for d in in_shape[2:]],
                         [ctx.dim(d) for d in out_shape[2:]], [str(k) for k in kernel], strides, pads, dilations,
@@ -97,7 +63,7 @@ def lower_lp_pool(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 def lower_global_lp_pool(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     _float_only(ctx, node)
     in_shape = ctx.shape(node.inputs[0])
-    spatial = _spatial_rank(node, in_shape)
+    spatial = spatial_rank(node, ctx)
     dims = [ctx.dim(d) for d in in_shape[2:]]
     code = _lppool_call(ctx, node, ctx.numel(in_shape[:2]), dims, ["1"] * spatial, dims, [1] * spatial,
                         ["0"] * spatial, [1] * spatial, _exponent(node))

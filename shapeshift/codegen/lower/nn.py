@@ -178,7 +178,7 @@ def _spatial(node: Node, ctx: LowerContext, x: Value, y: Value, kernel: Sequence
     return hw, ohw, kernel, strides, dilations
 
 
-def _begin_pads(node: Node, ctx: LowerContext, hw, ohw, kernel, strides, dilations, spatial: int) -> list[str]:
+def begin_pads(node: Node, ctx: LowerContext, hw, ohw, kernel, strides, dilations, spatial: int) -> list[str]:
     """Begin pads as C expressions (auto_pad SAME_* is computed from the extents)."""
     auto = node.attrs.get("auto_pad", "NOTSET")
     if isinstance(auto, bytes):
@@ -224,7 +224,7 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         raise Unsupported("Conv weight of symbolic shape")
     hw, ohw, kernel, strides, dilations = _spatial(node, ctx, x, y, w_shape[2:])
     spatial = len(ctx.shape(x)) - 2
-    pads = _begin_pads(node, ctx, hw, ohw, kernel, strides, dilations, spatial)
+    pads = begin_pads(node, ctx, hw, ohw, kernel, strides, dilations, spatial)
     group = int(node.attrs.get("group", 1))
     in_shape = ctx.shape(x)
     absorbed, act = _conv_activation(ctx, y)

@@ -43,7 +43,7 @@ def _kernel_suffix(node: Node, ctx: LowerContext, table: dict[int, str]) -> str:
     return table[dtype]
 
 
-def _per_axis(node: Node, name: str, default: int, count: int) -> list[int]:
+def per_axis(node: Node, name: str, default: int, count: int) -> list[int]:
     """An attribute with ``count`` ints (default ``default`` each); declines another length."""
     values = [int(v) for v in node.attrs.get(name, [default] * count)]
     if len(values) != count:
@@ -51,12 +51,12 @@ def _per_axis(node: Node, name: str, default: int, count: int) -> list[int]:
     return values
 
 
-def _as_3d(values: Sequence[str], fill: str) -> list[str]:
+def as_3d(values: Sequence[str], fill: str) -> list[str]:
     """Per-spatial-axis C expressions padded in front to three axes (a 2-D pool has D = 1)."""
     return [fill] * (MAX_SPATIAL - len(values)) + list(values)
 
 
-def _spatial_rank(node: Node, ctx: LowerContext) -> int:
+def spatial_rank(node: Node, ctx: LowerContext) -> int:
     spatial = len(ctx.shape(node.inputs[0])) - 2
     if not 1 <= spatial <= MAX_SPATIAL:
         raise Unsupported(f"{node.op_type} with {spatial} spatial axes")
@@ -70,17 +70,17 @@ def _spatial_dims(ctx: LowerContext, value: Value) -> list[str]:
 def _geometry(node: Node, ctx: LowerContext, x: Value, y: Value) -> list[str]:
     """C declarations of the geometry arrays pool_in, pool_out, pool_k, pool_s, pool_dil,
     pool_p (begin pads) and pool_p_end (end pads)."""
-    spatial = _spatial_rank(node, ctx)
+    spatial = spatial_rank(node, ctx)
     if node.attrs.get("kernel_shape") is None:
         raise Unsupported(f"{node.op_type} without kernel_shape")
-    kernel = _per_axis(node, "kernel_shape", 1, spatial)
-    strides = _per_axis(node, "strides", 1, spatial)
-    dilations = _per_axis(node, "dilations", 1, spatial)
-    lines = [c_array("pool_in", _as_3d(_spatial_dims(ctx, x), "1")),
-             c_array("pool_out", _as_3d(_spatial_dims(ctx, y), "1")),
-             c_array("pool_k", _as_3d([str(k) for k in kernel], "1")),
-             c_array("pool_s", _as_3d([str(s) for s in strides], "1")),
-             c_array("pool_dil", _as_3d([str(d) for d in dilations], "1"))]
+    kernel = per_axis(node, "kernel_shape", 1, spatial)
+    strides = per_axis(node, "strides", 1, spatial)
+    dilations = per_axis(node, "dilations", 1, spatial)
+    lines = [c_array("pool_in", as_3d(_spatial_dims(ctx, x), "1")),
+             c_array("pool_out", as_3d(_spatial_dims(ctx, y), "1")),
+             c_array("pool_k", as_3d([str(k) for k in kernel], "1")),
+             c_array("pool_s", as_3d([str(s) for s in strides], "1")),
+             c_array("pool_dil", as_3d([str(d) for d in dilations], "1"))]
     auto = _text(node, "auto_pad", "NOTSET") or "NOTSET"
     if auto in SAME_PADS:
         upper = int(auto == "SAME_UPPER")
@@ -88,11 +88,11 @@ def _geometry(node: Node, ctx: LowerContext, x: Value, y: Value) -> list[str]:
                         f"ss_pool_same_pads(pool_in, pool_out, pool_k, pool_s, pool_dil, {upper}, pool_p, pool_p_end);"]
     if auto not in ("NOTSET", "VALID"):
         raise Unsupported(f"auto_pad {auto}")
-    pads = _per_axis(node, "pads", 0, 2 * spatial) if auto == "NOTSET" else [0] * (2 * spatial)
+    pads = per_axis(node, "pads", 0, 2 * spatial) if auto == "NOTSET" else [0] * (2 * spatial)
     if any(p < 0 for p in pads):
         raise Unsupported(f"{node.op_type} with negative pads")
-    return lines + [c_array("pool_p", _as_3d([str(p) for p in pads[:spatial]], "0")),
-                    c_array("pool_p_end", _as_3d([str(p) for p in pads[spatial:]], "0"))]
+    return lines + [c_array("pool_p", as_3d([str(p) for p in pads[:spatial]], "0")),
+                    c_array("pool_p_end", as_3d([str(p) for p in pads[spatial:]], "0"))]
 
 
 def _wanted_output(ctx: LowerContext, node: Node, index: int) -> Optional[Value]:
