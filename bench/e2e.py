@@ -2,6 +2,13 @@
 
     python bench/e2e.py [--threads 1] [--seqs 1 8 32 128 512] [--models NAME ...]
                         [--tools native onnxruntime reference] [--no-bert] [--runs 10]
+                        [--tuning-db FILE [--tune TRIALS]]
+
+``--tuning-db FILE`` adds the tool "native-tuned": the native backend with the tuned GEMM
+records of FILE (``InferenceSession(..., tuning_db=FILE)``). ``--tune TRIALS`` first runs
+``shapeshift tune`` on the BERT-base-size encoder (batch 1, seq 1..512, ``--threads``) into
+FILE with that many trials per weight shape and reports its wall time; issue 5's end-to-end
+target (tuned / onnxruntime geomean <= 1.0) is then checked too.
 
 Models: a BERT-base-size encoder (hidden 768, 12 layers, 12 heads, random weights) built
 with ``shapeshift.examples.encoder.build_encoder`` in the TorchScript exporter's style,
@@ -45,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 MODELS_DIR = ROOT.parent / "shared" / "models"
 RESULTS = ROOT / "bench" / "results"
 TOOLS = ("native", "onnxruntime", "reference")
+TUNED = "native-tuned"
 SEQS = (1, 8, 32, 128, 512)
 BERT = "bert-base-encoder"
 BERT_SIZE = dict(layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
@@ -54,6 +62,8 @@ TARGET_GEOMEAN = 1.5
 TARGET_SEQ1 = 1.2
 TARGET_VS_REFERENCE = 10.0
 TARGET_CACHE_LOAD_S = 1.0
+# Target from issue 5: the encoder with tuned records.
+TARGET_TUNED_GEOMEAN = 1.0
 
 
 # -- the worker: one tool on one model, in its own process ------------------------------------
@@ -108,7 +118,7 @@ def _model_path(model: str, workdir: Path) -> str:
     return str(path)
 
 
-def _session(tool: str, path: str, threads: int):
+def _session(tool: str, path: str, threads: int, tuning_db=None):
     if tool == "onnxruntime":
         import onnxruntime as ort
 
@@ -120,10 +130,12 @@ def _session(tool: str, path: str, threads: int):
 
     if tool == "native":
         return shapeshift.InferenceSession(path, backend="native", num_threads=threads)
+    if tool == TUNED:
+        return shapeshift.InferenceSession(path, backend="native", num_threads=threads, tuning_db=tuning_db)
     return shapeshift.InferenceSession(path, backend="reference")
 
 
-def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str) -> dict:
+def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, tuning_db=None) -> dict:
     import numpy as np
 
     workdir = Path(workdir)
@@ -132,9 +144,9 @@ def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str) -
     os.environ["SHAPESHIFT_CACHE_DIR"] = str(workdir / f"cache-{tool}-{model}-{time.time_ns()}")
     baseline = _reset_peak()
     start = time.perf_counter()
-    session = _session(tool, path, threads)
+    session = _session(tool, path, threads, tuning_db)
     result: dict = {"load_s": time.perf_counter() - start, "latency": {}, "outputs": {}}
-    if tool == "native":
+    if tool.startswith("native"):
         program = session._executor.program
         result["fallback"] = dict(program.fallback_ops())
         result["segments"] = len(program.segments)
@@ -156,12 +168,14 @@ def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str) -
         np.savez(out_path, *[np.asarray(o) for o in outputs])
         result["outputs"][label] = str(out_path)
     result["peak_mb"] = (_vm_kb("VmHWM") - baseline) / 1024
-    if tool == "native":
-        _time_warm_cache(result, session, path, threads)
+    if tool.startswith("native"):
+        result["tuned"] = sum(p.prefix != "ss_gemm_" for prog in session._executor.program.all_programs()
+                              for p in prog.packs)
+        _time_warm_cache(result, session, path, threads, tool, tuning_db)
     return result
 
 
-def _time_warm_cache(result: dict, session, path: str, threads: int) -> None:
+def _time_warm_cache(result: dict, session, path: str, threads: int, tool: str, tuning_db) -> None:
     """After the peak is taken (a second session would double it): a new session from the
     warm build cache, and the build step alone."""
     import gc
@@ -172,7 +186,7 @@ def _time_warm_cache(result: dict, session, path: str, threads: int) -> None:
     del session
     gc.collect()
     start = time.perf_counter()
-    _session("native", path, threads)
+    _session(tool, path, threads, tuning_db)
     result["cache_load_s"] = time.perf_counter() - start
     start = time.perf_counter()
     compile_library(source)  # the build step alone, from the warm cache
@@ -187,11 +201,25 @@ def _run_worker(tool: str, model: str, args, workdir: str) -> dict:
                MKL_NUM_THREADS=str(args.threads))
     cmd = [sys.executable, __file__, "--worker", tool, model, "--threads", str(args.threads), "--runs",
            str(args.runs), "--workdir", workdir, "--seqs", *map(str, args.seqs)]
+    if tool == TUNED:
+        cmd += ["--tuning-db", str(args.tuning_db)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"error": " / ".join(tail)}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _tune_bert(args, workdir: str) -> float:
+    """``shapeshift tune`` on the BERT-base encoder into args.tuning_db; its wall seconds."""
+    path = _model_path(BERT, Path(workdir))
+    cmd = [sys.executable, "-m", "shapeshift.cli.main", "tune", path, "--dynamic", "batch=1:1", "--dynamic",
+           f"seq=1:{max(args.seqs)}", "--threads", str(args.threads), "--trials", str(args.tune), "--db",
+           str(args.tuning_db)]
+    print("tuning:", " ".join(cmd[2:]), flush=True)
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    return time.perf_counter() - start
 
 
 def _max_diff(a_path: str, b_path: str) -> float:
@@ -230,7 +258,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seqs", type=int, nargs="+", default=list(SEQS))
     parser.add_argument("--models", nargs="*", default=None, help="names in ../shared/models (default: all)")
     parser.add_argument("--no-bert", action="store_true", help="skip the BERT-base-size encoder")
-    parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
+    parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=(*TOOLS, TUNED))
+    parser.add_argument("--tuning-db", default=None, metavar="FILE",
+                        help="also run native with the tuned records of FILE (tool native-tuned)")
+    parser.add_argument("--tune", type=int, default=0, metavar="TRIALS",
+                        help="first tune the BERT-base encoder's GEMMs into --tuning-db, TRIALS per weight shape")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--output", default=str(RESULTS / "e2e.md"))
@@ -238,9 +270,16 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], args.threads, args.seqs, args.runs, args.workdir)))
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.threads, args.seqs, args.runs, args.workdir,
+                                args.tuning_db)))
         return 0
+    if args.tune and not args.tuning_db:
+        parser.error("--tune needs --tuning-db FILE")
+    if args.tuning_db and TUNED not in args.tools:
+        args.tools.insert(1, TUNED)
     with tempfile.TemporaryDirectory(prefix="shapeshift-e2e-") as workdir:
+        if args.tune:
+            args.tune_s = _tune_bert(args, workdir)
         results = {}
         for model in _models(args):
             for tool in args.tools:
@@ -289,15 +328,34 @@ def _report(results: dict, args) -> str:
             diffs = [_max_diff(r["outputs"][l], ort_result["outputs"][l]) for l in labels
                      if tool != "onnxruntime" and l in r["outputs"] and l in ort_result.get("outputs", {})]
             cells = [f"{lat[l] * 1e3:.2f}" if l in lat else "" for l in labels]
-            fallback = ", ".join(f"{k}x{v}" for k, v in sorted(r.get("fallback", {}).items())) if tool == "native" else ""
+            fallback = (", ".join(f"{k}x{v}" for k, v in sorted(r.get("fallback", {}).items()))
+                        if tool.startswith("native") else "")
             cache = f"{r['cache_load_s']:.2f}" if "cache_load_s" in r else ""
             build = f"{r['cache_compile_s']:.3f}" if "cache_compile_s" in r else ""
             lines.append(f"| {tool} | {r['load_s']:.2f} | {cache} | {build} | {r['peak_mb']:.0f} | " + " | ".join(cells)
                          + f" | {_geomean(ratios):.2f} | {max(diffs) if diffs else 0:.2e} | {fallback} |")
         lines.append("")
         if model == BERT:
-            lines += _targets(results, labels)
+            lines += _targets(results, labels) + _tuned_targets(results, labels, args)
     return "\n".join(lines) + "\n"
+
+
+def _tuned_targets(results: dict, labels: list[str], args) -> list[str]:
+    tuned, ort_r, native = results.get((BERT, TUNED), {}), results.get((BERT, "onnxruntime"), {}), \
+        results.get((BERT, "native"), {})
+    if "latency" not in tuned or "latency" not in ort_r:
+        return []
+    geo = _geomean(tuned["latency"][l] / ort_r["latency"][l] for l in labels)
+    out = ["Target (issue 5, the encoder with tuned records, tool native-tuned):", "",
+           f"- native-tuned / onnxruntime latency, geomean over the sequence lengths: {geo:.2f} "
+           f"(target <= {TARGET_TUNED_GEOMEAN}) {'met' if geo <= TARGET_TUNED_GEOMEAN else 'NOT met'}; "
+           f"{tuned.get('tuned', 0)} GEMM calls of the program run tuned kernels (records: {args.tuning_db})"]
+    if "latency" in native:
+        gain = _geomean(native["latency"][l] / tuned["latency"][l] for l in labels)
+        out.append(f"- native (default schedule) / native-tuned, geomean: {gain:.2f}")
+    if getattr(args, "tune_s", None):
+        out.append(f"- tuning (`shapeshift tune`, {args.tune} trials per weight shape) took {args.tune_s:.0f} s")
+    return out + [""]
 
 
 def _targets(results: dict, labels: list[str]) -> list[str]:

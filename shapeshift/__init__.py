@@ -35,13 +35,17 @@ def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]
     return simplify_model(model, dynamic, input_shapes, strategy)[0]
 
 
-def compile(model: ModelSource, out, dynamic: Optional[Mapping[str, tuple[int, int]]] = None):
+def compile(model: ModelSource, out, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
+            tuning_db=None, threads: Optional[int] = None):
     """Compile ``model`` for the native backend into the artifact file ``out``, which
     ``InferenceSession(out)`` runs without a C compiler; returns the written Artifact
-    (its header says what it holds). See docs/native.md, "Compiled artifacts"."""
+    (its header says what it holds). ``tuning_db``: a ``shapeshift tune`` database whose
+    records for ``threads`` threads (default: every core) are built in. See docs/native.md,
+    "Compiled artifacts", and docs/tune.md."""
     from .runtime.artifact import write_artifact
+    from .runtime.session import load_tuning
 
-    return write_artifact(model, out, dynamic)
+    return write_artifact(model, out, dynamic, tuning=load_tuning(tuning_db, threads))
 
 
 __all__ = ["Graph", "InferenceSession", "ShapeshiftError", "compile", "load", "simplify", "to_onnx", "__version__"]

@@ -150,7 +150,7 @@ def test_tuning_resumes(tmp_path, cache):
         again = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
         assert again.times == first.times  # loaded from the database
         # Measuring what is measured is a no-op: no row added or changed.
-        again._measure([(first.schedules[c], first.ms) for c in first.times])
+        again._measure([(first.schedules[c], sorted(first.times[c])) for c in first.times])
         assert db.measurements(first.wid, 1) == rows
 
 
@@ -185,6 +185,16 @@ def test_greedy_cover_and_tree():
     ms = list(range(1, 65))
     tree = dispatch.fit_tree(ms, [0 if m <= 20 else 1 if m <= 40 else 2 for m in ms], 6)
     assert [dispatch.choose(tree, m) for m in (1, 20, 21, 40, 41, 64)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_layout_cover_keeps_one_packed_layout():
+    # Rows 0 and 1 read layout A, row 2 layout B. Unconstrained, the cover takes rows 2
+    # and 0; with one layout it keeps the cheaper set of a single layout.
+    times = np.array([[1.0, 1.0, 4.0, 4.0], [3.0, 3.0, 1.2, 1.2], [2.0, 2.0, 1.0, 1.0]])
+    layouts = [(16, 256), (16, 256), (32, 48)]
+    assert sorted(dispatch.layout_cover(times, layouts, 8, one_layout=False)) == [0, 2]
+    assert sorted(dispatch.layout_cover(times, layouts, 8)) == [0, 1]
+    assert dispatch.layout_cover(times, layouts, 1) == [2]
 
 
 def test_dispatcher_c_is_correct_and_routes_by_the_tree(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..errors import InputError
+from ..errors import InputError, ShapeshiftError
 from ..frontend.onnx_import import import_model, read_model, unsupported_ops
 from ..ir.graph import Graph
 from ..ir.types import dtype_name
@@ -139,15 +139,27 @@ def cmd_run(args) -> int:
 
 def cmd_compile(args) -> int:
     from ..runtime.artifact import write_artifact
+    from ..runtime.session import load_tuning
 
-    artifact = write_artifact(args.model, args.output, args.dynamic)
+    if args.threads is not None and args.threads < 1:
+        raise ShapeshiftError(f"--threads must be a positive integer, got {args.threads}")
+    tuning = load_tuning(args.db, args.threads)
+    artifact = write_artifact(args.model, args.output, args.dynamic, tuning=tuning)
     header = artifact.header
     parts = ", ".join(f"{s['name']} {s['size']} bytes" for s in header["sections"])
     ranges = ", ".join(f"{k}={lo}:{hi}" for k, (lo, hi) in sorted(artifact.dynamic.items())) or "as declared"
     print(f"wrote {artifact.path}: {artifact.size} bytes ({parts})")
     print(f"shapeshift {header['shapeshift_version']}, dynamic ranges: {ranges}")
     print(f"needs CPU features ({header['machine']}): {', '.join(header['cpu_features']) or 'none'}")
+    if tuning is not None:
+        used = _tuned_weights(artifact)
+        print(f"tuning records from {args.db}: {len(tuning)} weight shape(s), used by this model: "
+              + (", ".join(used) or "none (no MatMul/Gemm weight of a tuned shape)"))
     return 0
+
+
+def _tuned_weights(artifact) -> list[str]:
+    return [f"[{t['k']}, {t['n']}]" for t in artifact.header.get("tuning", [])]
 
 
 def _safe(name: str) -> str:

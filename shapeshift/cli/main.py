@@ -77,26 +77,36 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("model")
     compile_.add_argument("-o", "--output", required=True, metavar="OUT")
     compile_.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
+    compile_.add_argument("--db", default=None, metavar="FILE",
+                          help="use the tuned GEMM kernels of this `shapeshift tune` database")
+    compile_.add_argument("--threads", type=int, default=None,
+                          help="with --db: use the records tuned for this many threads (default: every core)")
     compile_.set_defaults(handler=cmd_compile)
 
     tune = sub.add_parser(
-        "tune", help="auto-schedule a dense GEMM (constant B) for a whole range of M: a few kernels and a "
-                     "decision tree that picks one per M (tuning a whole ONNX model is not supported yet)",
-        description="Tune a dense float32 GEMM C[M,N] = A[M,K] x B[K,N] (B a constant, prepacked weight) for a "
-                    "range of M: measure shape-generic kernel schedules at sampled M values, learn a cost model, "
-                    "keep a few kernels and a decision tree over M (printed as C with --show). Only a single GEMM "
-                    "given by --gemm K N is tuned: extracting and tuning the MatMul workloads of a whole ONNX "
-                    "model is out of scope for now. See docs/tune.md.")
-    tune.add_argument("--gemm", nargs=2, type=int, required=True, metavar=("K", "N"),
-                      help="C[M,N] = A[M,K] x B[K,N], B a constant weight (prepacked)")
-    tune.add_argument("--dynamic", action="append", default=[], metavar="M=LO:HI", help="the range of M")
+        "tune", help="auto-schedule a model's GEMMs (constant weights) for whole ranges of their dynamic dims: "
+                     "a few kernels per weight shape and a decision tree that picks one per call",
+        description="Tune the dense float32 GEMMs C[M,N] = A[M,K] x B[K,N] (B a constant, prepacked weight) of "
+                    "MODEL, one task per weight shape, M ranging over what the --dynamic ranges allow; or one "
+                    "GEMM given by --gemm K N. Shape-generic kernel schedules are measured at sampled M values, "
+                    "a cost model learns the rest, a few kernels and a decision tree over M are kept (printed as "
+                    "C with --show). `compile --db` and InferenceSession(..., tuning_db=) use the records. "
+                    "See docs/tune.md.")
+    tune.add_argument("model", nargs="?", default=None, metavar="MODEL", help="an ONNX model")
+    tune.add_argument("--gemm", nargs=2, type=int, default=None, metavar=("K", "N"),
+                      help="instead of a model: C[M,N] = A[M,K] x B[K,N], B a constant weight (prepacked)")
+    tune.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI",
+                      help="a dynamic dim's range (with --gemm: the range of M)")
     tune.add_argument("--db", default="shapeshift_tuning.db", metavar="FILE",
                       help="SQLite tuning database; measurements in it are reused (default: %(default)s)")
-    tune.add_argument("--trials", type=int, default=32, help="candidates to measure (default: %(default)s)")
+    tune.add_argument("--trials", type=int, default=32,
+                      help="candidates to measure, per task (default: %(default)s)")
     tune.add_argument("--time-budget", type=float, default=None, metavar="MINUTES")
     tune.add_argument("--strategy", choices=("dietcode", "per-shape", "pad-max"), default="dietcode")
     tune.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default: %(default)s)")
     tune.add_argument("--max-kernels", type=int, default=8)
+    tune.add_argument("--any-layout", action="store_true",
+                      help="let the kernel set mix packed-B layouts (one packed copy of the weight per layout)")
     tune.add_argument("--cache-dir", default=None, help="compiled candidates (default: FILE.cache next to --db)")
     tune.add_argument("--show", action="store_true", help="print the kernels and the dispatch tree as C")
     tune.set_defaults(handler=cmd_tune)

@@ -1,24 +1,38 @@
-"""`shapeshift tune --gemm K N --dynamic M=LO:HI`: tune a dense GEMM for a range of M.
+"""`shapeshift tune MODEL --dynamic SYM=LO:HI` and `shapeshift tune --gemm K N --dynamic M=LO:HI`.
 
-Prints the task, one line per search round and a summary table; ``--show`` also prints
-the chosen kernels and the decision tree as the C of ``ss_gemm_tuned_choice``.
+With a model, every weight shape its MatMul/Gemm calls use is one task (tune/extract.py);
+the task list is printed first with FLOPs and an estimated time, then each task is tuned in
+turn (most work first) with a progress line per search round, then a summary table.
+``compile --db`` and ``InferenceSession(..., tuning_db=)`` use the records.
+With ``--gemm`` one GEMM is tuned. ``--show`` prints the kernels and each decision tree as C.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
+from typing import Optional
 
 from ..errors import ShapeshiftError
 from ..tune import dispatch
 from ..tune.database import Database
+from ..tune.extract import ModelTask, model_tasks
 from ..tune.runner import RunnerConfig
 from ..tune.search import TuneConfig, Tuner, TuneResult
 from ..tune.workload import GemmWorkload
+from ..codegen.kernels.gemm import GemmSchedule
 
 
 class TuneError(ShapeshiftError):
     """The tuning task could not be set up."""
+
+
+# Rough seconds per trial (two compiles at a time, then a measurement at a few M): only for
+# the estimate printed before tuning starts.
+SECONDS_PER_TRIAL = 2.5
+# M past this is not a range one tunes for: a dim was left undeclared (default bound).
+MAX_TUNED_M = 1 << 20
 
 
 def _workload(args) -> GemmWorkload:
@@ -50,18 +64,31 @@ def print_summary(result: TuneResult, show: bool) -> None:
         print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice(int64_t M)\n{{\n{dispatch.tree_c(result.tree)}\n}}")
 
 
-def cmd_tune(args) -> int:
-    workload = _workload(args)
+def _check_args(args) -> None:
     for flag, value in (("--trials", args.trials), ("--threads", args.threads), ("--max-kernels", args.max_kernels)):
         if value < 1:
             raise TuneError(f"{flag} must be >= 1, got {value}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise TuneError(f"--time-budget must be > 0 minutes, got {args.time_budget:g}")
+    if (args.model is None) == (args.gemm is None):
+        raise TuneError("give either a MODEL or --gemm K N")
+
+
+def _config(args, budget_s: float) -> TuneConfig:
+    return TuneConfig(strategy=args.strategy, trials=args.trials, time_budget_s=budget_s, threads=args.threads,
+                      max_kernels=args.max_kernels, one_layout=not args.any_layout,
+                      runner=RunnerConfig(threads=args.threads))
+
+
+def cmd_tune(args) -> int:
+    _check_args(args)
     db_path = Path(args.db)
     cache_dir = Path(args.cache_dir) if args.cache_dir else db_path.with_name(db_path.name + ".cache")
+    if args.model is not None:
+        return _tune_model(args, db_path, cache_dir)
+    workload = _workload(args)
     budget = args.time_budget * 60 if args.time_budget else math.inf
-    config = TuneConfig(strategy=args.strategy, trials=args.trials, time_budget_s=budget, threads=args.threads,
-                        max_kernels=args.max_kernels, runner=RunnerConfig(threads=args.threads))
+    config = _config(args, budget)
     print(f"task: {workload.describe()}")
     print(f"  {workload.range_flops() / 1e9:.3g} GFLOP over the range (one call at every M), "
           f"structural hash {workload.hash[:16]}, {args.threads} thread(s)")
@@ -75,3 +102,93 @@ def cmd_tune(args) -> int:
             raise TuneError(str(exc)) from None
     print_summary(result, args.show)
     return 0
+
+
+def _model_tasks(args) -> list[ModelTask]:
+    tasks = model_tasks(args.model, args.dynamic)
+    if not tasks:
+        raise TuneError(f"{args.model}: no MatMul or Gemm with a constant float32 weight: nothing to tune")
+    for t in tasks:
+        if t.hi > MAX_TUNED_M:
+            names = ", ".join(sorted(t.symbols)) or "?"
+            raise TuneError(f"{args.model}: the rows of the [{t.k}, {t.n}] weight's calls ({t.nodes[0]}) reach "
+                            f"{t.hi}; declare the range of {names} with --dynamic SYM=LO:HI")
+    return tasks
+
+
+def print_tasks(tasks: list[ModelTask], args) -> None:
+    total = sum(t.range_flops() for t in tasks)
+    print(f"{len(tasks)} task(s) in {args.model}, {args.threads} thread(s), strategy {args.strategy}, "
+          f"{args.trials} trials each" + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
+    print(f"  {'#':>2} {'weight [K, N]':>14} {'calls':>5} {'M range':>13} {'GFLOP':>10} {'share':>6} {'est. min':>8}")
+    for i, t in enumerate(tasks):
+        est = args.trials * SECONDS_PER_TRIAL / 60
+        print(f"  {i:>2} {f'[{t.k}, {t.n}]':>14} {t.calls:>5} {f'{t.lo}..{t.hi}':>13} {t.range_flops() / 1e9:>10.4g} "
+              f"{t.range_flops() / total:>6.1%} {est:>8.1f}")
+    est_all = len(tasks) * args.trials * SECONDS_PER_TRIAL / 60
+    if args.time_budget:
+        est_all = min(est_all, args.time_budget)
+    print(f"  GFLOP: one call at every M of the range, times the calls per run; estimated {est_all:.0f} min in all")
+
+
+def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
+    tasks = _model_tasks(args)
+    print_tasks(tasks, args)
+    start = time.monotonic()
+    deadline = start + args.time_budget * 60 if args.time_budget else math.inf
+    results: list[tuple[ModelTask, TuneResult, Optional[float]]] = []
+    with Database(db_path) as db:
+        for i, task in enumerate(tasks):
+            # The time left is shared evenly by the tasks still to tune.
+            budget = (deadline - time.monotonic()) / (len(tasks) - i)
+            print(f"\n[{i + 1}/{len(tasks)}] {task.workload.describe()}, {task.calls} call(s) per run", flush=True)
+            tuner = Tuner(task.workload, db, cache_dir, _config(args, budget), log=_progress(i, len(tasks), start))
+            tuner.log = _progress(i, len(tasks), start, tuner, args.trials)
+            try:
+                result = tuner.run()
+            except RuntimeError as exc:
+                raise TuneError(f"task [{task.k}, {task.n}]: {exc}") from None
+            results.append((task, result, _speedup_over_default(tuner, result)))
+            if args.show:
+                print_summary(result, True)
+    _print_model_summary(results, time.monotonic() - start, db_path)
+    return 0
+
+
+def _progress(i: int, count: int, start: float, tuner=None, trials: int = 0):
+    """A log function that prefixes each line with the task, elapsed time and an ETA for
+    the task from its trials so far."""
+    task_start = time.monotonic()
+
+    def log(line: str) -> None:
+        now = time.monotonic()
+        eta = ""
+        if tuner is not None and tuner.trials:
+            left = max(trials - tuner.trials, 0) * (now - task_start) / tuner.trials
+            eta = f", task ETA {left:.0f} s"
+        print(f"  [{i + 1}/{count} {now - start:.0f} s{eta}]{line}", flush=True)
+
+    return log
+
+
+def _speedup_over_default(tuner: Tuner, result: TuneResult) -> Optional[float]:
+    """Geomean over the sampled M of default-schedule time / tuned time, where both were measured."""
+    default = next((c for c, s in tuner.schedules.items() if s == GemmSchedule()), None)
+    times = tuner.times.get(default, {}) if default is not None else {}
+    ratios = [times[m] / s for m, s in result.seconds.items() if m in times and s > 0 and not math.isnan(s)]
+    return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+
+
+def _print_model_summary(results, wall_s: float, db_path: Path) -> None:
+    print(f"\nsummary: {len(results)} task(s) in {wall_s:.0f} s, records in {db_path}")
+    print(f"  {'weight [K, N]':>14} {'trials':>6} {'s':>5} {'kernels':>7} {'GFLOPS lo..hi M':>16} "
+          f"{'vs default':>10} {'Spearman':>8}")
+    for task, r, speedup in results:
+        ms = r.sampled_ms
+        span = f"{r.gflops(ms[0]):.1f}..{r.gflops(ms[-1]):.1f}"
+        vs = f"{speedup:.2f}x" if speedup is not None else "-"
+        rho = f"{r.spearman:.2f}" if r.spearman is not None else "-"
+        print(f"  {f'[{task.k}, {task.n}]':>14} {r.trials:>6} {r.wall_s:>5.0f} {len(r.kernels):>7} {span:>16} "
+              f"{vs:>10} {rho:>8}")
+    print("  vs default: geomean over the sampled M of the default schedule's measured time over the "
+          "dispatcher's (when the default was measured)")

@@ -124,8 +124,9 @@ class Program:
 
 class _Builder:
     def __init__(self, graph: Graph, prefix: str = "", outer_inputs: Sequence[Value] = (),
-                 input_symbols: Optional[frozenset] = None):
+                 input_symbols: Optional[frozenset] = None, tuning=None):
         self.graph = graph
+        self.tuning = tuning
         self.prefix = prefix
         self.inputs = [*graph.inputs, *outer_inputs]
         self.input_symbols = input_symbols if input_symbols is not None else frozenset(
@@ -210,7 +211,7 @@ class _Builder:
             programs = program.all_programs()
             program.fragments = _with_dependencies(
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
-            program.source = _emit_source(programs, program.fragments)
+            program.source = _emit_source(programs, program.fragments, self._tuned_sources(programs))
             program.unread_consts = _unread_consts(programs)
         return program
 
@@ -224,7 +225,7 @@ class _Builder:
             prefix = f"{self.prefix}_{self.position[id(node)]}{'te'[k]}"
             # A branch sees the late symbols bound so far as inputs: the VM passes it the
             # whole binding.
-            builder = _Builder(body, prefix, _outer_reads(body), frozenset(self.known_symbols()))
+            builder = _Builder(body, prefix, _outer_reads(body), frozenset(self.known_symbols()), self.tuning)
             pair.append(builder.build())
         self.branches[id(node)] = (pair[0], pair[1])
 
@@ -271,7 +272,7 @@ class _Builder:
             for j, (k, axis, _) in enumerate(late_binds):
                 late.setdefault(id(node.outputs[k]), []).append((axis, j))
             ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
-                               self._defined_before(node), self._cancellable, late)
+                               self._defined_before(node), self._cancellable, late, self.tuning)
             lowered = rule(node, ctx, self._opset(node))
             if lowered is None:
                 raise Unsupported("rule declined")
@@ -410,6 +411,11 @@ class _Builder:
         if slot.kind == ARENA:
             slot.last = max(slot.last, i)
 
+    def _tuned_sources(self, programs: list[Program]) -> list[str]:
+        """The C of every tuned dispatcher some packed weight uses, once each."""
+        used = {p.prefix for program in programs for p in program.packs}
+        return [t.source() for t in (self.tuning or ()) if t.name in used]
+
     def _segments(self) -> list[list[int]]:
         segments: list[list[int]] = []
         current: list[int] = []
@@ -496,13 +502,14 @@ def _with_dependencies(names: set[str]) -> tuple[str, ...]:
     return tuple(ordered)
 
 
-def _emit_source(programs: list[Program], fragments: tuple[str, ...]) -> str:
+def _emit_source(programs: list[Program], fragments: tuple[str, ...], tuned: Sequence[str] = ()) -> str:
     import importlib
 
     parts = [PRELUDE]
     for name in fragments:
         parts.append(f"/* ---- kernels: {name} ---- */\n")
         parts.append(importlib.import_module(f"shapeshift.codegen.kernels.{name}").source())
+    parts.extend(tuned)
     for program in programs:
         for k, indices in enumerate(program.segments):
             body = []
@@ -525,9 +532,10 @@ def _indent(code: str, spaces: int) -> str:
     return "\n".join(pad + line if line.strip() else line for line in code.strip("\n").splitlines())
 
 
-def build_program(graph: Graph) -> Program:
-    """The native program of a simplified, typed graph."""
-    program = _Builder(graph).build()
+def build_program(graph: Graph, tuning=None) -> Program:
+    """The native program of a simplified, typed graph. ``tuning``: tuned GEMM
+    dispatchers by weight shape (shapeshift/tune/records.py ``GemmTuning``), or None."""
+    program = _Builder(graph, tuning=tuning).build()
     fallback = program.fallback_ops()
     if fallback:
         log.info("native program for %s: %d steps, fallback ops: %s", graph.name, len(program.steps),

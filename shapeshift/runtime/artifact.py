@@ -20,7 +20,9 @@ when the program has no compiled code) and ``shapeshift_version``, ``graph`` (it
 (of the generated C source), ``library_key`` (the build cache key), ``flags``,
 ``compiler``, ``compiler_version``, ``machine`` (``platform.machine()``) and
 ``cpu_features`` (the build host's instruction set extensions, from /proc/cpuinfo: the
-library is built with ``-march=native`` and may use any of them).
+library is built with ``-march=native`` and may use any of them), and ``tuning`` (the tuned
+GEMM records the program was built with and uses, as ``TunedGemm.to_json()``; absent without any), so
+that loading rebuilds the same program without the tuning database.
 
 A file is used only if its header and every section match their sha256 and the file has
 exactly the announced length, it was written by this shapeshift version, this machine has
@@ -235,7 +237,7 @@ def read_artifact(path: PathLike) -> Artifact:
 
 
 def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-                   cache_dir: Optional[PathLike] = None) -> Artifact:
+                   cache_dir: Optional[PathLike] = None, tuning=None) -> Artifact:
     """Compile ``model`` for the native backend and write the artifact ``out``; returns it.
 
     The model is stored serialized as imported (external data included), and the program
@@ -250,13 +252,19 @@ def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[
     except ValueError as exc:  # protobuf refuses messages over 2 GiB
         label = model if isinstance(model, (str, os.PathLike)) else "the model"
         raise ArtifactError(f"{label}: cannot serialize the model into an artifact ({exc})") from None
-    executor = NativeExecutor(import_model(model_bytes, ranges), cache_dir=cache_dir)
+    executor = NativeExecutor(import_model(model_bytes, ranges), cache_dir=cache_dir, tuning=tuning)
     header = {
         "shapeshift_version": __version__, "graph": executor.graph.name,
         "dynamic": {name: list(bounds) for name, bounds in sorted(ranges.items())},
         "source_sha256": _sha256(executor.program.source.encode()),
         "machine": platform.machine(), "cpu_features": host_cpu_features() or [],
     }
+    if tuning is not None:
+        # Only the records the program uses: the others do not change its source.
+        used = {p.prefix for program in executor.program.all_programs() for p in program.packs}
+        records = [t.to_json() for t in tuning if t.name in used]
+        if records:
+            header["tuning"] = records
     sections = {"model": model_bytes}
     library = executor.vm.library
     if library is not None:
@@ -287,12 +295,24 @@ def load_artifact(path: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]
     _check_dynamic(artifact, dynamic)
     try:
         graph = import_model(artifact.sections["model"], artifact.dynamic)
-        program = prepare_program(graph)
+        program = prepare_program(graph, _tuning(artifact))
     except ShapeshiftError as exc:
         raise ArtifactError(f"{artifact.path}: its model no longer builds a program: {exc}") from None
     _check_source(artifact, program.source)
     library = _install_library(artifact, program, cache_dir)
     return graph, NativeExecutor(graph, num_threads=num_threads, program=program, library=library)
+
+
+def _tuning(artifact: Artifact):
+    records = artifact.header.get("tuning")
+    if not records:
+        return None
+    from ..tune.records import GemmTuning
+
+    try:
+        return GemmTuning.from_json(records, str(artifact.path))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{artifact.path}: its tuning records cannot be read: {exc}") from None
 
 
 def _normalize_dynamic(dynamic: Optional[Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:

@@ -18,11 +18,12 @@ from ..passes.simplify.outputs import restore_output_names
 from .vm import NativeVM
 
 
-def prepare_program(graph: Graph) -> Program:
-    """Simplify ``graph`` in place and build its native program."""
+def prepare_program(graph: Graph, tuning=None) -> Program:
+    """Simplify ``graph`` in place and build its native program (with the tuned GEMM
+    dispatchers of ``tuning``, a shapeshift.tune.records.GemmTuning, where it has them)."""
     simplify_graph(graph)
     restore_output_names(graph)
-    return build_program(graph)
+    return build_program(graph, tuning)
 
 
 class NativeExecutor:
@@ -31,9 +32,10 @@ class NativeExecutor:
     simplified) and its library already compiled, so nothing is simplified or compiled here."""
 
     def __init__(self, graph: Graph, num_threads: Optional[int] = None, cache_dir=None,
-                 program: Optional[Program] = None, library: Optional[CompiledLibrary] = None):
+                 program: Optional[Program] = None, library: Optional[CompiledLibrary] = None, tuning=None):
         self.graph = graph
-        self.program = program if program is not None else prepare_program(graph)
+        self.tuning = tuning
+        self.program = program if program is not None else prepare_program(graph, tuning)
         self.vm = NativeVM(self.program, cache_dir=cache_dir, num_threads=num_threads, library=library)
 
     def run(self, feeds: dict[Value, Any], binding: Optional[Mapping[str, int]] = None) -> list:

@@ -6,10 +6,15 @@ checks the feed (see binding.py), runs the graph and returns a list of arrays.
 ``model`` may also be the path of a compiled artifact (``shapeshift compile``; recognised by
 its magic header, see artifact.py): it runs on the native backend without compiling, and
 ``dynamic``, if given, must equal the ranges it was compiled for.
+
+``tuning_db`` (native backend): a database written by ``shapeshift tune``; every MatMul or
+Gemm whose constant weight shape has a selection there for the session's thread count runs
+the tuned kernels (see shapeshift/tune/records.py). An artifact carries its own records.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -49,12 +54,22 @@ def _node_arg(value: Value) -> NodeArg:
     return NodeArg(value.name, None, "unknown")
 
 
-def _native_executor(graph: Graph, num_threads: Optional[int]):
+def _native_executor(graph: Graph, num_threads: Optional[int], tuning_db=None):
     # Imported here: the native backend pulls in the C build machinery, which the
     # reference backend never needs.
     from .native import NativeExecutor
 
-    return NativeExecutor(graph, num_threads=num_threads)
+    return NativeExecutor(graph, num_threads=num_threads, tuning=load_tuning(tuning_db, num_threads))
+
+
+def load_tuning(tuning_db, num_threads: Optional[int]):
+    """The records of ``tuning_db`` for the thread count a session runs on (its
+    ``num_threads``, else every core), or None without a database."""
+    if tuning_db is None:
+        return None
+    from ..tune.records import GemmTuning
+
+    return GemmTuning.from_db(tuning_db, num_threads or os.cpu_count() or 1)
 
 
 def _artifact_backend(path, backend: Optional[str]) -> str:
@@ -67,20 +82,25 @@ class InferenceSession:
     """Load a model once, run it on any input shapes inside the declared ranges."""
 
     def __init__(self, model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-                 backend: Optional[str] = None, num_threads: Optional[int] = None):
+                 backend: Optional[str] = None, num_threads: Optional[int] = None, tuning_db=None):
         """``backend`` defaults to "reference" for a model and to "native" for an artifact."""
         if backend is not None and backend not in BACKENDS:
             raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ShapeshiftError(f"num_threads must be a positive integer, got {num_threads!r}")
+        if tuning_db is not None and (backend or "reference") != "native" and not is_artifact(model):
+            raise ShapeshiftError("tuning_db applies to the native backend only: pass backend=\"native\"")
         if is_artifact(model):
+            if tuning_db is not None:
+                raise ArtifactError(f"{model}: a compiled artifact carries the tuning records it was built with; "
+                                    "compile it again with `shapeshift compile --db` to use other records")
             self.backend = _artifact_backend(model, backend)
             self.graph, self._executor = load_artifact(model, dynamic, num_threads)
         else:
             self.backend = backend or "reference"
             self.graph: Graph = import_model(model, dict(dynamic or {}))
             self._executor = (ReferenceExecutor(self.graph) if self.backend == "reference"
-                              else _native_executor(self.graph, num_threads))
+                              else _native_executor(self.graph, num_threads, tuning_db))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
         self._input_values = {v.name: v for v in self.graph.inputs}
         self._checked_feeds: dict[tuple, dict[str, int]] = {}

@@ -117,17 +117,14 @@ class NativeVM:
                 self._fixed[view.index] = self._fixed[view.root]
         if self.program.packs:
             lib = self.library.cdll
-            lib.ss_gemm_packed_b_size.restype = ctypes.c_int64
-            lib.ss_gemm_packed_b_size.argtypes = [ctypes.c_int64, ctypes.c_int64]
-            lib.ss_gemm_pack_b.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                           ctypes.c_int64, ctypes.c_void_p]
             for pack in self.program.packs:
                 if pack.source is None:
                     raise ShapeshiftError("this program's weights were released by the VM that loaded it; "
                                           "build the program again for another VM")
+                size_of, pack_b = _packing_functions(lib, pack.prefix)
                 k, n = pack.source.shape
-                packed = np.empty(max(int(lib.ss_gemm_packed_b_size(k, n)), 1), dtype=np.float32)
-                lib.ss_gemm_pack_b(k, n, pack.source.ctypes.data, n, 1, packed.ctypes.data)
+                packed = np.empty(max(int(size_of(k, n)), 1), dtype=np.float32)
+                pack_b(k, n, pack.source.ctypes.data, n, 1, packed.ctypes.data)
                 self._keep_alive.append(packed)
                 self._fixed[pack.slot] = packed.ctypes.data
 
@@ -359,6 +356,18 @@ class NativeVM:
         if isinstance(result, np.ndarray):
             return np.array(result, copy=True)
         return result
+
+
+def _packing_functions(lib, prefix: str):
+    """``<prefix>packed_b_size`` and ``<prefix>pack_b`` of the library, typed: the default
+    GEMM's (``ss_gemm_``) or a tuned dispatcher's."""
+    size_of = getattr(lib, f"{prefix}packed_b_size")
+    size_of.restype = ctypes.c_int64
+    size_of.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    pack_b = getattr(lib, f"{prefix}pack_b")
+    pack_b.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_void_p]
+    return size_of, pack_b
 
 
 def _late_ready(program: Program) -> dict[int, tuple[list[int], list]]:

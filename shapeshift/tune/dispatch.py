@@ -1,12 +1,15 @@
 """Kernel selection and dispatch: greedy cover, a decision tree over M, and its C code.
 
-``greedy_cover`` picks at most K schedules so that every sampled M has a near-best one;
+``greedy_cover`` picks at most K schedules so that every sampled M has a near-best one
+(``layout_cover``: by default among schedules that share one packed-B layout);
 ``fit_tree`` learns which of them to call at each M of the whole range (sklearn's
 DecisionTreeClassifier on the single feature M) and keeps it as nested JSON; the tree is
-emitted as nested ``if (M <= t)`` in ``ss_gemm_tuned``, which calls the kernels compiled
-side by side under the prefixes ``k0_``, ``k1_``, ... Each kernel packs B its own way, so
-``ss_gemm_tuned_pack_b`` packs B once per kernel into one buffer, the kernels' parts one
-after another.
+emitted as nested ``if (M <= t)`` in ``<name>choice`` (``tuned_gemm_c``), which the
+dispatcher ``<name>prepacked`` calls to pick among the kernels compiled side by side under
+the prefixes ``<name>k0_``, ``<name>k1_``, ... A kernel's packed B depends on its (nr, kc),
+so ``<name>pack_b`` packs one copy per distinct layout into one buffer. The native backend
+emits one such dispatcher per tuned weight shape (codegen/lower/linalg.py); the standalone
+library (``library_source``) is what the tuner's checks and bench/dietcode.py time.
 """
 
 from __future__ import annotations
@@ -38,6 +41,22 @@ def greedy_cover(times: np.ndarray, max_kernels: int) -> list[int]:
         chosen.append(i)
         current = np.minimum(current, times[i])
     return chosen
+
+
+def layout_cover(times: np.ndarray, layouts: Sequence[tuple[int, int]], max_kernels: int,
+                 one_layout: bool = True) -> list[int]:
+    """``greedy_cover``, with ``one_layout`` restricted to kernels that read one packed B
+    layout (so a model's weights are packed once, as untuned): the cover is made within
+    each layout's candidates and the cheapest one kept."""
+    if not one_layout:
+        return greedy_cover(times, max_kernels)
+    best = times.min(axis=0)
+    options = []
+    for key in dict.fromkeys(layouts):
+        rows = [i for i, lay in enumerate(layouts) if lay == key]
+        chosen = [rows[j] for j in greedy_cover(times[rows], max_kernels)]
+        options.append((float(np.sum(times[chosen].min(axis=0) / best)), chosen))
+    return min(options, key=lambda o: o[0])[1]
 
 
 def fit_tree(ms: Sequence[int], labels: Sequence[int], max_leaves: int) -> dict:
@@ -89,62 +108,103 @@ def prefix(i: int) -> str:
     return f"k{i}_"
 
 
-def dispatcher_c(kernels: Sequence[GemmSchedule], tree: dict) -> str:
-    """``ss_gemm_tuned_choice``, ``ss_gemm_tuned_packed_b_size``, ``ss_gemm_tuned_pack_b``,
-    ``ss_gemm_tuned`` and ``ss_gemm_tuned_bench`` (a timing loop), without the kernels."""
-    n = len(kernels)
-    sizes = " + ".join(f"{prefix(i)}gemm_packed_b_size(K, N)" for i in range(n))
-    offsets = "\n".join(f"    if (i == {i}) return off;\n    off += {prefix(i)}gemm_packed_b_size(K, N);"
-                        for i in range(n))
-    packs = "\n".join(f"    {prefix(i)}gemm_pack_b(K, N, B, rsb, csb, packed + ss_gemm_tuned_offset({i}, K, N));"
-                      for i in range(n))
-    calls = "\n".join(f"    case {i}: {prefix(i)}gemm_prepacked(M, N, K, 1, 1, A, 0, 0, lda, 1, p, C, 0, 0, ldc, "
-                      f"1.0f, NULL, 0.0f, 0, 0, 0); break;" for i in range(n))
-    return f"""
-/* ---- tuned dispatch (shapeshift/tune/dispatch.py): {n} kernel(s) ---- */
-int ss_gemm_tuned_choice(int64_t M)
+def layout(schedule: GemmSchedule) -> tuple[int, int]:
+    """What the prepacked B layout depends on (kernels/gemm.py): kernels with equal
+    layouts read one packed copy of a weight."""
+    return schedule.nr, schedule.kc
+
+
+def _layouts(kernels: Sequence[GemmSchedule]) -> list[int]:
+    """For each kernel, the index of the first kernel with its layout (the copy it reads)."""
+    first: dict[tuple[int, int], int] = {}
+    return [first.setdefault(layout(s), i) for i, s in enumerate(kernels)]
+
+
+def tuned_gemm_c(kernels: Sequence[GemmSchedule], tree: dict, name: str) -> str:
+    """The kernels under the prefixes ``<name>k0_``, ``<name>k1_``, ... and the dispatcher:
+
+    - ``int <name>choice(int64_t M)``: the tree, the kernel index for M;
+    - ``int64_t <name>packed_b_size(int64_t K, int64_t N)`` and
+      ``void <name>pack_b(K, N, B, rsb, csb, packed)``: one packed copy per distinct
+      layout, one after another (kernels of one layout share theirs);
+    - ``void <name>prepacked(...)``: ``ss_gemm_prepacked``'s signature and meaning, run
+      by the kernel the tree picks for M.
+    """
+    owners = _layouts(kernels)
+    copies = sorted(set(owners))
+    kname = [f"{name}{prefix(i)}" for i in range(len(kernels))]
+    sizes = " + ".join(f"{kname[i]}gemm_packed_b_size(K, N)" for i in copies)
+    offsets = "\n".join(f"    if (i == {i}) return off;\n    off += {kname[i]}gemm_packed_b_size(K, N);" for i in copies)
+    packs = "\n".join(f"    {kname[i]}gemm_pack_b(K, N, B, rsb, csb, packed + {name}offset({i}, K, N));"
+                      for i in copies)
+    calls = "\n".join(f"    case {i}: {kname[i]}gemm_prepacked(M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, "
+                      f"packed_b + {name}offset({owners[i]}, K, N), C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, "
+                      f"cs_bias, act); break;" for i in range(len(kernels)))
+    kernel_source = "".join(gemm.source(s, prefix=kname[i]) for i, s in enumerate(kernels))
+    return kernel_source + f"""
+/* ---- tuned dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s), {len(copies)} B layout(s) ---- */
+int {name}choice(int64_t M)
 {{
+    (void)M;
 {tree_c(tree)}
 }}
 
-static int64_t ss_gemm_tuned_offset(int i, int64_t K, int64_t N)
+static int64_t {name}offset(int i, int64_t K, int64_t N)
 {{
     int64_t off = 0;
+    (void)K; (void)N;
 {offsets}
     return off;
 }}
 
-int64_t ss_gemm_tuned_packed_b_size(int64_t K, int64_t N) {{ return {sizes}; }}
+int64_t {name}packed_b_size(int64_t K, int64_t N) {{ return {sizes}; }}
 
-void ss_gemm_tuned_pack_b(int64_t K, int64_t N, const float* B, int64_t rsb, int64_t csb, float* packed)
+void {name}pack_b(int64_t K, int64_t N, const float* B, int64_t rsb, int64_t csb, float* packed)
 {{
 {packs}
 }}
 
-/* C[M,N] (row stride ldc) = A[M,K] (row stride lda) x B, B packed by ss_gemm_tuned_pack_b. */
-void ss_gemm_tuned(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed,
-                   float* C, int64_t ldc)
+void {name}prepacked(int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t batch1,
+                     const float* A, int64_t sa0, int64_t sa1, int64_t rsa, int64_t csa, const float* packed_b,
+                     float* C, int64_t sc0, int64_t sc1, int64_t ldc,
+                     float alpha, const float* bias, float beta, int64_t rs_bias, int64_t cs_bias, int act)
 {{
-    const int i = ss_gemm_tuned_choice(M);
-    const float* p = packed + ss_gemm_tuned_offset(i, K, N);
-    switch (i) {{
+    switch ({name}choice(M)) {{
 {calls}
     default: break;
     }}
 }}
+"""
+
+
+# The standalone dispatcher library's names (the tuner's checks and bench/dietcode.py).
+STANDALONE = "ss_gemm_tuned_"
+
+
+def dispatcher_c(kernels: Sequence[GemmSchedule], tree: dict) -> str:
+    """The kernels and ``ss_gemm_tuned_choice``, ``ss_gemm_tuned_packed_b_size``,
+    ``ss_gemm_tuned_pack_b``, ``ss_gemm_tuned`` (plain row-major C = A x B) and
+    ``ss_gemm_tuned_bench`` (a timing loop)."""
+    return tuned_gemm_c(kernels, tree, STANDALONE) + """
+/* C[M,N] (row stride ldc) = A[M,K] (row stride lda) x B, B packed by ss_gemm_tuned_pack_b. */
+void ss_gemm_tuned(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* packed,
+                   float* C, int64_t ldc)
+{
+    ss_gemm_tuned_prepacked(M, N, K, 1, 1, A, 0, 0, lda, 1, packed, C, 0, 0, ldc, 1.0f, NULL, 0.0f, 0, 0, 0);
+}
 
 double ss_gemm_tuned_bench(int64_t calls, int64_t M, int64_t N, int64_t K, const float* A, const float* packed, float* C)
-{{
+{
     double start = omp_get_wtime();
     for (int64_t i = 0; i < calls; ++i) ss_gemm_tuned(M, N, K, A, K, packed, C, N);
     return (omp_get_wtime() - start) / (double)calls;
-}}
+}
 """
 
 
 def library_source(kernels: Sequence[GemmSchedule], tree: dict) -> str:
     """A complete C library: the prelude, every kernel under its prefix, the dispatcher."""
-    return PRELUDE + "".join(gemm.source(s, prefix=prefix(i)) for i, s in enumerate(kernels)) + dispatcher_c(kernels, tree)
+    return PRELUDE + dispatcher_c(kernels, tree)
 
 
 def load(lib):

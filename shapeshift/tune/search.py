@@ -45,6 +45,9 @@ class TuneConfig:
     samples: int = 10
     threads: int = 1
     max_kernels: int = 8
+    # Keep kernels that share one packed-B layout: a model then holds one packed copy of
+    # each weight, as untuned (False allows one copy per distinct layout in the set).
+    one_layout: bool = True
     population: int = 64
     batch: int = 4  # candidates measured per round
     jobs: int = 2  # parallel compiles
@@ -216,7 +219,9 @@ class Tuner:
             hi = self.w.hi
             at_hi = [c for c in cids if hi in self.times[c]]
             return [min(at_hi or cids, key=lambda c: self.times[c].get(hi, math.inf))]
-        return [cids[i] for i in dispatch.greedy_cover(self._time_matrix(cids, self.ms), max_k)]
+        layouts = [dispatch.layout(self.schedules[c]) for c in cids]
+        return [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.ms), layouts, max_k,
+                                                      self.cfg.one_layout)]
 
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi

@@ -79,6 +79,9 @@ class PackRequest:
     # Contiguous float32 matrix [K, N] (after any transposition); None once the VM that
     # packed it released the original.
     source: Optional[np.ndarray]
+    # Names the packing functions ``<prefix>packed_b_size`` and ``<prefix>pack_b``: the
+    # default kernel's ``ss_gemm_``, or a tuned dispatcher's (shapeshift/tune/records.py).
+    prefix: str = "ss_gemm_"
 
 
 class LowerContext:
@@ -87,8 +90,11 @@ class LowerContext:
     def __init__(self, slot_of: Callable[[Value], int], extent_of: Callable[[Dim], str],
                  new_slot: Callable[[], int], packs: list[PackRequest], is_live_after: Callable[[Value], bool],
                  defined_before: Callable[[Optional[Value]], bool], cancellable: Callable[[Node], bool],
-                 late: Optional[dict[int, list[tuple[int, int]]]] = None):
+                 late: Optional[dict[int, list[tuple[int, int]]]] = None, tuning=None):
         self._slot_of = slot_of
+        # Tuned GEMM dispatchers by weight shape (shapeshift/tune/records.py: ``get(k, n)``
+        # gives an object with ``name``), or None: the default schedule everywhere.
+        self._tuning = tuning
         # id(output) -> [(axis, j)]: the output's dims that only the data fixes, each to be
         # computed by Lowered.size_code into DIMS[j].
         self._late = late or {}
@@ -169,11 +175,15 @@ class LowerContext:
 
     # -- build-time work -------------------------------------------------------------
 
-    def packed_weight(self, matrix: np.ndarray) -> int:
-        """Slot of a prepacked copy of the constant [K, N] float32 ``matrix``."""
+    def packed_weight(self, matrix: np.ndarray) -> tuple[int, str]:
+        """Slot of a prepacked copy of the constant [K, N] float32 ``matrix``, and the
+        function that multiplies by it: ``ss_gemm_prepacked`` or, where the tuning records
+        have this weight shape, its tuned dispatcher (same arguments)."""
         slot = self._new_slot()
-        self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32)))
-        return slot
+        tuned = self._tuning.get(*matrix.shape) if self._tuning is not None else None
+        prefix = tuned.name if tuned is not None else "ss_gemm_"
+        self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32), prefix))
+        return slot, f"{prefix}prepacked"
 
 
 def c_array(name: str, items: Sequence[str], ctype: str = "int64_t") -> str:

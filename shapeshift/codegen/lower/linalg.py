@@ -32,13 +32,13 @@ MAX_BATCH_DIMS = 2
 def _gemm_call(ctx: LowerContext, m: str, n: str, k: str, batch: Sequence[str], a: str, a_strides: Sequence[str],
                b: Optional[str], b_strides: Sequence[str], c: str, c_strides: Sequence[str],
                alpha: str = "1.0f", bias: str = "NULL", beta: str = "0.0f", bias_strides=("0", "0"), act: int = 0,
-               packed_b: Optional[str] = None) -> str:
+               packed_b: Optional[str] = None, prepacked_fn: str = "ss_gemm_prepacked") -> str:
     batch0, batch1 = (list(batch) + ["1", "1"])[:2]
     sa0, sa1, rsa, csa = a_strides
     sc0, sc1, ldc = c_strides
     tail = f"{c}, {sc0}, {sc1}, {ldc}, {alpha}, {bias}, {beta}, {bias_strides[0]}, {bias_strides[1]}, {act}"
     if packed_b is not None:
-        return f"ss_gemm_prepacked({m}, {n}, {k}, {batch0}, {batch1}, {a}, {sa0}, {sa1}, {rsa}, {csa}, {packed_b}, {tail});"
+        return f"{prepacked_fn}({m}, {n}, {k}, {batch0}, {batch1}, {a}, {sa0}, {sa1}, {rsa}, {csa}, {packed_b}, {tail});"
     sb0, sb1, rsb, csb = b_strides
     return (f"ss_gemm({m}, {n}, {k}, {batch0}, {batch1}, {a}, {sa0}, {sa1}, {rsa}, {csa}, "
             f"{b}, {sb0}, {sb1}, {rsb}, {csb}, {tail});")
@@ -180,10 +180,10 @@ def lower_matmul(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     if b_const is not None and b_const.ndim == 2:
         # A weight: fold every batch dim of A into M and use the prepacked copy.
         rows = product(list(a_mat[:-1]))
-        slot = ctx.packed_weight(b_const)
+        slot, fn = ctx.packed_weight(b_const)
         code = _gemm_call(ctx, ctx.dim(rows), ctx.dim(n), ctx.dim(k), [], ctx.ptr(a), ["0", "0", ctx.dim(k), "1"],
                           None, (), ctx.ptr(out), ["0", "0", ctx.dim(n)], act=act, packed_b=f"(const float*)v[{slot}]",
-                          **bias_args)
+                          prepacked_fn=fn, **bias_args)
         return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed))
     return _lower_batched(node, ctx, a, b, n, absorbed, act, bias_args)
 
@@ -260,9 +260,9 @@ def lower_gemm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     b_const = ctx.const(b)
     common = dict(alpha=float_literal(alpha), act=act, **bias_args)
     if b_const is not None:
-        slot = ctx.packed_weight(b_const.T if trans_b else b_const)
+        slot, fn = ctx.packed_weight(b_const.T if trans_b else b_const)
         code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), [], ctx.ptr(a), sa, None, (), ctx.ptr(out),
-                          ["0", "0", ctx.dim(n)], packed_b=f"(const float*)v[{slot}]", **common)
+                          ["0", "0", ctx.dim(n)], packed_b=f"(const float*)v[{slot}]", prepacked_fn=fn, **common)
     else:
         sb = ["0", "0", "1", ctx.dim(k)] if trans_b else ["0", "0", ctx.dim(n), "1"]
         code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), [], ctx.ptr(a), sa, ctx.ptr(b), sb, ctx.ptr(out),
