@@ -59,6 +59,17 @@ def test_runner_measures_a_good_candidate(cache):
     assert all(s > 0 for s in result.seconds.values())
 
 
+def test_runner_measures_cold_weights(cache):
+    # 4 MB of copies of a 16 KB packed B: the loop cycles through 256 of them, checked first.
+    cold = RunnerConfig(repeats=1, sample_s=0.0005, timeout_s=20, cold_bytes=4 << 20)
+    result = measure(build_one(SMALL, cache), K, N, [1, 64], cold)
+    assert result.error is None and sorted(result.seconds) == [1, 64]
+    wrong = measure(build_one(SMALL, cache, _doubled), K, N, [3], cold)
+    assert wrong.error and "wrong result at M=3" in wrong.error
+    # Cold and warm timings of one GEMM are different workloads in the database.
+    assert GemmWorkload(K, N, 1, 64, cold=True).hash != WORKLOAD.hash
+
+
 def test_runner_records_wrong_result(cache):
     result = measure(build_one(SMALL, cache, _doubled), K, N, [5], FAST)
     assert result.error and "wrong result at M=5" in result.error
@@ -77,6 +88,28 @@ def test_runner_records_crash(cache):
 def test_runner_records_build_failure(cache):
     result = measure(build_one(SMALL, cache, lambda s: gemm.source(s) + "this is not C;"), K, N, [5], FAST)
     assert result.error and "build failed" in result.error
+
+
+def test_every_m_of_the_range_reaches_a_correct_kernel(tmp_path, cache):
+    """A real (tiny) dietcode run over M in [1, 40]: the dispatcher built from its kernels
+    and tree picks the tree's kernel and computes A x B at every M of the range, both ends
+    and every M between the sampled ones included."""
+    w = GemmWorkload(K, N, 1, 40)
+    with Database(tmp_path / "t.db") as db:
+        result = Tuner(w, db, cache, TuneConfig(trials=6, batch=3, samples=4, max_kernels=3, one_layout=False,
+                                                runner=FAST), log=lambda s: None).run()
+    lib = dispatch.load(compile_library(dispatch.library_source(result.kernels, result.tree), name_hint="tuned_range",
+                                        cache_dir=tmp_path).cdll)
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    packed = np.empty(lib.ss_gemm_tuned_packed_b_size(K, N), dtype=np.float32)
+    lib.ss_gemm_tuned_pack_b(K, N, b.ctypes.data, N, 1, packed.ctypes.data)
+    for m in range(w.lo, w.hi + 1):
+        assert lib.ss_gemm_tuned_choice(m) == dispatch.choose(result.tree, m) < len(result.kernels)
+        a = rng.standard_normal((m, K)).astype(np.float32)
+        c = np.full((m, N), np.nan, dtype=np.float32)
+        lib.ss_gemm_tuned(m, N, K, a.ctypes.data, K, packed.ctypes.data, c.ctypes.data, N)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4, err_msg=f"M={m}")
 
 
 def test_tuning_goes_on_past_broken_candidates(tmp_path, cache):

@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--strategy", choices=("dietcode", "per-shape", "pad-max"), default="dietcode")
     tune.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default: %(default)s)")
     tune.add_argument("--max-kernels", type=int, default=8)
+    tune.add_argument("--weights", choices=("cold", "warm"), default=None,
+                      help="measure with B read from DRAM on every call (cold, as a model's weights; the default "
+                           "with MODEL) or staying in cache (warm; the default with --gemm)")
     tune.add_argument("--any-layout", action="store_true",
                       help="let the kernel set mix packed-B layouts (one packed copy of the weight per layout)")
     tune.add_argument("--cache-dir", default=None, help="compiled candidates (default: FILE.cache next to --db)")

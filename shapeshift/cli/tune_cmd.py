@@ -44,7 +44,7 @@ def _workload(args) -> GemmWorkload:
         raise TuneError(f"--dynamic {name}={lo}:{hi}: M must be >= 1")
     if k < 1 or n < 1:
         raise TuneError(f"--gemm {k} {n}: K and N must be >= 1")
-    return GemmWorkload(k=k, n=n, lo=lo, hi=hi)
+    return GemmWorkload(k=k, n=n, lo=lo, hi=hi, cold=args.weights == "cold")
 
 
 def print_summary(result: TuneResult, show: bool) -> None:
@@ -119,6 +119,7 @@ def _model_tasks(args) -> list[ModelTask]:
 def print_tasks(tasks: list[ModelTask], args) -> None:
     total = sum(t.range_flops() for t in tasks)
     print(f"{len(tasks)} task(s) in {args.model}, {args.threads} thread(s), strategy {args.strategy}, "
+          f"weights {args.weights or 'cold'}, "
           f"{args.trials} trials each" + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
     print(f"  {'#':>2} {'weight [K, N]':>14} {'calls':>5} {'M range':>13} {'GFLOP':>10} {'share':>6} {'est. min':>8}")
     for i, t in enumerate(tasks):
@@ -133,6 +134,7 @@ def print_tasks(tasks: list[ModelTask], args) -> None:
 
 def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
     tasks = _model_tasks(args)
+    cold = args.weights != "warm"
     print_tasks(tasks, args)
     start = time.monotonic()
     deadline = start + args.time_budget * 60 if args.time_budget else math.inf
@@ -141,8 +143,8 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
         for i, task in enumerate(tasks):
             # The time left is shared evenly by the tasks still to tune.
             budget = (deadline - time.monotonic()) / (len(tasks) - i)
-            print(f"\n[{i + 1}/{len(tasks)}] {task.workload.describe()}, {task.calls} call(s) per run", flush=True)
-            tuner = Tuner(task.workload, db, cache_dir, _config(args, budget), log=_progress(i, len(tasks), start))
+            print(f"\n[{i + 1}/{len(tasks)}] {task.workload(cold).describe()}, {task.calls} call(s) per run", flush=True)
+            tuner = Tuner(task.workload(cold), db, cache_dir, _config(args, budget), log=_progress(i, len(tasks), start))
             tuner.log = _progress(i, len(tasks), start, tuner, args.trials)
             try:
                 result = tuner.run()

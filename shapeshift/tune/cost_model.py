@@ -36,8 +36,9 @@ def features(s: GemmSchedule, m: int, k: int, n: int, threads: int) -> list[floa
     items = _cdiv(n_panels, _cdiv(n_panels, n_split)) * _cdiv(m_panels, _cdiv(m_panels, m_split))
     parts = min(used, items)
     balance = items / (parts * _cdiv(items, parts))
-    return [s.mr, s.nr, s.kc, s.mc, s.nc, s.unroll_k, s.small_m, s.small_nc, math.log2(s.parallel_min_flops),
-            m, math.log2(m), float(small), pad_m, pad_n, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
+    prefetching = float(small and s.prefetch_rows > 0 and m >= s.prefetch_min_m)
+    return [s.mr, s.nr, s.kc, s.mc, s.nc, s.unroll_k, s.small_m, s.small_nc, s.pack_rows, s.prefetch_rows,
+            prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), float(small), pad_m, pad_n, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
             m_panels * n_panels, balance, parts]
 
 

@@ -37,13 +37,13 @@ class ModelTask:
     nodes: list[str] = field(default_factory=list)
     symbols: set[str] = field(default_factory=set)  # the dims M is made of
 
-    @property
-    def workload(self) -> GemmWorkload:
-        return GemmWorkload(self.k, self.n, self.lo, self.hi)
+    def workload(self, cold: bool = True) -> GemmWorkload:
+        """Cold by default: a model's weights stream from DRAM, call after call."""
+        return GemmWorkload(self.k, self.n, self.lo, self.hi, cold)
 
     def range_flops(self) -> float:
         """FLOPs of the calls at every M of the range, summed: the task's share of the work."""
-        return self.calls * self.workload.range_flops()
+        return self.calls * self.workload().range_flops()
 
 
 def model_tasks(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None) -> list[ModelTask]:

@@ -18,12 +18,19 @@ from typing import Optional, Sequence
 from .builder import Built
 
 
+# Bytes of B copies a cold measurement cycles through: several times any last-level cache.
+COLD_BYTES = 256 << 20
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     threads: int = 1
     repeats: int = 3  # timed samples per M; the median is kept
     sample_s: float = 0.002  # each sample runs enough calls to last about this long
     timeout_s: float = 60.0
+    # > 0: each call reads its own packed copy of B, cycling through copies totalling at
+    # least this many bytes (well past the last-level cache): weights cold, as in a model.
+    cold_bytes: int = 0
 
 
 @dataclass
@@ -36,7 +43,7 @@ def measure(built: Built, k: int, n: int, ms: Sequence[int], config: RunnerConfi
     if built.library is None:
         return Result(error=built.error or "not built")
     req = {"library": str(built.library), "k": k, "n": n, "ms": list(ms), "threads": config.threads,
-           "repeats": config.repeats, "sample_s": config.sample_s}
+           "repeats": config.repeats, "sample_s": config.sample_s, "cold_bytes": config.cold_bytes}
     # The same thread count for OpenMP and for numpy's BLAS (used by the correctness check).
     env = dict(os.environ, OMP_NUM_THREADS=str(config.threads), OPENBLAS_NUM_THREADS=str(config.threads))
     root = str(Path(__file__).resolve().parents[2])

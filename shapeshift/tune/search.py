@@ -14,6 +14,7 @@ whole range (measured where measured, predicted elsewhere).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -29,7 +30,7 @@ from . import dispatch, space
 from .builder import SourceFn, build_many
 from .cost_model import CostModel
 from .database import Database
-from .runner import RunnerConfig, measure
+from .runner import COLD_BYTES, RunnerConfig, measure
 from .workload import GemmWorkload
 
 STRATEGIES = ("dietcode", "per-shape", "pad-max")
@@ -78,6 +79,9 @@ class Tuner:
         if config.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
         self.w, self.db, self.cache_dir, self.cfg = workload, db, cache_dir, config
+        # A cold workload is measured cold, a warm one warm, whatever the runner config says.
+        self.runner = dataclasses.replace(
+            config.runner, cold_bytes=(config.runner.cold_bytes or COLD_BYTES) if workload.cold else 0)
         self.source_fn, self.log = source_fn, log
         self.rng = random.Random(config.seed)
         self.wid = db.workload_id(workload)
@@ -123,7 +127,7 @@ class Tuner:
             todo = [m for m in ms if m not in self.db.measured_ms(self.wid, cid, self.cfg.threads)]
             if not todo:
                 continue
-            result = measure(b, self.w.k, self.w.n, todo, self.cfg.runner)
+            result = measure(b, self.w.k, self.w.n, todo, self.runner)
             self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
             if result.error:
                 self.failed.add(cid)

@@ -18,10 +18,17 @@ KC_CHOICES = (64, 128, 192, 256, 384, 512)
 MC_PANELS = (2, 4, 6, 8, 12, 16, 24)  # mc = mr * panels
 NC_PANELS = (4, 8, 16, 32, 64, 192)  # nc = nr * panels
 UNROLL_CHOICES = (1, 2, 4, 8)
-SMALL_M_CHOICES = (0, 1, 2, 4, 6, 8, 10, 12, 14)
+SMALL_M_CHOICES = (0, 1, 2, 4, 6, 8, 10, 12, 14, 16, 24, 32)
 SMALL_NC_PANELS = (4, 8, 16, 32)
+PACK_ROWS_CHOICES = (4, 8, 16)
+PREFETCH_ROWS_CHOICES = (0, 16, 32, 64)  # rows of B the B-streaming path prefetches ahead
+PREFETCH_MIN_M_CHOICES = (1, 4, 6, 8)
 PAR_MIN_FLOPS_CHOICES = (1 << 20, 1 << 22, 1 << 24)
-FIELDS = ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "parallel_min_flops")
+FIELDS = ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
+          "prefetch_min_m", "parallel_min_flops")
+# Fields a mutation may change ("tile" is mr and nr together).
+MUTABLE = ("tile", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
+           "prefetch_min_m", "parallel_min_flops")
 
 
 def max_mr(nr: int) -> int:
@@ -45,7 +52,9 @@ def _make(rng: random.Random, **fixed) -> GemmSchedule:
     values = dict(
         kc=rng.choice(KC_CHOICES), mc=mr * rng.choice(MC_PANELS), nc=nr * rng.choice(NC_PANELS),
         unroll_k=rng.choice(UNROLL_CHOICES), small_m=rng.choice(SMALL_M_CHOICES),
-        small_nc=nr * rng.choice(SMALL_NC_PANELS), parallel_min_flops=rng.choice(PAR_MIN_FLOPS_CHOICES))
+        small_nc=nr * rng.choice(SMALL_NC_PANELS), pack_rows=rng.choice(PACK_ROWS_CHOICES),
+        prefetch_rows=rng.choice(PREFETCH_ROWS_CHOICES), prefetch_min_m=rng.choice(PREFETCH_MIN_M_CHOICES),
+        parallel_min_flops=rng.choice(PAR_MIN_FLOPS_CHOICES))
     values.update(fixed)
     values["small_m"] = min(values["small_m"], MAX_SMALL_M)
     return GemmSchedule(**values)
@@ -55,7 +64,7 @@ def mutate(schedule: GemmSchedule, rng: random.Random) -> GemmSchedule:
     """Change one or two fields; a tile change rescales mc, nc and small_nc to stay valid."""
     fields = dataclasses.asdict(schedule)
     for _ in range(rng.choice((1, 2))):
-        name = rng.choice(("tile", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "parallel_min_flops"))
+        name = rng.choice(MUTABLE)
         if name == "tile":
             mr, nr = rng.choice(tile_pairs())
             fields.update(mr=mr, nr=nr, mc=mr * max(1, fields["mc"] // fields["mr"]),
@@ -73,6 +82,12 @@ def mutate(schedule: GemmSchedule, rng: random.Random) -> GemmSchedule:
             fields["small_m"] = rng.choice(SMALL_M_CHOICES)
         elif name == "small_nc":
             fields["small_nc"] = fields["nr"] * rng.choice(SMALL_NC_PANELS)
+        elif name == "pack_rows":
+            fields["pack_rows"] = rng.choice(PACK_ROWS_CHOICES)
+        elif name == "prefetch_rows":
+            fields["prefetch_rows"] = rng.choice(PREFETCH_ROWS_CHOICES)
+        elif name == "prefetch_min_m":
+            fields["prefetch_min_m"] = rng.choice(PREFETCH_MIN_M_CHOICES)
         else:
             fields["parallel_min_flops"] = rng.choice(PAR_MIN_FLOPS_CHOICES)
     return GemmSchedule(**fields)

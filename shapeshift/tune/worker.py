@@ -1,7 +1,9 @@
 """Measures one built candidate; run as ``python -m shapeshift.tune.worker`` by the runner.
 
 Reads a JSON request on stdin ({"library", "k", "n", "ms", "threads", "repeats",
-"sample_s"}), writes one JSON object on stdout: {"seconds": {M: s}} or {"error": "..."}.
+"sample_s", "cold_bytes"}), writes one JSON object on stdout: {"seconds": {M: s}} or
+{"error": "..."}. With ``cold_bytes`` > 0 the packed B is copied until the copies fill that
+many bytes and call i reads copy i % copies (``tune_bench_cold``).
 A separate process so that a crashing or hanging kernel takes only itself down.
 """
 
@@ -20,6 +22,8 @@ def _load(path: str) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tune_bench.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr]
     lib.tune_bench.restype = ctypes.c_double
+    lib.tune_bench_cold.argtypes = [i64, i64, i64, i64, ptr, ptr, i64, i64, ptr]
+    lib.tune_bench_cold.restype = ctypes.c_double
     lib.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
     lib.ss_gemm_packed_b_size.argtypes = [i64, i64]
     lib.ss_gemm_packed_b_size.restype = i64
@@ -35,18 +39,26 @@ def measure(req: dict) -> dict:
     b = rng.standard_normal((k, n)).astype(np.float32)
     packed = np.empty(max(1, lib.ss_gemm_packed_b_size(k, n)), dtype=np.float32)
     lib.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+    copies = -(-int(req.get("cold_bytes", 0)) // packed.nbytes)
+    if copies > 1:
+        packed = np.ascontiguousarray(np.broadcast_to(packed, (copies, packed.size)))
+
+        def bench(calls, m, n, k, a, p, c):
+            return lib.tune_bench_cold(calls, m, n, k, a, p, packed.shape[1], copies, c)
+    else:
+        bench = lib.tune_bench
     seconds = {}
     for m in req["ms"]:
         a = rng.standard_normal((m, k)).astype(np.float32)
         c = np.full((m, n), np.nan, dtype=np.float32)
         args = (m, n, k, a.ctypes.data, packed.ctypes.data, c.ctypes.data)
-        first = lib.tune_bench(1, *args)  # also the warm-up: page faults, thread start
+        first = bench(1, *args)  # also the warm-up: page faults, thread start
         ref = a.astype(np.float64) @ b
         if not np.allclose(c, ref, rtol=1e-3, atol=1e-3 * k ** 0.5):
             err = float(np.nanmax(np.abs(c - ref))) if not np.isnan(c).all() else float("nan")
             return {"error": f"wrong result at M={m} (max abs error {err:.3g})"}
         calls = max(1, int(req["sample_s"] / max(first, 1e-7)))
-        samples = [lib.tune_bench(calls, *args) for _ in range(int(req["repeats"]))]
+        samples = [bench(calls, *args) for _ in range(int(req["repeats"]))]
         seconds[m] = statistics.median(samples)
     return {"seconds": seconds}
 

@@ -3,6 +3,11 @@
 B is a weight, packed once at load (``ss_gemm_prepacked``), so only the multiply is timed.
 K and N are static; M is dynamic in [lo, hi]. The structural hash names the computation,
 not the range, so measurements made for one range serve every other range of M.
+
+``cold``: measured as in a model whose weights do not fit the caches, every call reading
+its B from DRAM (the runner rotates over enough packed copies). At small M that is a
+different problem (bound by memory, not FMAs) with different best schedules, so it is a
+different workload: its measurements are kept apart.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class GemmWorkload:
     n: int
     lo: int
     hi: int
+    cold: bool = False
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.n < 1:
@@ -32,7 +38,7 @@ class GemmWorkload:
     @property
     def key(self) -> str:
         """The computation's structure, independent of the M range."""
-        return f"gemm-prepacked:{self.k}:{self.n}"
+        return f"gemm-prepacked{'-cold' if self.cold else ''}:{self.k}:{self.n}"
 
     @property
     def hash(self) -> str:
@@ -51,4 +57,5 @@ class GemmWorkload:
         return sorted({int(round(x)) for x in np.linspace(self.lo, self.hi, count)})
 
     def describe(self) -> str:
-        return f"GEMM C[M,{self.n}] = A[M,{self.k}] x B[{self.k},{self.n}] (B constant, prepacked), M in [{self.lo}, {self.hi}]"
+        weights = "B constant, prepacked" + (", read from DRAM (cold)" if self.cold else "")
+        return f"GEMM C[M,{self.n}] = A[M,{self.k}] x B[{self.k},{self.n}] ({weights}), M in [{self.lo}, {self.hi}]"
