@@ -1,140 +1,340 @@
-"""DietCode-style tuning against per-shape and pad-max on one BERT dense layer.
+"""Issue #5's bench: DietCode-style tuning against per-shape tuning, pad-max, OpenBLAS and
+onnxruntime on the BERT-base GEMMs, over a whole range of sequence lengths T.
 
-    python bench/dietcode.py [--k 768] [--n 768] [--lo 1] [--hi 128] [--trials 30] [--minutes 1.5]
+    python bench/dietcode.py [--workloads 768x768,768x3072,3072x768,768x2304] [--batches 1,16]
+                             [--threads 1,2] [--lo 1] [--hi 512] [--trials 32] [--per-shape-trials 8]
+                             [--held-out 8] [--dense-to 128] [--step 8] [--repeats 5] [--sample-ms 2.5]
+                             [--output bench/results/dietcode.md] [--quick] [--dry-run]
 
-Each strategy tunes from an empty database and an empty compile cache (so wall times are
-comparable), then its dispatcher library (all chosen kernels plus ``ss_gemm_tuned``) is
-compiled, checked against numpy and timed at the sampled M values next to numpy matmul,
-both on one thread. The first row is the baseline: the hand-tuned default schedule alone,
-untuned. Writes bench/results/dietcode.md.
+Tasks: every (workload KxN, batch, threads) is a dense task, C[M,N] = A[M,K] x B[K,N] with B
+a constant weight and M = batch x T, T in [lo, hi]; every (batch, threads) also times the
+attention matmuls (12 heads), which the tuner does not handle, untuned.
+
+Per dense task, each strategy tunes from an empty database and compile cache (so wall
+times compare): dietcode over the whole range of M, pad-max likewise, per-shape on the
+tuner's sampled Ms (the same trials per shape, ``--per-shape-trials``), and per-shape on
+``--held-out`` more shapes, each tuned alone as a one-point range. Then a child process
+(bench/dietcode_timing.py, with the thread count fixed before numpy loads) checks and
+times, interleaved at every point: the dispatcher and pad-max at every T of the grid (every
+T up to ``--dense-to``, then every ``--step``-th), per-shape at its own shapes, numpy
+(OpenBLAS) and onnxruntime MatMul at the same thread count.
+
+Writes OUTPUT (markdown: per-task summaries with issue #5's targets marked met / not met,
+per-T tables) and a PNG next to it, both at the end; after every task, the results so far
+go to OUTPUT with ``.partial.md`` so that a killed run leaves something. ``--quick`` is a
+smoke test of the script (a few minutes), writing bench/results/dietcode_quick.md;
+``--dry-run`` prints the tasks and the estimated time only (the default run takes hours).
 """
 
 from __future__ import annotations
 
-import os
-
-# One thread for numpy's BLAS as for ours; set before numpy loads.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 import argparse
+import dataclasses
+import datetime
+import json
+import os
 import platform
-import statistics
+import shlex
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-
-from shapeshift.codegen.build import compile_library  # noqa: E402
-from shapeshift.tune import dispatch  # noqa: E402
+import dietcode_report as report  # noqa: E402
 from shapeshift.tune.database import Database  # noqa: E402
-from shapeshift.codegen.kernels.gemm import GemmSchedule  # noqa: E402
-from shapeshift.tune.search import STRATEGIES, TuneConfig, Tuner, TuneResult  # noqa: E402
+from shapeshift.tune.runner import RunnerConfig  # noqa: E402
+from shapeshift.tune.search import TuneConfig, Tuner, TuneResult  # noqa: E402
 from shapeshift.tune.workload import GemmWorkload  # noqa: E402
 
-REPEATS, SAMPLE_S = 5, 0.003
+TIMING_SCRIPT = Path(__file__).resolve().parent / "dietcode_timing.py"
+
+DEFAULTS = dict(workloads="768x768,768x3072,3072x768,768x2304", batches="1,16", threads="1,2", lo=1, hi=512,
+                trials=32, per_shape_trials=8, held_out=8, dense_to=128, step=8, repeats=5, sample_ms=2.5,
+                output=ROOT / "bench" / "results" / "dietcode.md")
+QUICK = dict(DEFAULTS, workloads="768x768", batches="1", threads="1", hi=64, trials=8, per_shape_trials=2,
+             held_out=4, dense_to=16, step=8, repeats=3, output=ROOT / "bench" / "results" / "dietcode_quick.md")
+
+# For the printed estimate only (a rough guide, calibrated on this shared 2-core machine).
+# A trial is one candidate: its compile (~3 s, two at a time) and a worker process.
+SECONDS_PER_TRIAL = 3.0
+# A worker's measurement at one M costs about this many calls (warm-up, float64 check, 3
+# samples of at least one call), at this many GFLOPS per thread.
+CALLS_PER_MEASUREMENT = 8
+ASSUMED_GFLOPS = 60.0
+# Measurements per trial (a dietcode pick runs at every M where it is predicted best), plus
+# the kernel-set validation (chosen kernels at every sampled M) per tuning run.
+MEASUREMENTS_PER_TRIAL = 1.5
+VALIDATION_MEASUREMENTS = 20
 
 
-def _median_time(fn, calls_for) -> float:
-    fn(1)
-    calls = calls_for
-    return statistics.median(fn(calls) for _ in range(REPEATS))
+# ---- the plan ---------------------------------------------------------------------------
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", help="comma list of KxN (default %(default)s)")
+    parser.add_argument("--batches", help="comma list; M = batch x T")
+    parser.add_argument("--threads", help="comma list of thread counts")
+    parser.add_argument("--lo", type=int, help="smallest T")
+    parser.add_argument("--hi", type=int, help="largest T")
+    parser.add_argument("--trials", type=int, help="dietcode and pad-max trials per task")
+    parser.add_argument("--per-shape-trials", type=int, help="per-shape trials per shape")
+    parser.add_argument("--held-out", type=int, help="held-out shapes per task, tuned by per-shape alone")
+    parser.add_argument("--dense-to", type=int, help="time every T up to this ...")
+    parser.add_argument("--step", type=int, help="... then every step-th T")
+    parser.add_argument("--repeats", type=int, help="timed samples per method and point (median kept)")
+    parser.add_argument("--sample-ms", type=float, help="each sample runs enough calls to last this long")
+    parser.add_argument("--output", type=Path, help="markdown file; the PNG goes next to it")
+    parser.add_argument("--quick", action="store_true", help="smoke configuration (a few minutes)")
+    parser.add_argument("--dry-run", action="store_true", help="print the tasks and the time estimate, then stop")
+    args = parser.parse_args()
+    # --quick changes the defaults only: options given next to it still win.
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if not 1 <= args.lo <= args.hi:
+        parser.error(f"need 1 <= --lo <= --hi, got {args.lo}, {args.hi}")
+    return args
 
 
-def time_dispatcher(result, cache: Path) -> dict[int, tuple[float, float, int]]:
-    """M -> (ours s/call, numpy s/call, kernel index)."""
-    w = result.workload
-    lib = dispatch.load(compile_library(dispatch.library_source(result.kernels, result.tree), name_hint="tuned",
-                                        cache_dir=cache).cdll)
-    lib.ss_set_num_threads(1)
-    rng = np.random.default_rng(0)
-    b = rng.standard_normal((w.k, w.n)).astype(np.float32)
-    packed = np.empty(lib.ss_gemm_tuned_packed_b_size(w.k, w.n), dtype=np.float32)
-    lib.ss_gemm_tuned_pack_b(w.k, w.n, b.ctypes.data, w.n, 1, packed.ctypes.data)
-    out = {}
-    for m in result.sampled_ms:
-        a = rng.standard_normal((m, w.k)).astype(np.float32)
-        c = np.empty((m, w.n), dtype=np.float32)
-        first = lib.ss_gemm_tuned_bench(1, m, w.n, w.k, a.ctypes.data, packed.ctypes.data, c.ctypes.data)
-        assert np.allclose(c, a.astype(np.float64) @ b, rtol=1e-3, atol=1e-2), f"dispatcher wrong at M={m}"
-        calls = max(1, int(SAMPLE_S / max(first, 1e-7)))
-        ours = statistics.median(lib.ss_gemm_tuned_bench(calls, m, w.n, w.k, a.ctypes.data, packed.ctypes.data,
-                                                         c.ctypes.data) for _ in range(REPEATS))
+def make_tasks(args: argparse.Namespace) -> list[dict]:
+    """Dense tasks, then the attention task, per (threads, batch)."""
+    shapes = [tuple(int(x) for x in w.lower().split("x")) for w in args.workloads.split(",") if w]
+    tasks = []
+    for threads in (int(x) for x in args.threads.split(",")):
+        for batch in (int(x) for x in args.batches.split(",")):
+            tasks += [{"kind": "dense", "k": k, "n": n, "batch": batch, "threads": threads} for k, n in shapes]
+            tasks.append({"kind": "attention", "batch": batch, "threads": threads})
+    return tasks
 
-        def numpy_sample(n_calls: int) -> float:
-            start = time.perf_counter()
-            for _ in range(n_calls):
-                a @ b
-            return (time.perf_counter() - start) / n_calls
 
-        ref = _median_time(numpy_sample, calls)
-        out[m] = (ours, ref, lib.ss_gemm_tuned_choice(m))
-    return out
+def _timing_s(flops: list[float], methods: int, args: argparse.Namespace, threads: int) -> float:
+    """The timing child: each method runs 2 + repeats samples of >= one call per point."""
+    rate = ASSUMED_GFLOPS * 1e9 * threads
+    per_call = [max(args.sample_ms / 1e3, f / rate) for f in flops]
+    return sum(methods * (2 + args.repeats) * c + 0.02 for c in per_call)
+
+
+def estimate_s(task: dict, args: argparse.Namespace) -> float:
+    grid = report.t_grid(args.lo, args.hi, args.dense_to, args.step)
+    b, t = task["batch"], task["threads"]
+    if task["kind"] == "attention":
+        flops = [2.0 * b * 12 * x * x * 64 for x in report.attention_ts(grid)]
+        return _timing_s(flops + flops, 3, args, t)
+    k, n = task["k"], task["n"]
+    samples = TuneConfig().samples
+    trials = 2 * args.trials + args.per_shape_trials * (samples + args.held_out)
+    runs = 3 + args.held_out
+    mid_flops = 2.0 * k * n * b * (args.lo + args.hi) / 2  # measurements spread over the range
+    measure_s = CALLS_PER_MEASUREMENT * mid_flops / (ASSUMED_GFLOPS * 1e9 * t)
+    tuning = trials * (SECONDS_PER_TRIAL + MEASUREMENTS_PER_TRIAL * measure_s) + 3 * VALIDATION_MEASUREMENTS * measure_s
+    tuning += runs * 2.0  # start-up of a Tuner run (database, first cost-model fit)
+    points = [2.0 * k * n * b * x for x in grid] + [mid_flops] * (samples + args.held_out)
+    return tuning + _timing_s(points, 4, args, t)
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def print_plan(tasks: list[dict], args: argparse.Namespace) -> None:
+    grid = report.t_grid(args.lo, args.hi, args.dense_to, args.step)
+    estimates = [estimate_s(task, args) for task in tasks]
+    print(f"T grid: {len(grid)} points in [{args.lo}, {args.hi}] (every T to {args.dense_to}, then every "
+          f"{args.step}th); trials: dietcode {args.trials}, pad-max {args.trials}, per-shape {args.per_shape_trials} "
+          f"per shape on {TuneConfig().samples} sampled + {args.held_out} held-out shapes.")
+    print(f"{len(tasks)} tasks, estimated {fmt_duration(sum(estimates))} in all (~{SECONDS_PER_TRIAL:g} s per "
+          f"tuning trial plus the calls at large M; a rough guide):")
+    for i, (task, est) in enumerate(zip(tasks, estimates), 1):
+        print(f"  {i}. {report.task_label(task)}: ~{fmt_duration(est)}")
+    sys.stdout.flush()
+
+
+# ---- one dense task ---------------------------------------------------------------------
+
+def tune(workload: GemmWorkload, cfg: TuneConfig, root: Path, label: str) -> tuple[TuneResult, float]:
+    """One tuning from an empty database and compile cache; (result, wall seconds)."""
+    print(f"    {label}: {workload.describe()}", flush=True)
+    folder = Path(tempfile.mkdtemp(prefix="tune_", dir=root))
+    start = time.perf_counter()
+    with Database(folder / "tune.db") as db:
+        result = Tuner(workload, db, folder / "cache", cfg, log=lambda s: print("      " + s, flush=True)).run()
+    wall = time.perf_counter() - start
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"    {label}: {wall:.0f} s, {result.trials} trials, {len(result.kernels)} kernel(s)", flush=True)
+    return result, wall
+
+
+def library(result: TuneResult) -> dict:
+    return {"kernels": [dataclasses.asdict(s) for s in result.kernels], "tree": result.tree}
+
+
+def points(grid: list[int], batch: int, sampled: list[int], held: list[int]) -> list[dict]:
+    """What to time at each M: the dispatcher and pad-max everywhere, per-shape at its shapes."""
+    flags = {}
+    for m in [batch * t for t in grid] + sampled + held:
+        flags[m] = {"m": m, "t": m / batch, "grid": m % batch == 0 and m // batch in grid, "sampled": m in sampled,
+                    "held_out": m in held, "ours": {"dispatcher": "dietcode", "pad-max": "pad-max"}}
+        if m in sampled:
+            flags[m]["ours"]["per-shape"] = "per-shape"
+        elif m in held:
+            flags[m]["ours"]["per-shape"] = f"held-out {m}"
+    return [flags[m] for m in sorted(flags)]
+
+
+def run_timing(spec: dict, threads: int, tmp: Path) -> dict:
+    """bench/dietcode_timing.py in a child with the thread count fixed before numpy loads."""
+    spec_path = Path(tempfile.mkstemp(suffix=".json", dir=tmp)[1])
+    out_path = spec_path.with_suffix(".out.json")
+    spec_path.write_text(json.dumps(dict(spec, cache_dir=str(tmp / "timing_cache"))))
+    # Short spin-waits: three thread pools share one process and the cores.
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               GOMP_SPINCOUNT="10000", OPENBLAS_THREAD_TIMEOUT="4")
+    subprocess.run([sys.executable, str(TIMING_SCRIPT), str(spec_path), str(out_path)], env=env, check=True)
+    return json.loads(out_path.read_text())
+
+
+def run_dense(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
+    k, n, batch, threads = task["k"], task["n"], task["batch"], task["threads"]
+    workload = GemmWorkload(k, n, batch * args.lo, batch * args.hi)
+
+    def config(strategy: str, trials: int, **extra) -> TuneConfig:
+        return TuneConfig(strategy=strategy, trials=trials, threads=threads, runner=RunnerConfig(threads=threads),
+                          **extra)
+
+    diet, diet_wall = tune(workload, config("dietcode", args.trials), tmp, "dietcode")
+    pad, pad_wall = tune(workload, config("pad-max", args.trials), tmp, "pad-max")
+    sampled = diet.sampled_ms
+    # Every sampled shape may keep its own kernel: per-shape means tuned for exactly that M.
+    per, per_wall = tune(workload, config("per-shape", args.per_shape_trials * len(sampled),
+                                          max_kernels=len(sampled)), tmp, "per-shape (sampled shapes)")
+    held = report.held_out_ms(sampled, batch, args.held_out)
+    held_results = {m: tune(GemmWorkload(k, n, m, m), config("per-shape", args.per_shape_trials), tmp,
+                            f"per-shape (held out, M = {m})") for m in held}
+    libraries = {"dietcode": library(diet), "pad-max": library(pad), "per-shape": library(per)}
+    libraries.update({f"held-out {m}": library(r) for m, (r, _) in held_results.items()})
+    grid = report.t_grid(args.lo, args.hi, args.dense_to, args.step)
+    pts = points(grid, batch, sampled, held)
+    print(f"    timing {len(pts)} points", flush=True)
+    start = time.perf_counter()
+    spec = {"kind": "dense", "k": k, "n": n, "threads": threads, "repeats": args.repeats,
+            "sample_s": args.sample_ms / 1e3, "libraries": libraries,
+            "points": [{"m": p["m"], "ours": p["ours"]} for p in pts]}
+    timed = run_timing(spec, threads, tmp)
+    print(f"    timing: {time.perf_counter() - start:.0f} s", flush=True)
+    rows = [dict({key: p[key] for key in ("m", "t", "grid", "sampled", "held_out")}, kernel=r["kernel"],
+                 gflops=r["gflops"]) for p, r in zip(pts, timed["rows"])]
+    return {"task": task, "rows": rows, "blas": timed["blas"], "sampled_ms": sampled, "held_out_ms": held,
+            "t_range": [args.lo, args.hi], "extrapolate_to": report.extrapolate_count(args.lo, args.hi),
+            "wall": {"dietcode": diet_wall, "pad-max": pad_wall, "per-shape": per_wall,
+                     "held-out": [w for _, w in held_results.values()]},
+            "trials": {"dietcode": diet.trials, "pad-max": pad.trials, "per-shape (sampled)": per.trials,
+                       "per-shape (held out)": sum(r.trials for r, _ in held_results.values())},
+            "kernels": len(diet.kernels), "spearman": diet.spearman}
+
+
+def run_attention(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
+    ts = report.attention_ts(report.t_grid(args.lo, args.hi, args.dense_to, args.step))
+    spec = {"kind": "attention", "batch": task["batch"], "threads": task["threads"], "repeats": args.repeats,
+            "sample_s": args.sample_ms / 1e3, "ts": ts}
+    timed = run_timing(spec, task["threads"], tmp)
+    return {"task": task, "rows": timed["rows"], "blas": timed["blas"]}
+
+
+# ---- output -----------------------------------------------------------------------------
+
+METHOD = """How it was measured:
+
+- Tuning: each strategy starts from an empty database and compile cache, so wall times compare. dietcode and
+  pad-max tune the whole range of M = batch x T. per-shape tunes the tuner's sampled Ms in one run (the same
+  trials per shape) and each held-out M alone, as a one-point range. Held-out shapes: midpoints between
+  consecutive sampled Ms, rounded to a multiple of the batch (the shapes farthest from what dietcode measured).
+- Per-shape tuning of every T in [1, 128] is not run: its time is **extrapolated** as (measured wall time per
+  shape of the one-point per-shape tunings) x (number of T). The run over the sampled shapes is not used for
+  it: its kernel-set validation measures every chosen kernel at every sampled M, which tuning each T alone does
+  not do. At batch 16 the held-out shapes spread over the whole range cost more to measure than T <= 128 would
+  (larger M), which leans in dietcode's favour; the summary also gives the time per shape of the held-out
+  shapes with T <= 128 alone.
+- Timing: one child process per task with OPENBLAS_NUM_THREADS and OMP_NUM_THREADS equal to the thread count
+  (onnxruntime: intra_op_num_threads, inter_op 1, all graph optimizations, spinning off; short spin-waits for
+  OpenMP and OpenBLAS, so idle pools do not hold the cores). At every point each method runs once and its
+  output is checked against numpy's; then the methods are sampled in turn, interleaved, and the median sample
+  kept (samples of about --sample-ms; 3 samples when one call takes over 50 ms).
+- Ours (`ss_gemm_tuned` of each dispatcher, B prepacked) is timed by a loop in C; numpy
+  (`np.matmul(a, b, out=c)`) and onnxruntime (B an initializer, `run_with_iobinding` into a bound output) by
+  Python loops, so they pay a few microseconds of call overhead per call, which shows at the smallest T.
+- Per-shape tuned is timed at its own shapes only, as the dispatcher its tuning produced (the kernel its tree
+  picks at that M). GFLOPS = 2MNK / time; the T grid of the summaries is the regular grid (sampled Ms that
+  are not a multiple of the batch are extra rows).
+- The machine is shared with other work: any figure may be off by 20% or more, 2-thread figures most."""
+
+
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                platform.processor())
+
+
+def header(load_before: float, started: str) -> dict:
+    import numpy as np
+
+    return {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "python": platform.python_version(),
+            "machine": f"{platform.machine()}, {cpu_name()}, {os.cpu_count()} CPUs", "numpy": np.__version__,
+            "onnxruntime": metadata.version("onnxruntime"), "load_before": load_before, "started": started,
+            "method": METHOD}
+
+
+def describe_blas(results: list[dict]) -> str:
+    pools = next((r["blas"] for r in results if r.get("blas")), [])
+    blas = [p for p in pools if p["internal_api"] in ("openblas", "mkl", "blis")]
+    return ", ".join(f"{p['internal_api']} {p['version']}" for p in blas) or "BLAS unknown (no threadpoolctl)"
+
+
+def write(args: argparse.Namespace, meta: dict, results: list[dict], final: bool) -> None:
+    meta = dict(meta, blas=describe_blas(results))
+    partial = args.output.with_name(args.output.stem + ".partial.md")
+    if not final:
+        report.write_atomic(partial, report.render(meta, results, None, partial=True))
+        return
+    png = args.output.with_suffix(".png")
+    report.plot(results, png)
+    report.write_atomic(args.output, report.render(meta, results, png.name))
+    partial.unlink(missing_ok=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k", type=int, default=768)
-    parser.add_argument("--n", type=int, default=768)
-    parser.add_argument("--lo", type=int, default=1)
-    parser.add_argument("--hi", type=int, default=128)
-    parser.add_argument("--trials", type=int, default=30)
-    parser.add_argument("--minutes", type=float, default=1.5, help="time budget per strategy")
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "dietcode.md")
-    args = parser.parse_args()
-    w = GemmWorkload(args.k, args.n, args.lo, args.hi)
-    load_before = os.getloadavg()[0]
-    rows, summary = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        # Baseline: the hand-tuned default schedule alone, untuned.
-        default = TuneResult(w, "default", w.sampled_ms(), [GemmSchedule()], {"leaf": 0}, {}, 0, 0, 0.0, None)
-        timed = time_dispatcher(default, Path(tmp) / "default")
-        gf = {m: (w.flops(m) / o / 1e9, w.flops(m) / r / 1e9, k) for m, (o, r, k) in timed.items()}
-        rows.append(("default schedule", gf))
-        ratio = statistics.geometric_mean([g[0] / g[1] for g in gf.values()])
-        summary.append(f"| default schedule (untuned) | 0 | 0 | 1 | {ratio:.2f} | - |")
-        print(summary[-1], flush=True)
-        for strategy in STRATEGIES:
-            print(f"== {strategy}", flush=True)
-            base = Path(tmp) / strategy
-            base.mkdir()
-            with Database(base / "tune.db") as db:
-                cfg = TuneConfig(strategy=strategy, trials=args.trials, time_budget_s=args.minutes * 60)
-                result = Tuner(w, db, base / "cache", cfg).run()
-            timed = time_dispatcher(result, base / "cache")
-            gf = {m: (w.flops(m) / o / 1e9, w.flops(m) / r / 1e9, k) for m, (o, r, k) in timed.items()}
-            rows.append((strategy, gf))
-            ratio = statistics.geometric_mean([g[0] / g[1] for g in gf.values()])
-            summary.append(f"| {strategy} | {result.trials} | {result.wall_s:.0f} | {len(result.kernels)} | "
-                           f"{ratio:.2f} | " + (f"{result.spearman:.2f}" if result.spearman is not None else "-") + " |")
-            print(summary[-1], flush=True)
-    ms = rows[0][1].keys()
-    # numpy is timed next to each dispatcher; the median of those timings is shown.
-    head = "| M | numpy GFLOPS | " + " | ".join(f"{s} GFLOPS (kernel)" for s, _ in rows) + " |"
-    table = [head, "|" + "---|" * (2 + len(rows))]
-    for m in ms:
-        ref = statistics.median(g[m][1] for _, g in rows)
-        table.append(f"| {m} | {ref:.1f} | " + " | ".join(f"{g[m][0]:.1f} ({g[m][2]})" for _, g in rows) + " |")
-    text = (
-        "# DietCode-style tuning: dietcode vs per-shape vs pad-max\n\n"
-        f"`python bench/dietcode.py --trials {args.trials} --minutes {args.minutes:g}` on {platform.machine()}, "
-        f"{os.cpu_count()} CPUs (shared with other work: 1-minute load {load_before:.1f} before, "
-        f"{os.getloadavg()[0]:.1f} after), numpy {np.__version__}. Workload: {w.describe()}. "
-        "Everything on one thread (OPENBLAS_NUM_THREADS=1 for numpy). Each strategy starts from an empty "
-        "database and compile cache. GFLOPS: median of 5 samples of about 3 ms, the dispatcher "
-        "(`ss_gemm_tuned`, called from a C loop) and `a @ b` in a Python loop; the numpy column is the "
-        "median of the numpy timings (one next to each dispatcher); the ratio column divides by "
-        "the numpy timing taken next to that strategy. Kernel: the index `ss_gemm_tuned_choice` picked. Timings on this shared machine can be off by 20% or more.\n\n"
-        "| strategy | trials | tuning wall s | kernels | geomean ours/numpy | cost-model Spearman (held out) |\n"
-        "|---|---|---|---|---|---|\n" + "\n".join(summary) + "\n\n" + "\n".join(table) + "\n")
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    args = parse_args()
+    tasks = make_tasks(args)
+    print_plan(tasks, args)
+    if args.dry_run:
+        return
+    meta = header(os.getloadavg()[0], datetime.datetime.now().isoformat(timespec="seconds"))
+    start = time.perf_counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_dietcode_") as tmp:
+        for i, task in enumerate(tasks, 1):
+            print(f"== task {i}/{len(tasks)}: {report.task_label(task)} "
+                  f"({(time.perf_counter() - start) / 60:.0f} min so far)", flush=True)
+            run = run_dense if task["kind"] == "dense" else run_attention
+            results.append(run(task, args, Path(tmp)))
+            if task["kind"] == "dense":
+                for what, value, threshold, met in report.evaluate_targets(report.dense_summary(results[-1])):
+                    print(f"    {'met' if met else 'NOT met'}: {what} = {value:.3g} (>= {threshold:g})", flush=True)
+            write(args, meta, results, final=False)
+    meta.update(load_after=os.getloadavg()[0], took=fmt_duration(time.perf_counter() - start))
+    write(args, meta, results, final=True)
+    print(report.targets_section(results))
+    print(f"wrote {args.output} and {args.output.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

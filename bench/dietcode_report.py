@@ -1,0 +1,296 @@
+"""The pure half of bench/dietcode.py: the T grid, the held-out shapes, the summary
+numbers, issue #5's targets, the markdown and the plot.
+
+Nothing here tunes or times, so tests/test_bench_dietcode.py checks it in milliseconds.
+Results are plain JSON-able dicts (what bench/dietcode.py collects per task):
+
+dense task: {"task": {"kind": "dense", "k", "n", "batch", "threads"}, "wall": {"dietcode",
+"pad-max", "per-shape", "held-out": [s, ...]}, "trials": {...}, "sampled_ms", "held_out_ms",
+"t_range": [lo, hi], "extrapolate_to" (how many T per-shape would tune: every T in
+[lo, min(hi, 128)]),
+"kernels", "spearman", "rows": [{"m", "t", "grid", "sampled", "held_out", "kernel",
+"gflops": {column: GFLOPS}}]}
+attention task: {"task": {"kind": "attention", "batch", "threads"}, "rows": [{"t", "op", "gflops"}]}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+# Per-shape tuning is extrapolated to every T up to this (issue #5: "every T in [1, 128]").
+EXTRAPOLATE_TO_T = 128
+
+# (summary key, short name, what is compared, threshold): met when the value is >= the threshold.
+TARGETS = (
+    ("tuning_ratio", "tuning time ratio",
+     "tuning wall time: per-shape for every T in [1, 128] (extrapolated) / dietcode for the whole range", 20.0),
+    ("held_out_geomean", "vs per-shape, held out",
+     "dispatcher / per-shape tuned GFLOPS, geomean over the held-out shapes", 0.95),
+    ("blas_geomean", "vs OpenBLAS, geomean", "dispatcher / OpenBLAS GFLOPS, geomean over the T grid", 1.0),
+    ("blas_min", "vs OpenBLAS, minimum", "dispatcher / OpenBLAS GFLOPS, minimum over the T grid", 0.8),
+)
+
+# One colour per method in every panel of the plot.
+COLOURS = {"dispatcher": "C0", "ss_gemm (untuned)": "C0", "pad-max": "C1", "numpy": "C2", "onnxruntime": "C3"}
+
+
+# ---- shapes -----------------------------------------------------------------------------
+
+def t_grid(lo: int, hi: int, dense_to: int = EXTRAPOLATE_TO_T, step: int = 8) -> list[int]:
+    """Every T in [lo, dense_to], then every ``step``-th T after dense_to, and hi."""
+    dense = range(lo, min(hi, dense_to) + 1)
+    sparse = range(dense_to + step, hi + 1, step)
+    return sorted(set(dense) | {t for t in sparse if t >= lo} | {hi})
+
+
+def attention_ts(grid: Sequence[int]) -> list[int]:
+    """A sparser grid for the attention matmuls: the powers of two and multiples of 32."""
+    return [t for t in grid if t & (t - 1) == 0 or t % 32 == 0]
+
+
+def held_out_ms(sampled: Sequence[int], batch: int, count: int) -> list[int]:
+    """``count`` M values (multiples of ``batch``: M = batch x T) that the tuner did not
+    sample, the farthest from the samples: the midpoint of two consecutive sampled Ms,
+    rounded to a multiple of batch, in ``count`` of the gaps spread evenly over the range."""
+    candidates = []
+    for m1, m2 in zip(sampled, sampled[1:]):
+        m = batch * int(math.floor((m1 + m2) / (2 * batch) + 0.5))
+        if m1 < m < m2:  # a gap narrower than batch has no multiple of it inside
+            candidates.append(m)
+    if len(candidates) <= count:
+        return candidates
+    picks = np.linspace(0, len(candidates) - 1, count).round().astype(int)
+    return [candidates[i] for i in sorted(set(picks.tolist()))]
+
+
+def extrapolate_count(lo: int, hi: int) -> int:
+    """How many T per-shape tuning of every T in [lo, min(hi, 128)] would tune."""
+    return max(0, min(hi, EXTRAPOLATE_TO_T) - lo + 1)
+
+
+# ---- numbers ----------------------------------------------------------------------------
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def _ratios(rows: Sequence[dict], num: str, den: str) -> list[tuple[float, float]]:
+    """(GFLOPS ratio, T) of the rows that have both columns."""
+    return [(r["gflops"][num] / r["gflops"][den], r["t"]) for r in rows if num in r["gflops"] and den in r["gflops"]]
+
+
+def per_shape_seconds(res: dict) -> tuple[float, str]:
+    """Per-shape tuning wall time per shape, and where it comes from.
+
+    From the one-point tunings (the held-out shapes, each tuned alone from scratch: what
+    tuning every T separately repeats), not from the run over the sampled shapes, whose
+    kernel-set validation measures every chosen kernel at every sampled M, work that
+    tuning each T alone does not do. That run is the fallback when there are no held-out shapes.
+    """
+    wall = res["wall"]
+    if wall["held-out"]:
+        return sum(wall["held-out"]) / len(wall["held-out"]), f"mean of the {len(wall['held-out'])} one-point tunings"
+    return wall["per-shape"] / len(res["sampled_ms"]), "the sampled-shape run / its shapes (no held-out shapes)"
+
+
+def dense_summary(res: dict) -> dict:
+    rows = res["rows"]
+    grid = [r for r in rows if r["grid"]]
+    vs_blas = _ratios(grid, "dispatcher", "numpy")
+    worst = min(vs_blas) if vs_blas else (math.nan, None)
+    wall = res["wall"]
+    per_shape_each, per_shape_source = per_shape_seconds(res)
+    batch = res["task"]["batch"]
+    small = [w for m, w in zip(res["held_out_ms"], wall["held-out"]) if m / batch <= EXTRAPOLATE_TO_T]
+    extrapolated = per_shape_each * res["extrapolate_to"]
+    return {
+        "dietcode_wall": wall["dietcode"], "pad_max_wall": wall["pad-max"], "per_shape_sampled_wall": wall["per-shape"],
+        "per_shape_each": per_shape_each, "per_shape_source": per_shape_source,
+        "per_shape_each_small_t": sum(small) / len(small) if small else math.nan, "per_shape_small_t_count": len(small),
+        "per_shape_extrapolated": extrapolated, "tuning_ratio": extrapolated / wall["dietcode"],
+        "held_out_geomean": geomean([x for x, _ in _ratios([r for r in rows if r["held_out"]], "dispatcher",
+                                                           "per-shape")]),
+        "sampled_geomean": geomean([x for x, _ in _ratios([r for r in rows if r["sampled"]], "dispatcher",
+                                                          "per-shape")]),
+        "blas_geomean": geomean([x for x, _ in vs_blas]), "blas_min": worst[0], "blas_min_t": worst[1],
+        "ort_geomean": geomean([x for x, _ in _ratios(grid, "dispatcher", "onnxruntime")]),
+        "pad_max_blas_geomean": geomean([x for x, _ in _ratios(grid, "pad-max", "numpy")]),
+        "kernels": res["kernels"], "spearman": res["spearman"],
+    }
+
+
+def evaluate_targets(summary: dict) -> list[tuple[str, float, float, bool]]:
+    """(what, value, threshold, met) per target; a missing value (NaN) is not met."""
+    return [(what, summary[key], threshold, bool(summary[key] >= threshold)) for key, _, what, threshold in TARGETS]
+
+
+# ---- markdown ---------------------------------------------------------------------------
+
+def task_label(task: dict) -> str:
+    what = f"dense {task['k']}x{task['n']}" if task["kind"] == "dense" else "attention (12 heads)"
+    return f"{what}, batch {task['batch']}, {task['threads']} thread{'s' if task['threads'] > 1 else ''}"
+
+
+def fmt_t(t: Optional[float]) -> str:
+    if t is None:
+        return "-"
+    return str(int(t)) if float(t).is_integer() else f"{t:.1f}"
+
+
+def _g(row: dict, column: str) -> str:
+    return f"{row['gflops'][column]:.1f}" if column in row["gflops"] else ""
+
+
+def dense_section(res: dict) -> str:
+    s = dense_summary(res)
+    task = res["task"]
+    rho = f"{s['spearman']:.2f}" if s["spearman"] is not None else "-"
+    lo, hi = res["t_range"]
+    lines = [
+        f"## {task_label(task)}", "",
+        f"M = {task['batch']} x T. Trials: " + ", ".join(f"{k} {v}" for k, v in res["trials"].items()) + ".", "",
+        "| measure | value |", "|---|---|",
+        f"| tuning wall time, dietcode (whole range) | {s['dietcode_wall']:.0f} s |",
+        f"| tuning wall time, pad-max | {s['pad_max_wall']:.0f} s |",
+        f"| tuning wall time, per-shape on the {len(res['sampled_ms'])} sampled shapes (one run) | "
+        f"{s['per_shape_sampled_wall']:.0f} s |",
+        "| tuning wall time, per-shape on each held-out shape alone | "
+        + (", ".join(f"{w:.0f}" for w in res["wall"]["held-out"]) or "-") + " s |",
+        f"| per-shape wall time per shape ({s['per_shape_source']}) | {s['per_shape_each']:.1f} s |",
+        f"| ... only the held-out shapes with T <= {EXTRAPOLATE_TO_T} ({s['per_shape_small_t_count']}) | "
+        f"{s['per_shape_each_small_t']:.1f} s |",
+        f"| per-shape for every T in [{lo}, {min(hi, EXTRAPOLATE_TO_T)}] ({res['extrapolate_to']} shapes), "
+        f"**extrapolated**: time per shape x {res['extrapolate_to']} | {s['per_shape_extrapolated']:.0f} s |",
+        f"| ratio extrapolated per-shape / dietcode | {s['tuning_ratio']:.1f}x |",
+        f"| dispatcher / per-shape GFLOPS, geomean, held-out shapes (M = {', '.join(map(str, res['held_out_ms']))}) "
+        f"| {s['held_out_geomean']:.3f} |",
+        f"| dispatcher / per-shape GFLOPS, geomean, sampled shapes | {s['sampled_geomean']:.3f} |",
+        f"| dispatcher / OpenBLAS GFLOPS, geomean over the T grid | {s['blas_geomean']:.3f} |",
+        f"| dispatcher / OpenBLAS GFLOPS, minimum over the T grid | {s['blas_min']:.3f} "
+        f"at T = {fmt_t(s['blas_min_t'])} |",
+        f"| dispatcher / onnxruntime GFLOPS, geomean over the T grid | {s['ort_geomean']:.3f} |",
+        f"| pad-max / OpenBLAS GFLOPS, geomean over the T grid | {s['pad_max_blas_geomean']:.3f} |",
+        f"| kernels in the dispatcher | {s['kernels']} |",
+        f"| cost-model Spearman (dietcode, held-out measurements) | {rho} |", "",
+    ]
+    lines += [f"- **{'met' if met else 'NOT met'}**: {what} = {value:.3g} (target >= {threshold:g})"
+              for what, value, threshold, met in evaluate_targets(s)]
+    lines += ["", "| T | M | dispatcher GFLOPS (kernel) | pad-max | per-shape tuned | numpy (OpenBLAS) | onnxruntime "
+                  "| dispatcher / OpenBLAS |", "|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        mark = " (held out)" if r["held_out"] else " (sampled)" if r["sampled"] else ""
+        ratio = r["gflops"]["dispatcher"] / r["gflops"]["numpy"]
+        lines.append(f"| {fmt_t(r['t'])}{mark} | {r['m']} | {_g(r, 'dispatcher')} ({r['kernel']}) | {_g(r, 'pad-max')} "
+                     f"| {_g(r, 'per-shape')} | {_g(r, 'numpy')} | {_g(r, 'onnxruntime')} | {ratio:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def attention_section(res: dict) -> str:
+    lines = [f"## {task_label(res['task'])}: untuned", "",
+             "QK^T: [b,12,T,64] x [b,12,64,T]; PV: [b,12,T,T] x [b,12,T,64], all contiguous. The tuner does not "
+             "handle these (no constant B), so ours is the default `ss_gemm` schedule, untuned.", "",
+             "| T | op | ss_gemm (untuned) GFLOPS | numpy | onnxruntime | ss_gemm / numpy |",
+             "|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        g = r["gflops"]
+        ours = g["ss_gemm (untuned)"]
+        lines.append(f"| {r['t']} | {r['op']} | {ours:.1f} | {g['numpy']:.1f} | {g['onnxruntime']:.1f} "
+                     f"| {ours / g['numpy']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def targets_section(results: Sequence[dict]) -> str:
+    dense = [r for r in results if r["task"]["kind"] == "dense"]
+    if not dense:
+        return ""
+    heads = [f"{short} (>= {threshold:g})" for _, short, _, threshold in TARGETS]
+    lines = ["## Targets (issue #5)", "", "| task | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    all_met = True
+    for res in dense:
+        s = dense_summary(res)
+        cells = []
+        for (key, *_), (_, value, _, met) in zip(TARGETS, evaluate_targets(s)):
+            where = f" at T = {fmt_t(s['blas_min_t'])}" if key == "blas_min" else ""
+            cells.append(f"{value:.3g}{where} {'met' if met else '**NOT met**'}")
+            all_met &= met
+        lines.append(f"| {task_label(res['task'])} | " + " | ".join(cells) + " |")
+    lines += ["", f"All targets met in every task: **{'yes' if all_met else 'no'}**.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def render(meta: dict, results: Sequence[dict], png: Optional[str], partial: bool = False) -> str:
+    title = "# DietCode-style tuning on BERT-base GEMMs (issue #5)"
+    if partial:
+        title += " — PARTIAL, the run has not finished"
+    after = f"{meta['load_after']:.1f}" if meta.get("load_after") is not None else "-"
+    head = [title, "",
+            f"`{meta['command']}` on {meta['machine']}; Python {meta['python']}, numpy {meta['numpy']} "
+            f"({meta['blas']}), onnxruntime {meta['onnxruntime']}. 1-minute load average {meta['load_before']:.1f} "
+            f"before the run, {after} after it. Started {meta['started']}, took {meta.get('took', '-')}.", "",
+            meta["method"], ""]
+    body = [targets_section(results)] + [dense_section(r) if r["task"]["kind"] == "dense" else attention_section(r)
+                                         for r in results]
+    if png:
+        body.append(f"![GFLOPS against T]({png})\n")
+    return "\n".join(head) + "\n" + "\n".join(body)
+
+
+# ---- plot ---------------------------------------------------------------------------------
+
+def plot(results: Sequence[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []  # (title, {label: (ts, gflops)}, {label: (ts, gflops)} drawn as markers)
+    for res in results:
+        rows = res["rows"]
+        if res["task"]["kind"] == "dense":
+            grid = [r for r in rows if r["grid"]]
+            lines = {c: ([r["t"] for r in grid], [r["gflops"][c] for r in grid])
+                     for c in ("dispatcher", "pad-max", "numpy", "onnxruntime")}
+            tuned = [r for r in rows if "per-shape" in r["gflops"]]
+            marks = {"per-shape tuned": ([r["t"] for r in tuned], [r["gflops"]["per-shape"] for r in tuned])}
+            panels.append((task_label(res["task"]), lines, marks))
+        else:
+            for op in dict.fromkeys(r["op"] for r in rows):
+                sel = [r for r in rows if r["op"] == op]
+                lines = {c: ([r["t"] for r in sel], [r["gflops"][c] for r in sel]) for c in sel[0]["gflops"]}
+                panels.append((f"{task_label(res['task'])}, {op}", lines, {}))
+    if not panels:
+        return
+    cols = min(2, len(panels))
+    rows_n = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(7 * cols, 4 * rows_n), squeeze=False)
+    for ax, (title, lines, marks) in zip(axes.flat, panels):
+        for label, (ts, gf) in lines.items():
+            ax.plot(ts, gf, label=label, linewidth=1.2, color=COLOURS.get(label))
+        for label, (ts, gf) in marks.items():
+            ax.plot(ts, gf, "kx", label=label, markersize=6)
+        ax.set_xscale("log", base=2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("T")
+        ax.set_ylabel("GFLOPS")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A reader (or a killed run) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,265 @@
+"""The timing half of bench/dietcode.py: one child process per (task, thread count).
+
+    python bench/dietcode_timing.py SPEC.json OUT.json     (started by bench/dietcode.py)
+
+Why a child process: numpy's OpenBLAS reads its thread count when it loads, so the parent
+starts this script with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS set; our kernels get
+``ss_set_num_threads`` and onnxruntime ``intra_op_num_threads`` with the same count. Idle
+thread pools spin only briefly (GOMP_SPINCOUNT, OPENBLAS_THREAD_TIMEOUT set by the parent,
+onnxruntime's allow_spinning off) so one library's idle threads do not hold the cores that
+the next one, timed right after it, needs.
+
+At every point each method runs once (warm-up), every output is checked against numpy's
+(a wrong result raises, naming the method and the shape), then the methods are sampled in
+turn, ``repeats`` times: interleaved, so that load from other work on this shared machine
+hits them alike. Our kernels are timed by loops in C (through ctypes a call costs
+microseconds, more than the smallest GEMMs); numpy (``np.matmul(..., out=)``) and
+onnxruntime (``run_with_iobinding`` into a bound output) in Python loops, so those two pay
+their call overhead, as they would in a Python program.
+
+SPEC: {"kind": "dense", "k", "n", "threads", "repeats", "sample_s", "cache_dir",
+"libraries": {name: {"kernels": [GemmSchedule fields], "tree": {...}}},
+"points": [{"m": M, "ours": {column: library name}}]}
+or {"kind": "attention", "batch", "threads", "repeats", "sample_s", "cache_dir", "ts": [T]}.
+OUT: {"rows": [...], "blas": threadpoolctl's view of numpy's BLAS}.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shapeshift.codegen.build import compile_library  # noqa: E402
+from shapeshift.codegen.kernels import gemm  # noqa: E402
+from shapeshift.codegen.kernels.gemm import GemmSchedule  # noqa: E402
+from shapeshift.codegen.kernels.prelude import PRELUDE  # noqa: E402
+from shapeshift.tune import dispatch  # noqa: E402
+
+HEADS, HEAD_DIM = 12, 64
+# A call longer than this is sampled fewer times: at M = 16 x 512 one call takes ~0.5 s.
+LONG_CALL_S = 0.05
+
+# ss_gemm timed by a loop in C (the untuned default schedule, for the attention matmuls).
+SS_GEMM_BENCH = """
+double bench_ss_gemm(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t batch1,
+                     const float* A, int64_t sa0, int64_t sa1, int64_t rsa, int64_t csa,
+                     const float* B, int64_t sb0, int64_t sb1, int64_t rsb, int64_t csb,
+                     float* C, int64_t sc0, int64_t sc1, int64_t ldc)
+{
+    double start = omp_get_wtime();
+    for (int64_t i = 0; i < calls; ++i)
+        ss_gemm(M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, B, sb0, sb1, rsb, csb,
+                C, sc0, sc1, ldc, 1.0f, NULL, 0.0f, 0, 0, 0);
+    return (omp_get_wtime() - start) / (double)calls;
+}
+"""
+
+Sampler = Callable[[int], float]  # calls -> seconds per call
+
+
+@dataclass
+class Method:
+    sample: Sampler
+    out: np.ndarray  # what the method wrote, checked after the warm-up
+
+
+def python_loop(fn: Callable[[], object]) -> Sampler:
+    def sample(calls: int) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+    return sample
+
+
+def check_close(got: np.ndarray, ref: np.ndarray, k: int, what: str) -> None:
+    """Inputs are O(1), so sums of k products are O(sqrt k): scale the absolute tolerance."""
+    if not np.allclose(got, ref, rtol=1e-3, atol=1e-3 * k ** 0.5):
+        err = float(np.nanmax(np.abs(got - ref)))
+        raise AssertionError(f"wrong result: {what} differs from numpy (max abs error {err:.3g})")
+
+
+def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float, what: str) -> dict[str, float]:
+    """Median seconds per call of each method, sampled in turn; checked against numpy first."""
+    for m in methods.values():
+        m.sample(1)  # warm-up: page faults, thread start; also writes m.out
+    for name, m in methods.items():
+        if name != "numpy":
+            check_close(m.out, methods["numpy"].out, k, f"{name} at {what}")
+    once = {name: m.sample(1) for name, m in methods.items()}
+    calls = {name: max(1, int(sample_s / max(s, 1e-7))) for name, s in once.items()}
+    reps = repeats if max(once.values()) < LONG_CALL_S else min(repeats, 3)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(reps):
+        for name, m in methods.items():
+            times[name].append(m.sample(calls[name]))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+# ---- peers ------------------------------------------------------------------------------
+
+def ort_session(model, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Idle workers must not spin on the cores the next method (timed right after) needs.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def matmul_model(a_shape: list, b_shape: list, c_shape: list, b_const: np.ndarray | None = None):
+    """One MatMul node; B an initializer (a weight, prepacked by onnxruntime) when given."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f32 = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("A", f32, a_shape)]
+    inits = []
+    if b_const is None:
+        inputs.append(helper.make_tensor_value_info("B", f32, b_shape))
+    else:
+        inits.append(numpy_helper.from_array(b_const, "B"))
+    graph = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["C"])], "matmul", inputs,
+                              [helper.make_tensor_value_info("C", f32, c_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # one that every onnxruntime of the last years reads
+    return model
+
+
+def ort_method(sess, inputs: dict[str, np.ndarray], out: np.ndarray) -> Method:
+    io = sess.io_binding()
+    for name, value in inputs.items():
+        io.bind_cpu_input(name, value)
+    io.bind_output("C", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+    return Method(python_loop(lambda: sess.run_with_iobinding(io)), out)
+
+
+# ---- dense: the tuned dispatchers against numpy and onnxruntime -------------------------
+
+def load_tuned(entry: dict, b: np.ndarray, threads: int, cache: Path):
+    """A dispatcher library (dispatch.library_source) and B packed for it."""
+    k, n = b.shape
+    kernels = [GemmSchedule(**s) for s in entry["kernels"]]
+    source = dispatch.library_source(kernels, entry["tree"])
+    lib = dispatch.load(compile_library(source, name_hint="bench_dietcode", cache_dir=cache).cdll)
+    lib.ss_set_num_threads(threads)
+    packed = np.empty(max(1, lib.ss_gemm_tuned_packed_b_size(k, n)), dtype=np.float32)
+    lib.ss_gemm_tuned_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+    return lib, packed
+
+
+def time_dense(spec: dict) -> list[dict]:
+    k, n, threads = spec["k"], spec["n"], spec["threads"]
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    cache = Path(spec["cache_dir"])
+    libs = {name: load_tuned(entry, b, threads, cache) for name, entry in spec["libraries"].items()}
+    sess = ort_session(matmul_model(["M", k], [k, n], ["M", n], b), threads)
+    rows = []
+    for point in spec["points"]:
+        m = point["m"]
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        methods = {}
+        for column, name in point["ours"].items():
+            lib, packed = libs[name]
+            c = np.full((m, n), np.nan, dtype=np.float32)
+            methods[column] = Method(
+                lambda calls, lib=lib, packed=packed, c=c: lib.ss_gemm_tuned_bench(
+                    calls, m, n, k, a.ctypes.data, packed.ctypes.data, c.ctypes.data), c)
+        c_np = np.empty((m, n), dtype=np.float32)
+        methods["numpy"] = Method(python_loop(lambda: np.matmul(a, b, out=c_np)), c_np)
+        methods["onnxruntime"] = ort_method(sess, {"A": a}, np.full((m, n), np.nan, dtype=np.float32))
+        seconds = time_point(methods, k, spec["repeats"], spec["sample_s"], f"M={m}, K={k}, N={n}")
+        flops = 2.0 * m * n * k
+        kernel = libs[point["ours"]["dispatcher"]][0].ss_gemm_tuned_choice(m) if "dispatcher" in point["ours"] else None
+        rows.append({"m": m, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()}})
+        print(f"      M={m}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()), flush=True)
+    return rows
+
+
+# ---- attention: the untuned ss_gemm on batched matmuls ----------------------------------
+
+def load_ss_gemm(threads: int, cache: Path):
+    lib = compile_library(PRELUDE + gemm.source() + SS_GEMM_BENCH, name_hint="bench_dietcode_attn",
+                          cache_dir=cache).cdll
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.bench_ss_gemm.argtypes = [i64] * 6 + [ptr, i64, i64, i64, i64] * 2 + [ptr, i64, i64, i64]
+    lib.bench_ss_gemm.restype = ctypes.c_double
+    lib.ss_set_num_threads.argtypes = [ctypes.c_int]
+    lib.ss_set_num_threads(threads)
+    return lib
+
+
+def batched_methods(lib, sess, x: np.ndarray, y: np.ndarray) -> dict[str, Method]:
+    """out = x @ y over the two leading (batch, head) dims; all contiguous."""
+    bt, h, m, kk = x.shape
+    nn = y.shape[3]
+    ours = np.full((bt, h, m, nn), np.nan, dtype=np.float32)
+    ref = np.empty_like(ours)
+
+    def sample(calls: int) -> float:
+        return lib.bench_ss_gemm(calls, m, nn, kk, bt, h, x.ctypes.data, h * m * kk, m * kk, kk, 1,
+                                 y.ctypes.data, h * kk * nn, kk * nn, nn, 1, ours.ctypes.data, h * m * nn, m * nn, nn)
+
+    return {"ss_gemm (untuned)": Method(sample, ours),
+            "numpy": Method(python_loop(lambda: np.matmul(x, y, out=ref)), ref),
+            "onnxruntime": ort_method(sess, {"A": x, "B": y}, np.full_like(ours, np.nan))}
+
+
+def time_attention(spec: dict) -> list[dict]:
+    batch, threads = spec["batch"], spec["threads"]
+    lib = load_ss_gemm(threads, Path(spec["cache_dir"]))
+    dims = [batch, HEADS]
+    scores = ort_session(matmul_model([*dims, "T", HEAD_DIM], [*dims, HEAD_DIM, "T"], [*dims, "T", "T"]), threads)
+    context = ort_session(matmul_model([*dims, "T", "T"], [*dims, "T", HEAD_DIM], [*dims, "T", HEAD_DIM]), threads)
+    rng = np.random.default_rng(1)
+    rows = []
+    for t in spec["ts"]:
+        q = rng.standard_normal((batch, HEADS, t, HEAD_DIM)).astype(np.float32)
+        kt = rng.standard_normal((batch, HEADS, HEAD_DIM, t)).astype(np.float32)
+        p = rng.random((batch, HEADS, t, t)).astype(np.float32)
+        v = rng.standard_normal((batch, HEADS, t, HEAD_DIM)).astype(np.float32)
+        flops = 2.0 * batch * HEADS * t * t * HEAD_DIM
+        for op, sess, x, y, k in (("QK^T", scores, q, kt, HEAD_DIM), ("PV", context, p, v, t)):
+            seconds = time_point(batched_methods(lib, sess, x, y), k, spec["repeats"], spec["sample_s"],
+                                 f"attention {op}, batch {batch}, T={t}")
+            rows.append({"t": t, "op": op, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()}})
+            print(f"      {op} T={t}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()),
+                  flush=True)
+    return rows
+
+
+def blas_info() -> list[dict]:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    return [{k: d.get(k) for k in ("internal_api", "version", "num_threads")} for d in threadpool_info()]
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    rows = time_dense(spec) if spec["kind"] == "dense" else time_attention(spec)
+    blas = blas_info()
+    # The comparison is only fair at equal thread counts: refuse to report anything else.
+    for pool in blas:
+        if pool["internal_api"] == "openblas" and pool["num_threads"] != spec["threads"]:
+            raise RuntimeError(f"numpy's OpenBLAS runs {pool['num_threads']} threads, not {spec['threads']}")
+    Path(out_path).write_text(json.dumps({"rows": rows, "blas": blas}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

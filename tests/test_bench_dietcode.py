@@ -1,0 +1,114 @@
+"""bench/dietcode_report.py: the T grid, the held-out shapes, the summary numbers and issue
+#5's targets, as pure functions on made-up results (no tuning, no timing)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import dietcode_report as report  # noqa: E402
+
+
+def test_grid_is_every_t_to_dense_to_then_every_step_th():
+    grid = report.t_grid(1, 512)
+    assert grid[:128] == list(range(1, 129))
+    assert grid[128:] == list(range(136, 513, 8))
+    assert len(grid) == 176
+    assert report.t_grid(1, 64, dense_to=16, step=8) == list(range(1, 17)) + [24, 32, 40, 48, 56, 64]
+    assert report.t_grid(5, 30, dense_to=10, step=7)[-1] == 30  # hi always timed
+    assert report.t_grid(3, 3) == [3]
+
+
+def test_attention_grid_is_powers_of_two_and_multiples_of_32():
+    assert report.attention_ts(report.t_grid(1, 512)) == [1, 2, 4, 8, 16] + list(range(32, 513, 32))
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_held_out_shapes_are_midpoints_not_sampled_multiples_of_batch(batch):
+    sampled = [1 * batch] + [round(x) for x in [batch + i * (511 * batch) / 9 for i in range(1, 10)]]
+    held = report.held_out_ms(sampled, batch, 8)
+    assert len(held) == 8 and held == sorted(held)
+    assert all(m % batch == 0 and m not in sampled for m in held)
+    gaps = list(zip(sampled, sampled[1:]))
+    # each held-out shape lies in its own gap, near its middle
+    inside = [next(i for i, (a, b) in enumerate(gaps) if a < m < b) for m in held]
+    assert len(set(inside)) == 8
+    for m, i in zip(held, inside):
+        a, b = gaps[i]
+        assert abs(m - (a + b) / 2) <= batch / 2
+    assert report.held_out_ms(sampled, batch, 8) == held  # deterministic
+
+
+def test_held_out_shapes_in_narrow_or_tiny_ranges():
+    assert report.held_out_ms([1, 8, 15, 22], 1, 8) == [5, 12, 19]  # fewer gaps than asked: all of them
+    assert report.held_out_ms([1, 2, 3], 1, 4) == []  # no M between consecutive samples
+    assert report.held_out_ms([7], 1, 8) == []
+
+
+def _result(walls=(100.0, 50.0, 400.0, [40.0, 40.0]), held=(1.0, 0.9), blas=(1.2, 0.85, 1.1)) -> dict:
+    rows = [{"m": t, "t": t, "grid": True, "sampled": False, "held_out": False, "kernel": 0,
+             "gflops": {"dispatcher": r * 50, "numpy": 50.0, "onnxruntime": 60.0, "pad-max": 40.0}}
+            for t, r in zip((1, 2, 3), blas)]
+    rows += [{"m": 10 + i, "t": 10 + i, "grid": False, "sampled": False, "held_out": True, "kernel": 1,
+              "gflops": {"dispatcher": r * 70, "per-shape": 70.0, "numpy": 60.0, "onnxruntime": 60.0, "pad-max": 40.0}}
+             for i, r in enumerate(held)]
+    diet, pad, per, held_walls = walls
+    return {"task": {"kind": "dense", "k": 768, "n": 768, "batch": 1, "threads": 1}, "rows": rows,
+            "sampled_ms": list(range(8)), "held_out_ms": [10, 11], "t_range": [1, 512],
+            "extrapolate_to": 128,
+            "wall": {"dietcode": diet, "pad-max": pad, "per-shape": per, "held-out": list(held_walls)},
+            "trials": {"dietcode": 32}, "kernels": 2, "spearman": 0.5}
+
+
+def test_summary_extrapolates_the_one_point_tunings_time_per_shape():
+    s = report.dense_summary(_result(walls=(100.0, 50.0, 400.0, [30.0, 50.0])))
+    assert s["per_shape_each"] == pytest.approx(40.0)  # the held-out tunings, not the sampled run
+    assert s["per_shape_extrapolated"] == pytest.approx(40 * 128)
+    assert s["tuning_ratio"] == pytest.approx(40 * 128 / 100)
+    assert s["per_shape_each_small_t"] == pytest.approx(40.0)  # both held-out T <= 128
+    assert s["held_out_geomean"] == pytest.approx(math.sqrt(0.9))
+    assert s["blas_geomean"] == pytest.approx((1.2 * 0.85 * 1.1) ** (1 / 3))
+    assert (s["blas_min"], s["blas_min_t"]) == (pytest.approx(0.85), 2)
+    assert math.isnan(s["sampled_geomean"])  # no sampled rows here
+
+
+def test_summary_without_held_out_shapes_falls_back_to_the_sampled_run():
+    res = _result(walls=(100.0, 50.0, 400.0, []))
+    res["held_out_ms"] = []
+    assert report.dense_summary(res)["per_shape_each"] == pytest.approx(400 / 8)
+
+
+def test_targets_are_marked_from_the_numbers():
+    met = [m for *_, m in report.evaluate_targets(report.dense_summary(_result()))]
+    assert met == [True, False, True, True]  # held-out geomean sqrt(0.9) < 0.95
+    slow_dietcode = report.dense_summary(_result(walls=(400.0, 50.0, 400.0, [40.0, 40.0])))
+    assert [m for *_, m in report.evaluate_targets(slow_dietcode)][0] is False  # 12.8x < 20x
+    dip = report.dense_summary(_result(held=(1.0, 1.0), blas=(1.5, 0.79, 1.5)))
+    assert [m for *_, m in report.evaluate_targets(dip)] == [True, True, True, False]
+
+
+def test_render_marks_targets_and_lists_every_row():
+    meta = {"command": "python bench/dietcode.py --quick", "machine": "x", "python": "3", "numpy": "2",
+            "blas": "openblas", "onnxruntime": "1", "load_before": 0.5, "started": "now", "method": "How."}
+    text = report.render(meta, [_result()], "dietcode.png")
+    assert "**NOT met**" in text and "All targets met in every task: **no**" in text
+    assert "extrapolated" in text and "![GFLOPS against T](dietcode.png)" in text
+    assert text.count("(held out) |") == 2
+
+
+def test_a_wrong_result_fails_loudly():
+    np = pytest.importorskip("numpy")
+    import dietcode_timing as timing
+
+    ref, wrong = np.ones((3, 4), np.float32), np.ones((3, 4), np.float32)
+    wrong[1, 2] = 2.0
+    methods = {"numpy": timing.Method(lambda calls: 1e-6, ref), "dispatcher": timing.Method(lambda calls: 1e-6, wrong)}
+    with pytest.raises(AssertionError, match="dispatcher at M=3 differs from numpy"):
+        timing.time_point(methods, 4, 3, 0.001, "M=3")
+    methods["dispatcher"] = timing.Method(lambda calls: 2e-6, ref.copy())
+    assert timing.time_point(methods, 4, 3, 0.001, "M=3") == {"numpy": 1e-6, "dispatcher": 2e-6}
