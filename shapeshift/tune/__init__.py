@@ -1,4 +1,4 @@
-"""``shapeshift tune``: a DietCode-style auto-scheduler for dense GEMM with a dynamic M.
+"""``shapeshift tune``: a DietCode-style auto-scheduler for dense GEMMs with a dynamic M.
 
 One tuning run covers a whole range of M: shape-generic GEMM schedules are measured at a
 few sampled M values, a learned cost model fills in the rest, a small kernel set is chosen
@@ -7,7 +7,9 @@ by greedy cover, and a decision tree over M dispatches each call to one of them.
 Modules, one job each (after TVM MetaSchedule): ``workload`` (what is tuned), ``space``
 (the schedules), ``builder`` (C sources and compiled libraries), ``runner`` (measurement in
 worker processes), ``database`` (SQLite), ``cost_model``, ``search`` (the strategies) and
-``dispatch`` (kernel set, decision tree, the ``ss_gemm_tuned`` C function).
+``dispatch`` (kernel set, decision tree, the dispatcher's C), plus ``extract`` (a model's
+tasks: one per constant weight shape) and ``records`` (what the native backend reads back
+from the database: a tuned dispatcher per weight shape). See docs/tune.md.
 """
 
 from .workload import GemmWorkload
