@@ -3,6 +3,7 @@ dispatcher's C code and the `tune` command, on tiny GEMMs (K = N = 64, M in [1, 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import multiprocessing
 import sqlite3
@@ -253,8 +254,13 @@ def test_dispatcher_c_is_correct_and_routes_by_the_tree(tmp_path):
 
 def test_cli_tune_show(tmp_path, capsys):
     db = tmp_path / "t.db"
-    assert main(["tune", "--gemm", "64", "64", "--dynamic", "M=1:64", "--trials", "2", "--db", str(db),
-                 "--show"]) == 0
+    plot = tmp_path / "tuned.png"
+    args = ["tune", "--gemm", "64", "64", "--dynamic", "M=1:64", "--trials", "2", "--db", str(db), "--show"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        args += ["--plot", str(plot)]
+    assert main(args) == 0
+    if "--plot" in args:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "sampled M: 1 8 15 22 29 36 43 50 57 64" in out
     assert "round 1" in out and "GFLOPS" in out
@@ -275,3 +281,38 @@ def test_cli_tune_bad_arguments_exit_2(tmp_path, capsys, argv):
     assert main(["tune", "--gemm", "64", "64", "--db", str(tmp_path / "t.db"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shapeshift tune: error:") and len(err.strip().splitlines()) == 1
+
+
+# ---- shape weights ---------------------------------------------------------------------
+
+def test_weighted_cover_follows_the_weights():
+    # Kernel 0 is best at the first M, kernel 1 at the second; one kernel allowed.
+    times = np.array([[1.0, 3.0], [2.0, 1.0]])
+    assert dispatch.greedy_cover(times, 1) == [1]
+    assert dispatch.greedy_cover(times, 1, np.array([10.0, 1.0])) == [0]
+
+
+def test_weighted_samples_keep_the_heaviest_and_both_ends():
+    w = GemmWorkload(K, N, 1, 64)
+    ms, weights = w.weighted_samples({8: 30.0, 1: 50.0, 32: 10.0, 100: 5.0, 9: 1.0}, count=3)
+    assert ms == [1, 8, 32, 64] and weights == [50.0, 30.0, 10.0, 10.0]
+    with pytest.raises(ValueError, match="no weighted M"):
+        w.weighted_samples({100: 1.0})
+
+
+def test_tuner_samples_the_weighted_ms(tmp_path, cache):
+    config = TuneConfig(trials=2, batch=2, sample_ms=(1, 8, 64), sample_weights=(5.0, 3.0, 1.0), runner=FAST)
+    with Database(tmp_path / "t.db") as db:
+        result = Tuner(WORKLOAD, db, cache, config, log=lambda s: None).run()
+    assert result.sampled_ms == [1, 8, 64] and set(result.seconds) == {1, 8, 64}
+
+
+def test_cli_shape_weights_file_errors(tmp_path, capsys):
+    bad = tmp_path / "w.txt"
+    bad.write_text("# lengths\n1 5\n8 oops\n")
+    assert main(["tune", "--gemm", "64", "64", "--dynamic", "M=1:64", "--db", str(tmp_path / "t.db"),
+                 "--shape-weights", f"M={bad}"]) == 2
+    assert f"{bad}:3: expected 'VALUE WEIGHT'" in capsys.readouterr().err
+    assert main(["tune", "--gemm", "64", "64", "--dynamic", "M=1:64", "--db", str(tmp_path / "t.db"),
+                 "--shape-weights", f"M={tmp_path / 'missing.txt'}"]) == 2
+    assert "cannot read" in capsys.readouterr().err

@@ -87,6 +87,15 @@ def test_extracts_one_task_per_weight_shape(files):
     assert tasks[0].symbols == {"B", "T"}
 
 
+def test_task_weights_come_from_a_histogram_of_one_dim(files):
+    model, _, _ = files
+    task = model_tasks(model, {"B": (2, 2), "T": (1, 64)})[0]
+    # M = B x T with B declared as 2: T = 3 gives M = 6; T = 70 (M = 140) is past the range.
+    assert (task.lo, task.hi) == (2, 128)
+    assert task.weighted_ms("T", {3: 5.0, 70: 1.0}, {"B": 2}) == {6: 5.0}
+    assert task.weighted_ms("T", {3: 5.0}) == {}  # M depends on B too
+
+
 def test_session_runs_the_tuned_dispatchers(files):
     model, db, _ = files
     session = InferenceSession(model, RANGES, backend="native", num_threads=1, tuning_db=db)

@@ -105,13 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--strategy", choices=("dietcode", "per-shape", "pad-max"), default="dietcode")
     tune.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default: %(default)s)")
     tune.add_argument("--max-kernels", type=int, default=8)
-    tune.add_argument("--weights", choices=("cold", "warm"), default=None,
+    tune.add_argument("--measure", choices=("cold", "warm"), default=None,
                       help="measure with B read from DRAM on every call (cold, as a model's weights; the default "
                            "with MODEL) or staying in cache (warm; the default with --gemm)")
+    tune.add_argument("--shape-weights", default=None, metavar="SYM=FILE",
+                      help="how often the dim SYM takes each value (FILE: 'VALUE WEIGHT' lines, e.g. a histogram "
+                           "of production sequence lengths): the heaviest values (and both ends of the range) are "
+                           "the sampled shapes, and the search and the kernel set weigh each by its weight")
     tune.add_argument("--any-layout", action="store_true",
                       help="let the kernel set mix packed-B layouts (one packed copy of the weight per layout)")
     tune.add_argument("--cache-dir", default=None, help="compiled candidates (default: FILE.cache next to --db)")
     tune.add_argument("--show", action="store_true", help="print the kernels and the dispatch tree as C")
+    tune.add_argument("--plot", default=None, metavar="FILE.png",
+                      help="plot GFLOPS against M per chosen kernel and for the dispatcher (needs matplotlib)")
     tune.set_defaults(handler=cmd_tune)
     return parser
 

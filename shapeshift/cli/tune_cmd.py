@@ -44,7 +44,7 @@ def _workload(args) -> GemmWorkload:
         raise TuneError(f"--dynamic {name}={lo}:{hi}: M must be >= 1")
     if k < 1 or n < 1:
         raise TuneError(f"--gemm {k} {n}: K and N must be >= 1")
-    return GemmWorkload(k=k, n=n, lo=lo, hi=hi, cold=args.weights == "cold")
+    return GemmWorkload(k=k, n=n, lo=lo, hi=hi, cold=args.measure == "cold")
 
 
 def print_summary(result: TuneResult, show: bool) -> None:
@@ -74,10 +74,44 @@ def _check_args(args) -> None:
         raise TuneError("give either a MODEL or --gemm K N")
 
 
-def _config(args, budget_s: float) -> TuneConfig:
+def _config(args, budget_s: float, workload: GemmWorkload, weighted: Optional[dict[int, float]] = None) -> TuneConfig:
+    samples: dict = {}
+    if weighted:
+        ms, weights = workload.weighted_samples(weighted)
+        samples = dict(sample_ms=tuple(ms), sample_weights=tuple(weights))
     return TuneConfig(strategy=args.strategy, trials=args.trials, time_budget_s=budget_s, threads=args.threads,
                       max_kernels=args.max_kernels, one_layout=not args.any_layout,
-                      runner=RunnerConfig(threads=args.threads))
+                      runner=RunnerConfig(threads=args.threads), **samples)
+
+
+def read_shape_weights(spec: Optional[str]) -> Optional[tuple[str, dict[int, float]]]:
+    """``SYM=FILE``: FILE holds one ``value weight`` pair per line (space or comma between;
+    ``#`` starts a comment), how often the dim SYM takes each value."""
+    if spec is None:
+        return None
+    symbol, sep, path = spec.partition("=")
+    if not sep or not symbol or not path:
+        raise TuneError(f"--shape-weights {spec!r}: expected SYM=FILE")
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise TuneError(f"--shape-weights: cannot read {path}: {exc.strerror}") from None
+    histogram: dict[int, float] = {}
+    for number, line in enumerate(lines, 1):
+        fields = line.split("#", 1)[0].replace(",", " ").split()
+        if not fields:
+            continue
+        try:
+            value, weight = int(fields[0]), float(fields[1])
+            if len(fields) != 2 or value < 0 or not weight > 0 or not math.isfinite(weight):
+                raise ValueError
+        except (ValueError, IndexError):
+            raise TuneError(f"{path}:{number}: expected 'VALUE WEIGHT' (an integer >= 0 and a weight > 0), "
+                            f"got {line.strip()!r}") from None
+        histogram[value] = histogram.get(value, 0.0) + weight
+    if not histogram:
+        raise TuneError(f"{path}: no 'VALUE WEIGHT' lines")
+    return symbol, histogram
 
 
 def cmd_tune(args) -> int:
@@ -88,7 +122,14 @@ def cmd_tune(args) -> int:
         return _tune_model(args, db_path, cache_dir)
     workload = _workload(args)
     budget = args.time_budget * 60 if args.time_budget else math.inf
-    config = _config(args, budget)
+    weighted = read_shape_weights(args.shape_weights)
+    if weighted is not None and weighted[0] not in args.dynamic:
+        raise TuneError(f"--shape-weights {weighted[0]}=...: with --gemm the weighted dim is M's, "
+                        f"{next(iter(args.dynamic))}")
+    try:
+        config = _config(args, budget, workload, weighted[1] if weighted else None)
+    except ValueError as exc:
+        raise TuneError(f"--shape-weights: {exc}") from None
     print(f"task: {workload.describe()}")
     print(f"  {workload.range_flops() / 1e9:.3g} GFLOP over the range (one call at every M), "
           f"structural hash {workload.hash[:16]}, {args.threads} thread(s)")
@@ -101,7 +142,16 @@ def cmd_tune(args) -> int:
         except RuntimeError as exc:
             raise TuneError(str(exc)) from None
     print_summary(result, args.show)
+    if args.plot:
+        _plot([(workload.describe(), result)], args.plot)
     return 0
+
+
+def _plot(results, path: str) -> None:
+    from ..tune.plot import plot_results
+
+    plot_results(results, Path(path))
+    print(f"wrote {path}")
 
 
 def _model_tasks(args) -> list[ModelTask]:
@@ -119,7 +169,7 @@ def _model_tasks(args) -> list[ModelTask]:
 def print_tasks(tasks: list[ModelTask], args) -> None:
     total = sum(t.range_flops() for t in tasks)
     print(f"{len(tasks)} task(s) in {args.model}, {args.threads} thread(s), strategy {args.strategy}, "
-          f"weights {args.weights or 'cold'}, "
+          f"measured {args.measure or 'cold'}, "
           f"{args.trials} trials each" + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
     print(f"  {'#':>2} {'weight [K, N]':>14} {'calls':>5} {'M range':>13} {'GFLOP':>10} {'share':>6} {'est. min':>8}")
     for i, t in enumerate(tasks):
@@ -134,7 +184,8 @@ def print_tasks(tasks: list[ModelTask], args) -> None:
 
 def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
     tasks = _model_tasks(args)
-    cold = args.weights != "warm"
+    cold = args.measure != "warm"
+    weighted = read_shape_weights(args.shape_weights)
     print_tasks(tasks, args)
     start = time.monotonic()
     deadline = start + args.time_budget * 60 if args.time_budget else math.inf
@@ -144,7 +195,12 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
             # The time left is shared evenly by the tasks still to tune.
             budget = (deadline - time.monotonic()) / (len(tasks) - i)
             print(f"\n[{i + 1}/{len(tasks)}] {task.workload(cold).describe()}, {task.calls} call(s) per run", flush=True)
-            tuner = Tuner(task.workload(cold), db, cache_dir, _config(args, budget), log=_progress(i, len(tasks), start))
+            fixed = {name: lo for name, (lo, hi) in args.dynamic.items() if lo == hi}
+            ms = task.weighted_ms(*weighted, fixed) if weighted else None
+            if weighted and not ms:
+                print(f"  (its M does not depend on {weighted[0]} alone: uniform samples)")
+            tuner = Tuner(task.workload(cold), db, cache_dir, _config(args, budget, task.workload(cold), ms),
+                          log=_progress(i, len(tasks), start))
             tuner.log = _progress(i, len(tasks), start, tuner, args.trials)
             try:
                 result = tuner.run()
@@ -154,6 +210,9 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
             if args.show:
                 print_summary(result, True)
     _print_model_summary(results, time.monotonic() - start, db_path)
+    if args.plot:
+        _plot([(f"[{t.k}, {t.n}] x {t.calls} call(s): {r.strategy}, {len(r.kernels)} kernel(s)", r)
+               for t, r, _ in results], args.plot)
     return 0
 
 

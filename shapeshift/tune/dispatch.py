@@ -14,7 +14,7 @@ library (``library_source``) is what the tuner's checks and bench/dietcode.py ti
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -26,16 +26,18 @@ from ..codegen.kernels.prelude import PRELUDE
 MIN_GAIN = 0.005
 
 
-def greedy_cover(times: np.ndarray, max_kernels: int) -> list[int]:
+def greedy_cover(times: np.ndarray, max_kernels: int, weights: Optional[np.ndarray] = None) -> list[int]:
     """Rows of ``times`` (candidates x sampled Ms, seconds; inf = unusable) to keep: each
-    step adds the row that most lowers the sum over M of (best kept time / best time)."""
+    step adds the row that most lowers the sum over M of weight x (best kept time / best
+    time); ``weights`` per sampled M (how often that shape occurs), default all 1."""
     best = times.min(axis=0)
+    w = np.ones(times.shape[1]) if weights is None else np.asarray(weights, dtype=float)
     chosen: list[int] = []
     current = np.full(times.shape[1], np.inf)
     while len(chosen) < max_kernels:
-        costs = [float(np.sum(np.minimum(current, row) / best)) for row in times]
+        costs = [float(np.sum(w * np.minimum(current, row) / best)) for row in times]
         i = int(np.argmin(costs))
-        now = float(np.sum(current / best)) if chosen else np.inf
+        now = float(np.sum(w * current / best)) if chosen else np.inf
         if chosen and (i in chosen or now - costs[i] < MIN_GAIN * now):
             break
         chosen.append(i)
@@ -44,18 +46,19 @@ def greedy_cover(times: np.ndarray, max_kernels: int) -> list[int]:
 
 
 def layout_cover(times: np.ndarray, layouts: Sequence[tuple[int, int]], max_kernels: int,
-                 one_layout: bool = True) -> list[int]:
+                 one_layout: bool = True, weights: Optional[np.ndarray] = None) -> list[int]:
     """``greedy_cover``, with ``one_layout`` restricted to kernels that read one packed B
     layout (so a model's weights are packed once, as untuned): the cover is made within
     each layout's candidates and the cheapest one kept."""
     if not one_layout:
-        return greedy_cover(times, max_kernels)
+        return greedy_cover(times, max_kernels, weights)
     best = times.min(axis=0)
+    w = np.ones(times.shape[1]) if weights is None else np.asarray(weights, dtype=float)
     options = []
     for key in dict.fromkeys(layouts):
         rows = [i for i, lay in enumerate(layouts) if lay == key]
-        chosen = [rows[j] for j in greedy_cover(times[rows], max_kernels)]
-        options.append((float(np.sum(times[chosen].min(axis=0) / best)), chosen))
+        chosen = [rows[j] for j in greedy_cover(times[rows], max_kernels, w)]
+        options.append((float(np.sum(w * times[chosen].min(axis=0) / best)), chosen))
     return min(options, key=lambda o: o[0])[1]
 
 

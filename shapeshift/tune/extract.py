@@ -21,7 +21,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.types import FLOAT, TensorType
 from ..ops.common import product
 from ..passes.simplify import simplify_graph
-from ..symbolic import Dim, bounds, free_symbols
+from ..symbolic import Dim, bounds, evaluate, free_symbols
 from .workload import GemmWorkload
 
 
@@ -36,6 +36,23 @@ class ModelTask:
     calls: int = 0  # per model run
     nodes: list[str] = field(default_factory=list)
     symbols: set[str] = field(default_factory=set)  # the dims M is made of
+    rows: list = field(default_factory=list)  # M of each call, as a symbolic Dim
+
+    def weighted_ms(self, symbol: str, histogram: Mapping[int, float],
+                    fixed: Optional[Mapping[str, int]] = None) -> dict[int, float]:
+        """M -> summed weight over the calls whose M depends on ``symbol`` alone (besides
+        the dims in ``fixed``, declared with one value), for a histogram of that symbol's
+        values (Ms outside the range dropped)."""
+        fixed = dict(fixed or {})
+        out: dict[int, float] = {}
+        for m in self.rows:
+            if free_symbols(m) - set(fixed) != {symbol}:
+                continue
+            for value, weight in histogram.items():
+                rows = evaluate(m, {**fixed, symbol: value})
+                if self.lo <= rows <= self.hi:
+                    out[rows] = out.get(rows, 0.0) + weight
+        return out
 
     def workload(self, cold: bool = True) -> GemmWorkload:
         """Cold by default: a model's weights stream from DRAM, call after call."""
@@ -71,6 +88,7 @@ def graph_tasks(graph: Graph) -> list[ModelTask]:
         task.calls += 1
         task.nodes.append(node.name or node.op_type)
         task.symbols |= free_symbols(m)
+        task.rows.append(m)
     return sorted(tasks.values(), key=lambda t: -t.range_flops())
 
 

@@ -44,6 +44,10 @@ class TuneConfig:
     trials: int = 32  # candidate measurements in all
     time_budget_s: float = math.inf
     samples: int = 10
+    # Explicit sampled M values and their weights (how often each occurs in production,
+    # e.g. a histogram of sequence lengths); empty: ``samples`` uniform points, equal weights.
+    sample_ms: tuple[int, ...] = ()
+    sample_weights: tuple[float, ...] = ()
     threads: int = 1
     max_kernels: int = 8
     # Keep kernels that share one packed-B layout: a model then holds one packed copy of
@@ -68,6 +72,8 @@ class TuneResult:
     failed: int
     wall_s: float
     spearman: Optional[float]
+    # Measured seconds of each chosen kernel at each sampled M (every one is measured there).
+    kernel_seconds: list[dict[int, float]] = field(default_factory=list)
 
     def gflops(self, m: int) -> float:
         return self.workload.flops(m) / self.seconds[m] / 1e9 if m in self.seconds else float("nan")
@@ -86,7 +92,11 @@ class Tuner:
         self.rng = random.Random(config.seed)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload.k, workload.n, config.threads, config.seed)
-        self.ms = workload.sampled_ms(config.samples)
+        self.ms = list(config.sample_ms) or workload.sampled_ms(config.samples)
+        weights = np.asarray(config.sample_weights or [1.0] * len(self.ms), dtype=float)
+        if len(weights) != len(self.ms) or (weights <= 0).any():
+            raise ValueError("sample_weights must be one positive weight per sampled M")
+        self.weights = weights / weights.mean()
         self.schedules: dict[int, GemmSchedule] = {}
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
         self.failed: set[int] = set()
@@ -146,12 +156,17 @@ class Tuner:
         averaged over M), add mutants of the best and fresh random schedules."""
         pool = list(dict.fromkeys(pool + list(self.schedules.values())))
         scores = self._scores(pool, ms)
-        rel = (scores - scores.max(axis=0)).mean(axis=1)
+        rel = (scores - scores.max(axis=0)) @ self._weights_of(ms) / len(ms)
         ranked = [pool[i] for i in np.argsort(-rel)]
         keep = ranked[: self.cfg.population // 2]
         mutants = [space.mutate(self.rng.choice(keep[:8]), self.rng) for _ in range(self.cfg.population // 3)]
         fresh = [space.random_schedule(self.rng) for _ in range(self.cfg.population - len(keep) - len(mutants))]
         return list(dict.fromkeys(keep + mutants + fresh))
+
+    def _weights_of(self, ms: list[int]) -> np.ndarray:
+        """The weights of ``ms`` (a subset of the sampled Ms), normalized to mean 1."""
+        w = np.array([self.weights[self.ms.index(m)] if m in self.ms else 1.0 for m in ms])
+        return w / w.mean()
 
     def _measured_at(self, schedule: GemmSchedule, m: int) -> bool:
         cid = next((c for c, s in self.schedules.items() if s == schedule), None)
@@ -159,7 +174,8 @@ class Tuner:
 
     def _pick(self, pool: list[GemmSchedule], ms: list[int], count: int) -> list[tuple[GemmSchedule, list[int]]]:
         scores = self._scores(pool, ms)
-        regret = [scores[:, j].max() - self._best_measured(m) for j, m in enumerate(ms)]
+        w = self._weights_of(ms)
+        regret = [w[j] * (scores[:, j].max() - self._best_measured(m)) for j, m in enumerate(ms)]
         picks: list[int] = []
         targets: dict[int, set[int]] = {}
         order = sorted(range(len(ms)), key=lambda j: -regret[j])
@@ -225,7 +241,7 @@ class Tuner:
             return [min(at_hi or cids, key=lambda c: self.times[c].get(hi, math.inf))]
         layouts = [dispatch.layout(self.schedules[c]) for c in cids]
         return [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.ms), layouts, max_k,
-                                                      self.cfg.one_layout)]
+                                                      self.cfg.one_layout, self.weights)]
 
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi
@@ -263,4 +279,5 @@ class Tuner:
         self.db.add_selection(self.wid, self.w.lo, self.w.hi, self.cfg.threads, self.cfg.strategy,
                               [{"candidate": c, "schedule": space.to_json(self.schedules[c])} for c in chosen], tree)
         return TuneResult(self.w, self.cfg.strategy, self.ms, kernels, tree, seconds, self.trials - trials0,
-                          len(self.failed), time.monotonic() - start, self.model.holdout_spearman)
+                          len(self.failed), time.monotonic() - start, self.model.holdout_spearman,
+                          [{m: self.times[c][m] for m in self.ms if m in self.times[c]} for c in chosen])

@@ -56,6 +56,22 @@ class GemmWorkload:
         """``count`` uniformly spaced M values in [lo, hi] with both ends, deduplicated."""
         return sorted({int(round(x)) for x in np.linspace(self.lo, self.hi, count)})
 
+    def weighted_samples(self, weights: dict[int, float], count: int = DEFAULT_SAMPLES
+                         ) -> tuple[list[int], list[float]]:
+        """Sampled Ms and their weights from a histogram of M (how often each occurs): the
+        ``count`` heaviest Ms of the range, plus both ends (with the smallest chosen weight)
+        so that the kernel set is checked across the whole range."""
+        inside = {m: w for m, w in weights.items() if self.lo <= m <= self.hi and w > 0}
+        if not inside:
+            raise ValueError(f"no weighted M inside [{self.lo}, {self.hi}]")
+        heaviest = sorted(inside, key=lambda m: (-inside[m], m))[:count]
+        chosen = {m: inside[m] for m in heaviest}
+        floor = min(chosen.values())
+        for end in (self.lo, self.hi):
+            chosen.setdefault(end, floor)
+        ms = sorted(chosen)
+        return ms, [chosen[m] for m in ms]
+
     def describe(self) -> str:
         weights = "B constant, prepacked" + (", read from DRAM (cold)" if self.cold else "")
         return f"GEMM C[M,{self.n}] = A[M,{self.k}] x B[{self.k},{self.n}] ({weights}), M in [{self.lo}, {self.hi}]"
