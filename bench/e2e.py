@@ -147,9 +147,14 @@ def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, t
     session = _session(tool, path, threads, tuning_db)
     result: dict = {"load_s": time.perf_counter() - start, "latency": {}, "outputs": {}}
     if tool.startswith("native"):
-        program = session._executor.program
-        result["fallback"] = dict(program.fallback_ops())
-        result["segments"] = len(program.segments)
+        # Every program version's (runtime/versions.py), the untaken branches' included.
+        programs = session._executor.programs()
+        fallback: dict = {}
+        for program in programs:
+            for op, count in program.fallback_ops().items():
+                fallback[op] = fallback.get(op, 0) + count
+        result["fallback"] = fallback
+        result["versions"] = len(getattr(session._executor, "versions", ())) or 1
     for label, feed in feeds:
         times = []
         first = time.perf_counter()
@@ -169,8 +174,7 @@ def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, t
         result["outputs"][label] = str(out_path)
     result["peak_mb"] = (_vm_kb("VmHWM") - baseline) / 1024
     if tool.startswith("native"):
-        result["tuned"] = sum(p.prefix != "ss_gemm_" for prog in session._executor.program.all_programs()
-                              for p in prog.packs)
+        result["tuned"] = sum(p.prefix != "ss_gemm_" for prog in session._executor.programs() for p in prog.packs)
         _time_warm_cache(result, session, path, threads, tool, tuning_db)
     return result
 
@@ -182,14 +186,15 @@ def _time_warm_cache(result: dict, session, path: str, threads: int, tool: str, 
 
     from shapeshift.codegen.build import compile_library
 
-    source = session._executor.program.source
+    sources = [p.source for p in session._executor.programs() if p.source]
     del session
     gc.collect()
     start = time.perf_counter()
     _session(tool, path, threads, tuning_db)
     result["cache_load_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    compile_library(source)  # the build step alone, from the warm cache
+    for source in sources:  # the build step alone (each program version's), from the warm cache
+        compile_library(source)
     result["cache_compile_s"] = time.perf_counter() - start
 
 
@@ -334,6 +339,8 @@ def _report(results: dict, args) -> str:
             cells = [f"{lat[l] * 1e3:.2f}" if l in lat else "" for l in labels]
             fallback = (", ".join(f"{k}x{v}" for k, v in sorted(r.get("fallback", {}).items()))
                         if tool.startswith("native") else "")
+            if r.get("versions", 1) > 1:
+                fallback = f"{r['versions']} program versions, over all of them: {fallback}"
             cache = f"{r['cache_load_s']:.2f}" if "cache_load_s" in r else ""
             build = f"{r['cache_compile_s']:.3f}" if "cache_compile_s" in r else ""
             lines.append(f"| {tool} | {r['load_s']:.2f} | {cache} | {build} | {r['peak_mb']:.0f} | " + " | ".join(cells)

@@ -308,7 +308,8 @@ def native_fallbacks(session) -> list[str]:
     """``Op (reason)`` for every step of a native session left to the reference evaluator."""
     from shapeshift.codegen.program import FALLBACK
 
-    return [f"{s.node.op_type} ({s.reason})" for s in session._executor.program.steps if s.kind == FALLBACK]
+    return [f"{s.node.op_type} ({s.reason})" for program in session._executor.programs()
+            for s in program.steps if s.kind == FALLBACK]
 
 
 def stage_native(case) -> dict[str, Optional[str]]:

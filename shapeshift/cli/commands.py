@@ -81,6 +81,7 @@ def _print_native_coverage(graph: Graph) -> None:
     """Which nodes the native backend lowers to C and which it leaves to the reference
     evaluator (after simplification, which the native backend always runs first)."""
     from ..runtime.native import prepare_program
+    from ..runtime.versions import find_guards
 
     program = prepare_program(graph)
     native: collections.Counter = collections.Counter()
@@ -95,6 +96,10 @@ def _print_native_coverage(graph: Graph) -> None:
           f"{len(program.segments)} compiled segment(s)")
     print("  compiled: " + (", ".join(f"{op} x{n}" for op, n in native.most_common()) or "none"))
     print("  reference fallback: " + (", ".join(f"{op} x{n}" for op, n in fallback.most_common()) or "none"))
+    guards = find_guards(graph) if fallback else []
+    if guards:
+        print(f"  {len(guards)} If(s) decided by the input shapes ({', '.join(g.name for g in guards)}): a session "
+              f"builds one program version per outcome and runs each shape on its own (counts above: unspecialized)")
 
 
 def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:

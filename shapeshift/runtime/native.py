@@ -8,13 +8,14 @@ session creation and every later run, at any shape in the declared ranges, reuse
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from ..codegen.build import CompiledLibrary
+from ..codegen.build import CompiledLibrary, compile_library
 from ..codegen.program import Program, build_program
 from ..ir.graph import Graph, Value
 from ..passes.simplify import simplify_graph
 from ..passes.simplify.outputs import restore_output_names
+from .versions import build_versions
 from .vm import NativeVM
 
 
@@ -24,6 +25,40 @@ def prepare_program(graph: Graph, tuning=None) -> Program:
     simplify_graph(graph)
     restore_output_names(graph)
     return build_program(graph, tuning)
+
+
+def create_executor(graph: Graph, reimport: Optional[Callable[[], Graph]] = None, num_threads: Optional[int] = None,
+                    cache_dir=None, tuning=None):
+    """The native executor of ``graph``: simplified and lowered, or, when Ifs decided by
+    the input shapes keep part of it on the fallback and ``reimport`` can give fresh
+    imports of the model, one program version per outcome of those Ifs (versions.py)."""
+    program = prepare_program(graph, tuning)
+    fallback = sum(program.fallback_ops().values())
+    if fallback and reimport is not None:
+        def make_executors(versions: list) -> list:
+            libraries = _compile_all([p for _, p in versions], cache_dir)
+            return [NativeExecutor(g, num_threads=num_threads, cache_dir=cache_dir, program=p, library=lib,
+                                   tuning=tuning) for (g, p), lib in zip(versions, libraries)]
+
+        versioned = build_versions(graph, fallback, reimport, lambda g: prepare_program(g, tuning), make_executors)
+        if versioned is not None:
+            return versioned
+    return NativeExecutor(graph, num_threads=num_threads, cache_dir=cache_dir, program=program, tuning=tuning)
+
+
+def _compile_all(programs: list[Program], cache_dir) -> list[Optional[CompiledLibrary]]:
+    """Each program's library (None without compiled code), compiled in parallel: gcc runs
+    in processes of its own, so threads suffice to keep every core busy."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(program: Program) -> Optional[CompiledLibrary]:
+        if not any(p.segments for p in program.all_programs()):
+            return None
+        return compile_library(program.source, name_hint=f"{program.graph.name} program", cache_dir=cache_dir)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(programs), os.cpu_count() or 1))) as pool:
+        return list(pool.map(one, programs))
 
 
 class NativeExecutor:
@@ -40,3 +75,6 @@ class NativeExecutor:
 
     def run(self, feeds: dict[Value, Any], binding: Optional[Mapping[str, int]] = None) -> list:
         return self.vm.run(feeds, dict(binding or {}))
+
+    def programs(self) -> list[Program]:
+        return self.program.all_programs()

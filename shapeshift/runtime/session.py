@@ -54,12 +54,12 @@ def _node_arg(value: Value) -> NodeArg:
     return NodeArg(value.name, None, "unknown")
 
 
-def _native_executor(graph: Graph, num_threads: Optional[int], tuning_db=None):
+def _native_executor(graph: Graph, reimport, num_threads: Optional[int], tuning_db=None):
     # Imported here: the native backend pulls in the C build machinery, which the
     # reference backend never needs.
-    from .native import NativeExecutor
+    from .native import create_executor
 
-    return NativeExecutor(graph, num_threads=num_threads, tuning=load_tuning(tuning_db, num_threads))
+    return create_executor(graph, reimport, num_threads=num_threads, tuning=load_tuning(tuning_db, num_threads))
 
 
 def load_tuning(tuning_db, num_threads: Optional[int]):
@@ -100,7 +100,8 @@ class InferenceSession:
             self.backend = backend or "reference"
             self.graph: Graph = import_model(model, dict(dynamic or {}))
             self._executor = (ReferenceExecutor(self.graph) if self.backend == "reference"
-                              else _native_executor(self.graph, num_threads, tuning_db))
+                              else _native_executor(self.graph, lambda: import_model(model, dict(dynamic or {})),
+                                                    num_threads, tuning_db))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
         self._input_values = {v.name: v for v in self.graph.inputs}
         self._checked_feeds: dict[tuple, dict[str, int]] = {}

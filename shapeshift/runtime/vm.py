@@ -59,6 +59,7 @@ class NativeVM:
         self.program = program
         self.library = library  # given for an If branch: it lives in its root's library
         self._segments: list = []
+        self._reads: dict[int, list[Value]] = {}  # id(node) -> what its fallback step reads
         if self.library is None and any(p.segments for p in program.all_programs()):
             self.library = compile_library(program.source, name_hint=f"{program.graph.name} program",
                                            cache_dir=cache_dir)
@@ -257,10 +258,10 @@ class NativeVM:
     def _run_fallback(self, step, env: dict, arrays: dict, ptrs: np.ndarray, plan: Plan,
                       binding: Mapping[str, int]) -> None:
         node = step.node
-        for value in values_read(node):
+        branches = self._branches.get(id(node))
+        for value in self._reads_of(node, branches):
             if value not in env:
                 env[value] = self._array(value, env, arrays, plan, binding)
-        branches = self._branches.get(id(node))
         if branches is not None:
             results = self._run_branch(node, branches, env, binding)
         else:
@@ -329,6 +330,21 @@ class NativeVM:
             raise
         except Exception as exc:  # noqa: BLE001 - reported with the node's name
             raise ExecutionError(f"{node.describe()} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _reads_of(self, node: Node, branches: Optional[tuple]) -> list[Value]:
+        """What a fallback step needs in ``env``, once per node: everything it reads, or,
+        for an If whose branches are programs, its condition and the branch programs'
+        inputs (not every value inside the branches: for silero_vad that walk cost more
+        than the branch's native compute)."""
+        reads = self._reads.get(id(node))
+        if reads is None:
+            if branches is None:
+                reads = values_read(node)
+            else:
+                inputs = {id(s.value): s.value for vm in branches for s in vm.program.slots if s.kind == INPUT}
+                reads = [node.inputs[0], *inputs.values()]
+            self._reads[id(node)] = reads
+        return reads
 
     def _run_branch(self, node: Node, branches: tuple, env: dict, binding: Mapping[str, int]) -> list:
         """An If whose branches are programs: run the taken one natively."""

@@ -337,6 +337,8 @@ def lower_lstm(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
         raise Unsupported("LSTM sequence_lens or peepholes")
     direction = DIRECTIONS[_text(node, "direction", "forward")]
     x = inputs[0]
+    if len(ctx.shape(x)) != 3:
+        raise Unsupported(f"LSTM input of rank {len(ctx.shape(x))} (not [seq, batch, input])")
     t, b, i = ctx.shape(x)
     hidden = int(node.attrs["hidden_size"])
     ptr = lambda v: "NULL" if v is None else ctx.ptr(v)  # noqa: E731
