@@ -22,6 +22,18 @@ def encoder_path(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture
+def compiler_calls(monkeypatch, tmp_path) -> list:
+    """Every C compiler command run during the test, with an empty build cache of its own."""
+    from shapeshift.codegen import build
+
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
+    calls: list = []
+    real = build._run_compiler
+    monkeypatch.setattr(build, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
+    return calls
+
+
 def shared_model(name: str) -> Path:
     path = SHARED_MODELS / name
     if not path.exists():

@@ -1,5 +1,5 @@
 """Real models on the native backend: ../shared/models at three values of every dynamic
-dim, and the onnx package's light CNNs, against onnxruntime, each from ONE build.
+dim, and the onnx package's light CNNs, against onnxruntime, each from the builds of its session.
 
 Besides the outputs, every model must keep its compute on generated code: a heavy op
 (MatMul, Conv, LSTM, pooling, normalizations, Softmax) that RUNS on the reference fallback
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import shapeshift
-from shapeshift.codegen import build
 from shapeshift.runtime import vm
 
 from .conftest import shared_model
@@ -33,15 +32,6 @@ ELEMENTWISE_AND_REDUCTIONS = frozenset({
     "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Pow", "Where", "Neg", "Abs", "Clip", "Max", "Min"})
 DATA_DEPENDENT = "shape or dtype not plannable"
 
-
-
-@pytest.fixture
-def _count_builds(monkeypatch, tmp_path):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
-    calls: list = []
-    real = build._run_compiler
-    monkeypatch.setattr(build, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
-    return calls
 
 
 @pytest.fixture
@@ -75,22 +65,22 @@ def _heavy(ran) -> dict:
 
 @pytest.mark.models
 @pytest.mark.parametrize("name", sorted(FEEDS))
-def test_shared_model_native_matches_onnxruntime(name, _count_builds, _ran_on_fallback):
+def test_shared_model_native_matches_onnxruntime(name, compiler_calls, _ran_on_fallback):
     path = shared_model(name)
     session = shapeshift.InferenceSession(path, backend="native")
     versions = len(getattr(session._executor, "versions", ())) or 1
-    assert len(_count_builds) <= versions, "one build per program version"
-    built = len(_count_builds)
+    assert len(compiler_calls) <= versions, "one build per program version"
+    built = len(compiler_calls)
     reference = _ort_session(path)
     for index in (0, 1, 2, 0):  # three shapes per dynamic dim, then the first again
         feed = feeds(name, index)
         _assert_close(session.run(None, feed), reference.run(None, feed), f"{name} feed {index}")
-    assert len(_count_builds) == built, "no build while running: the session's builds serve every shape"
+    assert len(compiler_calls) == built, "no build while running: the session's builds serve every shape"
     assert not _heavy(_ran_on_fallback), f"compute run on the fallback: {_heavy(_ran_on_fallback)}"
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
-def test_light_model_native_matches_onnxruntime(name, _count_builds):
+def test_light_model_native_matches_onnxruntime(name, compiler_calls):
     path = LIGHT_DIR / name
     session = shapeshift.InferenceSession(path, backend="native")
     (inp,) = session.get_inputs()
@@ -100,4 +90,4 @@ def test_light_model_native_matches_onnxruntime(name, _count_builds):
     scale = float(np.abs(want).max())
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5 * scale)
     assert not session._executor.program.fallback_ops(), "light CNNs lower completely"
-    assert len(_count_builds) == 1
+    assert len(compiler_calls) == 1

@@ -14,7 +14,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import shapeshift
-from shapeshift.codegen import build
 from shapeshift.runtime.versions import VersionedExecutor
 
 ort = pytest.importorskip("onnxruntime")
@@ -48,16 +47,7 @@ def _squeeze_model(path, data_dependent: bool = False) -> str:
     return out
 
 
-@pytest.fixture
-def builds(monkeypatch, tmp_path):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
-    calls: list = []
-    real = build._run_compiler
-    monkeypatch.setattr(build, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
-    return calls
-
-
-def test_shape_decided_if_runs_natively_in_every_version(tmp_path, builds):
+def test_shape_decided_if_runs_natively_in_every_version(tmp_path, compiler_calls):
     path = _squeeze_model(tmp_path)
     session = shapeshift.InferenceSession(path, {"B": (1, 8), "T": (1, 16)}, backend="native")
     executor = session._executor
@@ -65,7 +55,7 @@ def test_shape_decided_if_runs_natively_in_every_version(tmp_path, builds):
     assert [g.name for g in executor.guards] == ["squeeze_if"] and set(executor.versions) == {(False,), (True,)}
     for version in executor.versions.values():
         assert not version.program.fallback_ops(), "each version is fully native"
-    built = len(builds)
+    built = len(compiler_calls)
     assert built <= 2
     reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
@@ -76,10 +66,10 @@ def test_shape_decided_if_runs_natively_in_every_version(tmp_path, builds):
         assert got.shape == want.shape, (b, t)
         np.testing.assert_allclose(got, want, err_msg=f"B={b} T={t}")
         assert executor.select(session.bind({"x": x})) is executor.versions[(t == 1,)]
-    assert len(builds) == built, "no build while running: every version exists from the start"
+    assert len(compiler_calls) == built, "no build while running: every version exists from the start"
 
 
-def test_an_if_on_data_is_not_a_guard(tmp_path, builds):
+def test_an_if_on_data_is_not_a_guard(tmp_path, compiler_calls):
     path = _squeeze_model(tmp_path, data_dependent=True)
     session = shapeshift.InferenceSession(path, {"B": (1, 8), "T": (1, 16)}, backend="native")
     assert not isinstance(session._executor, VersionedExecutor)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..errors import ExecutionError
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import TensorType, to_numpy_dtype
 from ..ops.context import EvalContext
@@ -93,7 +94,14 @@ class VersionedExecutor:
         key = tuple(sorted(binding.items()))
         executor = self._chosen.get(key)
         if executor is None:
-            executor = self.versions[tuple(g.predicate(binding) for g in self.guards)]
+            outcome = []
+            for guard in self.guards:
+                try:
+                    outcome.append(guard.predicate(binding))
+                except Exception as exc:  # noqa: BLE001 - reported with the guard's name
+                    raise ExecutionError(f"If {guard.name!r}: its shape condition cannot be evaluated for "
+                                         f"{dict(binding)}: {type(exc).__name__}: {exc}") from None
+            executor = self.versions[tuple(outcome)]
             self._chosen[key] = executor
             if len(self._chosen) > BINDINGS_KEPT:
                 self._chosen.popitem(last=False)
