@@ -30,16 +30,16 @@ import ctypes
 import json
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sampling import Sampler, python_loop  # noqa: E402
 from shapeshift.codegen.build import compile_library  # noqa: E402
 from shapeshift.codegen.kernels import gemm  # noqa: E402
 from shapeshift.codegen.kernels.gemm import GemmSchedule  # noqa: E402
@@ -65,22 +65,12 @@ double bench_ss_gemm(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t bat
 }
 """
 
-Sampler = Callable[[int], float]  # calls -> seconds per call
 
 
 @dataclass
 class Method:
     sample: Sampler
     out: np.ndarray  # what the method wrote, checked after the warm-up
-
-
-def python_loop(fn: Callable[[], object]) -> Sampler:
-    def sample(calls: int) -> float:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - start) / calls
-    return sample
 
 
 def check_close(got: np.ndarray, ref: np.ndarray, k: int, what: str) -> None:

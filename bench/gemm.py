@@ -36,6 +36,9 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sampling import python_loop  # noqa: E402
 
 DENSE = ((768, 768), (768, 3072), (3072, 768), (768, 2304))
 HEADS, HEAD_DIM = 12, 64
@@ -93,16 +96,6 @@ def _load_library(cache_dir: Path):
     return cdll
 
 
-def _python_loop(fn: Callable[[], object]) -> Callable[[int], float]:
-    """A sampler (calls -> seconds per call) timing fn in a Python loop."""
-    def sample(calls: int) -> float:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - start) / calls
-    return sample
-
-
 def _time_interleaved(samplers: dict[str, Callable[[int], float]], repeats: int, sample_s: float) -> dict[str, float]:
     """Median seconds per call of each candidate, sampled in turn."""
     calls = {}
@@ -143,7 +136,7 @@ def _dense_candidates(lib, np, t: int, k: int, n: int):
             assert np.allclose(c, ref, rtol=1e-3, atol=1e-2), "ss_gemm disagrees with numpy"
 
     flops = 2.0 * t * k * n
-    return {"ss_gemm_prepacked": prepacked, "ss_gemm": plain, "numpy": _python_loop(numpy_matmul)}, flops, check
+    return {"ss_gemm_prepacked": prepacked, "ss_gemm": plain, "numpy": python_loop(numpy_matmul)}, flops, check
 
 
 def _dense_cold_candidates(lib, np, t: int, k: int, n: int):
@@ -204,7 +197,7 @@ def _attention_candidates(lib, np, t: int, which: str):
             ref = np.einsum("mhk,nhk->hmn", q.astype(np.float64), kv.astype(np.float64)) * 0.125
             assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), "ss_gemm disagrees with numpy"
 
-        return {"ss_gemm": ours, "numpy": _python_loop(numpy_matmul)}, 2.0 * HEADS * t * t * HEAD_DIM, check
+        return {"ss_gemm": ours, "numpy": python_loop(numpy_matmul)}, 2.0 * HEADS * t * t * HEAD_DIM, check
     p = rng.random((HEADS, t, t)).astype(np.float32)
     out = np.empty((t, HEADS, HEAD_DIM), dtype=np.float32)
 
@@ -221,7 +214,7 @@ def _attention_candidates(lib, np, t: int, which: str):
         ref = np.einsum("hmk,khn->mhn", p.astype(np.float64), kv.astype(np.float64))
         assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), "ss_gemm disagrees with numpy"
 
-    return {"ss_gemm": ours_ctx, "numpy": _python_loop(numpy_ctx)}, 2.0 * HEADS * t * t * HEAD_DIM, check_ctx
+    return {"ss_gemm": ours_ctx, "numpy": python_loop(numpy_ctx)}, 2.0 * HEADS * t * t * HEAD_DIM, check_ctx
 
 
 def run_child(threads: int, ts: list[int], repeats: int, sample_s: float, cache_dir: Path,
