@@ -77,3 +77,25 @@ def test_an_if_on_data_is_not_a_guard(tmp_path, compiler_calls):
     for sign in (1.0, -1.0):
         x = np.full((2, 1), sign, np.float32)
         np.testing.assert_allclose(session.run(None, {"x": x})[0], reference.run(None, {"x": x})[0])
+
+
+def test_a_version_that_fails_to_build_leaves_the_plain_program(tmp_path, compiler_calls, monkeypatch):
+    from shapeshift.runtime import native
+
+    path = _squeeze_model(tmp_path)
+    real = native.prepare_program
+    calls = []
+
+    def second_fails(graph, tuning=None):
+        calls.append(graph)
+        if len(calls) == 2:  # the first version (the plain program is the first call)
+            raise ValueError("simulated lowering bug")
+        return real(graph, tuning)
+
+    monkeypatch.setattr(native, "prepare_program", second_fails)
+    session = shapeshift.InferenceSession(path, {"B": (1, 8), "T": (1, 16)}, backend="native")
+    assert not isinstance(session._executor, VersionedExecutor)
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for t in (1, 4):
+        x = np.linspace(-1, 1, 2 * t, dtype=np.float32).reshape(2, t)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], reference.run(None, {"x": x})[0])

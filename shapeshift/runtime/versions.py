@@ -136,7 +136,12 @@ def build_versions(graph: Graph, fallback_steps: int, reimport: Callable[[], Gra
     for values in itertools.product((False, True), repeat=len(guards)):
         version = reimport()
         assume(version, {g.name: v for g, v in zip(guards, values)})
-        prepared[values] = (version, prepare(version))
+        try:
+            prepared[values] = (version, prepare(version))
+        except Exception as exc:  # noqa: BLE001 - a version is an optimization: keep the plain program
+            log.warning("no program versions: assuming %s, building the program failed: %s: %s",
+                        dict(zip((g.name for g in guards), values)), type(exc).__name__, exc)
+            return None
     worst = max(_fallback_steps(program) for _, program in prepared.values())
     if worst >= fallback_steps:
         return None
