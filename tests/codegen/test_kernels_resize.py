@@ -96,7 +96,7 @@ def tid(t):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=tid)
-@pytest.mark.parametrize("coord,nearest", itertools.product(COORDS, NEAREST))
+@pytest.mark.parametrize("coord,nearest", list(itertools.product(COORDS, NEAREST)))
 def test_nearest(lib, target, coord, nearest):
     check(lib, target, "nearest", coord, nearest=nearest)
 
