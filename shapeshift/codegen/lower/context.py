@@ -186,6 +186,16 @@ class LowerContext:
         return slot, f"{prefix}prepacked"
 
 
+def attr_axis(node: Node, rank: int, default: int = 0, name: str = "axis") -> int:
+    """The node's axis attribute, made non-negative; a rule declines an axis outside
+    [0, rank) rather than emit code that indexes past the shape."""
+    axis = int(node.attrs.get(name, default))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        raise Unsupported(f"{node.op_type} axis {axis} out of range")
+    return axis
+
+
 def c_array(name: str, items: Sequence[str], ctype: str = "int64_t") -> str:
     """A local C array declaration (at least one element: C forbids empty arrays)."""
     body = ", ".join(items) if items else "0"

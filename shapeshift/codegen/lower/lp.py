@@ -14,7 +14,7 @@ from ...ir.graph import Node
 from ...ir.types import FLOAT
 from ...ops.common import product
 from . import lowers
-from .context import LowerContext, Lowered, Unsupported, float_literal
+from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .nn import begin_pads
 from .pooling import as_3d, per_axis, spatial_rank
 
@@ -77,10 +77,7 @@ def lower_lp_normalization(node: Node, ctx: LowerContext, opset: int) -> Lowered
     shape = ctx.shape(x)
     if not shape:
         raise Unsupported("LpNormalization of a scalar")
-    axis = int(node.attrs.get("axis", -1))
-    axis = axis + len(shape) if axis < 0 else axis
-    if not 0 <= axis < len(shape):
-        raise Unsupported("LpNormalization axis out of range")
+    axis = attr_axis(node, len(shape), default=-1)
     p = int(node.attrs.get("p", 2))
     if p not in (1, 2):
         raise Unsupported(f"LpNormalization with p = {p}")

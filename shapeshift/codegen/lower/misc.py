@@ -23,7 +23,7 @@ from ...ir.types import BOOL, DOUBLE, FLOAT, INT32, INT64
 from ...ops.common import product
 from ...symbolic import Dim
 from . import lowers
-from .context import LowerContext, Lowered, Unsupported
+from .context import LowerContext, Lowered, Unsupported, attr_axis
 from .layout import contiguous_strides, copy_call, param_values
 
 FLOATS = (FLOAT, DOUBLE)
@@ -31,14 +31,6 @@ INDEX_DTYPES = (INT64, INT32)
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def _axis(node: Node, rank: int, default: int = 0, name: str = "axis") -> int:
-    axis = int(node.attrs.get(name, default))
-    axis = axis + rank if axis < 0 else axis
-    if not 0 <= axis < max(rank, 1):
-        raise Unsupported(f"{node.op_type} axis {axis} out of range")
-    return axis
 
 
 def _dims(ctx: LowerContext, dims: Sequence[Dim]) -> list[str]:
@@ -95,7 +87,7 @@ def lower_gather_elements(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     d_shape, i_shape = ctx.shape(data), ctx.shape(indices)
     if len(d_shape) != len(i_shape) or not d_shape:
         raise Unsupported("GatherElements of mismatched or zero rank")
-    axis = _axis(node, len(d_shape))
+    axis = attr_axis(node, len(d_shape))
     _index_type(ctx, indices)
     strides = _dims(ctx, contiguous_strides(d_shape))
     idims = _dims(ctx, i_shape)
@@ -114,7 +106,7 @@ def lower_scatter_elements(node: Node, ctx: LowerContext, opset: int) -> Lowered
     d_shape, i_shape = ctx.shape(data), ctx.shape(indices)
     if len(d_shape) != len(i_shape) or not d_shape:
         raise Unsupported("ScatterElements of mismatched or zero rank")
-    axis = _axis(node, len(d_shape))
+    axis = attr_axis(node, len(d_shape))
     _index_type(ctx, indices)
     combine = _reduction(node, ctx, ctx.dtype(data))
     strides = _dims(ctx, contiguous_strides(d_shape))
@@ -195,7 +187,7 @@ def lower_scatter_nd(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 def lower_one_hot(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     indices, values, y = node.inputs[0], node.inputs[2], node.outputs[0]
     out_shape = ctx.shape(y)
-    axis = _axis(node, len(out_shape), default=-1)
+    axis = attr_axis(node, len(out_shape), default=-1)
     depth = ctx.dim(out_shape[axis])
     outer, inner = ctx.numel(out_shape[:axis]), ctx.numel(out_shape[axis + 1:])
     ctype = ctx.ctype(y)
@@ -269,7 +261,7 @@ def lower_hardmax(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     shape = ctx.shape(x)
     if not shape:
         raise Unsupported("Hardmax of a scalar")
-    axis = _axis(node, len(shape), default=-1 if opset >= 13 else 1)
+    axis = attr_axis(node, len(shape), default=-1 if opset >= 13 else 1)
     # Before opset 13 the input is flattened to 2-D at ``axis``: everything after is one axis.
     last = axis + 1 if opset >= 13 else len(shape)
     outer, n, inner = ctx.numel(shape[:axis]), ctx.numel(shape[axis:last]), ctx.numel(shape[last:])

@@ -15,7 +15,7 @@ from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim
 from . import lowers
-from .context import LowerContext, Lowered, Unsupported, float_literal
+from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .layout import param_values
 
 ACT_RELU, ACT_SIGMOID, ACT_SILU = 1, 2, 3
@@ -404,10 +404,7 @@ def lower_rms_norm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     if int(node.attrs.get("stash_type", 1)) != 1:
         raise Unsupported("RMSNormalization stash_type other than float")
     shape = ctx.shape(x)
-    axis = int(node.attrs.get("axis", -1))
-    axis = axis + len(shape) if axis < 0 else axis
-    if not 0 <= axis < len(shape):
-        raise Unsupported("RMSNormalization axis out of range")
+    axis = attr_axis(node, len(shape), default=-1)
     if not _scale_is_suffix(ctx, ctx.shape(scale), shape[axis:]):
         raise Unsupported("RMSNormalization scale that broadcasts other than as a suffix")
     eps = float_literal(node.attrs.get("epsilon", 1e-5))

@@ -13,7 +13,7 @@ from typing import Optional
 from ...ir.graph import Node
 from ...ir.types import FLOAT, INT64
 from . import lowers
-from .context import LowerContext, Lowered, Unsupported, float_literal
+from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 
 
 @lowers("NonZero")
@@ -134,10 +134,7 @@ def lower_topk(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     if ctx.dtype(x) != FLOAT:
         raise Unsupported("TopK on a dtype other than float32")
     shape = ctx.shape(x)
-    axis = int(node.attrs.get("axis", -1))
-    axis = axis + len(shape) if axis < 0 else axis
-    if not 0 <= axis < len(shape):
-        raise Unsupported("TopK axis out of range")
+    axis = attr_axis(node, len(shape), default=-1)
     outer = ctx.numel(list(shape[:axis]))
     n = ctx.dim(shape[axis])
     inner = ctx.numel(list(shape[axis + 1:]))
