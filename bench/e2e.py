@@ -283,14 +283,15 @@ def main(argv=None) -> int:
     if args.tuning_db and TUNED not in args.tools:
         args.tools.insert(1, TUNED)
     with tempfile.TemporaryDirectory(prefix="shapeshift-e2e-") as workdir:
-        if BERT in _models(args):
+        models = _models(args)
+        if BERT in models:
             # Built here, not in the first worker: building it there raised that worker's
             # baseline resident set and so understated its peak memory (466 MB against 845).
             _model_path(BERT, Path(workdir))
         if args.tune:
             args.tune_s = _tune_bert(args, workdir)
         results = {}
-        for model in _models(args):
+        for model in models:
             for tool in args.tools:
                 print(f"{model} / {tool} ...", flush=True)
                 results[(model, tool)] = _run_worker(tool, model, args, workdir)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import ShapeshiftError
 from ..tune import dispatch
@@ -189,19 +189,19 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
     print_tasks(tasks, args)
     start = time.monotonic()
     deadline = start + args.time_budget * 60 if args.time_budget else math.inf
+    fixed = {name: lo for name, (lo, hi) in args.dynamic.items() if lo == hi}  # dims declared with one value
     results: list[tuple[ModelTask, TuneResult, Optional[float]]] = []
     with Database(db_path) as db:
         for i, task in enumerate(tasks):
             # The time left is shared evenly by the tasks still to tune.
             budget = (deadline - time.monotonic()) / (len(tasks) - i)
-            print(f"\n[{i + 1}/{len(tasks)}] {task.workload(cold).describe()}, {task.calls} call(s) per run", flush=True)
-            fixed = {name: lo for name, (lo, hi) in args.dynamic.items() if lo == hi}
+            workload = task.workload(cold)
+            print(f"\n[{i + 1}/{len(tasks)}] {workload.describe()}, {task.calls} call(s) per run", flush=True)
             ms = task.weighted_ms(*weighted, fixed) if weighted else None
             if weighted and not ms:
                 print(f"  (its M does not depend on {weighted[0]} alone: uniform samples)")
-            tuner = Tuner(task.workload(cold), db, cache_dir, _config(args, budget, task.workload(cold), ms),
-                          log=_progress(i, len(tasks), start))
-            tuner.log = _progress(i, len(tasks), start, tuner, args.trials)
+            tuner = Tuner(workload, db, cache_dir, _config(args, budget, workload, ms),
+                          log=_progress(i, len(tasks), start, lambda: tuner.trials, args.trials))
             try:
                 result = tuner.run()
             except RuntimeError as exc:
@@ -216,16 +216,16 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
     return 0
 
 
-def _progress(i: int, count: int, start: float, tuner=None, trials: int = 0):
+def _progress(i: int, count: int, start: float, done: Callable[[], int], trials: int):
     """A log function that prefixes each line with the task, elapsed time and an ETA for
-    the task from its trials so far."""
+    the task from ``done()`` trials of ``trials`` so far."""
     task_start = time.monotonic()
 
     def log(line: str) -> None:
         now = time.monotonic()
         eta = ""
-        if tuner is not None and tuner.trials:
-            left = max(trials - tuner.trials, 0) * (now - task_start) / tuner.trials
+        if done():
+            left = max(trials - done(), 0) * (now - task_start) / done()
             eta = f", task ETA {left:.0f} s"
         print(f"  [{i + 1}/{count} {now - start:.0f} s{eta}]{line}", flush=True)
 

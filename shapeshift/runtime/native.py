@@ -8,6 +8,8 @@ session creation and every later run, at any shape in the declared ranges, reuse
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional
 
 from ..codegen.build import CompiledLibrary, compile_library
@@ -49,9 +51,6 @@ def create_executor(graph: Graph, reimport: Optional[Callable[[], Graph]] = None
 def _compile_all(programs: list[Program], cache_dir) -> list[Optional[CompiledLibrary]]:
     """Each program's library (None without compiled code), compiled in parallel: gcc runs
     in processes of its own, so threads suffice to keep every core busy."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     def one(program: Program) -> Optional[CompiledLibrary]:
         if not any(p.segments for p in program.all_programs()):
             return None

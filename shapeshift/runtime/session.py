@@ -98,10 +98,12 @@ class InferenceSession:
             self.graph, self._executor = load_artifact(model, dynamic, num_threads)
         else:
             self.backend = backend or "reference"
-            self.graph: Graph = import_model(model, dict(dynamic or {}))
+            def load() -> Graph:  # the native backend may import again, to build program versions
+                return import_model(model, dict(dynamic or {}))
+
+            self.graph: Graph = load()
             self._executor = (ReferenceExecutor(self.graph) if self.backend == "reference"
-                              else _native_executor(self.graph, lambda: import_model(model, dict(dynamic or {})),
-                                                    num_threads, tuning_db))
+                              else _native_executor(self.graph, load, num_threads, tuning_db))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
         self._input_values = {v.name: v for v in self.graph.inputs}
         self._checked_feeds: dict[tuple, dict[str, int]] = {}

@@ -64,7 +64,7 @@ def find_guards(graph: Graph) -> list[Guard]:
     for node in graph.walk_nodes():
         if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.name or not node.inputs:
             continue
-        predicate = _predicate(node.inputs[0], _opset(node.graph), inputs)
+        predicate = _predicate(node.inputs[0], node.graph.opset, inputs)  # subgraphs share the root's opset
         if predicate is not None:
             guards.append(Guard(node.name, predicate))
     return guards
@@ -156,10 +156,6 @@ def _fallback_steps(program) -> int:
 
 
 # -- predicates ------------------------------------------------------------------------------
-
-def _opset(graph: Graph) -> dict:
-    return graph.opset  # subgraphs share their root's
-
 
 def _predicate(cond: Value, opsets: dict, inputs: set[str]) -> Optional[Callable[[Mapping[str, int]], bool]]:
     """A function of the input binding computing ``cond``, when everything ``cond`` is

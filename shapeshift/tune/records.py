@@ -107,8 +107,7 @@ class GemmTuning:
                 conn.close()
             entries = {}
             for k, n, kernels, tree, t, lo, hi, strategy in rows:  # later rows replace earlier ones
-                schedules = tuple(space.from_json(json.dumps(kern["schedule"]) if isinstance(kern["schedule"], dict)
-                                                  else kern["schedule"]) for kern in json.loads(kernels))
+                schedules = tuple(space.from_json(kern["schedule"]) for kern in json.loads(kernels))
                 entries[(k, n)] = TunedGemm(int(k), int(n), schedules, json.loads(tree), int(t), int(lo), int(hi),
                                             str(strategy))
         except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
