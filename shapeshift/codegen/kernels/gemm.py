@@ -517,6 +517,27 @@ static void ss_gemm_pack_a(int64_t mc, int64_t kc, const float* a, int64_t rsa, 
     }
 }
 
+/* rows x nv (< NR) floats of B, unit column stride, as rows of an NR-wide panel, zero-padded:
+   a masked load reads only the valid columns (nothing past them) and zero-fills the rest. */
+static inline void ss_gemm_pack_partial_rows(int64_t rows, int64_t nv, const float* b, int64_t rsb, float* restrict d)
+{
+#ifdef __AVX2__
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int j0 = 0; j0 < SS_GEMM_NR; j0 += 8) {
+        if (j0 >= nv) {
+            for (int64_t k = 0; k < rows; ++k) _mm256_storeu_ps(d + k * SS_GEMM_NR + j0, _mm256_setzero_ps());
+            continue;
+        }
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nv - j0)), lane);
+        for (int64_t k = 0; k < rows; ++k)
+            _mm256_storeu_ps(d + k * SS_GEMM_NR + j0, _mm256_maskload_ps(b + k * rsb + j0, mask));
+    }
+#else
+    for (int64_t k = 0; k < rows; ++k)
+        for (int j = 0; j < SS_GEMM_NR; ++j) d[k * SS_GEMM_NR + j] = j < nv ? b[k * rsb + j] : 0.0f;
+#endif
+}
+
 /* Zero-padded NR-column micro-panels of a kc x nc block of B: dst[q*NR*kc + k*NR + j].
    Rows of B contiguous (csb == 1): read SS_GEMM_PACK_ROWS rows across the whole block, then
    the next rows; reading one panel's 64 bytes from every row of the block instead touches
@@ -534,17 +555,26 @@ static void ss_gemm_pack_b_block(int64_t kc, int64_t nc, const float* b, int64_t
             for (; q + SS_GEMM_NR <= nc; q += SS_GEMM_NR, d += SS_GEMM_NR * kc)
                 for (int64_t k = 0; k < kn; ++k)
                     for (int j = 0; j < SS_GEMM_NR; ++j) d[k * SS_GEMM_NR + j] = b[(k0 + k) * rsb + q + j];
-            if (q < nc)
-                for (int64_t k = 0; k < kn; ++k)
-                    for (int j = 0; j < SS_GEMM_NR; ++j)
-                        d[k * SS_GEMM_NR + j] = q + j < nc ? b[(k0 + k) * rsb + q + j] : 0.0f;
+            if (q < nc) ss_gemm_pack_partial_rows(kn, nc - q, b + k0 * rsb + q, rsb, d);
         }
         return;
     }
     for (int64_t q = 0; q < nc; q += SS_GEMM_NR) {
         const int64_t nv = ss_gemm_min(SS_GEMM_NR, nc - q);
         const float* bq = b + q * csb;
-        if (nv == SS_GEMM_NR && rsb == 1) {
+        if (nv < SS_GEMM_NR) {
+            /* A partial panel (small or odd N): zero it whole, then copy the valid columns,
+               along k where k is contiguous. A per-element "inside?" test cost more than
+               the attention matmuls of short sequences compute. */
+            memset(dst, 0, sizeof(float) * (size_t)(kc * SS_GEMM_NR));
+            if (rsb == 1) {
+                for (int64_t j = 0; j < nv; ++j)
+                    for (int64_t k = 0; k < kc; ++k) dst[k * SS_GEMM_NR + j] = bq[j * csb + k];
+            } else {
+                for (int64_t k = 0; k < kc; ++k)
+                    for (int64_t j = 0; j < nv; ++j) dst[k * SS_GEMM_NR + j] = bq[k * rsb + j * csb];
+            }
+        } else if (rsb == 1) {
             /* B transposed in memory: read each column's k run contiguously. */
             for (int j0 = 0; j0 < SS_GEMM_NR; j0 += 8) {
                 int64_t k = 0;
