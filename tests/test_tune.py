@@ -55,7 +55,7 @@ def _crashes(schedule):
 
 
 def test_runner_measures_a_good_candidate(cache):
-    result = measure(build_one(SMALL, cache), K, N, [1, 7, 64], FAST)
+    result = measure(build_one(SMALL, cache), WORKLOAD, [1, 7, 64], FAST)
     assert result.error is None and sorted(result.seconds) == [1, 7, 64]
     assert all(s > 0 for s in result.seconds.values())
 
@@ -63,31 +63,31 @@ def test_runner_measures_a_good_candidate(cache):
 def test_runner_measures_cold_weights(cache):
     # 4 MB of copies of a 16 KB packed B: the loop cycles through 256 of them, checked first.
     cold = RunnerConfig(repeats=1, sample_s=0.0005, timeout_s=20, cold_bytes=4 << 20)
-    result = measure(build_one(SMALL, cache), K, N, [1, 64], cold)
+    result = measure(build_one(SMALL, cache), WORKLOAD, [1, 64], cold)
     assert result.error is None and sorted(result.seconds) == [1, 64]
-    wrong = measure(build_one(SMALL, cache, _doubled), K, N, [3], cold)
+    wrong = measure(build_one(SMALL, cache, _doubled), WORKLOAD, [3], cold)
     assert wrong.error and "wrong result at M=3" in wrong.error
     # Cold and warm timings of one GEMM are different workloads in the database.
     assert GemmWorkload(K, N, 1, 64, cold=True).hash != WORKLOAD.hash
 
 
 def test_runner_records_wrong_result(cache):
-    result = measure(build_one(SMALL, cache, _doubled), K, N, [5], FAST)
+    result = measure(build_one(SMALL, cache, _doubled), WORKLOAD, [5], FAST)
     assert result.error and "wrong result at M=5" in result.error
 
 
 def test_runner_records_timeout(cache):
-    result = measure(build_one(SMALL, cache, _hangs), K, N, [5], RunnerConfig(repeats=1, timeout_s=2))
+    result = measure(build_one(SMALL, cache, _hangs), WORKLOAD, [5], RunnerConfig(repeats=1, timeout_s=2))
     assert result.error and "timeout" in result.error
 
 
 def test_runner_records_crash(cache):
-    result = measure(build_one(SMALL, cache, _crashes), K, N, [5], FAST)
+    result = measure(build_one(SMALL, cache, _crashes), WORKLOAD, [5], FAST)
     assert result.error and "crashed" in result.error
 
 
 def test_runner_records_build_failure(cache):
-    result = measure(build_one(SMALL, cache, lambda s: gemm.source(s) + "this is not C;"), K, N, [5], FAST)
+    result = measure(build_one(SMALL, cache, lambda s: gemm.source(s) + "this is not C;"), WORKLOAD, [5], FAST)
     assert result.error and "build failed" in result.error
 
 
@@ -204,7 +204,7 @@ def test_cost_model_learns_a_ranking():
     rng = random.Random(0)
     rows = [(space.random_schedule(rng), m) for m in range(1, 65, 3) for _ in range(3)]
     y = [math.log(s.mr * s.nr) - math.log(math.ceil(m / s.mr) * s.mr / m) for s, m in rows]
-    model = CostModel(K, N, 1)
+    model = CostModel(WORKLOAD, 1)
     model.fit(rows, y)
     assert model.holdout_spearman is not None and model.holdout_spearman > 0.5
     assert spearman(model.predict(rows), y) > 0.9

@@ -1,7 +1,8 @@
 """`shapeshift tune MODEL --dynamic SYM=LO:HI` and `shapeshift tune --gemm K N --dynamic M=LO:HI`.
 
-With a model, every weight shape its MatMul/Gemm calls use is one task (tune/extract.py);
-the task list is printed first with FLOPs and an estimated time, then each task is tuned in
+With a model, every weight shape its MatMul/Gemm calls use is one task, and so is every
+batched GEMM structure whose sizes depend on one dim (attention's Q K^T and P V; see
+tune/extract.py); the task list is printed first with FLOPs and an estimated time, then each task is tuned in
 turn (most work first) with a progress line per search round, then a summary table.
 ``compile --db`` and ``InferenceSession(..., tuning_db=)`` use the records.
 With ``--gemm`` one GEMM is tuned. ``--show`` prints the kernels and each decision tree as C.
@@ -17,7 +18,7 @@ from typing import Callable, Optional
 from ..errors import ShapeshiftError
 from ..tune import dispatch
 from ..tune.database import Database
-from ..tune.extract import ModelTask, model_tasks
+from ..tune.extract import BatchedTask, ModelTask, model_tasks
 from ..tune.runner import RunnerConfig
 from ..tune.search import TuneConfig, Tuner, TuneResult
 from ..tune.workload import GemmWorkload
@@ -61,7 +62,9 @@ def print_summary(result: TuneResult, show: bool) -> None:
         for i, s in enumerate(result.kernels):
             print(f"  {dispatch.prefix(i)}gemm: mr={s.mr} nr={s.nr} kc={s.kc} mc={s.mc} nc={s.nc} unroll_k={s.unroll_k} "
                   f"small_m={s.small_m} small_nc={s.small_nc} parallel_min_flops={s.parallel_min_flops}")
-        print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice(int64_t M)\n{{\n{dispatch.tree_c(result.tree)}\n}}")
+        var = "M" if w.prepacked else "T"
+        print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice(int64_t {var})\n{{\n"
+              f"{dispatch.tree_c(result.tree, var=var)}\n}}")
 
 
 def _check_args(args) -> None:
@@ -154,27 +157,32 @@ def _plot(results, path: str) -> None:
     print(f"wrote {path}")
 
 
-def _model_tasks(args) -> list[ModelTask]:
+def _model_tasks(args) -> list[ModelTask | BatchedTask]:
     tasks = model_tasks(args.model, args.dynamic)
     if not tasks:
-        raise TuneError(f"{args.model}: no MatMul or Gemm with a constant float32 weight: nothing to tune")
+        raise TuneError(f"{args.model}: no MatMul or Gemm with a constant float32 weight, and no batched MatMul "
+                        f"sized by one dynamic dim: nothing to tune")
     for t in tasks:
         if t.hi > MAX_TUNED_M:
             names = ", ".join(sorted(t.symbols)) or "?"
-            raise TuneError(f"{args.model}: the rows of the [{t.k}, {t.n}] weight's calls ({t.nodes[0]}) reach "
-                            f"{t.hi}; declare the range of {names} with --dynamic SYM=LO:HI")
+            where = f"the rows of the {t.label} weight's calls ({t.nodes[0]})" if isinstance(t, ModelTask) \
+                else f"T of the batched MatMul {t.label}"
+            raise TuneError(f"{args.model}: {where} reach {t.hi}; declare the range of {names} with "
+                            f"--dynamic SYM=LO:HI")
     return tasks
 
 
-def print_tasks(tasks: list[ModelTask], args) -> None:
+def print_tasks(tasks: list[ModelTask | BatchedTask], args) -> None:
     total = sum(t.range_flops() for t in tasks)
     print(f"{len(tasks)} task(s) in {args.model}, {args.threads} thread(s), strategy {args.strategy}, "
           f"measured {args.measure or 'cold'}, "
           f"{args.trials} trials each" + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
-    print(f"  {'#':>2} {'weight [K, N]':>14} {'calls':>5} {'M range':>13} {'GFLOP':>10} {'share':>6} {'est. min':>8}")
+    width = max(14, *(len(t.label) for t in tasks))
+    print(f"  {'#':>2} {'weight [K, N] or batched':>{width}} {'calls':>5} {'M or T range':>13} {'GFLOP':>10} "
+          f"{'share':>6} {'est. min':>8}")
     for i, t in enumerate(tasks):
         est = args.trials * SECONDS_PER_TRIAL / 60
-        print(f"  {i:>2} {f'[{t.k}, {t.n}]':>14} {t.calls:>5} {f'{t.lo}..{t.hi}':>13} {t.range_flops() / 1e9:>10.4g} "
+        print(f"  {i:>2} {t.label:>{width}} {t.calls:>5} {f'{t.lo}..{t.hi}':>13} {t.range_flops() / 1e9:>10.4g} "
               f"{t.range_flops() / total:>6.1%} {est:>8.1f}")
     est_all = len(tasks) * args.trials * SECONDS_PER_TRIAL / 60
     if args.time_budget:
@@ -190,7 +198,7 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
     start = time.monotonic()
     deadline = start + args.time_budget * 60 if args.time_budget else math.inf
     fixed = {name: lo for name, (lo, hi) in args.dynamic.items() if lo == hi}  # dims declared with one value
-    results: list[tuple[ModelTask, TuneResult, Optional[float]]] = []
+    results: list[tuple[ModelTask | BatchedTask, TuneResult, Optional[float]]] = []
     with Database(db_path) as db:
         for i, task in enumerate(tasks):
             # The time left is shared evenly by the tasks still to tune.
@@ -205,13 +213,13 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
             try:
                 result = tuner.run()
             except RuntimeError as exc:
-                raise TuneError(f"task [{task.k}, {task.n}]: {exc}") from None
+                raise TuneError(f"task {task.label}: {exc}") from None
             results.append((task, result, _speedup_over_default(tuner, result)))
             if args.show:
                 print_summary(result, True)
     _print_model_summary(results, time.monotonic() - start, db_path)
     if args.plot:
-        _plot([(f"[{t.k}, {t.n}] x {t.calls} call(s): {r.strategy}, {len(r.kernels)} kernel(s)", r)
+        _plot([(f"{t.label} x {t.calls} call(s): {r.strategy}, {len(r.kernels)} kernel(s)", r)
                for t, r, _ in results], args.plot)
     return 0
 
@@ -242,14 +250,15 @@ def _speedup_over_default(tuner: Tuner, result: TuneResult) -> Optional[float]:
 
 def _print_model_summary(results, wall_s: float, db_path: Path) -> None:
     print(f"\nsummary: {len(results)} task(s) in {wall_s:.0f} s, records in {db_path}")
-    print(f"  {'weight [K, N]':>14} {'trials':>6} {'s':>5} {'kernels':>7} {'GFLOPS lo..hi M':>16} "
+    width = max(14, *(len(t.label) for t, _, _ in results))
+    print(f"  {'task':>{width}} {'trials':>6} {'s':>5} {'kernels':>7} {'GFLOPS lo..hi M':>16} "
           f"{'vs default':>10} {'Spearman':>8}")
     for task, r, speedup in results:
         ms = r.sampled_ms
         span = f"{r.gflops(ms[0]):.1f}..{r.gflops(ms[-1]):.1f}"
         vs = f"{speedup:.2f}x" if speedup is not None else "-"
         rho = f"{r.spearman:.2f}" if r.spearman is not None else "-"
-        print(f"  {f'[{task.k}, {task.n}]':>14} {r.trials:>6} {r.wall_s:>5.0f} {len(r.kernels):>7} {span:>16} "
+        print(f"  {task.label:>{width}} {r.trials:>6} {r.wall_s:>5.0f} {len(r.kernels):>7} {span:>16} "
               f"{vs:>10} {rho:>8}")
     print("  vs default: geomean over the sampled M of the default schedule's measured time over the "
           "dispatcher's (when the default was measured)")

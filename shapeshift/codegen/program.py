@@ -100,6 +100,14 @@ class Program:
     # extents that depend on them (evaluated per run, once they are bound).
     late_symbols: frozenset[str] = frozenset()
     late_extents: list[int] = field(default_factory=list)
+    # Prefixes of the tuned batched-GEMM dispatchers its steps call (tune/records.py).
+    tuned_calls: list[str] = field(default_factory=list)
+
+    def tuned_names(self) -> set[str]:
+        """Prefixes of every tuned dispatcher this program and its branches use: those of
+        its packed weights and those of its batched GEMM calls."""
+        return {name for program in self.all_programs()
+                for name in [*(p.prefix for p in program.packs), *program.tuned_calls]}
 
     def fallback_ops(self) -> Counter:
         """Ops run by the reference evaluator, branches of native Ifs included (an If whose
@@ -138,6 +146,7 @@ class _Builder:
         self.extent_index: dict[object, int] = {}
         self.extents: list[Dim] = []
         self.packs: list[PackRequest] = []
+        self.tuned_calls: list[str] = []
         self.steps: list[Step] = []
         self.position = {id(n): i for i, n in enumerate(graph.nodes)}
         self.outputs = {id(v) for v in graph.outputs}
@@ -206,12 +215,13 @@ class _Builder:
                           self.packs, self.input_symbols, (), self.prefix, self.branches,
                           late_symbols=frozenset(self.late_symbols),
                           late_extents=[k for k, d in enumerate(self.extents)
-                                        if not free_symbols(d) <= self.input_symbols])
+                                        if not free_symbols(d) <= self.input_symbols],
+                          tuned_calls=self.tuned_calls)
         if not self.prefix:  # the root: one translation unit for it and every branch
             programs = program.all_programs()
             program.fragments = _with_dependencies(
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
-            program.source = _emit_source(programs, program.fragments, self._tuned_sources(programs))
+            program.source = _emit_source(programs, program.fragments, self._tuned_sources(program))
             program.unread_consts = _unread_consts(programs)
         return program
 
@@ -260,7 +270,7 @@ class _Builder:
             return Step(ALIAS, node)
         if rule is None:
             return self._fallback(node, "no lowering")
-        mark = (len(self.slots), len(self.packs), len(self.extents), dict(self.extent_index))
+        mark = (len(self.slots), len(self.packs), len(self.tuned_calls), len(self.extents), dict(self.extent_index))
         try:
             for value in node.inputs:
                 if value is not None:
@@ -272,7 +282,7 @@ class _Builder:
             for j, (k, axis, _) in enumerate(late_binds):
                 late.setdefault(id(node.outputs[k]), []).append((axis, j))
             ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
-                               self._defined_before(node), self._cancellable, late, self.tuning)
+                               self._defined_before(node), self._cancellable, late, self.tuning, self.tuned_calls)
             lowered = rule(node, ctx, self._opset(node))
             if lowered is None:
                 raise Unsupported("rule declined")
@@ -320,12 +330,13 @@ class _Builder:
                 and len(node.outputs[0].users) == 1 and id(node.outputs[0]) not in self.outputs)
 
     def _rollback(self, mark, node: Node) -> None:
-        n_slots, n_packs, n_extents, extent_index = mark
+        n_slots, n_packs, n_tuned, n_extents, extent_index = mark
         for slot in self.slots[n_slots:]:
             if slot.value is not None:
                 self.slot_of.pop(id(slot.value), None)
         del self.slots[n_slots:]
         del self.packs[n_packs:]
+        del self.tuned_calls[n_tuned:]
         del self.extents[n_extents:]
         self.extent_index = extent_index
 
@@ -411,9 +422,9 @@ class _Builder:
         if slot.kind == ARENA:
             slot.last = max(slot.last, i)
 
-    def _tuned_sources(self, programs: list[Program]) -> list[str]:
-        """The C of every tuned dispatcher some packed weight uses, once each."""
-        used = {p.prefix for program in programs for p in program.packs}
+    def _tuned_sources(self, root: Program) -> list[str]:
+        """The C of every tuned dispatcher the program uses, once each."""
+        used = root.tuned_names()
         return [t.source() for t in (self.tuning or ()) if t.name in used]
 
     def _segments(self) -> list[list[int]]:

@@ -261,7 +261,7 @@ def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[
     }
     if tuning is not None:
         # Only the records the program uses: the others do not change its source.
-        used = {p.prefix for program in executor.program.all_programs() for p in program.packs}
+        used = executor.program.tuned_names()
         records = [t.to_json() for t in tuning if t.name in used]
         if records:
             header["tuning"] = records

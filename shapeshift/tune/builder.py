@@ -1,8 +1,8 @@
 """C sources and compiled libraries for candidates and for the tuned dispatcher.
 
-A measurement library holds one schedule (default ``ss_`` names) plus ``tune_bench``, a C
-loop that times ``ss_gemm_prepacked``: through ctypes a call costs microseconds, more than
-the smallest GEMMs. Libraries are built with ``compile_library`` into the tuning's cache
+A measurement library holds one schedule (default ``ss_`` names) plus C loops that time it
+(``tune_bench`` and ``tune_bench_cold`` call ``ss_gemm_prepacked``, ``tune_bench_batched``
+calls ``ss_gemm``): through ctypes a call costs microseconds, more than the smallest GEMMs. Libraries are built with ``compile_library`` into the tuning's cache
 directory, a few at a time (the compiler is a separate process, so threads suffice).
 """
 
@@ -41,6 +41,18 @@ double tune_bench_cold(int64_t calls, int64_t M, int64_t N, int64_t K, const flo
     for (int64_t i = 0; i < calls; ++i)
         ss_gemm_prepacked(M, N, K, 1, 1, A, 0, 0, K, 1, packed + (i % copies) * stride, C, 0, 0, N,
                           1.0f, NULL, 0.0f, 0, 0, 0);
+    return (omp_get_wtime() - start) / (double)calls;
+}
+
+/* `calls` back-to-back strided batched products C[b] = A[b] x B[b], b < batch (ss_gemm). */
+double tune_bench_batched(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t batch,
+                          const float* A, int64_t sa, int64_t rsa, int64_t csa,
+                          const float* B, int64_t sb, int64_t rsb, int64_t csb, float* C, int64_t sc, int64_t ldc)
+{
+    double start = omp_get_wtime();
+    for (int64_t i = 0; i < calls; ++i)
+        ss_gemm(M, N, K, 1, batch, A, 0, sa, rsa, csa, B, 0, sb, rsb, csb, C, 0, sc, ldc,
+                1.0f, NULL, 0.0f, 0, 0, 0);
     return (omp_get_wtime() - start) / (double)calls;
 }
 """

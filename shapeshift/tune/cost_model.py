@@ -1,6 +1,7 @@
-"""A learned cost model: predicts log GFLOPS of a schedule at one M.
+"""A learned cost model: predicts log GFLOPS of a schedule at one value of the dynamic dim.
 
-Features describe how the schedule meets the shape (padding of M to mr and of N to nr,
+The workload turns that value into the call's (M, K, N, batch) (``workload.shape``); the
+features describe how the schedule meets that shape (padding of M to mr and of N to nr,
 block counts, whether the B-streaming path runs, how evenly the threads are loaded) as
 well as the schedule's own fields; the regressor is scikit-learn's gradient boosting,
 retrained from scratch on all measurements whenever new ones arrive (a few hundred rows
@@ -24,22 +25,27 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def features(s: GemmSchedule, m: int, k: int, n: int, threads: int) -> list[float]:
+def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int = 1) -> list[float]:
     small = m <= s.small_m
     pad_m = _cdiv(m, s.mr) * s.mr / m
     pad_n = _cdiv(n, s.nr) * s.nr / n
-    # The driver's work split (ss_gemm_make_plan): N panels first, M panels if too few.
-    used = threads if 2.0 * m * n * k >= s.parallel_min_flops else 1
+    # The driver's work split (ss_gemm_make_plan): batches first; where they cannot feed
+    # every thread, N panels, then M panels if too few.
+    used = threads if 2.0 * m * n * k * batch >= s.parallel_min_flops else 1
     n_panels, m_panels = _cdiv(n, s.nr), _cdiv(m, s.mr)
-    n_split = min(used, n_panels)
-    m_split = 1 if small or n_split >= used else min(_cdiv(used, n_split), m_panels)
-    items = _cdiv(n_panels, _cdiv(n_panels, n_split)) * _cdiv(m_panels, _cdiv(m_panels, m_split))
+    n_split = m_split = 1
+    if used > 1 and batch < 8 * used:
+        need = used // math.gcd(batch, used)
+        n_split = min(need, n_panels)
+        if n_split < need and not small:
+            m_split = min(_cdiv(need, n_split), m_panels)
+    items = batch * _cdiv(n_panels, _cdiv(n_panels, n_split)) * _cdiv(m_panels, _cdiv(m_panels, m_split))
     parts = min(used, items)
     balance = items / (parts * _cdiv(items, parts))
     prefetching = float(small and s.prefetch_rows > 0 and m >= s.prefetch_min_m)
     return [s.mr, s.nr, s.kc, s.mc, s.nc, s.unroll_k, s.small_m, s.small_nc, s.pack_rows, s.prefetch_rows,
-            prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), float(small), pad_m, pad_n, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
-            m_panels * n_panels, balance, parts]
+            prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), math.log2(n), math.log2(k), float(small),
+            pad_m, pad_n, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc), m_panels * n_panels, balance, parts]
 
 
 def prior_log_gflops(s: GemmSchedule, m: int, n: int) -> float:
@@ -69,13 +75,20 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 
 class CostModel:
-    def __init__(self, k: int, n: int, threads: int, seed: int = 0):
-        self.k, self.n, self.threads, self.seed = k, n, threads, seed
+    """``workload``: a GemmWorkload or BatchedGemmWorkload; rows are (schedule, value of its
+    dynamic dim)."""
+
+    def __init__(self, workload, threads: int, seed: int = 0):
+        self.shape, self.threads, self.seed = workload.shape, threads, seed
         self.model = None
         self.holdout_spearman: Optional[float] = None
 
     def _x(self, rows: Sequence[tuple[GemmSchedule, int]]) -> np.ndarray:
-        return np.array([features(s, m, self.k, self.n, self.threads) for s, m in rows])
+        out = []
+        for s, x in rows:
+            m, k, n, batch = self.shape(x)
+            out.append(features(s, m, k, n, self.threads, batch))
+        return np.array(out)
 
     def fit(self, rows: Sequence[tuple[GemmSchedule, int]], log_gflops: Sequence[float]) -> None:
         """Retrain on all rows; first on 80% of them, to report Spearman on the other 20%."""
@@ -103,5 +116,5 @@ class CostModel:
         if not rows:
             return np.zeros(0)
         if self.model is None:
-            return np.array([prior_log_gflops(s, m, self.n) for s, m in rows])
+            return np.array([prior_log_gflops(s, self.shape(x)[0], self.shape(x)[2]) for s, x in rows])
         return self.model.predict(self._x(rows))

@@ -1,6 +1,6 @@
 """The tuning database: SQLite, safe for several processes on one file, resumable.
 
-Tables: ``workloads`` (structural hash, K, N), ``candidates`` (a schedule as canonical JSON),
+Tables: ``workloads`` (structural hash, key, K, N; 0 for a batched GEMM's, its key holds them), ``candidates`` (a schedule as canonical JSON),
 ``measurements`` (workload, candidate, M, thread count -> seconds or an error) and
 ``selections`` (a strategy's kernel set and decision tree, as JSON). WAL mode lets readers
 run beside a writer; every write is one short transaction, and SQLite's busy timeout makes
@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 
 from ..codegen.kernels.gemm import GemmSchedule
 from . import space
-from .workload import GemmWorkload
+from .workload import BatchedGemmWorkload, GemmWorkload
 
 DEFAULT_DB = "shapeshift_tuning.db"
 
@@ -74,10 +74,10 @@ class Database:
             raise
         self.conn.execute("COMMIT")
 
-    def workload_id(self, workload: GemmWorkload) -> int:
+    def workload_id(self, workload: GemmWorkload | BatchedGemmWorkload) -> int:
         with self._tx():
             self.conn.execute("INSERT OR IGNORE INTO workloads (hash, key, k, n) VALUES (?, ?, ?, ?)",
-                              (workload.hash, workload.key, workload.k, workload.n))
+                              (workload.hash, workload.key, *workload.db_kn))
             return self.conn.execute("SELECT id FROM workloads WHERE hash = ?", (workload.hash,)).fetchone()[0]
 
     def candidate_id(self, schedule: GemmSchedule) -> int:

@@ -10,6 +10,8 @@ the prefixes ``<name>k0_``, ``<name>k1_``, ... A kernel's packed B depends on it
 so ``<name>pack_b`` packs one copy per distinct layout into one buffer. The native backend
 emits one such dispatcher per tuned weight shape (codegen/lower/linalg.py); the standalone
 library (``library_source``) is what the tuner's checks and bench/dietcode.py time.
+A batched GEMM has no constant operand to pack: ``tuned_batched_c`` emits ``<name>gemm``
+with ``ss_gemm``'s arguments, its tree on T (``batched_library_source``: standalone).
 """
 
 from __future__ import annotations
@@ -99,12 +101,12 @@ def choose(tree: dict, m: int) -> int:
     return tree["leaf"]
 
 
-def tree_c(tree: dict, indent: str = "    ") -> str:
-    """The tree as nested ifs returning the kernel index (``ss_gemm_tuned_choice``'s body)."""
+def tree_c(tree: dict, indent: str = "    ", var: str = "M") -> str:
+    """The tree as nested ifs on ``var`` returning the kernel index (``ss_gemm_tuned_choice``'s body)."""
     if "leaf" in tree:
         return f"{indent}return {tree['leaf']};"
-    return (f"{indent}if (M <= {tree['le']}) {{\n{tree_c(tree['left'], indent + '    ')}\n{indent}}} else {{\n"
-            f"{tree_c(tree['right'], indent + '    ')}\n{indent}}}")
+    return (f"{indent}if ({var} <= {tree['le']}) {{\n{tree_c(tree['left'], indent + '    ', var)}\n{indent}}} "
+            f"else {{\n{tree_c(tree['right'], indent + '    ', var)}\n{indent}}}")
 
 
 def prefix(i: int) -> str:
@@ -180,6 +182,41 @@ void {name}prepacked(int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t ba
 """
 
 
+def tuned_batched_c(kernels: Sequence[GemmSchedule], tree: dict, name: str, t_arg: str) -> str:
+    """The kernels under the prefixes ``<name>k0_``, ... and, for a batched GEMM whose
+    dynamic dim T is the ``t_arg`` argument ("M", "N" or "K"):
+
+    - ``int <name>choice(int64_t T)``: the tree, the kernel index for T;
+    - ``void <name>gemm(...)``: ``ss_gemm``'s signature and meaning, run by the kernel the
+      tree picks for the call's T.
+    """
+    kname = [f"{name}{prefix(i)}" for i in range(len(kernels))]
+    calls = "\n".join(f"    case {i}: {kname[i]}gemm(M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, B, sb0, sb1, rsb, "
+                      f"csb, C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act); break;"
+                      for i in range(len(kernels)))
+    kernel_source = "".join(gemm.source(s, prefix=kname[i]) for i, s in enumerate(kernels))
+    return kernel_source + f"""
+/* ---- tuned batched dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s), T = {t_arg} ---- */
+int {name}choice(int64_t T)
+{{
+    (void)T;
+{tree_c(tree, var="T")}
+}}
+
+void {name}gemm(int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t batch1,
+                const float* A, int64_t sa0, int64_t sa1, int64_t rsa, int64_t csa,
+                const float* B, int64_t sb0, int64_t sb1, int64_t rsb, int64_t csb,
+                float* C, int64_t sc0, int64_t sc1, int64_t ldc,
+                float alpha, const float* bias, float beta, int64_t rs_bias, int64_t cs_bias, int act)
+{{
+    switch ({name}choice({t_arg})) {{
+{calls}
+    default: break;
+    }}
+}}
+"""
+
+
 # The standalone dispatcher library's names (the tuner's checks and bench/dietcode.py).
 STANDALONE = "ss_gemm_tuned_"
 
@@ -208,6 +245,41 @@ double ss_gemm_tuned_bench(int64_t calls, int64_t M, int64_t N, int64_t K, const
 def library_source(kernels: Sequence[GemmSchedule], tree: dict) -> str:
     """A complete C library: the prelude, every kernel under its prefix, the dispatcher."""
     return PRELUDE + dispatcher_c(kernels, tree)
+
+
+# The standalone batched dispatcher's names.
+STANDALONE_BATCHED = "ss_bmm_tuned_"
+
+
+def batched_library_source(kernels: Sequence[GemmSchedule], tree: dict, t_arg: str) -> str:
+    """A complete C library: the prelude, every kernel, ``ss_bmm_tuned_choice(T)`` and
+    ``ss_bmm_tuned_gemm`` (``ss_gemm``'s arguments), plus ``ss_bmm_tuned_bench``, which
+    times ``calls`` calls of it the way the tuner's ``tune_bench_batched`` does."""
+    return PRELUDE + tuned_batched_c(kernels, tree, STANDALONE_BATCHED, t_arg) + """
+double ss_bmm_tuned_bench(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t batch,
+                          const float* A, int64_t sa, int64_t rsa, int64_t csa,
+                          const float* B, int64_t sb, int64_t rsb, int64_t csb, float* C, int64_t sc, int64_t ldc)
+{
+    double start = omp_get_wtime();
+    for (int64_t i = 0; i < calls; ++i)
+        ss_bmm_tuned_gemm(M, N, K, 1, batch, A, 0, sa, rsa, csa, B, 0, sb, rsb, csb, C, 0, sc, ldc,
+                          1.0f, NULL, 0.0f, 0, 0, 0);
+    return (omp_get_wtime() - start) / (double)calls;
+}
+"""
+
+
+def load_batched(lib):
+    """Set the ctypes signatures on a compiled batched dispatcher library's ``cdll``."""
+    import ctypes
+
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.ss_bmm_tuned_choice.argtypes = [i64]
+    lib.ss_bmm_tuned_choice.restype = ctypes.c_int
+    lib.ss_bmm_tuned_bench.argtypes = [i64] * 5 + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64]
+    lib.ss_bmm_tuned_bench.restype = ctypes.c_double
+    lib.ss_set_num_threads.argtypes = [ctypes.c_int]
+    return lib
 
 
 def load(lib):

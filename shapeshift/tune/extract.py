@@ -1,4 +1,5 @@
-"""The tuning tasks of a whole model: its GEMMs with a constant weight, grouped by shape.
+"""The tuning tasks of a whole model: its GEMMs with a constant weight, grouped by shape,
+and its batched GEMMs (attention's Q K^T and P V), grouped by structure.
 
 The native backend runs a MatMul whose right operand is a constant 2-D float32 matrix, and a
 Gemm with a constant B, as one prepacked GEMM whose M is the product of the left operand's
@@ -7,6 +8,11 @@ distinct weight shape [K, N] is one task: its M range is the union of the ranges
 call's M under the declared dims (``bounds`` of the symbolic product), and its weight in the
 model is how many calls it makes per run. The model is simplified first, exactly as the
 native backend does, so the shapes are those the lowering sees.
+
+Batched GEMMs (no constant operand) are found by lowering the model once with a recorder in
+place of tuning records: the lowering asks it about every ``ss_gemm`` call it emits, with
+the call's symbolic sizes and strides, so a task's key is exactly what a record is later
+looked up by. Those whose sizes depend on one dim T (workload.batched_workload) are tasks.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from ..ir.types import FLOAT, TensorType
 from ..ops.common import product
 from ..passes.simplify import simplify_graph
 from ..symbolic import Dim, bounds, evaluate, free_symbols
-from .workload import GemmWorkload
+from .workload import BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str
 
 
 @dataclass
@@ -54,6 +60,10 @@ class ModelTask:
                     out[rows] = out.get(rows, 0.0) + weight
         return out
 
+    @property
+    def label(self) -> str:
+        return f"[{self.k}, {self.n}]"
+
     def workload(self, cold: bool = True) -> GemmWorkload:
         """Cold by default: a model's weights stream from DRAM, call after call."""
         return GemmWorkload(self.k, self.n, self.lo, self.hi, cold)
@@ -63,11 +73,92 @@ class ModelTask:
         return self.calls * self.workload().range_flops()
 
 
-def model_tasks(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None) -> list[ModelTask]:
-    """The model's tuning tasks, the most work first."""
+@dataclass
+class BatchedTask:
+    """One batched GEMM structure of the model, and every call of it (a task like ModelTask)."""
+
+    workload_: BatchedGemmWorkload
+    symbol: str  # T
+    calls: int = 0
+
+    @property
+    def lo(self) -> int:
+        return self.workload_.lo
+
+    @property
+    def hi(self) -> int:
+        return self.workload_.hi
+
+    @property
+    def symbols(self) -> set[str]:
+        return {self.symbol}
+
+    @property
+    def label(self) -> str:
+        w = self.workload_
+        return f"{w.batch} x [{poly_str(w.m)}, {poly_str(w.k)}] x [{poly_str(w.k)}, {poly_str(w.n)}]"
+
+    def weighted_ms(self, symbol: str, histogram: Mapping[int, float],
+                    fixed: Optional[Mapping[str, int]] = None) -> dict[int, float]:
+        """T -> weight, when T is ``symbol``; else empty (uniform samples)."""
+        if symbol != self.symbol:
+            return {}
+        return {t: w * self.calls for t, w in histogram.items() if self.lo <= t <= self.hi}
+
+    def workload(self, cold: bool = True) -> BatchedGemmWorkload:
+        """Whatever ``cold`` says: both operands were just computed, so they are in cache."""
+        return self.workload_
+
+    def range_flops(self) -> float:
+        return self.calls * self.workload_.range_flops()
+
+
+class _BatchedRecorder:
+    """Stands in for tuning records while a model is lowered: notes the workload of every
+    batched call the lowering asks about, and answers that none is tuned."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[BatchedGemmWorkload, str]] = []
+
+    def get(self, k: int, n: int) -> None:
+        return None
+
+    def find_batched(self, m, n, k, batch, a_strides, b_strides, c_strides) -> None:
+        workload = batched_workload(m, n, k, batch, a_strides, b_strides, c_strides)
+        if workload is not None:
+            symbol = next(iter(set().union(*(free_symbols(d) for d in (m, n, k)))))
+            self.calls.append((workload, symbol))
+        return None
+
+    def __iter__(self):
+        return iter(())
+
+
+def model_tasks(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
+                batched: bool = True) -> list:
+    """The model's tuning tasks (ModelTask, and BatchedTask unless ``batched`` is False),
+    the most work first."""
     graph = import_model(model, dict(dynamic or {}))
     simplify_graph(graph)
-    return graph_tasks(graph)
+    tasks: list = graph_tasks(graph)
+    if batched:
+        tasks += batched_tasks(graph)
+    return sorted(tasks, key=lambda t: -t.range_flops())
+
+
+def batched_tasks(graph: Graph) -> list[BatchedTask]:
+    """The batched GEMM calls the native lowering of ``graph`` (simplified) emits, by structure."""
+    from ..codegen.program import build_program
+    from ..passes.simplify.outputs import restore_output_names
+
+    recorder = _BatchedRecorder()
+    restore_output_names(graph)
+    build_program(graph, recorder)
+    tasks: dict[str, BatchedTask] = {}
+    for workload, symbol in recorder.calls:
+        task = tasks.setdefault(workload.key, BatchedTask(workload, symbol))
+        task.calls += 1
+    return list(tasks.values())
 
 
 def graph_tasks(graph: Graph) -> list[ModelTask]:

@@ -1,4 +1,5 @@
-"""Tuning records as the native backend uses them: one tuned dispatcher per weight shape.
+"""Tuning records as the native backend uses them: one tuned dispatcher per weight shape,
+and one per batched GEMM structure.
 
 ``GemmTuning.from_db(path, threads)`` reads, for every GEMM workload (K, N) in a tuning
 database, the latest kernel set and decision tree chosen for that thread count. The
@@ -7,6 +8,11 @@ program builder asks it for ``get(k, n)`` when it lowers a MatMul or Gemm with a
 ``ss_tuned_<K>x<N>_prepacked`` (same arguments, kernels chosen by M at run time) and packs
 the weight with the dispatcher's ``pack_b``. Without a record the hand-picked default
 schedule runs, as before.
+
+A batched GEMM (no constant operand, such as attention's Q K^T) is looked up by its
+workload key (``get_batched``): the lowering computes the key of each ``ss_gemm`` call it
+emits from the call's symbolic sizes and strides, and a hit calls the tuned dispatcher
+``ss_tuned_bmm_<hash>_gemm`` (``ss_gemm``'s arguments, kernels chosen by T) instead.
 
 The kernels are shape-generic, so a selection tuned for one range of M serves any M; the
 tree's outermost leaves cover M outside the tuned range. Records are matched on thread
@@ -27,6 +33,7 @@ from typing import Iterator, Optional
 from ..codegen.kernels.gemm import GemmSchedule
 from ..errors import ShapeshiftError
 from . import dispatch, space
+from .workload import BatchedGemmWorkload, batched_workload, poly_str
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,28 +71,89 @@ class TunedGemm:
                 f"[{self.lo}, {self.hi}] on {self.threads} thread(s)")
 
 
-class GemmTuning:
-    """Read-only map (K, N) -> TunedGemm."""
+@dataclass(frozen=True, eq=False)
+class TunedBatchedGemm:
+    """The chosen kernels and dispatch tree (on T) of one batched GEMM structure."""
 
-    def __init__(self, entries: Optional[list[TunedGemm]] = None, source: str = ""):
-        self._entries = {(e.k, e.n): e for e in entries or []}
+    key: str  # BatchedGemmWorkload.key
+    kernels: tuple[GemmSchedule, ...]
+    tree: dict
+    threads: int
+    lo: int  # the range of T it was tuned for (informative: any T runs)
+    hi: int
+    strategy: str
+
+    @property
+    def workload(self) -> BatchedGemmWorkload:
+        return BatchedGemmWorkload.from_key(self.key, self.lo, self.hi)
+
+    @property
+    def name(self) -> str:
+        """Prefix of the dispatcher's C functions."""
+        return f"ss_tuned_bmm_{self.workload.hash[:12]}_"
+
+    @property
+    def function(self) -> str:
+        return f"{self.name}gemm"
+
+    def source(self) -> str:
+        return dispatch.tuned_batched_c(self.kernels, self.tree, self.name, self.workload.t_arg)
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "kernels": [json.loads(space.to_json(s)) for s in self.kernels], "tree": self.tree,
+                "threads": self.threads, "lo": self.lo, "hi": self.hi, "strategy": self.strategy}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TunedBatchedGemm":
+        return cls(str(data["key"]), tuple(space.from_json(json.dumps(s)) for s in data["kernels"]), data["tree"],
+                   int(data["threads"]), int(data["lo"]), int(data["hi"]), str(data["strategy"]))
+
+    def describe(self) -> str:
+        w = self.workload
+        return (f"batched {w.batch} x [{', '.join(map(poly_str, (w.m, w.k)))}] x [{', '.join(map(poly_str, (w.k, w.n)))}]"
+                f": {len(self.kernels)} kernel(s), tuned by {self.strategy} for T in [{self.lo}, {self.hi}] on "
+                f"{self.threads} thread(s)")
+
+
+Record = TunedGemm | TunedBatchedGemm
+
+
+class GemmTuning:
+    """Read-only map (K, N) -> TunedGemm, and batched workload key -> TunedBatchedGemm."""
+
+    def __init__(self, entries: Optional[list[Record]] = None, source: str = ""):
+        entries = entries or []
+        self._entries = {(e.k, e.n): e for e in entries if isinstance(e, TunedGemm)}
+        self._batched = {e.key: e for e in entries if isinstance(e, TunedBatchedGemm)}
         self.source = source  # where the records came from, for messages
 
     def get(self, k: int, n: int) -> Optional[TunedGemm]:
         return self._entries.get((k, n))
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def get_batched(self, key: str) -> Optional[TunedBatchedGemm]:
+        return self._batched.get(key)
 
-    def __iter__(self) -> Iterator[TunedGemm]:
-        return iter(sorted(self._entries.values(), key=lambda e: (e.k, e.n)))
+    def find_batched(self, m, n, k, batch, a_strides, b_strides, c_strides) -> Optional[TunedBatchedGemm]:
+        """The record for an ``ss_gemm`` call the lowering is about to emit (symbolic sizes
+        and strides, see ``workload.batched_workload``), if one was tuned."""
+        if not self._batched:
+            return None
+        workload = batched_workload(m, n, k, batch, a_strides, b_strides, c_strides)
+        return self._batched.get(workload.key) if workload is not None else None
+
+    def __len__(self) -> int:
+        return len(self._entries) + len(self._batched)
+
+    def __iter__(self) -> Iterator[Record]:
+        dense = sorted(self._entries.values(), key=lambda e: (e.k, e.n))
+        return iter([*dense, *sorted(self._batched.values(), key=lambda e: e.key)])
 
     def to_json(self) -> list:
         return [e.to_json() for e in self]
 
     @classmethod
     def from_json(cls, data: list, source: str = "") -> "GemmTuning":
-        return cls([TunedGemm.from_json(d) for d in data], source)
+        return cls([TunedBatchedGemm.from_json(d) if "key" in d else TunedGemm.from_json(d) for d in data], source)
 
     @classmethod
     def from_db(cls, path, threads: int) -> "GemmTuning":
@@ -100,16 +168,19 @@ class GemmTuning:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
             try:
                 rows = conn.execute(
-                    "SELECT w.k, w.n, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy FROM selections s "
+                    "SELECT w.key, w.k, w.n, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy FROM selections s "
                     "JOIN workloads w ON w.id = s.workload_id WHERE s.threads = ? ORDER BY s.id",
                     (threads,)).fetchall()
             finally:
                 conn.close()
-            entries = {}
-            for k, n, kernels, tree, t, lo, hi, strategy in rows:  # later rows replace earlier ones
+            entries: dict = {}
+            for key, k, n, kernels, tree, t, lo, hi, strategy in rows:  # later rows replace earlier ones
                 schedules = tuple(space.from_json(kern["schedule"]) for kern in json.loads(kernels))
-                entries[(k, n)] = TunedGemm(int(k), int(n), schedules, json.loads(tree), int(t), int(lo), int(hi),
-                                            str(strategy))
+                common = (schedules, json.loads(tree), int(t), int(lo), int(hi), str(strategy))
+                if str(key).startswith("bmm:"):
+                    entries[key] = TunedBatchedGemm(str(key), *common)
+                else:
+                    entries[(k, n)] = TunedGemm(int(k), int(n), *common)
         except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
             raise ShapeshiftError(f"tuning database {path} cannot be read: {exc}") from None
         return cls(list(entries.values()), str(path))

@@ -39,10 +39,12 @@ class Result:
     error: Optional[str] = None
 
 
-def measure(built: Built, k: int, n: int, ms: Sequence[int], config: RunnerConfig = RunnerConfig()) -> Result:
+def measure(built: Built, workload, ms: Sequence[int], config: RunnerConfig = RunnerConfig()) -> Result:
+    """Times ``built`` at each of ``ms`` (the workload's dynamic dim: M, or T for a batched
+    GEMM); ``workload`` is a GemmWorkload or BatchedGemmWorkload (workload.py)."""
     if built.library is None:
         return Result(error=built.error or "not built")
-    req = {"library": str(built.library), "k": k, "n": n, "ms": list(ms), "threads": config.threads,
+    req = {"library": str(built.library), "workload": workload.request(), "ms": list(ms), "threads": config.threads,
            "repeats": config.repeats, "sample_s": config.sample_s, "cold_bytes": config.cold_bytes}
     # The same thread count for OpenMP and for numpy's BLAS (used by the correctness check).
     env = dict(os.environ, OMP_NUM_THREADS=str(config.threads), OPENBLAS_NUM_THREADS=str(config.threads))

@@ -1,7 +1,8 @@
 """Tuning strategies and the loop that drives builder, runner, database and cost model.
 
-``dietcode``: one evolutionary search over shape-generic schedules for all sampled M at
-once. Each round scores a population with the cost model at every sampled M, ranks the M
+The dynamic value is called M throughout: the rows of a dense GEMM, or T for a batched
+one (workload.py). ``dietcode``: one evolutionary search over shape-generic schedules for
+all sampled M at once. Each round scores a population with the cost model at every sampled M, ranks the M
 values by regret (predicted optimum over the best measured so far, worst first) and, M by
 M in that order, picks the best-predicted schedule not yet measured there; each pick is
 measured at the M values where it is predicted best among the picks. ``per-shape``: the
@@ -31,7 +32,9 @@ from .builder import SourceFn, build_many
 from .cost_model import CostModel
 from .database import Database
 from .runner import COLD_BYTES, RunnerConfig, measure
-from .workload import GemmWorkload
+from .workload import BatchedGemmWorkload, GemmWorkload
+
+Workload = GemmWorkload | BatchedGemmWorkload
 
 STRATEGIES = ("dietcode", "per-shape", "pad-max")
 # Points of the range the decision tree is trained on (all of them when the range is smaller).
@@ -62,7 +65,7 @@ class TuneConfig:
 
 @dataclass
 class TuneResult:
-    workload: GemmWorkload
+    workload: Workload
     strategy: str
     sampled_ms: list[int]
     kernels: list[GemmSchedule]
@@ -80,7 +83,7 @@ class TuneResult:
 
 
 class Tuner:
-    def __init__(self, workload: GemmWorkload, db: Database, cache_dir: Path, config: TuneConfig = TuneConfig(),
+    def __init__(self, workload: Workload, db: Database, cache_dir: Path, config: TuneConfig = TuneConfig(),
                  source_fn: SourceFn = gemm.source, log: Callable[[str], None] = print):
         if config.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
@@ -91,7 +94,7 @@ class Tuner:
         self.source_fn, self.log = source_fn, log
         self.rng = random.Random(config.seed)
         self.wid = db.workload_id(workload)
-        self.model = CostModel(workload.k, workload.n, config.threads, config.seed)
+        self.model = CostModel(workload, config.threads, config.seed)
         self.ms = list(config.sample_ms) or workload.sampled_ms(config.samples)
         weights = np.asarray(config.sample_weights or [1.0] * len(self.ms), dtype=float)
         if len(weights) != len(self.ms) or (weights <= 0).any():
@@ -137,7 +140,7 @@ class Tuner:
             todo = [m for m in ms if m not in self.db.measured_ms(self.wid, cid, self.cfg.threads)]
             if not todo:
                 continue
-            result = measure(b, self.w.k, self.w.n, todo, self.runner)
+            result = measure(b, self.w, todo, self.runner)
             self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
             if result.error:
                 self.failed.add(cid)
@@ -240,8 +243,10 @@ class Tuner:
             at_hi = [c for c in cids if hi in self.times[c]]
             return [min(at_hi or cids, key=lambda c: self.times[c].get(hi, math.inf))]
         layouts = [dispatch.layout(self.schedules[c]) for c in cids]
+        # Only a prepacked weight has a layout to share; a batched GEMM packs per call.
+        one_layout = self.cfg.one_layout and self.w.prepacked
         return [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.ms), layouts, max_k,
-                                                      self.cfg.one_layout, self.weights)]
+                                                      one_layout, self.weights)]
 
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi

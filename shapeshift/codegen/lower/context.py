@@ -90,11 +90,15 @@ class LowerContext:
     def __init__(self, slot_of: Callable[[Value], int], extent_of: Callable[[Dim], str],
                  new_slot: Callable[[], int], packs: list[PackRequest], is_live_after: Callable[[Value], bool],
                  defined_before: Callable[[Optional[Value]], bool], cancellable: Callable[[Node], bool],
-                 late: Optional[dict[int, list[tuple[int, int]]]] = None, tuning=None):
+                 late: Optional[dict[int, list[tuple[int, int]]]] = None, tuning=None,
+                 tuned_calls: Optional[list[str]] = None):
         self._slot_of = slot_of
-        # Tuned GEMM dispatchers by weight shape (shapeshift/tune/records.py: ``get(k, n)``
-        # gives an object with ``name``), or None: the default schedule everywhere.
+        # Tuned GEMM dispatchers (shapeshift/tune/records.py: ``get(k, n)`` by weight shape,
+        # ``find_batched(...)`` by a batched call's structure, each giving an object with
+        # ``name``), or None: the default schedule everywhere.
         self._tuning = tuning
+        # Where the names of the batched dispatchers the rules call are recorded.
+        self._tuned_calls = tuned_calls if tuned_calls is not None else []
         # id(output) -> [(axis, j)]: the output's dims that only the data fixes, each to be
         # computed by Lowered.size_code into DIMS[j].
         self._late = late or {}
@@ -184,6 +188,19 @@ class LowerContext:
         prefix = tuned.name if tuned is not None else "ss_gemm_"
         self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32), prefix))
         return slot, f"{prefix}prepacked"
+
+    def batched_gemm_fn(self, m: Dim, n: Dim, k: Dim, batch: Sequence[Dim], a_strides: Sequence[Dim],
+                        b_strides: Sequence[Dim], c_strides: Sequence[Dim]) -> str:
+        """The function for an ``ss_gemm`` call of these sizes and strides (per batch dim,
+        then rows and columns; C's columns are contiguous): ``ss_gemm`` or, where the
+        tuning records have a call of this structure, its tuned dispatcher (same
+        arguments)."""
+        find = getattr(self._tuning, "find_batched", None)
+        tuned = find(m, n, k, batch, a_strides, b_strides, c_strides) if find is not None else None
+        if tuned is None:
+            return "ss_gemm"
+        self._tuned_calls.append(tuned.name)
+        return tuned.function
 
 
 def attr_axis(node: Node, rank: int, default: int = 0, name: str = "axis") -> int:

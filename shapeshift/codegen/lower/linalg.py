@@ -32,7 +32,7 @@ MAX_BATCH_DIMS = 2
 def _gemm_call(ctx: LowerContext, m: str, n: str, k: str, batch: Sequence[str], a: str, a_strides: Sequence[str],
                b: Optional[str], b_strides: Sequence[str], c: str, c_strides: Sequence[str],
                alpha: str = "1.0f", bias: str = "NULL", beta: str = "0.0f", bias_strides=("0", "0"), act: int = 0,
-               packed_b: Optional[str] = None, prepacked_fn: str = "ss_gemm_prepacked") -> str:
+               packed_b: Optional[str] = None, prepacked_fn: str = "ss_gemm_prepacked", fn: str = "ss_gemm") -> str:
     batch0, batch1 = (list(batch) + ["1", "1"])[:2]
     sa0, sa1, rsa, csa = a_strides
     sc0, sc1, ldc = c_strides
@@ -40,7 +40,7 @@ def _gemm_call(ctx: LowerContext, m: str, n: str, k: str, batch: Sequence[str], 
     if packed_b is not None:
         return f"{prepacked_fn}({m}, {n}, {k}, {batch0}, {batch1}, {a}, {sa0}, {sa1}, {rsa}, {csa}, {packed_b}, {tail});"
     sb0, sb1, rsb, csb = b_strides
-    return (f"ss_gemm({m}, {n}, {k}, {batch0}, {batch1}, {a}, {sa0}, {sa1}, {rsa}, {csa}, "
+    return (f"{fn}({m}, {n}, {k}, {batch0}, {batch1}, {a}, {sa0}, {sa1}, {rsa}, {csa}, "
             f"{b}, {sb0}, {sb1}, {rsb}, {csb}, {tail});")
 
 
@@ -208,8 +208,10 @@ def _lower_batched(node: Node, ctx: LowerContext, a: Value, b: Value, n: Dim, ab
     sa = dims(zeros + a_batch) + dims(va.strides[-2:])
     sb = dims(zeros + b_batch) + dims(vb.strides[-2:])
     sc = dims(zeros + c_batch) + [ctx.dim(c_strides[-2])]
+    fn = ctx.batched_gemm_fn(m, n, k, batch, [*a_batch, *va.strides[-2:]], [*b_batch, *vb.strides[-2:]],
+                             [*c_batch, c_strides[-2]])
     code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), dims(ones + batch), ctx.ptr(va.source), sa,
-                      ctx.ptr(vb.source), sb, ctx.ptr(out), sc, act=act, **bias_args)
+                      ctx.ptr(vb.source), sb, ctx.ptr(out), sc, act=act, fn=fn, **bias_args)
     return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed) + moved, cancels=va.cancels + vb.cancels,
                    reads=tuple(v.source for v in (va, vb) if v.cancels))
 
