@@ -1,23 +1,28 @@
 """Issue #5's bench: DietCode-style tuning against per-shape tuning, pad-max, OpenBLAS and
-onnxruntime on the BERT-base GEMMs, over a whole range of sequence lengths T.
+onnxruntime on the BERT-base GEMMs and attention matmuls, over a whole range of sequence
+lengths T.
 
     python bench/dietcode.py [--workloads 768x768,768x3072,3072x768,768x2304] [--batches 1,16]
-                             [--threads 1,2] [--lo 1] [--hi 512] [--trials 32] [--per-shape-trials 8]
+                             [--attention qk,pv] [--threads 1,2] [--lo 1] [--hi 512] [--trials 32]
+                             [--per-shape-trials 8]
                              [--held-out 8] [--dense-to 128] [--step 8] [--repeats 5] [--sample-ms 2.5]
                              [--output bench/results/dietcode.md] [--quick] [--dry-run]
 
 Tasks: every (workload KxN, batch, threads) is a dense task, C[M,N] = A[M,K] x B[K,N] with B
-a constant weight and M = batch x T, T in [lo, hi]; every (batch, threads) also times the
-attention matmuls (12 heads), which the tuner does not handle, untuned.
+a constant weight and M = batch x T, T in [lo, hi]; every (attention matmul, batch,
+threads) is a batched task over 12 x batch heads, all operands contiguous: qk is
+Q K^T, [b,12,T,64] x [b,12,64,T], and pv is P V, [b,12,T,T] x [b,12,T,64] (both T dims
+dynamic; the tuner's dynamic value is T itself).
 
-Per dense task, each strategy tunes from an empty database and compile cache (so wall
-times compare): dietcode over the whole range of M, pad-max likewise, per-shape on the
-tuner's sampled Ms (the same trials per shape, ``--per-shape-trials``), and per-shape on
-``--held-out`` more shapes, each tuned alone as a one-point range. Then a child process
+Per task, each strategy tunes from an empty database and compile cache (so wall times
+compare): dietcode over the whole range, pad-max likewise, per-shape on the tuner's sampled
+shapes (the same trials per shape, ``--per-shape-trials``), and per-shape on ``--held-out``
+more shapes, each tuned alone as a one-point range. Then a child process
 (bench/dietcode_timing.py, with the thread count fixed before numpy loads) checks and
 times, interleaved at every point: the dispatcher and pad-max at every T of the grid (every
 T up to ``--dense-to``, then every ``--step``-th), per-shape at its own shapes, numpy
-(OpenBLAS) and onnxruntime MatMul at the same thread count.
+(OpenBLAS) and onnxruntime MatMul at the same thread count, and for a batched task the
+untuned default schedule too.
 
 Writes OUTPUT (markdown: per-task summaries with issue #5's targets marked met / not met,
 per-T tables) and a PNG next to it, both at the end; after every task, the results so far
@@ -48,17 +53,20 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dietcode_report as report  # noqa: E402
+from shapeshift.codegen.kernels.gemm import GemmSchedule  # noqa: E402
 from shapeshift.tune.database import Database  # noqa: E402
 from shapeshift.tune.runner import RunnerConfig  # noqa: E402
 from shapeshift.tune.search import TuneConfig, Tuner, TuneResult  # noqa: E402
-from shapeshift.tune.workload import GemmWorkload  # noqa: E402
+from shapeshift.tune.workload import BatchedGemmWorkload, GemmWorkload  # noqa: E402
 
 TIMING_SCRIPT = Path(__file__).resolve().parent / "dietcode_timing.py"
 
-DEFAULTS = dict(workloads="768x768,768x3072,3072x768,768x2304", batches="1,16", threads="1,2", lo=1, hi=512,
+DEFAULTS = dict(workloads="768x768,768x3072,3072x768,768x2304", attention="qk,pv", batches="1,16", threads="1,2",
+                lo=1, hi=512,
                 trials=32, per_shape_trials=8, held_out=8, dense_to=128, step=8, repeats=5, sample_ms=2.5,
                 output=ROOT / "bench" / "results" / "dietcode.md")
-QUICK = dict(DEFAULTS, workloads="768x768", batches="1", threads="1", hi=64, trials=8, per_shape_trials=2,
+QUICK = dict(DEFAULTS, workloads="768x768", attention="qk", batches="1", threads="1", hi=64, trials=8,
+             per_shape_trials=2,
              held_out=4, dense_to=16, step=8, repeats=3, output=ROOT / "bench" / "results" / "dietcode_quick.md")
 
 # For the printed estimate only (a rough guide, calibrated on this shared 2-core machine).
@@ -79,7 +87,8 @@ VALIDATION_MEASUREMENTS = 20
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", help="comma list of KxN (default %(default)s)")
-    parser.add_argument("--batches", help="comma list; M = batch x T")
+    parser.add_argument("--attention", help="comma list of attention matmuls to tune: qk, pv (empty: none)")
+    parser.add_argument("--batches", help="comma list; M = batch x T (dense), 12 x batch heads (attention)")
     parser.add_argument("--threads", help="comma list of thread counts")
     parser.add_argument("--lo", type=int, help="smallest T")
     parser.add_argument("--hi", type=int, help="largest T")
@@ -104,14 +113,27 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_tasks(args: argparse.Namespace) -> list[dict]:
-    """Dense tasks, then the attention task, per (threads, batch)."""
+    """Dense tasks, then the attention tasks, per (threads, batch)."""
     shapes = [tuple(int(x) for x in w.lower().split("x")) for w in args.workloads.split(",") if w]
+    ops = [op for op in args.attention.split(",") if op]
+    for op in ops:
+        if op not in report.ATTENTION_OPS:
+            raise SystemExit(f"--attention: unknown matmul {op!r}; choose from {', '.join(report.ATTENTION_OPS)}")
     tasks = []
     for threads in (int(x) for x in args.threads.split(",")):
         for batch in (int(x) for x in args.batches.split(",")):
             tasks += [{"kind": "dense", "k": k, "n": n, "batch": batch, "threads": threads} for k, n in shapes]
-            tasks.append({"kind": "attention", "batch": batch, "threads": threads})
+            tasks += [{"kind": "attention", "op": op, "batch": batch, "threads": threads} for op in ops]
     return tasks
+
+
+def attention_workload(op: str, batch: int, lo: int, hi: int) -> BatchedGemmWorkload:
+    """12 x batch contiguous heads: Q K^T ([T,64] x [64,T]) or P V ([T,T] x [T,64])."""
+    heads, d = report.HEADS * batch, report.HEAD_DIM
+    t, t2, c = (0, 1, 0), (0, 0, 1), (lambda x: (x, 0, 0))
+    if op == "qk":
+        return BatchedGemmWorkload(heads, t, t, c(d), ((0, d, 0), c(d), c(1)), ((0, d, 0), t, c(1)), (t2, t), lo, hi)
+    return BatchedGemmWorkload(heads, t, c(d), t, (t2, t, c(1)), ((0, d, 0), c(d), c(1)), ((0, d, 0), c(d)), lo, hi)
 
 
 def _timing_s(flops: list[float], methods: int, args: argparse.Namespace, threads: int) -> float:
@@ -125,18 +147,24 @@ def estimate_s(task: dict, args: argparse.Namespace) -> float:
     grid = report.t_grid(args.lo, args.hi, args.dense_to, args.step)
     b, t = task["batch"], task["threads"]
     if task["kind"] == "attention":
-        flops = [2.0 * b * 12 * x * x * 64 for x in report.attention_ts(grid)]
-        return _timing_s(flops + flops, 3, args, t)
-    k, n = task["k"], task["n"]
+        workload = attention_workload(task["op"], b, args.lo, args.hi)
+        flops_at, methods = workload.flops, 5
+    else:
+        k, n = task["k"], task["n"]
+
+        def flops_at(x: float) -> float:
+            return 2.0 * k * n * b * x
+
+        methods = 4
     samples = TuneConfig().samples
     trials = 2 * args.trials + args.per_shape_trials * (samples + args.held_out)
     runs = 3 + args.held_out
-    mid_flops = 2.0 * k * n * b * (args.lo + args.hi) / 2  # measurements spread over the range
+    mid_flops = flops_at((args.lo + args.hi) // 2)  # measurements spread over the range
     measure_s = CALLS_PER_MEASUREMENT * mid_flops / (ASSUMED_GFLOPS * 1e9 * t)
     tuning = trials * (SECONDS_PER_TRIAL + MEASUREMENTS_PER_TRIAL * measure_s) + 3 * VALIDATION_MEASUREMENTS * measure_s
     tuning += runs * 2.0  # start-up of a Tuner run (database, first cost-model fit)
-    points = [2.0 * k * n * b * x for x in grid] + [mid_flops] * (samples + args.held_out)
-    return tuning + _timing_s(points, 4, args, t)
+    points = [flops_at(x) for x in grid] + [mid_flops] * (samples + args.held_out)
+    return tuning + _timing_s(points, methods, args, t)
 
 
 def fmt_duration(seconds: float) -> str:
@@ -159,9 +187,10 @@ def print_plan(tasks: list[dict], args: argparse.Namespace) -> None:
     sys.stdout.flush()
 
 
-# ---- one dense task ---------------------------------------------------------------------
+# ---- one task -----------------------------------------------------------------------------
 
-def tune(workload: GemmWorkload, cfg: TuneConfig, root: Path, label: str) -> tuple[TuneResult, float]:
+def tune(workload: GemmWorkload | BatchedGemmWorkload, cfg: TuneConfig, root: Path, label: str
+         ) -> tuple[TuneResult, float]:
     """One tuning from an empty database and compile cache; (result, wall seconds)."""
     print(f"    {label}: {workload.describe()}", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="tune_", dir=root))
@@ -203,9 +232,22 @@ def run_timing(spec: dict, threads: int, tmp: Path) -> dict:
     return json.loads(out_path.read_text())
 
 
-def run_dense(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
-    k, n, batch, threads = task["k"], task["n"], task["batch"], task["threads"]
-    workload = GemmWorkload(k, n, batch * args.lo, batch * args.hi)
+def run_task(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
+    threads = task["threads"]
+    if task["kind"] == "dense":
+        # The tuner's dynamic value is M = batch x T.
+        batch = task["batch"]
+        workload = GemmWorkload(task["k"], task["n"], batch * args.lo, batch * args.hi)
+
+        def one_point(m: int):
+            return GemmWorkload(task["k"], task["n"], m, m)
+    else:
+        # ... or T itself, the batch being part of the structure (12 x batch heads).
+        batch = 1
+        workload = attention_workload(task["op"], task["batch"], args.lo, args.hi)
+
+        def one_point(m: int):
+            return attention_workload(task["op"], task["batch"], m, m)
 
     def config(strategy: str, trials: int, **extra) -> TuneConfig:
         return TuneConfig(strategy=strategy, trials=trials, threads=threads, runner=RunnerConfig(threads=threads),
@@ -218,16 +260,21 @@ def run_dense(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
     per, per_wall = tune(workload, config("per-shape", args.per_shape_trials * len(sampled),
                                           max_kernels=len(sampled)), tmp, "per-shape (sampled shapes)")
     held = report.held_out_ms(sampled, batch, args.held_out)
-    held_results = {m: tune(GemmWorkload(k, n, m, m), config("per-shape", args.per_shape_trials), tmp,
-                            f"per-shape (held out, M = {m})") for m in held}
+    held_results = {m: tune(one_point(m), config("per-shape", args.per_shape_trials), tmp,
+                            f"per-shape (held out, {'M' if task['kind'] == 'dense' else 'T'} = {m})")
+                    for m in held}
     libraries = {"dietcode": library(diet), "pad-max": library(pad), "per-shape": library(per)}
     libraries.update({f"held-out {m}": library(r) for m, (r, _) in held_results.items()})
     grid = report.t_grid(args.lo, args.hi, args.dense_to, args.step)
     pts = points(grid, batch, sampled, held)
+    if task["kind"] == "attention":  # what tuning gained over the hand-picked default
+        libraries["untuned"] = {"kernels": [dataclasses.asdict(GemmSchedule())], "tree": {"leaf": 0}}
+        for p in pts:
+            p["ours"]["untuned"] = "untuned"
     print(f"    timing {len(pts)} points", flush=True)
     start = time.perf_counter()
-    spec = {"kind": "dense", "k": k, "n": n, "threads": threads, "repeats": args.repeats,
-            "sample_s": args.sample_ms / 1e3, "libraries": libraries,
+    spec = {**{key: task[key] for key in ("kind", "k", "n", "op", "batch") if key in task},
+            "threads": threads, "repeats": args.repeats, "sample_s": args.sample_ms / 1e3, "libraries": libraries,
             "points": [{"m": p["m"], "ours": p["ours"]} for p in pts]}
     timed = run_timing(spec, threads, tmp)
     print(f"    timing: {time.perf_counter() - start:.0f} s", flush=True)
@@ -240,14 +287,6 @@ def run_dense(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
             "trials": {"dietcode": diet.trials, "pad-max": pad.trials, "per-shape (sampled)": per.trials,
                        "per-shape (held out)": sum(r.trials for r, _ in held_results.values())},
             "kernels": len(diet.kernels), "spearman": diet.spearman}
-
-
-def run_attention(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
-    ts = report.attention_ts(report.t_grid(args.lo, args.hi, args.dense_to, args.step))
-    spec = {"kind": "attention", "batch": task["batch"], "threads": task["threads"], "repeats": args.repeats,
-            "sample_s": args.sample_ms / 1e3, "ts": ts}
-    timed = run_timing(spec, task["threads"], tmp)
-    return {"task": task, "rows": timed["rows"], "blas": timed["blas"]}
 
 
 # ---- output -----------------------------------------------------------------------------
@@ -269,7 +308,10 @@ METHOD = """How it was measured:
   OpenMP and OpenBLAS, so idle pools do not hold the cores). At every point each method runs once and its
   output is checked against numpy's; then the methods are sampled in turn, interleaved, and the median sample
   kept (samples of about --sample-ms; 3 samples when one call takes over 50 ms).
-- Ours (`ss_gemm_tuned` of each dispatcher, B prepacked) is timed by a loop in C; numpy
+- Attention tasks: the batched matmuls of 12 x batch heads, contiguous operands (Q [b,12,T,64], K^T
+  [b,12,64,T], P [b,12,T,T], V [b,12,T,64]); the tuner's dynamic value is T (both T dims of the product
+  follow it), so held-out and sampled shapes are Ts. Their tables add the untuned default schedule.
+- Ours (`ss_gemm_tuned` of each dispatcher, B prepacked; `ss_bmm_tuned_gemm` for attention) is timed by a loop in C; numpy
   (`np.matmul(a, b, out=c)`) and onnxruntime (B an initializer, `run_with_iobinding` into a bound output) by
   Python loops, so they pay a few microseconds of call overhead per call, which shows at the smallest T.
 - Per-shape tuned is timed at its own shapes only, as the dispatcher its tuning produced (the kernel its tree
@@ -325,11 +367,9 @@ def main() -> None:
         for i, task in enumerate(tasks, 1):
             print(f"== task {i}/{len(tasks)}: {report.task_label(task)} "
                   f"({(time.perf_counter() - start) / 60:.0f} min so far)", flush=True)
-            run = run_dense if task["kind"] == "dense" else run_attention
-            results.append(run(task, args, Path(tmp)))
-            if task["kind"] == "dense":
-                for what, value, threshold, met in report.evaluate_targets(report.dense_summary(results[-1])):
-                    print(f"    {'met' if met else 'NOT met'}: {what} = {value:.3g} (>= {threshold:g})", flush=True)
+            results.append(run_task(task, args, Path(tmp)))
+            for what, value, threshold, met in report.evaluate_targets(report.dense_summary(results[-1])):
+                print(f"    {'met' if met else 'NOT met'}: {what} = {value:.3g} (>= {threshold:g})", flush=True)
             write(args, meta, results, final=False)
     meta.update(load_after=os.getloadavg()[0], took=fmt_duration(time.perf_counter() - start))
     write(args, meta, results, final=True)

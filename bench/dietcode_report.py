@@ -4,13 +4,14 @@ numbers, issue #5's targets, the markdown and the plot.
 Nothing here tunes or times, so tests/test_bench_dietcode.py checks it in milliseconds.
 Results are plain JSON-able dicts (what bench/dietcode.py collects per task):
 
-dense task: {"task": {"kind": "dense", "k", "n", "batch", "threads"}, "wall": {"dietcode",
+task: {"task": {"kind": "dense", "k", "n", "batch", "threads"} or {"kind": "attention", "op", "batch",
+"threads"}, "wall": {"dietcode",
 "pad-max", "per-shape", "held-out": [s, ...]}, "trials": {...}, "sampled_ms", "held_out_ms",
 "t_range": [lo, hi], "extrapolate_to" (how many T per-shape would tune: every T in
 [lo, min(hi, 128)]),
 "kernels", "spearman", "rows": [{"m", "t", "grid", "sampled", "held_out", "kernel",
-"gflops": {column: GFLOPS}}]}
-attention task: {"task": {"kind": "attention", "batch", "threads"}, "rows": [{"t", "op", "gflops"}]}
+"gflops": {column: GFLOPS}}]}; an attention task's "m" is T (its tuner's dynamic value), and
+its rows have an "untuned" column too.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ TARGETS = (
 )
 
 # One colour per method in every panel of the plot.
-COLOURS = {"dispatcher": "C0", "ss_gemm (untuned)": "C0", "pad-max": "C1", "numpy": "C2", "onnxruntime": "C3"}
+COLOURS = {"dispatcher": "C0", "pad-max": "C1", "numpy": "C2", "onnxruntime": "C3", "untuned": "C7"}
+
+# BERT-base attention: 12 heads of 64; its two batched matmuls.
+HEADS, HEAD_DIM = 12, 64
+ATTENTION_OPS = {"qk": "Q K^T [T,64] x [64,T]", "pv": "P V [T,T] x [T,64]"}
 
 
 # ---- shapes -----------------------------------------------------------------------------
@@ -46,11 +51,6 @@ def t_grid(lo: int, hi: int, dense_to: int = EXTRAPOLATE_TO_T, step: int = 8) ->
     dense = range(lo, min(hi, dense_to) + 1)
     sparse = range(dense_to + step, hi + 1, step)
     return sorted(set(dense) | {t for t in sparse if t >= lo} | {hi})
-
-
-def attention_ts(grid: Sequence[int]) -> list[int]:
-    """A sparser grid for the attention matmuls: the powers of two and multiples of 32."""
-    return [t for t in grid if t & (t - 1) == 0 or t % 32 == 0]
 
 
 def held_out_ms(sampled: Sequence[int], batch: int, count: int) -> list[int]:
@@ -132,7 +132,10 @@ def evaluate_targets(summary: dict) -> list[tuple[str, float, float, bool]]:
 # ---- markdown ---------------------------------------------------------------------------
 
 def task_label(task: dict) -> str:
-    what = f"dense {task['k']}x{task['n']}" if task["kind"] == "dense" else "attention (12 heads)"
+    if task["kind"] == "dense":
+        what = f"dense {task['k']}x{task['n']}"
+    else:
+        what = f"attention {ATTENTION_OPS[task['op']]} x {HEADS * task['batch']} heads"
     return f"{what}, batch {task['batch']}, {task['threads']} thread{'s' if task['threads'] > 1 else ''}"
 
 
@@ -151,9 +154,11 @@ def dense_section(res: dict) -> str:
     task = res["task"]
     rho = f"{s['spearman']:.2f}" if s["spearman"] is not None else "-"
     lo, hi = res["t_range"]
+    size = f"M = {task['batch']} x T" if task["kind"] == "dense" else "Sizes follow T (M = T, and N or K = T)"
+    untuned = "untuned" in res["rows"][0]["gflops"] if res["rows"] else False
     lines = [
         f"## {task_label(task)}", "",
-        f"M = {task['batch']} x T. Trials: " + ", ".join(f"{k} {v}" for k, v in res["trials"].items()) + ".", "",
+        f"{size}. Trials: " + ", ".join(f"{k} {v}" for k, v in res["trials"].items()) + ".", "",
         "| measure | value |", "|---|---|",
         f"| tuning wall time, dietcode (whole range) | {s['dietcode_wall']:.0f} s |",
         f"| tuning wall time, pad-max | {s['pad_max_wall']:.0f} s |",
@@ -180,38 +185,26 @@ def dense_section(res: dict) -> str:
     ]
     lines += [f"- **{'met' if met else 'NOT met'}**: {what} = {value:.3g} (target >= {threshold:g})"
               for what, value, threshold, met in evaluate_targets(s)]
+    extra = " untuned default |" if untuned else ""
     lines += ["", "| T | M | dispatcher GFLOPS (kernel) | pad-max | per-shape tuned | numpy (OpenBLAS) | onnxruntime "
-                  "| dispatcher / OpenBLAS |", "|---|---|---|---|---|---|---|---|"]
+                  f"|{extra} dispatcher / OpenBLAS |", "|---|---|---|---|---|---|---|" + ("---|" if untuned else "")
+              + "---|"]
     for r in res["rows"]:
         mark = " (held out)" if r["held_out"] else " (sampled)" if r["sampled"] else ""
         ratio = r["gflops"]["dispatcher"] / r["gflops"]["numpy"]
+        cell = f" {_g(r, 'untuned')} |" if untuned else ""
         lines.append(f"| {fmt_t(r['t'])}{mark} | {r['m']} | {_g(r, 'dispatcher')} ({r['kernel']}) | {_g(r, 'pad-max')} "
-                     f"| {_g(r, 'per-shape')} | {_g(r, 'numpy')} | {_g(r, 'onnxruntime')} | {ratio:.2f} |")
-    return "\n".join(lines) + "\n"
-
-
-def attention_section(res: dict) -> str:
-    lines = [f"## {task_label(res['task'])}: untuned", "",
-             "QK^T: [b,12,T,64] x [b,12,64,T]; PV: [b,12,T,T] x [b,12,T,64], all contiguous. The tuner does not "
-             "handle these (no constant B), so ours is the default `ss_gemm` schedule, untuned.", "",
-             "| T | op | ss_gemm (untuned) GFLOPS | numpy | onnxruntime | ss_gemm / numpy |",
-             "|---|---|---|---|---|---|"]
-    for r in res["rows"]:
-        g = r["gflops"]
-        ours = g["ss_gemm (untuned)"]
-        lines.append(f"| {r['t']} | {r['op']} | {ours:.1f} | {g['numpy']:.1f} | {g['onnxruntime']:.1f} "
-                     f"| {ours / g['numpy']:.2f} |")
+                     f"| {_g(r, 'per-shape')} | {_g(r, 'numpy')} | {_g(r, 'onnxruntime')} |{cell} {ratio:.2f} |")
     return "\n".join(lines) + "\n"
 
 
 def targets_section(results: Sequence[dict]) -> str:
-    dense = [r for r in results if r["task"]["kind"] == "dense"]
-    if not dense:
+    if not results:
         return ""
     heads = [f"{short} (>= {threshold:g})" for _, short, _, threshold in TARGETS]
     lines = ["## Targets (issue #5)", "", "| task | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     all_met = True
-    for res in dense:
+    for res in results:
         s = dense_summary(res)
         cells = []
         for (key, *_), (_, value, _, met) in zip(TARGETS, evaluate_targets(s)):
@@ -233,8 +226,7 @@ def render(meta: dict, results: Sequence[dict], png: Optional[str], partial: boo
             f"({meta['blas']}), onnxruntime {meta['onnxruntime']}. 1-minute load average {meta['load_before']:.1f} "
             f"before the run, {after} after it. Started {meta['started']}, took {meta.get('took', '-')}.", "",
             meta["method"], ""]
-    body = [targets_section(results)] + [dense_section(r) if r["task"]["kind"] == "dense" else attention_section(r)
-                                         for r in results]
+    body = [targets_section(results)] + [dense_section(r) for r in results]
     if png:
         body.append(f"![GFLOPS against T]({png})\n")
     return "\n".join(head) + "\n" + "\n".join(body)
@@ -251,18 +243,12 @@ def plot(results: Sequence[dict], path: Path) -> None:
     panels = []  # (title, {label: (ts, gflops)}, {label: (ts, gflops)} drawn as markers)
     for res in results:
         rows = res["rows"]
-        if res["task"]["kind"] == "dense":
-            grid = [r for r in rows if r["grid"]]
-            lines = {c: ([r["t"] for r in grid], [r["gflops"][c] for r in grid])
-                     for c in ("dispatcher", "pad-max", "numpy", "onnxruntime")}
-            tuned = [r for r in rows if "per-shape" in r["gflops"]]
-            marks = {"per-shape tuned": ([r["t"] for r in tuned], [r["gflops"]["per-shape"] for r in tuned])}
-            panels.append((task_label(res["task"]), lines, marks))
-        else:
-            for op in dict.fromkeys(r["op"] for r in rows):
-                sel = [r for r in rows if r["op"] == op]
-                lines = {c: ([r["t"] for r in sel], [r["gflops"][c] for r in sel]) for c in sel[0]["gflops"]}
-                panels.append((f"{task_label(res['task'])}, {op}", lines, {}))
+        grid = [r for r in rows if r["grid"]]
+        lines = {c: ([r["t"] for r in grid], [r["gflops"][c] for r in grid])
+                 for c in ("dispatcher", "pad-max", "numpy", "onnxruntime", "untuned") if grid and c in grid[0]["gflops"]}
+        tuned = [r for r in rows if "per-shape" in r["gflops"]]
+        marks = {"per-shape tuned": ([r["t"] for r in tuned], [r["gflops"]["per-shape"] for r in tuned])}
+        panels.append((task_label(res["task"]), lines, marks))
     if not panels:
         return
     cols = min(2, len(panels))

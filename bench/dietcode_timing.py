@@ -20,13 +20,12 @@ their call overhead, as they would in a Python program.
 SPEC: {"kind": "dense", "k", "n", "threads", "repeats", "sample_s", "cache_dir",
 "libraries": {name: {"kernels": [GemmSchedule fields], "tree": {...}}},
 "points": [{"m": M, "ours": {column: library name}}]}
-or {"kind": "attention", "batch", "threads", "repeats", "sample_s", "cache_dir", "ts": [T]}.
+or {"kind": "attention", "op": "qk" | "pv", "batch", ... the same, with "m" of a point being T}.
 OUT: {"rows": [...], "blas": threadpoolctl's view of numpy's BLAS}.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import statistics
 import sys
@@ -41,29 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sampling import Sampler, python_loop  # noqa: E402
 from shapeshift.codegen.build import compile_library  # noqa: E402
-from shapeshift.codegen.kernels import gemm  # noqa: E402
 from shapeshift.codegen.kernels.gemm import GemmSchedule  # noqa: E402
-from shapeshift.codegen.kernels.prelude import PRELUDE  # noqa: E402
 from shapeshift.tune import dispatch  # noqa: E402
 
-HEADS, HEAD_DIM = 12, 64
+from dietcode_report import HEAD_DIM, HEADS  # noqa: E402
 # A call longer than this is sampled fewer times: at M = 16 x 512 one call takes ~0.5 s.
 LONG_CALL_S = 0.05
-
-# ss_gemm timed by a loop in C (the untuned default schedule, for the attention matmuls).
-SS_GEMM_BENCH = """
-double bench_ss_gemm(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t batch1,
-                     const float* A, int64_t sa0, int64_t sa1, int64_t rsa, int64_t csa,
-                     const float* B, int64_t sb0, int64_t sb1, int64_t rsb, int64_t csb,
-                     float* C, int64_t sc0, int64_t sc1, int64_t ldc)
-{
-    double start = omp_get_wtime();
-    for (int64_t i = 0; i < calls; ++i)
-        ss_gemm(M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, B, sb0, sb1, rsb, csb,
-                C, sc0, sc1, ldc, 1.0f, NULL, 0.0f, 0, 0, 0);
-    return (omp_get_wtime() - start) / (double)calls;
-}
-"""
 
 
 
@@ -180,55 +162,48 @@ def time_dense(spec: dict) -> list[dict]:
     return rows
 
 
-# ---- attention: the untuned ss_gemm on batched matmuls ----------------------------------
+# ---- attention: the tuned batched dispatchers against numpy and onnxruntime -------------
 
-def load_ss_gemm(threads: int, cache: Path):
-    lib = compile_library(PRELUDE + gemm.source() + SS_GEMM_BENCH, name_hint="bench_dietcode_attn",
-                          cache_dir=cache).cdll
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.bench_ss_gemm.argtypes = [i64] * 6 + [ptr, i64, i64, i64, i64] * 2 + [ptr, i64, i64, i64]
-    lib.bench_ss_gemm.restype = ctypes.c_double
-    lib.ss_set_num_threads.argtypes = [ctypes.c_int]
+def load_batched(entry: dict, threads: int, cache: Path):
+    kernels = [GemmSchedule(**s) for s in entry["kernels"]]
+    source = dispatch.batched_library_source(kernels, entry["tree"], "M")  # M = T in both matmuls
+    lib = dispatch.load_batched(compile_library(source, name_hint="bench_dietcode_bmm", cache_dir=cache).cdll)
     lib.ss_set_num_threads(threads)
     return lib
 
 
-def batched_methods(lib, sess, x: np.ndarray, y: np.ndarray) -> dict[str, Method]:
-    """out = x @ y over the two leading (batch, head) dims; all contiguous."""
-    bt, h, m, kk = x.shape
-    nn = y.shape[3]
-    ours = np.full((bt, h, m, nn), np.nan, dtype=np.float32)
-    ref = np.empty_like(ours)
-
-    def sample(calls: int) -> float:
-        return lib.bench_ss_gemm(calls, m, nn, kk, bt, h, x.ctypes.data, h * m * kk, m * kk, kk, 1,
-                                 y.ctypes.data, h * kk * nn, kk * nn, nn, 1, ours.ctypes.data, h * m * nn, m * nn, nn)
-
-    return {"ss_gemm (untuned)": Method(sample, ours),
-            "numpy": Method(python_loop(lambda: np.matmul(x, y, out=ref)), ref),
-            "onnxruntime": ort_method(sess, {"A": x, "B": y}, np.full_like(ours, np.nan))}
-
-
 def time_attention(spec: dict) -> list[dict]:
-    batch, threads = spec["batch"], spec["threads"]
-    lib = load_ss_gemm(threads, Path(spec["cache_dir"]))
-    dims = [batch, HEADS]
-    scores = ort_session(matmul_model([*dims, "T", HEAD_DIM], [*dims, HEAD_DIM, "T"], [*dims, "T", "T"]), threads)
-    context = ort_session(matmul_model([*dims, "T", "T"], [*dims, "T", HEAD_DIM], [*dims, "T", HEAD_DIM]), threads)
+    """Q K^T ([h,T,64] x [h,64,T]) or P V ([h,T,T] x [h,T,64]) over h = 12 x batch contiguous heads."""
+    op, heads, threads = spec["op"], HEADS * spec["batch"], spec["threads"]
+    cache = Path(spec["cache_dir"])
+    libs = {name: load_batched(entry, threads, cache) for name, entry in spec["libraries"].items()}
+    dims = [heads]
+    if op == "qk":
+        sess = ort_session(matmul_model([*dims, "T", HEAD_DIM], [*dims, HEAD_DIM, "T"], [*dims, "T", "T"]), threads)
+    else:
+        sess = ort_session(matmul_model([*dims, "T", "T"], [*dims, "T", HEAD_DIM], [*dims, "T", HEAD_DIM]), threads)
     rng = np.random.default_rng(1)
     rows = []
-    for t in spec["ts"]:
-        q = rng.standard_normal((batch, HEADS, t, HEAD_DIM)).astype(np.float32)
-        kt = rng.standard_normal((batch, HEADS, HEAD_DIM, t)).astype(np.float32)
-        p = rng.random((batch, HEADS, t, t)).astype(np.float32)
-        v = rng.standard_normal((batch, HEADS, t, HEAD_DIM)).astype(np.float32)
-        flops = 2.0 * batch * HEADS * t * t * HEAD_DIM
-        for op, sess, x, y, k in (("QK^T", scores, q, kt, HEAD_DIM), ("PV", context, p, v, t)):
-            seconds = time_point(batched_methods(lib, sess, x, y), k, spec["repeats"], spec["sample_s"],
-                                 f"attention {op}, batch {batch}, T={t}")
-            rows.append({"t": t, "op": op, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()}})
-            print(f"      {op} T={t}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()),
-                  flush=True)
+    for point in spec["points"]:
+        t = point["m"]
+        m, k, n = (t, HEAD_DIM, t) if op == "qk" else (t, t, HEAD_DIM)
+        x = rng.standard_normal((heads, m, k)).astype(np.float32)
+        y = rng.standard_normal((heads, k, n)).astype(np.float32)
+        methods = {}
+        for column, name in point["ours"].items():
+            c = np.full((heads, m, n), np.nan, dtype=np.float32)
+            methods[column] = Method(
+                lambda calls, lib=libs[name], c=c: lib.ss_bmm_tuned_bench(
+                    calls, m, n, k, heads, x.ctypes.data, m * k, k, 1, y.ctypes.data, k * n, n, 1, c.ctypes.data,
+                    m * n, n), c)
+        ref = np.empty((heads, m, n), dtype=np.float32)
+        methods["numpy"] = Method(python_loop(lambda: np.matmul(x, y, out=ref)), ref)
+        methods["onnxruntime"] = ort_method(sess, {"A": x, "B": y}, np.full((heads, m, n), np.nan, dtype=np.float32))
+        seconds = time_point(methods, k, spec["repeats"], spec["sample_s"], f"attention {op}, {heads} heads, T={t}")
+        flops = 2.0 * heads * m * n * k
+        kernel = libs[point["ours"]["dispatcher"]].ss_bmm_tuned_choice(t) if "dispatcher" in point["ours"] else None
+        rows.append({"m": t, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()}})
+        print(f"      T={t}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()), flush=True)
     return rows
 
 

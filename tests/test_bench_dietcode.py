@@ -24,10 +24,6 @@ def test_grid_is_every_t_to_dense_to_then_every_step_th():
     assert report.t_grid(3, 3) == [3]
 
 
-def test_attention_grid_is_powers_of_two_and_multiples_of_32():
-    assert report.attention_ts(report.t_grid(1, 512)) == [1, 2, 4, 8, 16] + list(range(32, 513, 32))
-
-
 @pytest.mark.parametrize("batch", [1, 16])
 def test_held_out_shapes_are_midpoints_not_sampled_multiples_of_batch(batch):
     sampled = [1 * batch] + [round(x) for x in [batch + i * (511 * batch) / 9 for i in range(1, 10)]]
@@ -112,3 +108,28 @@ def test_a_wrong_result_fails_loudly():
         timing.time_point(methods, 4, 3, 0.001, "M=3")
     methods["dispatcher"] = timing.Method(lambda calls: 2e-6, ref.copy())
     assert timing.time_point(methods, 4, 3, 0.001, "M=3") == {"numpy": 1e-6, "dispatcher": 2e-6}
+
+
+def test_attention_task_renders_with_its_untuned_column():
+    res = _result()
+    res["task"] = {"kind": "attention", "op": "pv", "batch": 1, "threads": 1}
+    for row in res["rows"]:
+        row["gflops"]["untuned"] = 30.0
+    meta = {"command": "c", "machine": "x", "python": "3", "numpy": "2", "blas": "openblas", "onnxruntime": "1",
+            "load_before": 0.5, "started": "now", "method": "How."}
+    text = report.render(meta, [res], None)
+    assert "attention P V [T,T] x [T,64] x 12 heads, batch 1, 1 thread" in text
+    assert "untuned default |" in text and "| 30.0 |" in text
+
+
+def test_attention_workloads_address_contiguous_heads():
+    np = pytest.importorskip("numpy")
+    import dietcode
+
+    for op, (a_shape, b_shape) in {"qk": ((24, 5, 64), (24, 64, 5)), "pv": ((24, 5, 5), (24, 5, 64))}.items():
+        w = dietcode.attention_workload(op, 2, 1, 512)
+        m, k, n, batch = w.shape(5)
+        assert (batch, m, k) == a_shape and (batch, k, n) == b_shape
+        st = w.strides(5)
+        for strides, shape in ((st["a"], a_shape), (st["b"], b_shape), ([*st["c"], 1], (batch, m, n))):
+            assert [s * 4 for s in strides] == list(np.empty(shape, np.float32).strides)
