@@ -488,7 +488,7 @@ def _broadcast_size_code(node: Node, ctx: LowerContext) -> str:
     rank = len(ctx.shape(node.outputs[0]))
     lines = []
     for axis, lvalue in late.items():
-        lines.append(f"{{ int64_t d = 1;")
+        lines.append("{ int64_t d = 1;")
         for value in node.inputs:
             if value is None:
                 continue
