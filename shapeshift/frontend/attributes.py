@@ -30,7 +30,8 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
     if (dtype is None or sys.byteorder != "little" or not tensor.HasField("raw_data")
             or tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.HasField("segment")):
         return numpy_helper.to_array(tensor)
-    return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims)
+    # dims[:] is a list: NumPy reads it several times faster than the proto's container.
+    return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims[:])
 
 
 def _decode(raw: bytes) -> str:

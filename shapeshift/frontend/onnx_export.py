@@ -98,17 +98,21 @@ def write_graph(proto: onnx.GraphProto, graph: Graph, emitter: Optional[ParamEmi
     into its model); static parameters are written through ``emitter``."""
     if emitter is None:
         # The emitted computations go at the top of the graph being written (the
-        # root, or a body written on its own, e.g. for onnx.reference).
+        # root, or a body written on its own, e.g. for onnx.reference); they are
+        # known once the nodes are written, so those go to a scratch list first.
         emitter = ParamEmitter(graph.root)
-        nodes = _write_parts(proto, graph, emitter)
-        proto.node.extend(emitter.nodes + nodes)
+        scratch = onnx.GraphProto()
+        _write_parts(proto, graph, emitter, scratch.node)
+        proto.node.extend(emitter.nodes)
+        proto.node.extend(scratch.node)
         proto.initializer.extend(emitter.initializers)
     else:
-        proto.node.extend(_write_parts(proto, graph, emitter))
+        _write_parts(proto, graph, emitter, proto.node)
 
 
-def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter) -> list[onnx.NodeProto]:
-    """Write all of ``graph`` but its nodes into ``proto``; returns the nodes' protos."""
+def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter, nodes) -> None:
+    """Write all of ``graph`` but its nodes into ``proto``, and its nodes into ``nodes``
+    (a repeated NodeProto field: each is built in place, not built and then copied)."""
     proto.name = graph.name
     proto.doc_string = graph.doc
     outputs = {id(v) for v in graph.outputs}
@@ -116,34 +120,39 @@ def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter) ->
         proto.input.append(_value_info(value))
     for value in graph.initializers.values():
         proto.initializer.add().CopyFrom(_tensor(value))
-    nodes: list[onnx.NodeProto] = []
+    alias = emitter.alias
+    opset = graph.opset
+
+    def save_graph(body: Graph) -> onnx.GraphProto:
+        return graph_to_proto(body, emitter)
+
     for node in graph.nodes:
-        if (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP):
+        domain, op_type = node.domain, node.op_type
+        if domain == SYMBOLIC_DOMAIN and op_type == SYMBOLIC_OP:
             # Our own op: its readers read the computation of its contents from the
             # inputs directly; only a graph output keeps its name through an Identity.
             out = node.outputs[0]
             source = emitter.param(node, 0, node.params[0])
             if id(out) in outputs or _read_by_outer_output(out, graph):
-                nodes.append(helper.make_node("Identity", [source], [out.name]))
+                nodes.add(op_type="Identity", input=[source], output=[out.name])
             else:
-                emitter.alias[out.name] = source
+                alias[out.name] = source
             continue
-        node_proto = onnx.NodeProto(op_type=node.op_type, domain=node.domain, name=node.name, doc_string=node.doc)
-        node_proto.input.extend("" if v is None else emitter.alias.get(v.name, v.name) for v in node.inputs)
+        inputs = ["" if v is None else alias.get(v.name, v.name) for v in node.inputs]
         if node.params:
             for index, param in sorted(node.params.items()):
-                node_proto.input[index] = emitter.param(node, index, param)
-        node_proto.output.extend(
+                inputs[index] = emitter.param(node, index, param)
+        output_names = [
             v.name if (v.users or id(v) in outputs or _read_by_outer_output(v, graph)
-                       or not _output_optional(node.domain, node.op_type, graph.opset.get(node.domain, 1), i))
-            else "" for i, v in enumerate(node.outputs))
-        for name, value in node.attrs.items():
-            node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name),
-                                                       lambda g: graph_to_proto(g, emitter)))
-        nodes.append(node_proto)
+                       or not _output_optional(domain, op_type, opset.get(domain, 1), i))
+            else "" for i, v in enumerate(node.outputs)]
+        node_proto = nodes.add(op_type=op_type, domain=domain, name=node.name, doc_string=node.doc,
+                               input=inputs, output=output_names)
+        if node.attrs:
+            for name, value in node.attrs.items():
+                node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name), save_graph))
     for value in graph.outputs:
         proto.output.append(_value_info(value))
-    return nodes
 
 
 @lru_cache(maxsize=None)

@@ -96,22 +96,34 @@ def unsupported_ops(model: onnx.ModelProto) -> dict[str, int]:
     """Every op (with its count) that neither our tables nor onnx.reference can run."""
     opsets = _default_opset(model)
     missing: dict[str, int] = {}
+    # A model repeats a few dozen op kinds: each is looked up once, and only a
+    # missing one gets a label.
+    known: dict[tuple[str, str], bool] = {}
 
     def visit(graph: onnx.GraphProto) -> None:
         for node in graph.node:
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            version = opsets.get(domain)
-            label = f"{domain}::{node.op_type}" if domain else node.op_type
-            if version is None:
-                missing[f"{label} (domain {domain!r} not imported)"] = missing.get(label, 0) + 1
-            elif lookup(domain, node.op_type, version) is None:
-                missing[label] = missing.get(label, 0) + 1
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                elif attr.type in _MAY_HOLD_GRAPHS:
-                    for sub in attr.graphs:
-                        visit(sub)
+            raw_domain, op_type = node.domain, node.op_type
+            supported = known.get((raw_domain, op_type))
+            if supported is None:
+                domain = "" if raw_domain == "ai.onnx" else raw_domain
+                version = opsets.get(domain)
+                supported = known[(raw_domain, op_type)] = (
+                    version is not None and lookup(domain, op_type, version) is not None)
+            if not supported:
+                domain = "" if raw_domain == "ai.onnx" else raw_domain
+                label = f"{domain}::{op_type}" if domain else op_type
+                if domain not in opsets:
+                    missing[f"{label} (domain {domain!r} not imported)"] = missing.get(label, 0) + 1
+                else:
+                    missing[label] = missing.get(label, 0) + 1
+            if len(node.attribute):  # most nodes have none: skip making the iterator
+                for attr in node.attribute:
+                    kind = attr.type
+                    if kind == onnx.AttributeProto.GRAPH:
+                        visit(attr.g)
+                    elif kind in _MAY_HOLD_GRAPHS:
+                        for sub in attr.graphs:
+                            visit(sub)
 
     visit(model.graph)
     return missing
@@ -163,12 +175,13 @@ class _Importer:
         declared = {vi.name: vi for vi in list(proto.value_info) + list(proto.output)}
         initializer_names = {t.name for t in proto.initializer} | {t.values.name for t in proto.sparse_initializer}
         for tensor in proto.initializer:
+            tensor_name = tensor.name
             array = tensor_array(tensor)
-            value = graph.add_initializer(tensor.name, array)
-            _expect_name(value, tensor.name)
+            value = graph.add_initializer(tensor_name, array)
+            _expect_name(value, tensor_name)
             if self.keep_tensors:
                 value.const_source = (array, tensor)
-            scope[tensor.name] = value
+            scope[tensor_name] = value
         for sparse in proto.sparse_initializer:
             dense = numpy_helper.to_array(onnx.helper.make_tensor(
                 sparse.values.name, sparse.values.data_type, list(sparse.dims),
@@ -196,16 +209,18 @@ class _Importer:
 
     def node(self, proto: onnx.NodeProto, graph: Graph, scope: dict[str, Value]) -> list[tuple[str, Value]]:
         """Add the node of ``proto`` to ``graph``; returns its named outputs as (name, value)."""
-        # Each read of a proto field builds new Python objects: read each field once.
-        op_type, name, output_names = proto.op_type, proto.name, list(proto.output)
-        inputs = []
-        for input_name in proto.input:
-            value = scope.get(input_name) if input_name else None
-            if value is None and input_name:
-                raise ModelLoadError(
-                    f"node {name or op_type!r} ({op_type}) reads {input_name!r}, which is not defined before it")
-            inputs.append(value)
-        names = [n if n else graph.fresh_name(f"{name or op_type}_unused") for n in output_names]
+        # Each read of a proto field builds new Python objects: read each field
+        # once, repeated ones by slicing (one call, where iterating makes one per item).
+        op_type, name, output_names = proto.op_type, proto.name, proto.output[:]
+        input_names = proto.input[:]
+        inputs = [scope.get(n) if n else None for n in input_names]
+        if None in inputs:  # an omitted optional input, or a name not defined before
+            for input_name, value in zip(input_names, inputs):
+                if value is None and input_name:
+                    raise ModelLoadError(f"node {name or op_type!r} ({op_type}) reads {input_name!r}, "
+                                         f"which is not defined before it")
+        names = output_names if all(output_names) else [
+            n if n else graph.fresh_name(f"{name or op_type}_unused") for n in output_names]
         node = graph.add_node(op_type, inputs, len(output_names), domain=proto.domain, name=name, output_names=names)
         named = [(n, value) for n, value in zip(output_names, node.outputs) if n]
         for out_name, value in named:

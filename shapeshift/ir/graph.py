@@ -111,7 +111,10 @@ class Node:
     def has_subgraphs(self) -> bool:
         """Whether any attribute is a body; cheaper than starting ``subgraphs()``,
         which passes ask of nearly every node."""
-        for value in self.attrs.values():
+        attrs = self.attrs
+        if not attrs:
+            return False  # most nodes
+        for value in attrs.values():
             if isinstance(value, Graph) or (isinstance(value, list) and value and isinstance(value[0], Graph)):
                 return True
         return False
@@ -208,7 +211,12 @@ class Graph:
         return name
 
     def new_value(self, name: str = "v", type: Optional[ValueType] = None) -> Value:
-        return Value(self._claim(name), type, self)
+        # _claim spelled out: import and every rewrite make values through here.
+        names = self._names
+        if name in names:
+            name = self.fresh_name(name)
+        names.add(name)
+        return Value(name, type, self)
 
     def add_input(self, name: str, type: Optional[ValueType] = None) -> Value:
         value = self.new_value(name, type)
@@ -227,17 +235,19 @@ class Graph:
         """Create a node reading ``inputs``; appended, or inserted at ``index``."""
         node = Node(op_type, domain, name)
         node.graph = self
-        node.attrs = dict(attrs or {})
-        for i, value in enumerate(inputs):
-            node.inputs.append(value)
+        if attrs:
+            node.attrs = dict(attrs)
+        node.inputs = list(inputs)
+        for i, value in enumerate(node.inputs):
             if value is not None:
                 value.users.append((node, i))
         names = output_names or [f"{(name or op_type.lower())}_out{i}" if num_outputs > 1 else (name or op_type.lower())
                                  for i in range(num_outputs)]
-        for i, out_name in enumerate(names):
+        outputs = node.outputs
+        for out_name in names:
             out = self.new_value(out_name)
             out.producer = node
-            node.outputs.append(out)
+            outputs.append(out)
         if index is None:
             self.nodes.append(node)
         else:

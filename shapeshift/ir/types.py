@@ -120,4 +120,4 @@ ValueType = Union[TensorType, SequenceType, OptionalType]
 
 def tensor_type_of(array: np.ndarray) -> TensorType:
     """The static type of a concrete NumPy array."""
-    return TensorType(from_numpy_dtype(array.dtype), tuple(int(d) for d in array.shape))
+    return TensorType(from_numpy_dtype(array.dtype), array.shape)  # a tuple of Python ints

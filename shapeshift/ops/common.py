@@ -47,11 +47,17 @@ def broadcast_shapes(shapes: Sequence[Shape], ctx: Optional[InferContext] = None
     if any(s is None for s in shapes):
         return None
     rank = max((len(s) for s in shapes), default=0)
-    result: list[Dim] = [1] * rank
+    # Broadcasting the first shape against all-ones gives it back, and an equal
+    # shape changes nothing (equal dims are identical: Exprs are interned), so
+    # only differing shapes go dim by dim: most ops read equal shapes.
+    result: Optional[tuple] = None
     for shape in shapes:
         padded = (1,) * (rank - len(shape)) + tuple(shape)
-        result = [broadcast_dim(r, d, ctx) for r, d in zip(result, padded)]
-    return tuple(result)
+        if result is None:
+            result = padded
+        elif padded != result:
+            result = tuple([broadcast_dim(r, d, ctx) for r, d in zip(result, padded)])
+    return result if result is not None else ()
 
 
 def normalize_axis(axis: int, rank: int, ctx: Optional[InferContext] = None) -> int:

@@ -51,7 +51,9 @@ class InferContext(_NodeView):
     def __init__(self, node: Node, opset: int, symbols: SymbolTable,
                  input_types: Optional[Sequence[Optional[ValueType]]] = None,
                  infer_subgraph: Optional[Callable[[Graph, list], list]] = None):
-        super().__init__(node, opset)
+        # _NodeView.__init__ spelled out: a context is made for every node inferred.
+        self.node = node
+        self.opset = opset
         self.symbols = symbols
         self._input_types = input_types
         self._infer_subgraph = infer_subgraph

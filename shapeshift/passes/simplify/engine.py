@@ -118,7 +118,7 @@ class _Simplifier:
 
     def drop_if_dead(self, node: Node) -> bool:
         for out in node.outputs:
-            if self.rw.is_used(out):
+            if out.users or self.rw.is_returned(out):
                 return False
         self.rw.remove_node(node)
         self.stats.removed_dead += 1
@@ -191,7 +191,7 @@ class _Simplifier:
             rule = lookup(user.domain, user.op_type, user.graph.opset.get(user.domain or "", 1))
             if rule is not None and index in rule.params:
                 continue
-            if len(user.outputs) == 1 and self._param_of(user.outputs[0]) is not None:
+            if len(user.outputs) == 1 and self._has_param(user.outputs[0]):
                 continue
             return False
         return True
@@ -202,13 +202,18 @@ class _Simplifier:
         for out in node.outputs:
             t, contents = out.type, out.shape_contents
             if (contents is None or not isinstance(t, TensorType) or t.dtype not in INT_TYPES
-                    or not t.is_static or any(isinstance(d, Expr) for d in contents)):
+                    or not t.is_static or Expr in map(type, contents)):
                 return None
             arrays.append(np.array(contents, dtype=to_numpy_dtype(t.dtype)).reshape(t.shape))
         return arrays
 
     def _evaluate_constant(self, node: Node) -> Optional[list]:
-        if node.params or not all(v is None or v.const is not None for v in node.inputs) or node.has_subgraphs():
+        if node.params:
+            return None
+        for v in node.inputs:  # a loop, not all(): asked of every node, most fail at once
+            if v is not None and v.const is None:
+                return None
+        if node.has_subgraphs():
             return None
         for out in node.outputs:
             if isinstance(out.type, TensorType) and out.type.is_static:
@@ -254,18 +259,27 @@ class _Simplifier:
             changed = True
         if changed:
             # Rules on the readers may depend on this node being static (Reshape of Reshape).
+            # Their types need no new inference: the node itself was enqueued stale
+            # by set_input, and its visit enqueues them stale if its types change.
             for out in node.outputs:
-                self.rw.enqueue_users(out)
+                self.rw.enqueue_users(out, stale=False)
         return changed
 
     def _param_of(self, value: Value) -> Optional[StaticParam]:
+        if not self._has_param(value):
+            return None
+        t = value.type
+        return StaticParam(tuple(value.shape_contents), tuple(t.shape), t.dtype)
+
+    def _has_param(self, value: Value) -> bool:
+        """Whether ``_param_of(value)`` is a parameter (asked without building it)."""
         t, dims = value.type, value.shape_contents
         if dims is None or not isinstance(t, TensorType) or t.dtype not in INT_TYPES or not t.is_static:
-            return None
+            return False
         for d in dims:
             if isinstance(d, Expr) and not self._is_bindable(d):
-                return None  # data-dependent symbols cannot be bound from the inputs
-        return StaticParam(tuple(dims), tuple(t.shape), t.dtype)
+                return False  # data-dependent symbols cannot be bound from the inputs
+        return True
 
     def _is_bindable(self, dim: Expr) -> bool:
         """Whether every symbol of ``dim`` is a dim of a model input."""
@@ -286,7 +300,7 @@ class _Simplifier:
         if key is None:
             return False
         earlier = self.cse.get(key)
-        # Keys hold id()s of input values: re-check, an id may have been reused.
+        # Re-check: the earlier node's inputs may have changed since it was recorded.
         if earlier is None or earlier.graph is None or earlier is node or _cse_key(earlier) != key:
             self.cse[key] = node
             return False
@@ -380,6 +394,8 @@ def _input_symbols(graph: Graph) -> set[str]:
 def _subgraph_owners(graph: Graph) -> dict[int, Node]:
     owners: dict[int, Node] = {}
     for node in graph.walk_nodes():
+        if not node.has_subgraphs():
+            continue  # most nodes: skip starting the generator
         for sub in node.subgraphs():
             owners[id(sub)] = node
     return owners
@@ -389,7 +405,7 @@ def _freeze(value):
     if isinstance(value, np.ndarray):
         return ("array", value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
+        return tuple([_freeze(v) for v in value])
     if isinstance(value, (int, float, str, bytes, tuple)):
         return value
     raise TypeError
@@ -400,15 +416,15 @@ def _cse_key(node: Node) -> Optional[tuple]:
         return None
     attrs: tuple = ()
     if node.attrs:  # most nodes have none: skip the sorting and freezing
-        if node.has_subgraphs():
-            return None
         try:
-            attrs = tuple(sorted((k, _freeze(v)) for k, v in node.attrs.items()))
+            # A body (Graph) is no value _freeze knows: a node with one is never merged.
+            attrs = tuple(sorted([(k, _freeze(v)) for k, v in node.attrs.items()]))
         except TypeError:
             return None
     params = tuple(sorted((i, p.dims, p.shape, p.dtype) for i, p in node.params.items())) if node.params else ()
-    return (node.domain, node.op_type, tuple([None if v is None else id(v) for v in node.inputs]),
-            attrs, params, len(node.outputs), id(node.graph))
+    # The input Values themselves, not their ids: Values compare and hash by identity,
+    # and a key that holds them cannot match a later value that reuses a dead one's id.
+    return (node.domain, node.op_type, tuple(node.inputs), attrs, params, len(node.outputs), node.graph)
 
 
 def simplify_graph(graph: Graph, options: Optional[SimplifyOptions] = None) -> SimplifyStats:

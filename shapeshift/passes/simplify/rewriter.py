@@ -7,6 +7,11 @@ adding a node enqueues it.  Nodes are kept in a heap ordered by their position
 in the graph, so producers are (re)visited before their users and each change
 costs work proportional to what it touches, not to the graph's size.
 
+Only a node whose inputs changed is enqueued *stale* (its types re-inferred at
+its visit).  A producer enqueued because a reader of its outputs went away may
+now be dead, but its types cannot have changed: re-inferring it would be wasted
+work (on a BERT-like encoder, most of the worklist's type inference).
+
 Removal is lazy: a removed node is detached at once (def-use lists updated)
 and dropped from its graph's node list in one sweep by :meth:`compact`.
 """
@@ -39,9 +44,7 @@ class Rewriter:
     # -- ordering and the worklist -----------------------------------------------
     def renumber(self) -> None:
         """Give every node a position: its index in a pre-order walk of the tree."""
-        self._order.clear()
-        for position, node in enumerate(self.root.walk_nodes()):
-            self._order[id(node)] = float(position)
+        self._order = {id(node): float(position) for position, node in enumerate(self.root.walk_nodes())}
 
     def order(self, node: Node) -> float:
         return self._order.get(id(node), 0.0)
@@ -59,8 +62,24 @@ class Rewriter:
         heapq.heappush(self._heap, (self._order.get(key, 0.0), next(self._tiebreak), node))
 
     def enqueue_all(self, nodes: Iterable[Node], stale: bool = True) -> None:
+        """enqueue() for each node.  Into an empty worklist (the whole graph, at the
+        start) they go with one heapify rather than a push each; the keys are
+        unique, so the visits come in the same order either way."""
+        if self._heap:
+            for node in nodes:
+                self.enqueue(node, stale)
+            return
         for node in nodes:
-            self.enqueue(node, stale)
+            if node is None or node.graph is None:
+                continue
+            key = id(node)
+            if stale:
+                self._stale.add(key)
+            if key in self._queued:
+                continue
+            self._queued.add(key)
+            self._heap.append((self._order.get(key, 0.0), next(self._tiebreak), node))
+        heapq.heapify(self._heap)
 
     def take_stale(self, node: Node) -> bool:
         """Whether something changed around ``node`` since its types were inferred (and clear it)."""
@@ -69,11 +88,11 @@ class Rewriter:
             return True
         return False
 
-    def enqueue_users(self, value: Value) -> None:
+    def enqueue_users(self, value: Value, stale: bool = True) -> None:
         for user, _ in value.users:
-            self.enqueue(user)
+            self.enqueue(user, stale)
             # A user inside a subgraph also affects the node that owns the subgraph.
-            self.enqueue(_owner_in(user, value.graph))
+            self.enqueue(_owner_in(user, value.graph), stale)
 
     def pop(self) -> Optional[Node]:
         while self._heap:
@@ -91,7 +110,7 @@ class Rewriter:
         return id(value) in self._returned
 
     def is_used(self, value: Value) -> bool:
-        return bool(value.users) or self.is_returned(value)
+        return bool(value.users) or id(value) in self._returned
 
     def forget_returned(self, values: Iterable[Value], body: Graph) -> None:
         """``values`` were returned by ``body``, which no longer returns them (it went
@@ -108,7 +127,7 @@ class Rewriter:
             inside = value.graph is not None and not _is_outside(value, body)
             if inside or not _still_returned(self.root, value):
                 self._returned.discard(id(value))
-                self.enqueue(value.producer)
+                self.enqueue(value.producer, stale=False)
 
     # -- mutations ---------------------------------------------------------------
     def replace_value(self, old: Value, new: Value) -> None:
@@ -127,7 +146,7 @@ class Rewriter:
         for user in users:
             self.enqueue(user)
             self.enqueue(_owner_in(user, new.graph))
-        self.enqueue(new.producer)
+        self.enqueue(new.producer, stale=False)  # it has one more reader, may be live again
         self.changes += 1
 
     def set_input(self, node: Node, index: int, value: Optional[Value]) -> None:
@@ -135,7 +154,7 @@ class Rewriter:
         node.set_input(index, value)
         self.enqueue(node)
         if old is not None:
-            self.enqueue(old.producer)
+            self.enqueue(old.producer, stale=False)  # one reader fewer: it may be dead
         self.changes += 1
 
     def remove_node(self, node: Node) -> None:
@@ -146,8 +165,8 @@ class Rewriter:
         for index, value in enumerate(node.inputs):
             if value is not None:
                 value.users.remove((node, index))
-                self.enqueue(value.producer)
-        bodies = list(node.subgraphs())
+                self.enqueue(value.producer, stale=False)  # one reader fewer: it may be dead
+        bodies = list(node.subgraphs()) if node.has_subgraphs() else []
         returned = [[v for g in _graphs(sub) for v in g.outputs] for sub in bodies]
         for sub in bodies:
             # Removal is lazy: a body's node list may still hold nodes removed before.
@@ -156,7 +175,7 @@ class Rewriter:
                 for index, value in enumerate(inner.inputs):
                     if value is not None and value.graph is not None and _is_outside(value, sub):
                         value.users.remove((inner, index))
-                        self.enqueue(value.producer)
+                        self.enqueue(value.producer, stale=False)
             for inner in inner_nodes:
                 inner.graph = None  # gone with their owner: the worklist skips them
         self._dirty_graphs.add(id(node.graph))
@@ -176,7 +195,8 @@ class Rewriter:
         """
         index = 0 if at_start else None
         if before is not None and not at_start:
-            self.compact_graph(graph)
+            # No compaction first: the removed nodes still in the list keep their
+            # places, and the live nodes end up in the same order.
             index = graph.nodes.index(before)
         node = graph.add_node(op_type, inputs, num_outputs, attrs, name=name, index=index)
         anchor = self.order(before) if before is not None else float(len(self._order))
@@ -198,10 +218,11 @@ class Rewriter:
 
     def compact(self) -> None:
         """Drop removed nodes from every node list, and unused initializers."""
-        for graph in _graphs(self.root):
+        graphs = list(_graphs(self.root))
+        for graph in graphs:
             self.compact_graph(graph)
         self._dirty_graphs.clear()
-        for graph in _graphs(self.root):
+        for graph in graphs:
             outputs = {id(v) for v in graph.outputs}
             for name, value in list(graph.initializers.items()):
                 if not value.users and id(value) not in outputs:
