@@ -3,6 +3,7 @@ dispatcher's C code and the `tune` command, on tiny GEMMs (K = N = 64, M in [1, 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import multiprocessing
@@ -20,7 +21,7 @@ from shapeshift.tune.builder import build_one
 from shapeshift.tune.cost_model import CostModel, spearman
 from shapeshift.tune.database import Database
 from shapeshift.tune.runner import RunnerConfig, measure
-from shapeshift.tune.search import TuneConfig, Tuner
+from shapeshift.tune.search import TuneConfig, Tuner, probe_points
 from shapeshift.tune.workload import GemmWorkload
 
 pytest.importorskip("sklearn")
@@ -316,3 +317,29 @@ def test_cli_shape_weights_file_errors(tmp_path, capsys):
     assert main(["tune", "--gemm", "64", "64", "--dynamic", "M=1:64", "--db", str(tmp_path / "t.db"),
                  "--shape-weights", f"M={tmp_path / 'missing.txt'}"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_probe_points_are_the_unsampled_powers_of_two():
+    assert probe_points(1, 512, [1, 58, 114, 512]) == [2, 4, 8, 16, 32, 64, 128, 256]
+    assert probe_points(1, 64, [1, 8, 64]) == [2, 4, 16, 32]
+    assert probe_points(5, 5, [5]) == [] and probe_points(3, 9, [3, 9]) == [4, 8]
+
+
+def test_dietcode_measures_the_chosen_kernels_at_the_probes_too(tmp_path, cache):
+    """After the search, the unsampled powers of two are measured (the default schedule
+    among the candidates there) and the kernel set is chosen over them too."""
+    config = TuneConfig(trials=2, batch=2, sample_ms=(1, 8, 64), runner=FAST)
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
+        result = tuner.run()
+    default = next(c for c, s in tuner.schedules.items() if s == GemmSchedule())
+    assert {2, 4, 16, 32} <= set(tuner.times[default])
+    assert tuner.select_ms == [1, 2, 4, 8, 16, 32, 64]
+    for kernel in result.kernels:
+        cid = next(c for c, s in tuner.schedules.items() if s == kernel)
+        assert set(tuner.select_ms) <= set(tuner.times[cid])
+    assert result.sampled_ms == [1, 8, 64] and set(result.seconds) == {1, 8, 64}
+    with Database(tmp_path / "u.db") as db:
+        plain = Tuner(WORKLOAD, db, cache, dataclasses.replace(config, probes=False), log=lambda s: None)
+        plain.run()
+    assert plain.select_ms == [1, 8, 64]

@@ -8,9 +8,13 @@ M in that order, picks the best-predicted schedule not yet measured there; each 
 measured at the M values where it is predicted best among the picks. ``per-shape``: the
 same loop run separately at each sampled M, the trial budget split evenly (every shape
 gets the same budget). ``pad-max``: the loop at M = hi only, one kernel for every M.
-Afterwards the kernel set is chosen (``dispatch.greedy_cover``), measured at every sampled
-M where it was not, and the decision tree is trained on the best kernel per M over the
-whole range (measured where measured, predicted elsewhere).
+Afterwards (dietcode only) the range's powers of two that were not sampled are *probed*:
+the candidates predicted best there, and the hand-tuned default, are measured there, since
+uniform samples leave the small shapes, where speed changes fastest, to prediction alone
+(over [1, 512] the first two samples are 1 and 58). Then the kernel set is chosen
+(``dispatch.greedy_cover``) over the sampled and probed Ms, measured wherever it was not,
+and the decision tree is trained on the best kernel per M over the whole range (measured
+where measured, predicted elsewhere).
 """
 
 from __future__ import annotations
@@ -39,6 +43,18 @@ Workload = GemmWorkload | BatchedGemmWorkload
 STRATEGIES = ("dietcode", "per-shape", "pad-max")
 # Points of the range the decision tree is trained on (all of them when the range is smaller).
 TREE_POINTS = 1024
+# Candidates measured at each probed M: this many predicted best there (plus the default).
+PROBE_PICKS = 2
+
+
+def probe_points(lo: int, hi: int, sampled: list[int]) -> list[int]:
+    """The powers of two strictly inside (lo, hi) that are not sampled."""
+    points, p = [], 1
+    while p < hi:
+        if p > lo and p not in sampled:
+            points.append(p)
+        p *= 2
+    return points
 
 
 @dataclass
@@ -56,6 +72,8 @@ class TuneConfig:
     # Keep kernels that share one packed-B layout: a model then holds one packed copy of
     # each weight, as untuned (False allows one copy per distinct layout in the set).
     one_layout: bool = True
+    # dietcode: probe the unsampled powers of two of the range before choosing the kernels.
+    probes: bool = True
     population: int = 64
     batch: int = 4  # candidates measured per round
     jobs: int = 2  # parallel compiles
@@ -100,6 +118,9 @@ class Tuner:
         if len(weights) != len(self.ms) or (weights <= 0).any():
             raise ValueError("sample_weights must be one positive weight per sampled M")
         self.weights = weights / weights.mean()
+        # The Ms the kernel set is chosen over, and their weights: the sampled Ms, plus the
+        # probed ones once probed (each with the smallest sample weight).
+        self.select_ms, self.select_weights = list(self.ms), self.weights
         self.schedules: dict[int, GemmSchedule] = {}
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
         self.failed: set[int] = set()
@@ -234,7 +255,7 @@ class Tuner:
     def _select(self, validated: bool = False) -> list[int]:
         """The kernel set; ``validated``: only from candidates measured at every sampled M."""
         cids = [c for c in self.times if c not in self.failed
-                and (not validated or all(m in self.times[c] for m in self.ms))]
+                and (not validated or all(m in self.times[c] for m in self.select_ms))]
         if not cids:
             raise RuntimeError("no candidate was measured successfully")
         max_k = 1 if self.cfg.strategy == "pad-max" else self.cfg.max_kernels
@@ -245,8 +266,32 @@ class Tuner:
         layouts = [dispatch.layout(self.schedules[c]) for c in cids]
         # Only a prepacked weight has a layout to share; a batched GEMM packs per call.
         one_layout = self.cfg.one_layout and self.w.prepacked
-        return [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.ms), layouts, max_k,
-                                                      one_layout, self.weights)]
+        return [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.select_ms), layouts, max_k,
+                                                      one_layout, self.select_weights)]
+
+    def _probe(self) -> None:
+        """Measure at each unsampled power of two of the range the PROBE_PICKS candidates
+        predicted best there and the hand-tuned default; the kernel set is then chosen over
+        those Ms too."""
+        probes = probe_points(self.w.lo, self.w.hi, self.ms)
+        cids = [c for c in self.times if c not in self.failed]
+        if not probes or not cids:
+            return
+        pool = [self.schedules[c] for c in cids]
+        if GemmSchedule() not in pool:
+            pool.append(GemmSchedule())
+        scores = self._scores(pool, probes)
+        targets: dict[int, set[int]] = {}
+        for j, m in enumerate(probes):
+            for i in np.argsort(-scores[:, j])[:PROBE_PICKS]:
+                targets.setdefault(int(i), set()).add(m)
+        targets.setdefault(pool.index(GemmSchedule()), set()).update(probes)
+        self._measure([(pool[i], sorted(ms)) for i, ms in targets.items()])
+        self.log(f"  probed M {' '.join(map(str, probes))} ({len(targets)} candidates)")
+        self.select_ms = sorted(set(self.ms) | set(probes))
+        floor = float(self.weights.min())
+        self.select_weights = np.array([self.weights[self.ms.index(m)] if m in self.ms else floor
+                                        for m in self.select_ms])
 
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi
@@ -269,14 +314,16 @@ class Tuner:
                 self.evolve([m], each, time.monotonic() + share)
         else:
             self.evolve([self.w.hi], self.cfg.trials, deadline)
+        if self.cfg.strategy == "dietcode" and self.cfg.probes:
+            self._probe()
         # Validate: measure the chosen kernels wherever they were only predicted, and choose
         # again (the model changed); the final set comes from fully measured candidates only.
         for _ in range(3):
             chosen = self._select()
-            missing = [c for c in chosen if any(m not in self.times.get(c, {}) for m in self.ms)]
+            missing = [c for c in chosen if any(m not in self.times.get(c, {}) for m in self.select_ms)]
             if not missing:
                 break
-            self._measure([(self.schedules[c], self.ms) for c in missing])
+            self._measure([(self.schedules[c], self.select_ms) for c in missing])
         chosen = self._select(validated=True)
         tree = self._tree(chosen)
         kernels = [self.schedules[c] for c in chosen]
