@@ -230,9 +230,14 @@ def test_det_matches_ort(shape, dtype):
 @pytest.mark.parametrize("op, shapes", [("MatMul", [(3, 64), (64, 5)]), ("Softmax", [(4, 300)]),
                                        ("LogSoftmax", [(4, 300)])])
 def test_float16_accumulates_like_ort(op, shapes):
-    # Computing in float32 and rounding once reproduces onnxruntime bit for bit.
-    inputs = [_random(s, np.float16) for s in shapes]
+    # Computed in float32 and rounded once, as onnxruntime does: equal to within one
+    # float16 ulp (its exp is MLAS's, not NumPy's, so a Softmax can round the other way).
+    # Own seed: the module's RNG would make the inputs depend on which tests ran first.
+    rng = np.random.default_rng(16)
+    inputs = [rng.standard_normal(s).astype(np.float16) for s in shapes]
     (ours,) = apply_op(op, inputs, {}, 13)
     (ref,) = ort_op(op, inputs, {}, 13)
     assert ours.dtype == np.float16
-    np.testing.assert_array_equal(ours, ref)
+    np.testing.assert_array_max_ulp(ours, ref, maxulp=1)
+    if op == "MatMul":  # no transcendental: the one rounding is the same
+        np.testing.assert_array_equal(ours, ref)
