@@ -311,7 +311,8 @@ METHOD = """How it was measured:
 - Attention tasks: the batched matmuls of 12 x batch heads, contiguous operands (Q [b,12,T,64], K^T
   [b,12,64,T], P [b,12,T,T], V [b,12,T,64]); the tuner's dynamic value is T (both T dims of the product
   follow it), so held-out and sampled shapes are Ts. Their tables add the untuned default schedule.
-- Ours (`ss_gemm_tuned` of each dispatcher, B prepacked; `ss_bmm_tuned_gemm` for attention) is timed by a loop in C; numpy
+- Ours (`ss_gemm_tuned` of each dispatcher, B prepacked; `ss_bmm_tuned_gemm` for attention) is timed by a
+  loop in C; numpy
   (`np.matmul(a, b, out=c)`) and onnxruntime (B an initializer, `run_with_iobinding` into a bound output) by
   Python loops, so they pay a few microseconds of call overhead per call, which shows at the smallest T.
 - Per-shape tuned is timed at its own shapes only, as the dispatcher its tuning produced (the kernel its tree

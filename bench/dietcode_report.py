@@ -244,8 +244,9 @@ def plot(results: Sequence[dict], path: Path) -> None:
     for res in results:
         rows = res["rows"]
         grid = [r for r in rows if r["grid"]]
-        lines = {c: ([r["t"] for r in grid], [r["gflops"][c] for r in grid])
-                 for c in ("dispatcher", "pad-max", "numpy", "onnxruntime", "untuned") if grid and c in grid[0]["gflops"]}
+        columns = [c for c in ("dispatcher", "pad-max", "numpy", "onnxruntime", "untuned")
+                   if grid and c in grid[0]["gflops"]]
+        lines = {c: ([r["t"] for r in grid], [r["gflops"][c] for r in grid]) for c in columns}
         tuned = [r for r in rows if "per-shape" in r["gflops"]]
         marks = {"per-shape tuned": ([r["t"] for r in tuned], [r["gflops"]["per-shape"] for r in tuned])}
         panels.append((task_label(res["task"]), lines, marks))

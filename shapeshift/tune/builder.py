@@ -2,8 +2,9 @@
 
 A measurement library holds one schedule (default ``ss_`` names) plus C loops that time it
 (``tune_bench`` and ``tune_bench_cold`` call ``ss_gemm_prepacked``, ``tune_bench_batched``
-calls ``ss_gemm``): through ctypes a call costs microseconds, more than the smallest GEMMs. Libraries are built with ``compile_library`` into the tuning's cache
-directory, a few at a time (the compiler is a separate process, so threads suffice).
+calls ``ss_gemm``): through ctypes a call costs microseconds, more than the smallest GEMMs.
+Libraries are built with ``compile_library`` into the tuning's cache directory, a few at a
+time (the compiler is a separate process, so threads suffice).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The tuning database: SQLite, safe for several processes on one file, resumable.
 
-Tables: ``workloads`` (structural hash, key, K, N; 0 for a batched GEMM's, its key holds them), ``candidates`` (a schedule as canonical JSON),
-``measurements`` (workload, candidate, M, thread count -> seconds or an error) and
-``selections`` (a strategy's kernel set and decision tree, as JSON). WAL mode lets readers
-run beside a writer; every write is one short transaction, and SQLite's busy timeout makes
-a second writer wait instead of failing. Measurements are keyed by (workload, candidate, M,
+Tables: ``workloads`` (structural hash, key, K, N; K and N are 0 for a batched GEMM, whose
+key holds its sizes), ``candidates`` (a schedule as canonical JSON), ``measurements``
+(workload, candidate, M, thread count -> seconds or an error) and ``selections`` (a
+strategy's kernel set and decision tree, as JSON). WAL mode lets readers run beside a
+writer; every write is one short transaction, and SQLite's busy timeout makes a second
+writer wait instead of failing. Measurements are keyed by (workload, candidate, M,
 threads) and inserted with ``OR IGNORE``: a pair already measured is never measured again,
 so a killed tuning run resumes where it stopped.
 """

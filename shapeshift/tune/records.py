@@ -110,9 +110,9 @@ class TunedBatchedGemm:
 
     def describe(self) -> str:
         w = self.workload
-        return (f"batched {w.batch} x [{', '.join(map(poly_str, (w.m, w.k)))}] x [{', '.join(map(poly_str, (w.k, w.n)))}]"
-                f": {len(self.kernels)} kernel(s), tuned by {self.strategy} for T in [{self.lo}, {self.hi}] on "
-                f"{self.threads} thread(s)")
+        a, b = ", ".join(map(poly_str, (w.m, w.k))), ", ".join(map(poly_str, (w.k, w.n)))
+        return (f"batched {w.batch} x [{a}] x [{b}]: {len(self.kernels)} kernel(s), tuned by {self.strategy} "
+                f"for T in [{self.lo}, {self.hi}] on {self.threads} thread(s)")
 
 
 Record = TunedGemm | TunedBatchedGemm
