@@ -56,8 +56,22 @@ def weighted_samples(lo: int, hi: int, weights: dict[int, float], count: int = D
     return ms, [chosen[m] for m in ms]
 
 
+class _Sampled:
+    """The samples of the dynamic dim over the workload's [lo, hi] (both kinds)."""
+
+    lo: int
+    hi: int
+
+    def sampled_ms(self, count: int = DEFAULT_SAMPLES) -> list[int]:
+        return uniform_samples(self.lo, self.hi, count)
+
+    def weighted_samples(self, weights: dict[int, float], count: int = DEFAULT_SAMPLES
+                         ) -> tuple[list[int], list[float]]:
+        return weighted_samples(self.lo, self.hi, weights, count)
+
+
 @dataclass(frozen=True)
-class GemmWorkload:
+class GemmWorkload(_Sampled):
     k: int
     n: int
     lo: int
@@ -103,13 +117,6 @@ class GemmWorkload:
         lo, hi = self.lo, self.hi
         return 2.0 * self.n * self.k * (hi * (hi + 1) - (lo - 1) * lo) / 2
 
-    def sampled_ms(self, count: int = DEFAULT_SAMPLES) -> list[int]:
-        return uniform_samples(self.lo, self.hi, count)
-
-    def weighted_samples(self, weights: dict[int, float], count: int = DEFAULT_SAMPLES
-                         ) -> tuple[list[int], list[float]]:
-        return weighted_samples(self.lo, self.hi, weights, count)
-
     def describe(self) -> str:
         weights = "B constant, prepacked" + (", read from DRAM (cold)" if self.cold else "")
         return f"GEMM C[M,{self.n}] = A[M,{self.k}] x B[{self.k},{self.n}] ({weights}), M in [{self.lo}, {self.hi}]"
@@ -145,7 +152,7 @@ def fit_poly(value_at) -> Optional[Poly]:
 
 
 @dataclass(frozen=True)
-class BatchedGemmWorkload:
+class BatchedGemmWorkload(_Sampled):
     """``batch`` products C[b] = A[b] x B[b] (no constant operand), everything a function of T.
 
     A(b, m, k) is at ``A[b*a[0] + m*a[1] + k*a[2]]``, B(b, k, n) at ``B[b*b[0] + k*b[1] +
@@ -222,13 +229,6 @@ class BatchedGemmWorkload:
 
     def range_flops(self) -> float:
         return float(sum(self.flops(t) for t in range(self.lo, self.hi + 1)))
-
-    def sampled_ms(self, count: int = DEFAULT_SAMPLES) -> list[int]:
-        return uniform_samples(self.lo, self.hi, count)
-
-    def weighted_samples(self, weights: dict[int, float], count: int = DEFAULT_SAMPLES
-                         ) -> tuple[list[int], list[float]]:
-        return weighted_samples(self.lo, self.hi, weights, count)
 
     def describe(self) -> str:
         m, n, k = (poly_str(p) for p in (self.m, self.n, self.k))

@@ -49,17 +49,23 @@ class Rewriter:
     def order(self, node: Node) -> float:
         return self._order.get(id(node), 0.0)
 
-    def enqueue(self, node: Optional[Node], stale: bool = True) -> None:
-        """Queue ``node`` for a visit; ``stale`` means its types must be re-inferred."""
+    def _admit(self, node: Optional[Node], stale: bool) -> bool:
+        """Mark ``node`` stale if asked; True if it is live and was not queued yet (and
+        now counts as queued)."""
         if node is None or node.graph is None:
-            return
+            return False
         key = id(node)
         if stale:
             self._stale.add(key)
         if key in self._queued:
-            return
+            return False
         self._queued.add(key)
-        heapq.heappush(self._heap, (self._order.get(key, 0.0), next(self._tiebreak), node))
+        return True
+
+    def enqueue(self, node: Optional[Node], stale: bool = True) -> None:
+        """Queue ``node`` for a visit; ``stale`` means its types must be re-inferred."""
+        if self._admit(node, stale):
+            heapq.heappush(self._heap, (self._order.get(id(node), 0.0), next(self._tiebreak), node))
 
     def enqueue_all(self, nodes: Iterable[Node], stale: bool = True) -> None:
         """enqueue() for each node.  Into an empty worklist (the whole graph, at the
@@ -69,16 +75,8 @@ class Rewriter:
             for node in nodes:
                 self.enqueue(node, stale)
             return
-        for node in nodes:
-            if node is None or node.graph is None:
-                continue
-            key = id(node)
-            if stale:
-                self._stale.add(key)
-            if key in self._queued:
-                continue
-            self._queued.add(key)
-            self._heap.append((self._order.get(key, 0.0), next(self._tiebreak), node))
+        order = self._order
+        self._heap.extend((order.get(id(n), 0.0), next(self._tiebreak), n) for n in nodes if self._admit(n, stale))
         heapq.heapify(self._heap)
 
     def take_stale(self, node: Node) -> bool:
