@@ -45,17 +45,23 @@ double tune_bench_cold(int64_t calls, int64_t M, int64_t N, int64_t K, const flo
     return (omp_get_wtime() - start) / (double)calls;
 }
 
-/* `calls` back-to-back strided batched products C[b] = A[b] x B[b], b < batch (ss_gemm). */
-double tune_bench_batched(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t batch,
-                          const float* A, int64_t sa, int64_t rsa, int64_t csa,
-                          const float* B, int64_t sb, int64_t rsb, int64_t csb, float* C, int64_t sc, int64_t ldc)
-{
+"""
+
+
+def batched_bench_c(name: str, gemm_fn: str) -> str:
+    """C function ``name``: seconds per call of `calls` back-to-back strided batched
+    products C[b] = A[b] x B[b], b < batch, by ``gemm_fn`` (``ss_gemm``'s arguments)."""
+    return f"""
+double {name}(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t batch,
+              const float* A, int64_t sa, int64_t rsa, int64_t csa,
+              const float* B, int64_t sb, int64_t rsb, int64_t csb, float* C, int64_t sc, int64_t ldc)
+{{
     double start = omp_get_wtime();
     for (int64_t i = 0; i < calls; ++i)
-        ss_gemm(M, N, K, 1, batch, A, 0, sa, rsa, csa, B, 0, sb, rsb, csb, C, 0, sc, ldc,
-                1.0f, NULL, 0.0f, 0, 0, 0);
+        {gemm_fn}(M, N, K, 1, batch, A, 0, sa, rsa, csa, B, 0, sb, rsb, csb, C, 0, sc, ldc,
+                  1.0f, NULL, 0.0f, 0, 0, 0);
     return (omp_get_wtime() - start) / (double)calls;
-}
+}}
 """
 
 
@@ -67,7 +73,7 @@ class Built:
 
 
 def measurement_source(schedule: GemmSchedule, source_fn: SourceFn = gemm.source) -> str:
-    return PRELUDE + source_fn(schedule) + BENCH_SOURCE
+    return PRELUDE + source_fn(schedule) + BENCH_SOURCE + batched_bench_c("tune_bench_batched", "ss_gemm")
 
 
 def build_one(schedule: GemmSchedule, cache_dir: Path, source_fn: SourceFn = gemm.source) -> Built:

@@ -23,6 +23,7 @@ import numpy as np
 from ..codegen.kernels import gemm
 from ..codegen.kernels.gemm import GemmSchedule
 from ..codegen.kernels.prelude import PRELUDE
+from .builder import batched_bench_c
 
 # Stop adding kernels when one more saves less than this fraction of the summed time.
 MIN_GAIN = 0.005
@@ -255,18 +256,8 @@ def batched_library_source(kernels: Sequence[GemmSchedule], tree: dict, t_arg: s
     """A complete C library: the prelude, every kernel, ``ss_bmm_tuned_choice(T)`` and
     ``ss_bmm_tuned_gemm`` (``ss_gemm``'s arguments), plus ``ss_bmm_tuned_bench``, which
     times ``calls`` calls of it the way the tuner's ``tune_bench_batched`` does."""
-    return PRELUDE + tuned_batched_c(kernels, tree, STANDALONE_BATCHED, t_arg) + """
-double ss_bmm_tuned_bench(int64_t calls, int64_t M, int64_t N, int64_t K, int64_t batch,
-                          const float* A, int64_t sa, int64_t rsa, int64_t csa,
-                          const float* B, int64_t sb, int64_t rsb, int64_t csb, float* C, int64_t sc, int64_t ldc)
-{
-    double start = omp_get_wtime();
-    for (int64_t i = 0; i < calls; ++i)
-        ss_bmm_tuned_gemm(M, N, K, 1, batch, A, 0, sa, rsa, csa, B, 0, sb, rsb, csb, C, 0, sc, ldc,
-                          1.0f, NULL, 0.0f, 0, 0, 0);
-    return (omp_get_wtime() - start) / (double)calls;
-}
-"""
+    return (PRELUDE + tuned_batched_c(kernels, tree, STANDALONE_BATCHED, t_arg)
+            + batched_bench_c("ss_bmm_tuned_bench", f"{STANDALONE_BATCHED}gemm"))
 
 
 def load_batched(lib):
