@@ -27,6 +27,9 @@ TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_
 GROUPED = GemmSchedule(small_m=20)
 # nr = 32 keeps at most 2 rows at full width, so groups of 1 and 2 rows.
 GROUPED_WIDE = GemmSchedule(mr=2, nr=32, mc=64, nc=256, small_m=9, small_nc=64)
+# nr = 24 (3 vectors) and small blocks: every edge tile shape (rows x vectors) of the packed
+# path, and narrower B-streaming passes for partial panels.
+EDGE_WIDE = GemmSchedule(mr=4, nr=24, kc=7, mc=8, nc=48, unroll_k=2, small_m=5, small_nc=48)
 SCALAR_FLAGS = tuple(f for f in DEFAULT_FLAGS if f != "-march=native")
 
 i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -63,6 +66,7 @@ def libs(tmp_path_factory) -> dict[str, Lib]:
         "scalar": _load(PRELUDE + gemm.source(), GemmSchedule(), cache, flags=SCALAR_FLAGS),
         "grouped": _load(PRELUDE + gemm.source(GROUPED), GROUPED, cache),
         "grouped_wide": _load(PRELUDE + gemm.source(GROUPED_WIDE), GROUPED_WIDE, cache),
+        "edge_wide": _load(PRELUDE + gemm.source(EDGE_WIDE), EDGE_WIDE, cache),
     }
 
 
@@ -201,6 +205,22 @@ def test_gemm_matches_numpy(libs, build, case):
 def test_small_path_row_groups(libs, build, m, prepacked, b_t):
     """Every row count of the B-streaming path, including those split into row groups."""
     run_case(libs[build], Case(m, 70, 300, b_t=b_t, bias="col", act=1, prepacked=prepacked))
+
+
+@pytest.mark.parametrize("build", ["edge_wide", "grouped_wide", "default"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 13])
+def test_edge_tiles_every_width(libs, build, m):
+    """Every N remainder of the last panel, at M remainders of both paths: the edge kernels
+    compute only the valid rows and whole vectors, and the epilogue still covers the tile."""
+    nr = libs[build].schedule.nr
+    for n in range(1, 2 * nr + 2):
+        run_case(libs[build], Case(m, n, 19, bias="col", alpha=0.5, act=1), seed=n)
+        run_case(libs[build], Case(m, n, 10, b_t=True, batch0=2), seed=n)
+
+
+def test_edge_tile_shapes():
+    assert gemm._edge_shapes(GemmSchedule(mr=2, nr=16)) == [(1, 1), (1, 2), (2, 1)]
+    assert len(gemm._edge_shapes(EDGE_WIDE)) == 4 * 3 - 1
 
 
 def test_small_row_groups_keep_full_width():
@@ -343,7 +363,7 @@ def test_packed_b_size_python_matches_c(libs):
 # sha256 of gemm.source() for the default schedule: the prefix parameter must leave the
 # default text alone. Update it deliberately when the generated kernels change (last: the
 # partial B panels packed by masked loads and by zero-then-copy).
-DEFAULT_SOURCE_SHA256 = "bea9c43a9102f63561cf3a54dca6c033f3409a6ea9e2d36ff9db46c513880540"
+DEFAULT_SOURCE_SHA256 = "72f368cd907a0af3ff48aa83b09232cba574103ff0af8091f65480a4cfe92835"
 
 
 def test_default_prefix_source_unchanged():

@@ -51,7 +51,8 @@ flops. Each thread mallocs its packing buffers once per call. Inside an item, th
 loops: nc columns of B at a time, kc rows of B packed into nr-column micro-panels (or
 read from the prepacked B), mc rows of A packed into mr-row micro-panels, both
 zero-padded to full panels so the mr x nr micro-kernel never checks bounds; edge tiles go
-through a local tile of which only the valid part is stored. Full tiles apply the
+through a local tile of which only the valid part is stored, computed by a kernel of their
+own size (valid rows, columns rounded up to a vector), not the full mr x nr one. Full tiles apply the
 epilogue (alpha, bias, relu) in registers after their last K block; edge tiles, and a
 bias whose column stride is neither 0 nor 1, get it from a separate pass over the tile
 while it is in L1. Row-major A and column-major B are packed through 8x8 transposes.
@@ -210,9 +211,11 @@ def _source(s: GemmSchedule) -> str:
         _COMMON,
         "#ifdef __AVX2__",
         _micro_kernel_avx2(s),
+        _edge_kernels_avx2(s),
         *(_small_kernel_avx2(s, m, prefetch) for m, prefetch in _small_kernels(s)),
         "#else",
         _MICRO_KERNEL_SCALAR,
+        _EDGE_TILE_SCALAR,
         *(_small_kernel_scalar(m, prefetch) for m, prefetch in _small_kernels(s)),
         "#endif",
         _small_dispatch(s),
@@ -229,24 +232,14 @@ def _micro_kernel_avx2(s: GemmSchedule) -> str:
     slower at unroll 4), while its own unrolling keeps every copy in order.
     """
     vectors = s.nr // 8
-    acc = [[f"c{i}_{v}" for v in range(vectors)] for i in range(s.mr)]
-    step = [f"        b{v} = _mm256_loadu_ps(b + {8 * v});" for v in range(vectors)]
-    for i in range(s.mr):
-        step.append(f"        av = _mm256_broadcast_ss(a + {i});")
-        step += [f"        {acc[i][v]} = _mm256_fmadd_ps(av, b{v}, {acc[i][v]});" for v in range(vectors)]
+    acc = _accumulators(s.mr, vectors)
     out = [
         "/* c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps.",
         "   a: packed A micro-panel (a[k*MR + i]); b: packed B micro-panel (b[k*NR + j]). */",
         "static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const float* restrict b,",
         "                                   float* restrict c, int64_t ldc, int acc, const ss_gemm_epi* e)",
         "{",
-        "    __m256 av, " + ", ".join(f"b{v}" for v in range(vectors)) + ";",
-        *(f"    __m256 {name} = _mm256_setzero_ps();" for row in acc for name in row),
-        f"#pragma GCC unroll {s.unroll_k}",
-        "    for (int64_t k = 0; k < kc; ++k) {",
-        *step,
-        f"        a += {s.mr}; b += {s.nr};",
-        "    }",
+        *_tile_loop(s, s.mr, vectors),
         "    if (acc) {",
         *(f"        {acc[i][v]} = _mm256_add_ps({acc[i][v]}, _mm256_loadu_ps(c + {i} * ldc + {8 * v}));"
           for i in range(s.mr) for v in range(vectors)),
@@ -272,6 +265,69 @@ def _micro_kernel_avx2(s: GemmSchedule) -> str:
         "    }",
         *(f"    _mm256_storeu_ps(c + {i} * ldc + {8 * v}, {acc[i][v]});"
           for i in range(s.mr) for v in range(vectors)),
+        "}",
+    ]
+    return "\n".join(out)
+
+
+def _accumulators(rows: int, vectors: int) -> list[list[str]]:
+    return [[f"c{i}_{v}" for v in range(vectors)] for i in range(rows)]
+
+
+def _tile_loop(s: GemmSchedule, rows: int, vectors: int) -> list[str]:
+    """Declarations and k loop of a rows x (8 x vectors) tile over packed panels (whose
+    strides stay MR and NR): the accumulators end up in ``_accumulators(rows, vectors)``."""
+    acc = _accumulators(rows, vectors)
+    step = [f"        b{v} = _mm256_loadu_ps(b + {8 * v});" for v in range(vectors)]
+    for i in range(rows):
+        step.append(f"        av = _mm256_broadcast_ss(a + {i});")
+        step += [f"        {acc[i][v]} = _mm256_fmadd_ps(av, b{v}, {acc[i][v]});" for v in range(vectors)]
+    return [
+        "    __m256 av, " + ", ".join(f"b{v}" for v in range(vectors)) + ";",
+        *(f"    __m256 {name} = _mm256_setzero_ps();" for row in acc for name in row),
+        f"#pragma GCC unroll {s.unroll_k}",
+        "    for (int64_t k = 0; k < kc; ++k) {",
+        *step,
+        f"        a += {s.mr}; b += {s.nr};",
+        "    }",
+    ]
+
+
+def _edge_shapes(s: GemmSchedule) -> list[tuple[int, int]]:
+    """(rows, vectors) of every edge tile smaller than the full mr x nr one."""
+    return [(r, v) for r in range(1, s.mr + 1) for v in range(1, s.nr // 8 + 1) if (r, v) != (s.mr, s.nr // 8)]
+
+
+def _edge_kernels_avx2(s: GemmSchedule) -> str:
+    """A kernel per edge tile shape, and ``ss_gemm_edge_tile`` choosing among them.
+
+    An edge tile (the last rows of M or columns of N) used to run the full mr x nr kernel
+    on zero padding: with nr = 24 and N = 25 that is 48 columns computed for 25. These
+    compute only the valid rows and ceil(nv / 8) vectors, into a local tile of row stride NR.
+    """
+    out = []
+    for rows, vectors in _edge_shapes(s):
+        acc = _accumulators(rows, vectors)
+        out += [
+            f"static void ss_gemm_edge_{rows}x{vectors}(int64_t kc, const float* restrict a, const float* restrict b,",
+            "                               float* restrict t)",
+            "{",
+            *_tile_loop(s, rows, vectors),
+            *(f"    _mm256_storeu_ps(t + {i} * SS_GEMM_NR + {8 * v}, {acc[i][v]});"
+              for i in range(rows) for v in range(vectors)),
+            "}",
+        ]
+    cases = [f"    case {rows * 8 + vectors}: ss_gemm_edge_{rows}x{vectors}(kc, a, b, t); break;"
+             for rows, vectors in _edge_shapes(s)]
+    out += [
+        "/* t (row stride NR) = the mv x nv corner (mv <= MR, nv <= NR) of a_panel * b_panel; the",
+        "   columns past nv up to a multiple of 8 hold products of B's zero padding. */",
+        "static void ss_gemm_edge_tile(int64_t mv, int64_t nv, int64_t kc, const float* a, const float* b, float* t)",
+        "{",
+        "    switch (mv * 8 + (nv + 7) / 8) {",
+        *cases,
+        "    default: ss_gemm_ukernel(kc, a, b, t, SS_GEMM_NR, 0, NULL); break;",
+        "    }",
         "}",
     ]
     return "\n".join(out)
@@ -314,11 +370,13 @@ def _small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool) -> str:
 
     out = [
         f"/* {m} rows: c (row stride ldc) = (acc ? c : 0) + A(0:{m}, 0:kc) * b, b: kc rows of NR floats",
-        "   (row stride ldb); A(i,k) at a[i*rsa + k*csa], read in place. */",
+        "   (row stride ldb); A(i,k) at a[i*rsa + k*csa], read in place. Only the first nv columns",
+        f"   are needed: the passes of {8 * width} columns stop once they are covered. */",
         f"static void {_small_name(m, prefetch)}(int64_t kc, const float* restrict a, int64_t rsa, int64_t csa,",
-        "                              const float* restrict b, int64_t ldb, float* restrict c, int64_t ldc, int acc)",
+        "                              const float* restrict b, int64_t ldb, float* restrict c, int64_t ldc, int acc,",
+        "                              int64_t nv)",
         "{",
-        f"    for (int j0 = 0; j0 < SS_GEMM_NR; j0 += {8 * width}) {{",
+        f"    for (int j0 = 0; j0 < nv; j0 += {8 * width}) {{",
         "        __m256 av, " + ", ".join(f"b{v}" for v in range(width)) + ";",
         *(f"        __m256 {name} = _mm256_setzero_ps();" for st in acc for row in st for name in row),
         "        const float* ap = a;",
@@ -349,8 +407,10 @@ def _small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool) -> str:
 def _small_kernel_scalar(m: int, prefetch: bool) -> str:
     return f"""\
 static void {_small_name(m, prefetch)}(int64_t kc, const float* restrict a, int64_t rsa, int64_t csa,
-                              const float* restrict b, int64_t ldb, float* restrict c, int64_t ldc, int acc)
+                              const float* restrict b, int64_t ldb, float* restrict c, int64_t ldc, int acc,
+                              int64_t nv)
 {{
+    (void)nv; /* all NR columns: the scalar fallback is not tuned for speed */
     for (int i = 0; i < {m}; ++i) {{
         float t[SS_GEMM_NR];
         for (int j = 0; j < SS_GEMM_NR; ++j) t[j] = acc ? c[i * ldc + j] : 0.0f;
@@ -396,15 +456,16 @@ def _small_dispatch(s: GemmSchedule) -> str:
     for m in range(1, s.small_m + 1):
         calls, first = [], 0
         for rows, prefetch in _small_calls(s, m):
-            calls.append(f"{_small_name(rows, prefetch)}(kc, a + {first} * rsa, rsa, csa, b, ldb, c + {first} * ldc, ldc, acc);")
+            calls.append(f"{_small_name(rows, prefetch)}(kc, a + {first} * rsa, rsa, csa, b, ldb, c + {first} * ldc, ldc, "
+                         "acc, nv);")
             first += rows
         cases.append(f"    case {m}: " + " ".join(calls) + " break;")
     cases = "\n".join(cases)
     return f"""\
 /* The B-streaming kernel for m rows, 1 <= m <= SS_GEMM_SMALL_M (in row groups that keep
-   full vector width, see _small_row_groups). */
+   full vector width, see _small_row_groups), for the first nv (<= NR) columns of the panel. */
 static void ss_gemm_small(int64_t m, int64_t kc, const float* a, int64_t rsa, int64_t csa,
-                          const float* b, int64_t ldb, float* c, int64_t ldc, int acc)
+                          const float* b, int64_t ldb, float* c, int64_t ldc, int acc, int64_t nv)
 {{
     switch (m) {{
 {cases}
@@ -431,6 +492,14 @@ static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const fl
             }
             c[i * ldc + j] = v;
         }
+}"""
+
+
+_EDGE_TILE_SCALAR = """\
+static void ss_gemm_edge_tile(int64_t mv, int64_t nv, int64_t kc, const float* a, const float* b, float* t)
+{
+    (void)mv; (void)nv;
+    ss_gemm_ukernel(kc, a, b, t, SS_GEMM_NR, 0, NULL);
 }"""
 
 
@@ -660,7 +729,7 @@ static void ss_gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float* pa, c
                 ss_gemm_ukernel(kc, pa + ir * kc, pb + jr * kc, ct, ldc, acc, in_kernel ? &e : NULL);
                 if (epilogue && !in_kernel) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr);
             } else {
-                ss_gemm_ukernel(kc, pa + ir * kc, pb + jr * kc, tile, SS_GEMM_NR, 0, NULL);
+                ss_gemm_edge_tile(mv, nv, kc, pa + ir * kc, pb + jr * kc, tile);
                 ss_gemm_store_tile(tile, SS_GEMM_NR, ct, ldc, mv, nv, acc);
                 if (epilogue) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr);
             }
@@ -703,10 +772,11 @@ static void ss_gemm_small_rows(const ss_gemm_problem* P, const float* A, const f
         const float* a = A + pc * P->csa;
         for (int64_t n0 = n_lo; n0 < n_hi; n0 += SS_GEMM_NR) {
             if (n0 + SS_GEMM_NR <= n_hi) {
-                ss_gemm_small(P->M, kc, a, P->rsa, P->csa, B + pc * P->rsb + n0, P->rsb, C + n0, P->ldc, pc > 0);
+                ss_gemm_small(P->M, kc, a, P->rsa, P->csa, B + pc * P->rsb + n0, P->rsb, C + n0, P->ldc, pc > 0,
+                              SS_GEMM_NR);
             } else {
                 ss_gemm_pack_b_block(kc, n_hi - n0, B + pc * P->rsb + n0, P->rsb, 1, bbuf);
-                ss_gemm_small(P->M, kc, a, P->rsa, P->csa, bbuf, SS_GEMM_NR, edge, SS_GEMM_NR, pc > 0);
+                ss_gemm_small(P->M, kc, a, P->rsa, P->csa, bbuf, SS_GEMM_NR, edge, SS_GEMM_NR, pc > 0, n_hi - n0);
             }
         }
     }
@@ -727,7 +797,8 @@ static void ss_gemm_small_packed(const ss_gemm_problem* P, const float* A, const
             for (int64_t n0 = g; n0 < g_hi; n0 += SS_GEMM_NR) {
                 const int full = n0 + SS_GEMM_NR <= g_hi;
                 ss_gemm_small(P->M, kc, A + pc * P->csa, P->rsa, P->csa, pb + (n0 - g) * kc, SS_GEMM_NR,
-                              full ? C + n0 : edge, full ? P->ldc : SS_GEMM_NR, pc > 0);
+                              full ? C + n0 : edge, full ? P->ldc : SS_GEMM_NR, pc > 0,
+                              full ? SS_GEMM_NR : g_hi - n0);
             }
         }
     }
