@@ -149,6 +149,26 @@ def _doubled(schedule: GemmSchedule) -> str:
     return gemm.source(schedule).replace("C, sc0, sc1, ldc, alpha,", "C, sc0, sc1, ldc, 2.0f * alpha,")
 
 
+def test_cost_model_predicts_the_padding_between_aligned_samples():
+    """Trained only at T = multiples of 8 (no padding), the model still predicts the drop
+    just past them (N = T padded to a whole vector), which the regressor alone could not."""
+    pytest.importorskip("sklearn")
+    import math
+
+    from shapeshift.tune.cost_model import CostModel, work_ratio
+
+    schedules = [GemmSchedule(), SMALL, GemmSchedule(mr=4, nr=24, mc=48, nc=96, small_nc=96)]
+    # A made-up rate per schedule, the useful fraction of the work done at each T.
+    rows = [(s, t) for s in schedules for t in range(8, 49, 8)]
+    y = [math.log(10 + s.mr) - math.log(work_ratio(s, t, t)) for s, t in rows]
+    model = CostModel(QK, 1)
+    model.fit(rows, y)
+    for s in schedules:
+        at = dict(zip((16, 17, 24), model.predict([(s, 16), (s, 17), (s, 24)])))
+        assert work_ratio(s, 17, 17) == pytest.approx(24 / 17)
+        assert at[17] < min(at[16], at[24]) - 0.2
+
+
 def test_runner_measures_a_batched_candidate_and_catches_a_wrong_one(tmp_path):
     result = measure(build_one(SMALL, tmp_path), QK, [1, 5, 17], FAST)
     assert result.error is None and set(result.seconds) == {1, 5, 17}

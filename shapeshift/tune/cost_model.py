@@ -7,6 +7,12 @@ well as the schedule's own fields; the regressor is scikit-learn's gradient boos
 retrained from scratch on all measurements whenever new ones arrive (a few hundred rows
 train in well under a second). Until enough measurements exist it predicts from the
 padding alone, which is what ranks tiles before any data.
+
+As in DietCode (cost = f_k x padding ratio x occupancy), the padding is not left to the
+regressor: it learns the rate of the work the kernel actually does (``work_ratio``: the
+last panel of N computed in whole vectors) and the prediction divides that by the work
+ratio. Uniform samples rarely land just past a multiple of nr, so a regressor left to
+learn the padding itself predicted a smooth curve through a saw-tooth.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..codegen.kernels import gemm
 from ..codegen.kernels.gemm import GemmSchedule
 
 MIN_TRAIN_ROWS = 8
@@ -25,10 +32,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def work_ratio(s: GemmSchedule, m: int, n: int) -> float:
+    """Multiply-adds the kernels compute over the useful ones: the last partial panel of N
+    runs whole vectors of 8 (packed path: edge kernels) or whole passes of 8 x width (the
+    B-streaming path, per row group); rows are never padded."""
+    def columns(step: int) -> int:
+        return (n // s.nr) * s.nr + _cdiv(n % s.nr, step) * step
+
+    if m > s.small_m:
+        return columns(8) / n
+    groups = gemm._small_row_groups(s, m)
+    return sum(rows * columns(8 * gemm._small_shape(s, rows)[0]) for rows in groups) / (m * n)
+
+
 def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int = 1) -> list[float]:
     small = m <= s.small_m
     pad_m = _cdiv(m, s.mr) * s.mr / m
-    pad_n = _cdiv(n, s.nr) * s.nr / n
+    pad_n = work_ratio(s, m, n)
     # The driver's work split (ss_gemm_make_plan): batches first; where they cannot feed
     # every thread, N panels, then M panels if too few.
     used = threads if 2.0 * m * n * k * batch >= s.parallel_min_flops else 1
@@ -50,7 +70,7 @@ def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int =
 
 def prior_log_gflops(s: GemmSchedule, m: int, n: int) -> float:
     """Before any data: bigger tiles are faster, padded rows and columns are wasted work."""
-    pad = (_cdiv(m, s.mr) * s.mr / m) * (_cdiv(n, s.nr) * s.nr / n)
+    pad = (_cdiv(m, s.mr) * s.mr / m) * work_ratio(s, m, n)
     tile = min(s.mr, m) * s.nr / (s.mr + s.nr / 8)
     return math.log(tile) - math.log(pad)
 
@@ -90,13 +110,23 @@ class CostModel:
             out.append(features(s, m, k, n, self.threads, batch))
         return np.array(out)
 
+    def _log_work(self, rows: Sequence[tuple[GemmSchedule, int]]) -> np.ndarray:
+        """log work_ratio per row: the regressor learns log GFLOPS + this (the rate of the
+        work done), predictions subtract it."""
+        out = []
+        for s, x in rows:
+            m, _, n, _ = self.shape(x)
+            out.append(math.log(work_ratio(s, m, n)))
+        return np.array(out)
+
     def fit(self, rows: Sequence[tuple[GemmSchedule, int]], log_gflops: Sequence[float]) -> None:
         """Retrain on all rows; first on 80% of them, to report Spearman on the other 20%."""
         if len(rows) < MIN_TRAIN_ROWS:
             return
         from sklearn.ensemble import GradientBoostingRegressor
 
-        x, y = self._x(rows), np.asarray(log_gflops, dtype=float)
+        log_work = self._log_work(rows)
+        x, y = self._x(rows), np.asarray(log_gflops, dtype=float) + log_work
 
         def make():
             return GradientBoostingRegressor(n_estimators=150, max_depth=3, learning_rate=0.1, subsample=0.9,
@@ -108,7 +138,8 @@ class CostModel:
         train = order[len(held):]
         if len(train) >= MIN_TRAIN_ROWS:
             probe = make().fit(x[train], y[train])
-            self.holdout_spearman = spearman(probe.predict(x[held]), y[held])
+            # Ranked on log GFLOPS, what the search compares.
+            self.holdout_spearman = spearman(probe.predict(x[held]) - log_work[held], y[held] - log_work[held])
         self.model = make().fit(x, y)
 
     def predict(self, rows: Sequence[tuple[GemmSchedule, int]]) -> np.ndarray:
@@ -117,4 +148,4 @@ class CostModel:
             return np.zeros(0)
         if self.model is None:
             return np.array([prior_log_gflops(s, self.shape(x)[0], self.shape(x)[2]) for s, x in rows])
-        return self.model.predict(self._x(rows))
+        return self.model.predict(self._x(rows)) - self._log_work(rows)
