@@ -25,7 +25,7 @@ COLD_BYTES = 256 << 20
 @dataclass(frozen=True)
 class RunnerConfig:
     threads: int = 1
-    repeats: int = 3  # timed samples per M; the median is kept
+    repeats: int = 5  # rounds of one timed sample per M; the fastest sample is kept (worker.py)
     sample_s: float = 0.002  # each sample runs enough calls to last about this long
     timeout_s: float = 60.0
     # > 0: each call reads its own packed copy of B, cycling through copies totalling at

@@ -7,13 +7,21 @@ s}} or {"error": "..."}. For a prepacked GEMM with ``cold_bytes`` > 0 the packed
 until the copies fill that many bytes and call i reads copy i % copies (``tune_bench_cold``).
 Every result is checked once against NumPy in float64 before it is timed.
 A separate process so that a crashing or hanging kernel takes only itself down.
+
+Timing: ``repeats`` rounds, each taking one sample (enough calls to last about
+``sample_s``) at every M in turn; an M keeps its fastest sample. On a shared machine the
+noise is other work taking the core, which only ever adds time, and it comes in bursts
+longer than a sample: the median of back-to-back samples at one M moved by 20% between
+two measurements of the same kernel, which is what the search then ranks candidates by.
+Rounds spread each M's samples over the whole measurement, and the minimum drops the
+slowed ones.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import statistics
+import math
 import sys
 from typing import Callable
 
@@ -46,11 +54,15 @@ def _close(got: np.ndarray, ref: np.ndarray, k: int, where: str) -> dict | None:
     return {"error": f"wrong result at {where} (max abs error {err:.3g})"}
 
 
-def _time(bench: Callable[[int], float], req: dict) -> float:
-    """Median over ``repeats`` samples, each enough calls to last about ``sample_s``."""
-    first = bench(1)
-    calls = max(1, int(req["sample_s"] / max(first, 1e-7)))
-    return statistics.median(bench(calls) for _ in range(int(req["repeats"])))
+def _time(benches: dict[int, Callable[[int], float]], req: dict) -> dict[int, float]:
+    """Seconds per call at each M: the fastest of ``repeats`` samples, taken in rounds over
+    the Ms (see the module docstring); ``benches[m](calls)`` returns seconds per call."""
+    calls = {m: max(1, int(req["sample_s"] / max(bench(1), 1e-7))) for m, bench in benches.items()}
+    best = {m: math.inf for m in benches}
+    for _ in range(max(1, int(req["repeats"]))):
+        for m, bench in benches.items():
+            best[m] = min(best[m], bench(calls[m]))
+    return best
 
 
 def measure_prepacked(lib: ctypes.CDLL, req: dict) -> dict:
@@ -67,7 +79,7 @@ def measure_prepacked(lib: ctypes.CDLL, req: dict) -> dict:
             return lib.tune_bench_cold(calls, m, n, k, a, p, packed.shape[1], copies, c)
     else:
         bench = lib.tune_bench
-    seconds = {}
+    benches, buffers = {}, []
     for m in req["ms"]:
         a = rng.standard_normal((m, k)).astype(np.float32)
         c = np.full((m, n), np.nan, dtype=np.float32)
@@ -76,8 +88,9 @@ def measure_prepacked(lib: ctypes.CDLL, req: dict) -> dict:
         failure = _close(c, a.astype(np.float64) @ b, k, f"M={m}")
         if failure:
             return failure
-        seconds[m] = _time(lambda calls: bench(calls, *args), req)
-    return {"seconds": seconds}
+        buffers.append((a, c))
+        benches[m] = lambda calls, args=args: bench(calls, *args)
+    return {"seconds": _time(benches, req)}
 
 
 def _strided(rng: np.random.Generator, shape: tuple[int, ...], strides: list[int], fill: float | None):
@@ -91,7 +104,7 @@ def _strided(rng: np.random.Generator, shape: tuple[int, ...], strides: list[int
 def measure_batched(lib: ctypes.CDLL, req: dict) -> dict:
     workload = BatchedGemmWorkload.from_key(req["workload"]["key"], 1, max(req["ms"]))
     rng = np.random.default_rng(0)
-    seconds = {}
+    benches, buffers = {}, []
     for t in req["ms"]:
         m, k, n, batch = workload.shape(t)
         st = workload.strides(t)
@@ -103,8 +116,9 @@ def measure_batched(lib: ctypes.CDLL, req: dict) -> dict:
         failure = _close(c, np.matmul(a.astype(np.float64), b.astype(np.float64)), k, f"T={t}")
         if failure:
             return failure
-        seconds[t] = _time(lambda calls: lib.tune_bench_batched(calls, *args), req)
-    return {"seconds": seconds}
+        buffers.append((a_buf, b_buf, c_buf))  # alive while the rounds run
+        benches[t] = lambda calls, args=args: lib.tune_bench_batched(calls, *args)
+    return {"seconds": _time(benches, req)}
 
 
 def measure(req: dict) -> dict:
