@@ -12,7 +12,8 @@ the next one, timed right after it, needs.
 At every point each method runs once (warm-up), every output is checked against numpy's
 (a wrong result raises, naming the method and the shape), then the methods are sampled in
 turn, ``repeats`` times: interleaved, so that load from other work on this shared machine
-hits them alike. Our kernels are timed by loops in C (through ctypes a call costs
+hits them alike. Each method's fastest sample is its time (load from other work only ever
+adds time, in bursts longer than a sample); the median sample is reported alongside. Our kernels are timed by loops in C (through ctypes a call costs
 microseconds, more than the smallest GEMMs); numpy (``np.matmul(..., out=)``) and
 onnxruntime (``run_with_iobinding`` into a bound output) in Python loops, so those two pay
 their call overhead, as they would in a Python program.
@@ -62,8 +63,10 @@ def check_close(got: np.ndarray, ref: np.ndarray, k: int, what: str) -> None:
         raise AssertionError(f"wrong result: {what} differs from numpy (max abs error {err:.3g})")
 
 
-def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float, what: str) -> dict[str, float]:
-    """Median seconds per call of each method, sampled in turn; checked against numpy first."""
+def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float, what: str
+               ) -> tuple[dict[str, float], dict[str, float]]:
+    """(fastest, median) sample of seconds per call of each method, sampled in turn; checked
+    against numpy first."""
     for m in methods.values():
         m.sample(1)  # warm-up: page faults, thread start; also writes m.out
     for name, m in methods.items():
@@ -76,7 +79,7 @@ def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float
     for _ in range(reps):
         for name, m in methods.items():
             times[name].append(m.sample(calls[name]))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return ({name: min(t) for name, t in times.items()}, {name: statistics.median(t) for name, t in times.items()})
 
 
 # ---- peers ------------------------------------------------------------------------------
@@ -154,10 +157,11 @@ def time_dense(spec: dict) -> list[dict]:
         c_np = np.empty((m, n), dtype=np.float32)
         methods["numpy"] = Method(python_loop(lambda: np.matmul(a, b, out=c_np)), c_np)
         methods["onnxruntime"] = ort_method(sess, {"A": a}, np.full((m, n), np.nan, dtype=np.float32))
-        seconds = time_point(methods, k, spec["repeats"], spec["sample_s"], f"M={m}, K={k}, N={n}")
+        seconds, median = time_point(methods, k, spec["repeats"], spec["sample_s"], f"M={m}, K={k}, N={n}")
         flops = 2.0 * m * n * k
         kernel = libs[point["ours"]["dispatcher"]][0].ss_gemm_tuned_choice(m) if "dispatcher" in point["ours"] else None
-        rows.append({"m": m, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()}})
+        rows.append({"m": m, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()},
+                     "gflops_median": {c: flops / s / 1e9 for c, s in median.items()}})
         print(f"      M={m}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()), flush=True)
     return rows
 
@@ -199,10 +203,12 @@ def time_attention(spec: dict) -> list[dict]:
         ref = np.empty((heads, m, n), dtype=np.float32)
         methods["numpy"] = Method(python_loop(lambda: np.matmul(x, y, out=ref)), ref)
         methods["onnxruntime"] = ort_method(sess, {"A": x, "B": y}, np.full((heads, m, n), np.nan, dtype=np.float32))
-        seconds = time_point(methods, k, spec["repeats"], spec["sample_s"], f"attention {op}, {heads} heads, T={t}")
+        seconds, median = time_point(methods, k, spec["repeats"], spec["sample_s"],
+                                     f"attention {op}, {heads} heads, T={t}")
         flops = 2.0 * heads * m * n * k
         kernel = libs[point["ours"]["dispatcher"]].ss_bmm_tuned_choice(t) if "dispatcher" in point["ours"] else None
-        rows.append({"m": t, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()}})
+        rows.append({"m": t, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()},
+                     "gflops_median": {c: flops / s / 1e9 for c, s in median.items()}})
         print(f"      T={t}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()), flush=True)
     return rows
 

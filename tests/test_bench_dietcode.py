@@ -107,7 +107,33 @@ def test_a_wrong_result_fails_loudly():
     with pytest.raises(AssertionError, match="dispatcher at M=3 differs from numpy"):
         timing.time_point(methods, 4, 3, 0.001, "M=3")
     methods["dispatcher"] = timing.Method(lambda calls: 2e-6, ref.copy())
-    assert timing.time_point(methods, 4, 3, 0.001, "M=3") == {"numpy": 1e-6, "dispatcher": 2e-6}
+    assert timing.time_point(methods, 4, 3, 0.001, "M=3") == ({"numpy": 1e-6, "dispatcher": 2e-6},
+                                                               {"numpy": 1e-6, "dispatcher": 2e-6})
+
+
+def test_time_point_keeps_the_fastest_and_the_median_sample():
+    np = pytest.importorskip("numpy")
+    import dietcode_timing as timing
+
+    # Two warm-up calls (the check, the calibration), then 5 interleaved samples.
+    samples = iter([1e-6, 1e-6, 5e-6, 2e-6, 9e-6, 3e-6, 4e-6])
+    ref = np.ones((2, 2), np.float32)
+    methods = {"numpy": timing.Method(lambda calls: 1e-6, ref),
+               "dispatcher": timing.Method(lambda calls: next(samples), ref.copy())}
+    fastest, median = timing.time_point(methods, 4, 5, 0.001, "M=2")
+    assert fastest == {"numpy": 1e-6, "dispatcher": 2e-6}
+    assert median == {"numpy": 1e-6, "dispatcher": 4e-6}
+
+
+def test_summary_gives_the_median_sample_ratios_too():
+    res = _result()
+    for row in res["rows"]:
+        row["gflops_median"] = dict(row["gflops"], dispatcher=row["gflops"]["dispatcher"] / 2)
+    s = report.dense_summary(res)
+    assert s["median_blas_geomean"] == pytest.approx(s["blas_geomean"] / 2)
+    assert s["median_blas_min"] == pytest.approx(0.425) and s["median_blas_min_t"] == 2
+    assert s["median_held_out_geomean"] == pytest.approx(s["held_out_geomean"] / 2)
+    assert math.isnan(report.dense_summary(_result())["median_blas_geomean"])  # rows without medians
 
 
 def test_attention_task_renders_with_its_untuned_column():
