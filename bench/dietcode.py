@@ -5,7 +5,7 @@ lengths T.
     python bench/dietcode.py [--workloads 768x768,768x3072,3072x768,768x2304] [--batches 1,16]
                              [--attention qk,pv] [--threads 1,2] [--lo 1] [--hi 512] [--trials 32]
                              [--per-shape-trials 8]
-                             [--held-out 8] [--dense-to 128] [--step 8] [--repeats 5] [--sample-ms 2.5]
+                             [--held-out 8] [--dense-to 128] [--step 8] [--repeats 5] [--passes 2] [--sample-ms 2.5]
                              [--output bench/results/dietcode.md] [--quick] [--dry-run]
 
 Tasks: every (workload KxN, batch, threads) is a dense task, C[M,N] = A[M,K] x B[K,N] with B
@@ -63,11 +63,13 @@ TIMING_SCRIPT = Path(__file__).resolve().parent / "dietcode_timing.py"
 
 DEFAULTS = dict(workloads="768x768,768x3072,3072x768,768x2304", attention="qk,pv", batches="1,16", threads="1,2",
                 lo=1, hi=512,
-                trials=32, per_shape_trials=8, held_out=8, dense_to=128, step=8, repeats=5, sample_ms=2.5,
+                trials=32, per_shape_trials=8, held_out=8, dense_to=128, step=8, repeats=5, passes=2,
+                sample_ms=2.5,
                 output=ROOT / "bench" / "results" / "dietcode.md")
 QUICK = dict(DEFAULTS, workloads="768x768", attention="qk", batches="1", threads="1", hi=64, trials=8,
              per_shape_trials=2,
-             held_out=4, dense_to=16, step=8, repeats=3, output=ROOT / "bench" / "results" / "dietcode_quick.md")
+             held_out=4, dense_to=16, step=8, repeats=3, passes=1,
+             output=ROOT / "bench" / "results" / "dietcode_quick.md")
 
 # For the printed estimate only (a rough guide, calibrated on this shared 2-core machine).
 # A trial is one candidate: its compile (~3 s, two at a time) and a worker process.
@@ -98,6 +100,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dense-to", type=int, help="time every T up to this ...")
     parser.add_argument("--step", type=int, help="... then every step-th T")
     parser.add_argument("--repeats", type=int, help="timed samples per method and point (fastest kept)")
+    parser.add_argument("--passes", type=int, help="passes over the grid, alternately forwards and backwards")
     parser.add_argument("--sample-ms", type=float, help="each sample runs enough calls to last this long")
     parser.add_argument("--output", type=Path, help="markdown file; the PNG goes next to it")
     parser.add_argument("--quick", action="store_true", help="smoke configuration (a few minutes)")
@@ -137,10 +140,10 @@ def attention_workload(op: str, batch: int, lo: int, hi: int) -> BatchedGemmWork
 
 
 def _timing_s(flops: list[float], methods: int, args: argparse.Namespace, threads: int) -> float:
-    """The timing child: each method runs 2 + repeats samples of >= one call per point."""
+    """The timing child: per pass, each method runs 2 + repeats samples of >= one call per point."""
     rate = ASSUMED_GFLOPS * 1e9 * threads
     per_call = [max(args.sample_ms / 1e3, f / rate) for f in flops]
-    return sum(methods * (2 + args.repeats) * c + 0.02 for c in per_call)
+    return args.passes * sum(methods * (2 + args.repeats) * c + 0.02 for c in per_call)
 
 
 def estimate_s(task: dict, args: argparse.Namespace) -> float:
@@ -274,12 +277,13 @@ def run_task(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
     print(f"    timing {len(pts)} points", flush=True)
     start = time.perf_counter()
     spec = {**{key: task[key] for key in ("kind", "k", "n", "op", "batch") if key in task},
-            "threads": threads, "repeats": args.repeats, "sample_s": args.sample_ms / 1e3, "libraries": libraries,
+            "threads": threads, "repeats": args.repeats, "passes": args.passes, "sample_s": args.sample_ms / 1e3,
+            "libraries": libraries,
             "points": [{"m": p["m"], "ours": p["ours"]} for p in pts]}
     timed = run_timing(spec, threads, tmp)
     print(f"    timing: {time.perf_counter() - start:.0f} s", flush=True)
     rows = [dict({key: p[key] for key in ("m", "t", "grid", "sampled", "held_out")}, kernel=r["kernel"],
-                 gflops=r["gflops"]) for p, r in zip(pts, timed["rows"])]
+                 gflops=r["gflops"], gflops_median=r["gflops_median"]) for p, r in zip(pts, timed["rows"])]
     return {"task": task, "rows": rows, "blas": timed["blas"], "sampled_ms": sampled, "held_out_ms": held,
             "t_range": [args.lo, args.hi], "extrapolate_to": report.extrapolate_count(args.lo, args.hi),
             "wall": {"dietcode": diet_wall, "pad-max": pad_wall, "per-shape": per_wall,
@@ -306,10 +310,12 @@ METHOD = """How it was measured:
 - Timing: one child process per task with OPENBLAS_NUM_THREADS and OMP_NUM_THREADS equal to the thread count
   (onnxruntime: intra_op_num_threads, inter_op 1, all graph optimizations, spinning off; short spin-waits for
   OpenMP and OpenBLAS, so idle pools do not hold the cores). At every point each method runs once and its
-  output is checked against numpy's; then the methods are sampled in turn, interleaved, and each method's
-  fastest sample kept (samples of about --sample-ms; 3 samples when one call takes over 50 ms): other work on
-  this machine only ever adds time, in bursts that a median of 5 samples does not always outvote. Every
-  method is timed the same way; the summaries also give the ratios from the median samples.
+  output is checked against numpy's; then the methods are sampled in turn, interleaved (samples of about
+  --sample-ms; 3 samples when one call takes over 50 ms). The grid is timed in --passes passes, alternately
+  forwards and backwards, so that a point's samples lie minutes apart, and each method's fastest sample over
+  all passes is kept: other work on this machine only ever adds time, and comes in bursts of seconds that
+  slowed every method at a run of neighbouring points, or some methods at one point, when each point was
+  timed once. Every method is timed the same way; the summaries also give the ratios from the median samples.
 - Attention tasks: the batched matmuls of 12 x batch heads, contiguous operands (Q [b,12,T,64], K^T
   [b,12,64,T], P [b,12,T,T], V [b,12,T,64]); the tuner's dynamic value is T (both T dims of the product
   follow it), so held-out and sampled shapes are Ts. Their tables add the untuned default schedule.

@@ -12,13 +12,16 @@ the next one, timed right after it, needs.
 At every point each method runs once (warm-up), every output is checked against numpy's
 (a wrong result raises, naming the method and the shape), then the methods are sampled in
 turn, ``repeats`` times: interleaved, so that load from other work on this shared machine
-hits them alike. Each method's fastest sample is its time (load from other work only ever
-adds time, in bursts longer than a sample); the median sample is reported alongside. Our kernels are timed by loops in C (through ctypes a call costs
-microseconds, more than the smallest GEMMs); numpy (``np.matmul(..., out=)``) and
-onnxruntime (``run_with_iobinding`` into a bound output) in Python loops, so those two pay
-their call overhead, as they would in a Python program.
+hits them alike. The whole grid is timed in ``passes`` passes, alternately forwards and
+backwards, so that a point's samples lie minutes apart: load from other work comes in
+bursts of seconds (in one run every method at M = 384..400 of one task ran 25-45% slow,
+its neighbours did not). Each method's fastest sample over all passes is its time (load
+only ever adds time); the median sample is reported alongside. Our kernels are timed by
+loops in C (through ctypes a call costs microseconds, more than the smallest GEMMs); numpy
+(``np.matmul(..., out=)``) and onnxruntime (``run_with_iobinding`` into a bound output) in
+Python loops, so those two pay their call overhead, as they would in a Python program.
 
-SPEC: {"kind": "dense", "k", "n", "threads", "repeats", "sample_s", "cache_dir",
+SPEC: {"kind": "dense", "k", "n", "threads", "repeats", "passes", "sample_s", "cache_dir",
 "libraries": {name: {"kernels": [GemmSchedule fields], "tree": {...}}},
 "points": [{"m": M, "ours": {column: library name}}]}
 or {"kind": "attention", "op": "qk" | "pv", "batch", ... the same, with "m" of a point being T}.
@@ -32,6 +35,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -63,10 +67,9 @@ def check_close(got: np.ndarray, ref: np.ndarray, k: int, what: str) -> None:
         raise AssertionError(f"wrong result: {what} differs from numpy (max abs error {err:.3g})")
 
 
-def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float, what: str
-               ) -> tuple[dict[str, float], dict[str, float]]:
-    """(fastest, median) sample of seconds per call of each method, sampled in turn; checked
-    against numpy first."""
+def sample_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float, what: str
+                 ) -> dict[str, list[float]]:
+    """Samples of seconds per call of each method, taken in turn; checked against numpy first."""
     for m in methods.values():
         m.sample(1)  # warm-up: page faults, thread start; also writes m.out
     for name, m in methods.items():
@@ -79,7 +82,36 @@ def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float
     for _ in range(reps):
         for name, m in methods.items():
             times[name].append(m.sample(calls[name]))
-    return ({name: min(t) for name, t in times.items()}, {name: statistics.median(t) for name, t in times.items()})
+    return times
+
+
+def summarize(samples: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """(fastest, median) sample of each method."""
+    return ({name: min(t) for name, t in samples.items()}, {name: statistics.median(t) for name, t in samples.items()})
+
+
+def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float, what: str
+               ) -> tuple[dict[str, float], dict[str, float]]:
+    """(fastest, median) sample of seconds per call of each method, sampled in turn; checked
+    against numpy first."""
+    return summarize(sample_point(methods, k, repeats, sample_s, what))
+
+
+def run_passes(points: list[dict], sample_at: Callable[[int, dict], dict[str, list[float]]], passes: int,
+               label: Callable[[dict], str]) -> list[dict[str, list[float]]]:
+    """Every point's samples over ``passes`` passes, forwards then backwards;
+    ``sample_at(i, point)`` sets the point up afresh and samples it."""
+    samples: list[dict[str, list[float]]] = [{} for _ in points]
+    for p in range(max(1, passes)):
+        order = range(len(points)) if p % 2 == 0 else range(len(points) - 1, -1, -1)
+        print(f"      pass {p + 1} of {max(1, passes)}", flush=True)
+        for i in order:
+            for name, t in sample_at(i, points[i]).items():
+                samples[i].setdefault(name, []).extend(t)
+    for point, got in zip(points, samples):
+        fastest = summarize(got)[0]
+        print(f"      {label(point)}: " + " ".join(f"{c} {s * 1e6:.1f} us" for c, s in fastest.items()), flush=True)
+    return samples
 
 
 # ---- peers ------------------------------------------------------------------------------
@@ -138,14 +170,14 @@ def load_tuned(entry: dict, b: np.ndarray, threads: int, cache: Path):
 
 def time_dense(spec: dict) -> list[dict]:
     k, n, threads = spec["k"], spec["n"], spec["threads"]
-    rng = np.random.default_rng(0)
-    b = rng.standard_normal((k, n)).astype(np.float32)
+    b = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
     cache = Path(spec["cache_dir"])
     libs = {name: load_tuned(entry, b, threads, cache) for name, entry in spec["libraries"].items()}
     sess = ort_session(matmul_model(["M", k], [k, n], ["M", n], b), threads)
-    rows = []
-    for point in spec["points"]:
+
+    def sample_at(i: int, point: dict) -> dict[str, list[float]]:
         m = point["m"]
+        rng = np.random.default_rng((0, i))
         a = rng.standard_normal((m, k)).astype(np.float32)
         methods = {}
         for column, name in point["ours"].items():
@@ -157,13 +189,22 @@ def time_dense(spec: dict) -> list[dict]:
         c_np = np.empty((m, n), dtype=np.float32)
         methods["numpy"] = Method(python_loop(lambda: np.matmul(a, b, out=c_np)), c_np)
         methods["onnxruntime"] = ort_method(sess, {"A": a}, np.full((m, n), np.nan, dtype=np.float32))
-        seconds, median = time_point(methods, k, spec["repeats"], spec["sample_s"], f"M={m}, K={k}, N={n}")
-        flops = 2.0 * m * n * k
+        return sample_point(methods, k, spec["repeats"], spec["sample_s"], f"M={m}, K={k}, N={n}")
+
+    points = spec["points"]
+    samples = run_passes(points, sample_at, spec.get("passes", 1), lambda p: f"M={p['m']}")
+    rows = []
+    for point, got in zip(points, samples):
+        m = point["m"]
         kernel = libs[point["ours"]["dispatcher"]][0].ss_gemm_tuned_choice(m) if "dispatcher" in point["ours"] else None
-        rows.append({"m": m, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()},
-                     "gflops_median": {c: flops / s / 1e9 for c, s in median.items()}})
-        print(f"      M={m}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()), flush=True)
+        rows.append(_row(m, kernel, 2.0 * m * n * k, got))
     return rows
+
+
+def _row(m: int, kernel, flops: float, samples: dict[str, list[float]]) -> dict:
+    fastest, median = summarize(samples)
+    return {"m": m, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in fastest.items()},
+            "gflops_median": {c: flops / s / 1e9 for c, s in median.items()}}
 
 
 # ---- attention: the tuned batched dispatchers against numpy and onnxruntime -------------
@@ -186,11 +227,14 @@ def time_attention(spec: dict) -> list[dict]:
         sess = ort_session(matmul_model([*dims, "T", HEAD_DIM], [*dims, HEAD_DIM, "T"], [*dims, "T", "T"]), threads)
     else:
         sess = ort_session(matmul_model([*dims, "T", "T"], [*dims, "T", HEAD_DIM], [*dims, "T", HEAD_DIM]), threads)
-    rng = np.random.default_rng(1)
-    rows = []
-    for point in spec["points"]:
+
+    def shape(t: int) -> tuple[int, int, int]:
+        return (t, HEAD_DIM, t) if op == "qk" else (t, t, HEAD_DIM)
+
+    def sample_at(i: int, point: dict) -> dict[str, list[float]]:
         t = point["m"]
-        m, k, n = (t, HEAD_DIM, t) if op == "qk" else (t, t, HEAD_DIM)
+        m, k, n = shape(t)
+        rng = np.random.default_rng((1, i))
         x = rng.standard_normal((heads, m, k)).astype(np.float32)
         y = rng.standard_normal((heads, k, n)).astype(np.float32)
         methods = {}
@@ -203,13 +247,16 @@ def time_attention(spec: dict) -> list[dict]:
         ref = np.empty((heads, m, n), dtype=np.float32)
         methods["numpy"] = Method(python_loop(lambda: np.matmul(x, y, out=ref)), ref)
         methods["onnxruntime"] = ort_method(sess, {"A": x, "B": y}, np.full((heads, m, n), np.nan, dtype=np.float32))
-        seconds, median = time_point(methods, k, spec["repeats"], spec["sample_s"],
-                                     f"attention {op}, {heads} heads, T={t}")
-        flops = 2.0 * heads * m * n * k
+        return sample_point(methods, k, spec["repeats"], spec["sample_s"], f"attention {op}, {heads} heads, T={t}")
+
+    points = spec["points"]
+    samples = run_passes(points, sample_at, spec.get("passes", 1), lambda p: f"T={p['m']}")
+    rows = []
+    for point, got in zip(points, samples):
+        t = point["m"]
+        m, k, n = shape(t)
         kernel = libs[point["ours"]["dispatcher"]].ss_bmm_tuned_choice(t) if "dispatcher" in point["ours"] else None
-        rows.append({"m": t, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in seconds.items()},
-                     "gflops_median": {c: flops / s / 1e9 for c, s in median.items()}})
-        print(f"      T={t}: " + " ".join(f"{c} {g:.1f}" for c, g in rows[-1]["gflops"].items()), flush=True)
+        rows.append(_row(t, kernel, 2.0 * heads * m * n * k, got))
     return rows
 
 

@@ -159,3 +159,18 @@ def test_attention_workloads_address_contiguous_heads():
         st = w.strides(5)
         for strides, shape in ((st["a"], a_shape), (st["b"], b_shape), ([*st["c"], 1], (batch, m, n))):
             assert [s * 4 for s in strides] == list(np.empty(shape, np.float32).strides)
+
+
+def test_passes_alternate_direction_and_pool_the_samples():
+    import dietcode_timing as timing
+
+    seen = []
+
+    def sample_at(i, point):
+        seen.append(i)
+        return {"ours": [float(len(seen))]}
+
+    samples = timing.run_passes([{"m": 1}, {"m": 2}, {"m": 3}], sample_at, 2, lambda p: f"M={p['m']}")
+    assert seen == [0, 1, 2, 2, 1, 0]
+    assert samples == [{"ours": [1.0, 6.0]}, {"ours": [2.0, 5.0]}, {"ours": [3.0, 4.0]}]
+    assert timing.summarize(samples[0]) == ({"ours": 1.0}, {"ours": 3.5})

@@ -48,7 +48,8 @@ def work_ratio(s: GemmSchedule, m: int, n: int) -> float:
 def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int = 1) -> list[float]:
     small = m <= s.small_m
     pad_m = _cdiv(m, s.mr) * s.mr / m
-    pad_n = work_ratio(s, m, n)
+    pad_n = _cdiv(n, s.nr) * s.nr / n  # how much of N falls in a partial (edge) panel
+    work = work_ratio(s, m, n)
     # The driver's work split (ss_gemm_make_plan): batches first; where they cannot feed
     # every thread, N panels, then M panels if too few.
     used = threads if 2.0 * m * n * k * batch >= s.parallel_min_flops else 1
@@ -65,7 +66,8 @@ def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int =
     prefetching = float(small and s.prefetch_rows > 0 and m >= s.prefetch_min_m)
     return [s.mr, s.nr, s.kc, s.mc, s.nc, s.unroll_k, s.small_m, s.small_nc, s.pack_rows, s.prefetch_rows,
             prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), math.log2(n), math.log2(k), float(small),
-            pad_m, pad_n, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc), m_panels * n_panels, balance, parts]
+            pad_m, pad_n, work, n % s.nr, m % s.mr, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
+            m_panels * n_panels, balance, parts]
 
 
 def prior_log_gflops(s: GemmSchedule, m: int, n: int) -> float:

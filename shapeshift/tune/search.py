@@ -43,6 +43,13 @@ Workload = GemmWorkload | BatchedGemmWorkload
 STRATEGIES = ("dietcode", "per-shape", "pad-max")
 # Points of the range the decision tree is trained on (all of them when the range is smaller).
 TREE_POINTS = 1024
+# Leaves of the dispatch tree: per kernel kept, and at most (a nested if per level in C).
+TREE_LEAVES_PER_KERNEL = 8
+TREE_MAX_LEAVES = 64
+# dietcode keeps the hand-tuned default in its kernel set and dispatches another kernel only
+# where that one is predicted (or measured) this much faster: the cost model's errors between
+# samples are about this size, and a swap on a wrong prediction loses more than one gains.
+DEFAULT_MARGIN = 0.05
 # Candidates measured at each probed M: this many predicted best there (plus the default).
 PROBE_PICKS = 2
 
@@ -266,8 +273,19 @@ class Tuner:
         layouts = [dispatch.layout(self.schedules[c]) for c in cids]
         # Only a prepacked weight has a layout to share; a batched GEMM packs per call.
         one_layout = self.cfg.one_layout and self.w.prepacked
-        return [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.select_ms), layouts, max_k,
-                                                      one_layout, self.select_weights)]
+        chosen = [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.select_ms), layouts, max_k,
+                                                        one_layout, self.select_weights)]
+        default = self._default_cid()
+        if (self.cfg.strategy == "dietcode" and default is not None and default not in chosen
+                and (default in cids or not validated) and len(chosen) < max_k
+                and (not one_layout or dispatch.layout(GemmSchedule()) == layouts[cids.index(chosen[0])])):
+            chosen.append(default)
+        return chosen
+
+    def _default_cid(self) -> Optional[int]:
+        """The hand-tuned default's candidate id, if it was measured and did not fail."""
+        return next((c for c, s in self.schedules.items()
+                     if s == GemmSchedule() and c in self.times and c not in self.failed), None)
 
     def _probe(self) -> None:
         """Measure at each unsampled power of two of the range the PROBE_PICKS candidates
@@ -296,8 +314,15 @@ class Tuner:
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi
         points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()))
-        labels = np.argmin(self._time_matrix(chosen, points), axis=0)
-        return dispatch.fit_tree(points, labels.tolist(), max_leaves=2 * len(chosen))
+        times = self._time_matrix(chosen, points)
+        default = self._default_cid()
+        if self.cfg.strategy == "dietcode" and default in chosen:
+            times[chosen.index(default)] *= 1.0 - DEFAULT_MARGIN
+        labels = np.argmin(times, axis=0)
+        # Up to TREE_LEAVES_PER_KERNEL leaves per kernel: where the best kernel depends on T
+        # modulo a tile width (edge tiles), only many short intervals of T follow it.
+        return dispatch.fit_tree(points, labels.tolist(), max_leaves=min(TREE_MAX_LEAVES,
+                                                                         TREE_LEAVES_PER_KERNEL * len(chosen)))
 
     def run(self) -> TuneResult:
         start = time.monotonic()
