@@ -343,3 +343,27 @@ def test_dietcode_measures_the_chosen_kernels_at_the_probes_too(tmp_path, cache)
         plain = Tuner(WORKLOAD, db, cache, dataclasses.replace(config, probes=False), log=lambda s: None)
         plain.run()
     assert plain.select_ms == [1, 8, 64]
+
+
+def test_dietcode_keeps_the_default_unless_another_kernel_is_clearly_faster(tmp_path, cache):
+    """The default joins the kernel set, and the tree sends an M to another kernel only where
+    that one is at least DEFAULT_MARGIN faster (times set by hand, nothing measured)."""
+    from shapeshift.tune.search import DEFAULT_MARGIN
+
+    w = GemmWorkload(K, N, 1, 8)
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(w, db, cache, TuneConfig(samples=8, one_layout=False, runner=FAST), log=lambda s: None)
+        tuner.schedules = {1: GemmSchedule(), 2: SMALL}
+        slightly = 1.0 - DEFAULT_MARGIN / 2
+        tuner.times = {1: {m: 1.0 for m in range(1, 9)}, 2: {m: slightly for m in range(1, 9)}}
+        chosen = tuner._select(validated=True)
+        assert sorted(chosen) == [1, 2]  # the cover alone keeps only SMALL: faster everywhere
+        tree = tuner._tree(chosen)
+        assert {dispatch.choose(tree, m) for m in range(1, 9)} == {chosen.index(1)}
+        # Clearly faster at M <= 4: SMALL there, the default above.
+        tuner.times[2].update({m: 0.8 for m in range(1, 5)})
+        tree = tuner._tree(chosen)
+        assert [dispatch.choose(tree, m) for m in range(1, 9)] == [chosen.index(2)] * 4 + [chosen.index(1)] * 4
+        # per-shape and pad-max choose on the times alone.
+        tuner.cfg = TuneConfig(strategy="per-shape", samples=8, one_layout=False, runner=FAST)
+        assert tuner._select(validated=True) == [2]
