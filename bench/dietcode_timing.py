@@ -31,6 +31,7 @@ OUT: {"rows": [...], "blas": threadpoolctl's view of numpy's BLAS}.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -191,20 +192,27 @@ def time_dense(spec: dict) -> list[dict]:
         methods["onnxruntime"] = ort_method(sess, {"A": a}, np.full((m, n), np.nan, dtype=np.float32))
         return sample_point(methods, k, spec["repeats"], spec["sample_s"], f"M={m}, K={k}, N={n}")
 
+    def kernel(point: dict) -> int | None:
+        lib = libs[point["ours"]["dispatcher"]][0] if "dispatcher" in point["ours"] else None
+        return lib.ss_gemm_tuned_choice(point["m"]) if lib else None
+
+    return timed_rows(spec, sample_at, "M", lambda m: 2.0 * m * n * k, kernel)
+
+
+def timed_rows(spec: dict, sample_at: Callable[[int, dict], dict[str, list[float]]], name: str,
+               flops: Callable[[int], float], kernel: Callable[[dict], int | None]) -> list[dict]:
+    """A row per point of the spec: its dispatcher's kernel, every method's GFLOPS from its
+    fastest and from its median sample over all passes."""
     points = spec["points"]
-    samples = run_passes(points, sample_at, spec.get("passes", 1), lambda p: f"M={p['m']}")
+    samples = run_passes(points, sample_at, spec.get("passes", 1), lambda p: f"{name}={p['m']}")
     rows = []
     for point, got in zip(points, samples):
-        m = point["m"]
-        kernel = libs[point["ours"]["dispatcher"]][0].ss_gemm_tuned_choice(m) if "dispatcher" in point["ours"] else None
-        rows.append(_row(m, kernel, 2.0 * m * n * k, got))
+        fastest, median = summarize(got)
+        f = flops(point["m"])
+        rows.append({"m": point["m"], "kernel": kernel(point),
+                     "gflops": {c: f / s / 1e9 for c, s in fastest.items()},
+                     "gflops_median": {c: f / s / 1e9 for c, s in median.items()}})
     return rows
-
-
-def _row(m: int, kernel, flops: float, samples: dict[str, list[float]]) -> dict:
-    fastest, median = summarize(samples)
-    return {"m": m, "kernel": kernel, "gflops": {c: flops / s / 1e9 for c, s in fastest.items()},
-            "gflops_median": {c: flops / s / 1e9 for c, s in median.items()}}
 
 
 # ---- attention: the tuned batched dispatchers against numpy and onnxruntime -------------
@@ -249,15 +257,11 @@ def time_attention(spec: dict) -> list[dict]:
         methods["onnxruntime"] = ort_method(sess, {"A": x, "B": y}, np.full((heads, m, n), np.nan, dtype=np.float32))
         return sample_point(methods, k, spec["repeats"], spec["sample_s"], f"attention {op}, {heads} heads, T={t}")
 
-    points = spec["points"]
-    samples = run_passes(points, sample_at, spec.get("passes", 1), lambda p: f"T={p['m']}")
-    rows = []
-    for point, got in zip(points, samples):
-        t = point["m"]
-        m, k, n = shape(t)
-        kernel = libs[point["ours"]["dispatcher"]].ss_bmm_tuned_choice(t) if "dispatcher" in point["ours"] else None
-        rows.append(_row(t, kernel, 2.0 * heads * m * n * k, got))
-    return rows
+    def kernel(point: dict) -> int | None:
+        lib = libs[point["ours"]["dispatcher"]] if "dispatcher" in point["ours"] else None
+        return lib.ss_bmm_tuned_choice(point["m"]) if lib else None
+
+    return timed_rows(spec, sample_at, "T", lambda t: 2.0 * heads * math.prod(shape(t)), kernel)
 
 
 def blas_info() -> list[dict]:
