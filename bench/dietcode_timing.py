@@ -91,13 +91,6 @@ def summarize(samples: dict[str, list[float]]) -> tuple[dict[str, float], dict[s
     return ({name: min(t) for name, t in samples.items()}, {name: statistics.median(t) for name, t in samples.items()})
 
 
-def time_point(methods: dict[str, Method], k: int, repeats: int, sample_s: float, what: str
-               ) -> tuple[dict[str, float], dict[str, float]]:
-    """(fastest, median) sample of seconds per call of each method, sampled in turn; checked
-    against numpy first."""
-    return summarize(sample_point(methods, k, repeats, sample_s, what))
-
-
 def run_passes(points: list[dict], sample_at: Callable[[int, dict], dict[str, list[float]]], passes: int,
                label: Callable[[dict], str]) -> list[dict[str, list[float]]]:
     """Every point's samples over ``passes`` passes, forwards then backwards;

@@ -105,13 +105,13 @@ def test_a_wrong_result_fails_loudly():
     wrong[1, 2] = 2.0
     methods = {"numpy": timing.Method(lambda calls: 1e-6, ref), "dispatcher": timing.Method(lambda calls: 1e-6, wrong)}
     with pytest.raises(AssertionError, match="dispatcher at M=3 differs from numpy"):
-        timing.time_point(methods, 4, 3, 0.001, "M=3")
+        timing.sample_point(methods, 4, 3, 0.001, "M=3")
     methods["dispatcher"] = timing.Method(lambda calls: 2e-6, ref.copy())
-    assert timing.time_point(methods, 4, 3, 0.001, "M=3") == ({"numpy": 1e-6, "dispatcher": 2e-6},
-                                                               {"numpy": 1e-6, "dispatcher": 2e-6})
+    expected = {"numpy": 1e-6, "dispatcher": 2e-6}
+    assert timing.summarize(timing.sample_point(methods, 4, 3, 0.001, "M=3")) == (expected, expected)
 
 
-def test_time_point_keeps_the_fastest_and_the_median_sample():
+def test_a_point_keeps_the_fastest_and_the_median_sample():
     np = pytest.importorskip("numpy")
     import dietcode_timing as timing
 
@@ -120,7 +120,7 @@ def test_time_point_keeps_the_fastest_and_the_median_sample():
     ref = np.ones((2, 2), np.float32)
     methods = {"numpy": timing.Method(lambda calls: 1e-6, ref),
                "dispatcher": timing.Method(lambda calls: next(samples), ref.copy())}
-    fastest, median = timing.time_point(methods, 4, 5, 0.001, "M=2")
+    fastest, median = timing.summarize(timing.sample_point(methods, 4, 5, 0.001, "M=2"))
     assert fastest == {"numpy": 1e-6, "dispatcher": 2e-6}
     assert median == {"numpy": 1e-6, "dispatcher": 4e-6}
 

@@ -45,11 +45,13 @@ def work_ratio(s: GemmSchedule, m: int, n: int) -> float:
     return sum(rows * columns(8 * gemm._small_shape(s, rows)[0]) for rows in groups) / (m * n)
 
 
-def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int = 1) -> list[float]:
+def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int = 1,
+             work: Optional[float] = None) -> list[float]:
+    """``work``: ``work_ratio(s, m, n)``, when the caller has it already."""
     small = m <= s.small_m
     pad_m = _cdiv(m, s.mr) * s.mr / m
     pad_n = _cdiv(n, s.nr) * s.nr / n  # how much of N falls in a partial (edge) panel
-    work = work_ratio(s, m, n)
+    work = work_ratio(s, m, n) if work is None else work
     # The driver's work split (ss_gemm_make_plan): batches first; where they cannot feed
     # every thread, N panels, then M panels if too few.
     used = threads if 2.0 * m * n * k * batch >= s.parallel_min_flops else 1
@@ -71,7 +73,8 @@ def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int =
 
 
 def prior_log_gflops(s: GemmSchedule, m: int, n: int) -> float:
-    """Before any data: bigger tiles are faster, padded rows and columns are wasted work."""
+    """Before any data: bigger tiles are faster; rows of a partial tile (a slower edge
+    kernel) and columns past N in the last vector cost as if wasted."""
     pad = (_cdiv(m, s.mr) * s.mr / m) * work_ratio(s, m, n)
     tile = min(s.mr, m) * s.nr / (s.mr + s.nr / 8)
     return math.log(tile) - math.log(pad)
@@ -105,21 +108,16 @@ class CostModel:
         self.model = None
         self.holdout_spearman: Optional[float] = None
 
-    def _x(self, rows: Sequence[tuple[GemmSchedule, int]]) -> np.ndarray:
-        out = []
-        for s, x in rows:
-            m, k, n, batch = self.shape(x)
-            out.append(features(s, m, k, n, self.threads, batch))
-        return np.array(out)
-
-    def _log_work(self, rows: Sequence[tuple[GemmSchedule, int]]) -> np.ndarray:
-        """log work_ratio per row: the regressor learns log GFLOPS + this (the rate of the
-        work done), predictions subtract it."""
-        out = []
-        for s, x in rows:
-            m, _, n, _ = self.shape(x)
-            out.append(math.log(work_ratio(s, m, n)))
-        return np.array(out)
+    def _encode(self, rows: Sequence[tuple[GemmSchedule, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """The feature matrix, and log work_ratio per row: the regressor learns log GFLOPS +
+        log work ratio (the rate of the work done), predictions subtract it."""
+        x, log_work = [], []
+        for s, value in rows:
+            m, k, n, batch = self.shape(value)
+            work = work_ratio(s, m, n)
+            x.append(features(s, m, k, n, self.threads, batch, work))
+            log_work.append(math.log(work))
+        return np.array(x), np.array(log_work)
 
     def fit(self, rows: Sequence[tuple[GemmSchedule, int]], log_gflops: Sequence[float]) -> None:
         """Retrain on all rows; first on 80% of them, to report Spearman on the other 20%."""
@@ -127,8 +125,8 @@ class CostModel:
             return
         from sklearn.ensemble import GradientBoostingRegressor
 
-        log_work = self._log_work(rows)
-        x, y = self._x(rows), np.asarray(log_gflops, dtype=float) + log_work
+        x, log_work = self._encode(rows)
+        y = np.asarray(log_gflops, dtype=float) + log_work
 
         def make():
             return GradientBoostingRegressor(n_estimators=150, max_depth=3, learning_rate=0.1, subsample=0.9,
@@ -150,4 +148,5 @@ class CostModel:
             return np.zeros(0)
         if self.model is None:
             return np.array([prior_log_gflops(s, self.shape(x)[0], self.shape(x)[2]) for s, x in rows])
-        return self.model.predict(self._x(rows)) - self._log_work(rows)
+        x, log_work = self._encode(rows)
+        return self.model.predict(x) - log_work

@@ -277,7 +277,7 @@ class Tuner:
                                                         one_layout, self.select_weights)]
         default = self._default_cid()
         if (self.cfg.strategy == "dietcode" and default is not None and default not in chosen
-                and (default in cids or not validated) and len(chosen) < max_k
+                and default in cids and len(chosen) < max_k
                 and (not one_layout or dispatch.layout(GemmSchedule()) == layouts[cids.index(chosen[0])])):
             chosen.append(default)
         return chosen
