@@ -15,6 +15,7 @@ from ..frontend.onnx_import import import_model, read_model, unsupported_ops
 from ..ir.graph import Graph
 from ..ir.types import dtype_name
 from ..ops.registry import REGISTRY
+from ..runtime.profile import format_profile
 from ..runtime.session import InferenceSession
 from .feeds import random_feed
 
@@ -118,7 +119,11 @@ def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args) -> int:
-    session = InferenceSession(args.model, dynamic=args.dynamic, backend=args.backend)
+    if args.repeat < 1:
+        raise InputError(f"--repeat must be at least 1, got {args.repeat}")
+    if args.profile and args.backend != "native":
+        raise InputError("--profile times the native backend's steps: add --backend native")
+    session = InferenceSession(args.model, dynamic=args.dynamic, backend=args.backend, profile=args.profile)
     feed = _load_inputs(args.input)
     missing = [v for v in session.graph.inputs if v.name not in feed]
     if missing and not args.random:
@@ -128,12 +133,19 @@ def cmd_run(args) -> int:
         feed.update(random_feed(session.graph, missing, args.dynamic, np.random.default_rng(args.seed), given=feed))
     for name, array in feed.items():
         print(f"input  {name}: {array.dtype}{list(array.shape)}")
-    start = time.perf_counter()
-    outputs = session.run(None, feed)
-    elapsed = time.perf_counter() - start
+    for run in range(args.repeat):
+        start = time.perf_counter()
+        outputs = session.run(None, feed)
+        elapsed = time.perf_counter() - start
+        if args.profile and run == 0 and args.repeat > 1:
+            session.profile(reset=True)  # the first run pays one-time costs (thread pool, arena pages)
     for value, array in zip(session.graph.outputs, outputs):
         print(f"output {value.name}: {_summary(array)}")
-    print(f"ran in {elapsed * 1000:.1f} ms on the {session.backend} backend")
+    runs = f" (run {args.repeat} of {args.repeat})" if args.repeat > 1 else ""
+    print(f"ran in {elapsed * 1000:.1f} ms on the {session.backend} backend{runs}")
+    if args.profile:
+        print()
+        print(format_profile(session.profile(), args.repeat - 1 if args.repeat > 1 else 1))
     if args.save:
         out_dir = Path(args.save)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=BACKENDS, default=None,
                      help="native: elementwise ops as compiled C kernels, the rest on the reference evaluator "
                           "(default: reference, native for a compiled artifact)")
+    run.add_argument("--repeat", type=int, default=1, metavar="N",
+                     help="run N times; report the last run's time (and profile all runs but the first)")
+    run.add_argument("--profile", action="store_true",
+                     help="native: time every step and print where the runs spent their time")
     run.set_defaults(handler=cmd_run)
 
     simplify = sub.add_parser("simplify", help="fold constants and make dynamic ops static; write OUT")

@@ -102,6 +102,9 @@ class Program:
     late_extents: list[int] = field(default_factory=list)
     # Prefixes of the tuned batched-GEMM dispatchers its steps call (tune/records.py).
     tuned_calls: list[str] = field(default_factory=list)
+    # Built with per-step timers (see _emit_source): its library exports
+    # ``profile_symbol()``, two doubles per step (seconds, calls) that the VM reads.
+    profiled: bool = False
 
     def tuned_names(self) -> set[str]:
         """Prefixes of every tuned dispatcher this program and its branches use: those of
@@ -121,6 +124,9 @@ class Program:
     def segment_name(self, k: int) -> str:
         return f"ss_segment{self.prefix}_{k}"
 
+    def profile_symbol(self) -> str:
+        return f"ss_profile{self.prefix}_counters"
+
     def all_programs(self) -> list["Program"]:
         """This program and every branch program under it."""
         found = [self]
@@ -132,9 +138,10 @@ class Program:
 
 class _Builder:
     def __init__(self, graph: Graph, prefix: str = "", outer_inputs: Sequence[Value] = (),
-                 input_symbols: Optional[frozenset] = None, tuning=None):
+                 input_symbols: Optional[frozenset] = None, tuning=None, profile: bool = False):
         self.graph = graph
         self.tuning = tuning
+        self.profile = profile
         self.prefix = prefix
         self.inputs = [*graph.inputs, *outer_inputs]
         self.input_symbols = input_symbols if input_symbols is not None else frozenset(
@@ -221,6 +228,8 @@ class _Builder:
             programs = program.all_programs()
             program.fragments = _with_dependencies(
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
+            for each in programs:
+                each.profiled = self.profile
             program.source = _emit_source(programs, program.fragments, self._tuned_sources(program))
             program.unread_consts = _unread_consts(programs)
         return program
@@ -514,6 +523,9 @@ def _with_dependencies(names: set[str]) -> tuple[str, ...]:
 
 
 def _emit_source(programs: list[Program], fragments: tuple[str, ...], tuned: Sequence[str] = ()) -> str:
+    """One translation unit: the prelude, the kernel fragments, the tuned dispatchers and
+    every program's segment functions. A profiled program's steps each add their wall time
+    and one call to its counters (omp_get_wtime: a clock read, about 20 ns, per step)."""
     import importlib
 
     parts = [PRELUDE]
@@ -522,13 +534,21 @@ def _emit_source(programs: list[Program], fragments: tuple[str, ...], tuned: Seq
         parts.append(importlib.import_module(f"shapeshift.codegen.kernels.{name}").source())
     parts.extend(tuned)
     for program in programs:
+        counters = f"ss_profile{program.prefix}"
+        if program.profiled:
+            parts.append(f"\nstatic double {counters}[{2 * max(1, len(program.steps))}];\n"
+                         f"double* {program.profile_symbol()}(void) {{ return {counters}; }}\n")
         for k, indices in enumerate(program.segments):
             body = []
             for i in indices:
                 step = program.steps[i]
-                code = step.lowered.code.replace("STEP_ERROR", str(i + 1))
+                code = _indent(step.lowered.code.replace("STEP_ERROR", str(i + 1)), 8)
+                if program.profiled:
+                    code = (f"        const double ss_started = omp_get_wtime();\n        {{\n{_indent(code, 4)}\n"
+                            f"        }}\n        {counters}[{2 * i}] += omp_get_wtime() - ss_started;\n"
+                            f"        {counters}[{2 * i + 1}] += 1;")
                 body.append(f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n    {{\n"
-                            + _indent(code, 8) + "\n    }\n")
+                            + code + "\n    }\n")
             parts.append(f"\nint {program.segment_name(k)}(void* const* v, const int64_t* e) {{\n    (void)e;\n"
                          + "".join(body) + "    return 0;\n}\n")
     return "".join(parts)
@@ -543,10 +563,11 @@ def _indent(code: str, spaces: int) -> str:
     return "\n".join(pad + line if line.strip() else line for line in code.strip("\n").splitlines())
 
 
-def build_program(graph: Graph, tuning=None) -> Program:
+def build_program(graph: Graph, tuning=None, profile: bool = False) -> Program:
     """The native program of a simplified, typed graph. ``tuning``: tuned GEMM
-    dispatchers by weight shape (shapeshift/tune/records.py ``GemmTuning``), or None."""
-    program = _Builder(graph, tuning=tuning).build()
+    dispatchers by weight shape (shapeshift/tune/records.py ``GemmTuning``), or None.
+    ``profile``: time every native step (see ``Program.profiled``)."""
+    program = _Builder(graph, tuning=tuning, profile=profile).build()
     fallback = program.fallback_ops()
     if fallback:
         log.info("native program for %s: %d steps, fallback ops: %s", graph.name, len(program.steps),

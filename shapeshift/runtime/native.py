@@ -17,24 +17,26 @@ from ..codegen.program import Program, build_program
 from ..ir.graph import Graph, Value
 from ..passes.simplify import simplify_graph
 from ..passes.simplify.outputs import restore_output_names
+from .profile import StepTime
 from .versions import build_versions
 from .vm import NativeVM
 
 
-def prepare_program(graph: Graph, tuning=None) -> Program:
+def prepare_program(graph: Graph, tuning=None, profile: bool = False) -> Program:
     """Simplify ``graph`` in place and build its native program (with the tuned GEMM
-    dispatchers of ``tuning``, a shapeshift.tune.records.GemmTuning, where it has them)."""
+    dispatchers of ``tuning``, a shapeshift.tune.records.GemmTuning, where it has them;
+    with step timers when ``profile``)."""
     simplify_graph(graph)
     restore_output_names(graph)
-    return build_program(graph, tuning)
+    return build_program(graph, tuning, profile)
 
 
 def create_executor(graph: Graph, reimport: Optional[Callable[[], Graph]] = None, num_threads: Optional[int] = None,
-                    cache_dir=None, tuning=None):
+                    cache_dir=None, tuning=None, profile: bool = False):
     """The native executor of ``graph``: simplified and lowered, or, when Ifs decided by
     the input shapes keep part of it on the fallback and ``reimport`` can give fresh
     imports of the model, one program version per outcome of those Ifs (versions.py)."""
-    program = prepare_program(graph, tuning)
+    program = prepare_program(graph, tuning, profile)
     fallback = sum(program.fallback_ops().values())
     if fallback and reimport is not None:
         def make_executors(versions: list) -> list:
@@ -42,7 +44,8 @@ def create_executor(graph: Graph, reimport: Optional[Callable[[], Graph]] = None
             return [NativeExecutor(g, num_threads=num_threads, cache_dir=cache_dir, program=p, library=lib,
                                    tuning=tuning) for (g, p), lib in zip(versions, libraries)]
 
-        versioned = build_versions(graph, fallback, reimport, lambda g: prepare_program(g, tuning), make_executors)
+        versioned = build_versions(graph, fallback, reimport, lambda g: prepare_program(g, tuning, profile),
+                                   make_executors)
         if versioned is not None:
             return versioned
     return NativeExecutor(graph, num_threads=num_threads, cache_dir=cache_dir, program=program, tuning=tuning)
@@ -77,3 +80,6 @@ class NativeExecutor:
 
     def programs(self) -> list[Program]:
         return self.program.all_programs()
+
+    def profile(self, reset: bool = False) -> list[StepTime]:
+        return self.vm.profile(reset)

@@ -10,6 +10,9 @@ its magic header, see artifact.py): it runs on the native backend without compil
 ``tuning_db`` (native backend): a database written by ``shapeshift tune``; every MatMul or
 Gemm whose constant weight shape has a selection there for the session's thread count runs
 the tuned kernels (see shapeshift/tune/records.py). An artifact carries its own records.
+
+``profile=True`` (native backend, not an artifact): every step is timed; ``profile()``
+returns the times so far (see profile.py).
 """
 
 from __future__ import annotations
@@ -54,12 +57,13 @@ def _node_arg(value: Value) -> NodeArg:
     return NodeArg(value.name, None, "unknown")
 
 
-def _native_executor(graph: Graph, reimport, num_threads: Optional[int], tuning_db=None):
+def _native_executor(graph: Graph, reimport, num_threads: Optional[int], tuning_db=None, profile: bool = False):
     # Imported here: the native backend pulls in the C build machinery, which the
     # reference backend never needs.
     from .native import create_executor
 
-    return create_executor(graph, reimport, num_threads=num_threads, tuning=load_tuning(tuning_db, num_threads))
+    return create_executor(graph, reimport, num_threads=num_threads, tuning=load_tuning(tuning_db, num_threads),
+                           profile=profile)
 
 
 def load_tuning(tuning_db, num_threads: Optional[int]):
@@ -82,7 +86,8 @@ class InferenceSession:
     """Load a model once, run it on any input shapes inside the declared ranges."""
 
     def __init__(self, model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-                 backend: Optional[str] = None, num_threads: Optional[int] = None, tuning_db=None):
+                 backend: Optional[str] = None, num_threads: Optional[int] = None, tuning_db=None,
+                 profile: bool = False):
         """``backend`` defaults to "reference" for a model and to "native" for an artifact."""
         if backend is not None and backend not in BACKENDS:
             raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
@@ -90,6 +95,10 @@ class InferenceSession:
             raise ShapeshiftError(f"num_threads must be a positive integer, got {num_threads!r}")
         if tuning_db is not None and (backend or "reference") != "native" and not is_artifact(model):
             raise ShapeshiftError("tuning_db applies to the native backend only: pass backend=\"native\"")
+        if profile and ((backend or "reference") != "native" or is_artifact(model)):
+            raise ShapeshiftError("profile=True needs the native backend and a model, not a compiled artifact "
+                                  "(its library was built without timers)")
+        self._profiled = bool(profile)
         if is_artifact(model):
             if tuning_db is not None:
                 raise ArtifactError(f"{model}: a compiled artifact carries the tuning records it was built with; "
@@ -103,10 +112,17 @@ class InferenceSession:
 
             self.graph: Graph = load()
             self._executor = (ReferenceExecutor(self.graph) if self.backend == "reference"
-                              else _native_executor(self.graph, load, num_threads, tuning_db))
+                              else _native_executor(self.graph, load, num_threads, tuning_db, self._profiled))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
         self._input_values = {v.name: v for v in self.graph.inputs}
         self._checked_feeds: dict[tuple, dict[str, int]] = {}
+
+    def profile(self, reset: bool = False) -> list:
+        """The time and calls of every program step over the runs so far (profile.StepTime
+        rows; format them with profile.format_profile); ``reset`` zeroes the counters after."""
+        if not self._profiled:
+            raise ShapeshiftError("this session was created without profile=True")
+        return self._executor.profile(reset)
 
     def get_inputs(self) -> list[NodeArg]:
         return [_node_arg(v) for v in self.graph.inputs]

@@ -90,6 +90,10 @@ class VersionedExecutor:
     def programs(self) -> list:
         return [p for executor in self.versions.values() for p in executor.program.all_programs()]
 
+    def profile(self, reset: bool = False) -> list:
+        """Every version's step times (profile.StepTime), version after version."""
+        return [row for executor in self.versions.values() for row in executor.profile(reset)]
+
     def select(self, binding: Mapping[str, int]):
         key = tuple(sorted(binding.items()))
         executor = self._chosen.get(key)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -34,6 +35,7 @@ from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..ops.context import EvalContext
 from ..symbolic import evaluate, free_symbols
+from .profile import BRANCH, StepTime
 from .reference import ReferenceExecutor, materialize
 
 ALIGNMENT = 64
@@ -97,6 +99,9 @@ class NativeVM:
         # by id(step), so that a run with many late symbols evaluates each thing once.
         self._late_ready = _late_ready(program)
         self._release_unread_constants()
+        # Profiled programs: native steps count into the library's table, fallback steps here.
+        self._counters = _profile_counters(program, self.library)
+        self._fallback_times = np.zeros((len(program.steps), 2)) if program.profiled else None
 
     # -- load time -------------------------------------------------------------------------
 
@@ -224,9 +229,38 @@ class NativeVM:
                 i = indices[-1] + 1
                 continue
             if step.kind == FALLBACK:
-                self._run_fallback(step, env, arrays, ptrs, plan, binding)
+                if self._fallback_times is None:
+                    self._run_fallback(step, env, arrays, ptrs, plan, binding)
+                else:
+                    started = time.perf_counter()
+                    self._run_fallback(step, env, arrays, ptrs, plan, binding)
+                    self._fallback_times[i] += (time.perf_counter() - started, 1)
             i += 1
         return [self._output(v, env, arrays, plan, binding) for v in program.graph.outputs]
+
+    # -- profiling ---------------------------------------------------------------------------
+
+    def profile(self, reset: bool = False) -> list[StepTime]:
+        """Time and calls of every step run so far (this program's, then each If's
+        branches' after the If), when the program was built with ``profile=True``."""
+        if not self.program.profiled:
+            raise ShapeshiftError("this program was built without profile=True: it has no step timers")
+        with self._lock:
+            rows = []
+            for i, step in enumerate(self.program.steps):
+                kind = BRANCH if id(step.node) in self._branches else step.kind
+                table = self._counters if step.kind == NATIVE else self._fallback_times.reshape(-1)
+                seconds, calls = (float(table[2 * i]), int(table[2 * i + 1])) if table is not None else (0.0, 0)
+                node = step.node
+                label = node.name or next((v.name for v in node.outputs if v is not None), "")
+                rows.append(StepTime(self.program.prefix, i, node.op_type, label, kind, calls, seconds))
+                for branch in self._branches.get(id(step.node), ()):
+                    rows.extend(branch.profile(reset))
+            if reset:
+                if self._counters is not None:
+                    self._counters[:] = 0
+                self._fallback_times[:] = 0
+        return rows
 
     def _set_views(self, ptrs: np.ndarray, root: int, address: int) -> None:
         for child in self._view_children.get(root, ()):
@@ -372,6 +406,16 @@ class NativeVM:
         if isinstance(result, np.ndarray):
             return np.array(result, copy=True)
         return result
+
+
+def _profile_counters(program: Program, library: Optional[CompiledLibrary]) -> Optional[np.ndarray]:
+    """The library's per-step (seconds, calls) doubles of a profiled program, as an array."""
+    if not program.profiled or library is None:
+        return None
+    function = getattr(library.cdll, program.profile_symbol())
+    function.restype = ctypes.c_void_p
+    table = (ctypes.c_double * (2 * max(1, len(program.steps)))).from_address(function())
+    return np.ctypeslib.as_array(table)
 
 
 def _packing_functions(lib, prefix: str):
