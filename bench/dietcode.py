@@ -357,10 +357,12 @@ def write(args: argparse.Namespace, meta: dict, results: list[dict], final: bool
     if not final:
         report.write_atomic(partial, report.render(meta, results, None, partial=True))
         return
-    png = args.output.with_suffix(".png")
-    report.plot(results, png)
-    report.write_atomic(args.output, report.render(meta, results, png.name))
+    # The tables first: a run of an hour must not lose them to a failing plot.
+    report.write_atomic(args.output, report.render(meta, results, None))
     partial.unlink(missing_ok=True)
+    png = args.output.with_suffix(".png")
+    if report.plot(results, png):
+        report.write_atomic(args.output, report.render(meta, results, png.name))
 
 
 def main() -> None:

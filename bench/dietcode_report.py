@@ -251,8 +251,13 @@ def render(meta: dict, results: Sequence[dict], png: Optional[str], partial: boo
 
 # ---- plot ---------------------------------------------------------------------------------
 
-def plot(results: Sequence[dict], path: Path) -> None:
-    import matplotlib
+def plot(results: Sequence[dict], path: Path) -> bool:
+    """Draw the GFLOPS plot into ``path``; False (with a message) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -268,7 +273,7 @@ def plot(results: Sequence[dict], path: Path) -> None:
         marks = {"per-shape tuned": ([r["t"] for r in tuned], [r["gflops"]["per-shape"] for r in tuned])}
         panels.append((task_label(res["task"]), lines, marks))
     if not panels:
-        return
+        return False
     cols = min(2, len(panels))
     rows_n = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(7 * cols, 4 * rows_n), squeeze=False)
@@ -290,6 +295,7 @@ def plot(results: Sequence[dict], path: Path) -> None:
     fig.savefig(tmp, dpi=90)
     plt.close(fig)
     os.replace(tmp, path)
+    return True
 
 
 def write_atomic(path: Path, text: str) -> None:
