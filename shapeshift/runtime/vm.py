@@ -248,13 +248,13 @@ class NativeVM:
         with self._lock:
             rows = []
             for i, step in enumerate(self.program.steps):
-                kind = BRANCH if id(step.node) in self._branches else step.kind
-                table = self._counters if step.kind == NATIVE else self._fallback_times.reshape(-1)
-                seconds, calls = (float(table[2 * i]), int(table[2 * i + 1])) if table is not None else (0.0, 0)
                 node = step.node
+                kind = BRANCH if id(node) in self._branches else step.kind
+                table = self._counters if step.kind == NATIVE else self._fallback_times
+                seconds, calls = table[i] if table is not None else (0.0, 0)
                 label = node.name or next((v.name for v in node.outputs if v is not None), "")
-                rows.append(StepTime(self.program.prefix, i, node.op_type, label, kind, calls, seconds))
-                for branch in self._branches.get(id(step.node), ()):
+                rows.append(StepTime(self.program.prefix, i, node.op_type, label, kind, int(calls), float(seconds)))
+                for branch in self._branches.get(id(node), ()):
                     rows.extend(branch.profile(reset))
             if reset:
                 if self._counters is not None:
@@ -409,13 +409,14 @@ class NativeVM:
 
 
 def _profile_counters(program: Program, library: Optional[CompiledLibrary]) -> Optional[np.ndarray]:
-    """The library's per-step (seconds, calls) doubles of a profiled program, as an array."""
+    """The library's per-step (seconds, calls) doubles of a profiled program, as a (steps, 2)
+    array like the VM's own table of fallback steps."""
     if not program.profiled or library is None:
         return None
     function = getattr(library.cdll, program.profile_symbol())
     function.restype = ctypes.c_void_p
     table = (ctypes.c_double * (2 * max(1, len(program.steps)))).from_address(function())
-    return np.ctypeslib.as_array(table)
+    return np.ctypeslib.as_array(table).reshape(-1, 2)
 
 
 def _packing_functions(lib, prefix: str):
