@@ -525,7 +525,7 @@ def _with_dependencies(names: set[str]) -> tuple[str, ...]:
 def _emit_source(programs: list[Program], fragments: tuple[str, ...], tuned: Sequence[str] = ()) -> str:
     """One translation unit: the prelude, the kernel fragments, the tuned dispatchers and
     every program's segment functions. A profiled program's steps each add their wall time
-    and one call to its counters (omp_get_wtime: a clock read, about 20 ns, per step)."""
+    and one call to its counters (omp_get_wtime: one clock read before and one after each step)."""
     import importlib
 
     parts = [PRELUDE]
