@@ -21,7 +21,7 @@ from shapeshift.tune.builder import build_one
 from shapeshift.tune.cost_model import CostModel, spearman
 from shapeshift.tune.database import Database
 from shapeshift.tune.runner import RunnerConfig, measure
-from shapeshift.tune.search import TuneConfig, Tuner, probe_points
+from shapeshift.tune.search import TuneConfig, Tuner, dense_points, probe_points
 from shapeshift.tune.workload import GemmWorkload
 
 pytest.importorskip("sklearn")
@@ -323,6 +323,42 @@ def test_probe_points_are_the_unsampled_powers_of_two():
     assert probe_points(1, 512, [1, 58, 114, 512]) == [2, 4, 8, 16, 32, 64, 128, 256]
     assert probe_points(1, 64, [1, 8, 64]) == [2, 4, 16, 32]
     assert probe_points(5, 5, [5]) == [] and probe_points(3, 9, [3, 9]) == [4, 8]
+
+
+def test_dense_points_cover_each_octave_with_odd_ms():
+    assert dense_points(1, 20) == list(range(1, 16)) + [17, 19]
+    assert dense_points(1, 512)[15:31] == [17, 19, 21, 23, 25, 27, 29, 31, 35, 39, 43, 47, 51, 55, 59, 63]
+    big = [p for p in dense_points(1, 512) if p >= 16]
+    assert all(p % 2 for p in big) and len(big) == 40  # 8 per octave from 16 to 511
+    assert dense_points(20, 40) == [21, 23, 25, 27, 29, 31, 35, 39] and dense_points(5, 5) == [5]
+
+
+def test_dietcode_measures_the_kernel_set_densely_within_its_budget(tmp_path, cache):
+    """After the kernel set is chosen, its kernels are measured at the dense Ms (all of them
+    here: tiny GEMMs cost almost nothing), and the tree is trained on those measurements;
+    with no budget, nothing past the sampled and probed Ms is measured."""
+    config = TuneConfig(trials=4, batch=2, sample_ms=(1, 33, 64), runner=FAST, dense_budget=1.0)
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
+        result = tuner.run()
+    cids = [next(c for c, s in tuner.schedules.items() if s == k) for k in result.kernels]
+    for cid in cids:
+        assert set(dense_points(1, 64)) <= set(tuner.times[cid])
+    # The tree follows the measured best kernel (the default's times less DEFAULT_MARGIN)
+    # at the dense Ms; it may merge a few of them into a neighbour's leaf.
+    from shapeshift.tune.search import DEFAULT_MARGIN
+
+    default = tuner._default_cid()
+    agree = []
+    for m in dense_points(1, 64):
+        t = [tuner.times[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in cids]
+        agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
+    assert np.mean(agree) >= 0.8
+    with Database(tmp_path / "u.db") as db:
+        plain = Tuner(WORKLOAD, db, cache, dataclasses.replace(config, dense_budget=0.0), log=lambda s: None)
+        plain_result = plain.run()
+    measured = set().union(*(plain.times[c] for c in plain.times))
+    assert measured <= set(plain.select_ms) and plain_result.kernels
 
 
 def test_dietcode_measures_the_chosen_kernels_at_the_probes_too(tmp_path, cache):

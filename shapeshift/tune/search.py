@@ -12,9 +12,14 @@ Afterwards (dietcode only) the range's powers of two that were not sampled are *
 the candidates predicted best there, and the hand-tuned default, are measured there, since
 uniform samples leave the small shapes, where speed changes fastest, to prediction alone
 (over [1, 512] the first two samples are 1 and 58). Then the kernel set is chosen
-(``dispatch.greedy_cover``) over the sampled and probed Ms, measured wherever it was not,
-and the decision tree is trained on the best kernel per M over the whole range (measured
-where measured, predicted elsewhere).
+(``dispatch.greedy_cover``) over the sampled and probed Ms and measured wherever it was not.
+Last (dietcode only), the chosen kernels are measured on a *dense* grid of the range
+(``dense_points``, about 8 Ms per doubling of M), cheapest points first within a budget
+of a fraction of the time spent so far: the tree that dispatches every M of the range is
+then trained on measurements at those Ms rather than on the cost model's guesses between
+samples, which were 20-40% wrong in places (Q K^T at 2 threads: the tree sent T = 9..15
+to a kernel measured a third slower there than the default). The decision tree is trained
+on the best kernel per M over the whole range (measured where measured, predicted elsewhere).
 """
 
 from __future__ import annotations
@@ -52,6 +57,16 @@ TREE_MAX_LEAVES = 64
 DEFAULT_MARGIN = 0.05
 # Candidates measured at each probed M: this many predicted best there (plus the default).
 PROBE_PICKS = 2
+# The dense grid of M the kernel set is measured on before the tree is trained: this many
+# points per doubling of M (every M below it) ...
+DENSE_PER_OCTAVE = 8
+# ... within this fraction of the wall time the tuning has taken until then (cheapest
+# points first: a kernel at a large M of a big GEMM costs more to time than at a small one).
+DENSE_BUDGET = 0.25
+# Estimates for that budget: float64 GFLOPS of the worker's NumPy check of each new M, and
+# the seconds a worker process takes to start (one per kernel measured).
+CHECK_GFLOPS = 5.0
+WORKER_START_S = 0.3
 
 
 def probe_points(lo: int, hi: int, sampled: list[int]) -> list[int]:
@@ -61,6 +76,26 @@ def probe_points(lo: int, hi: int, sampled: list[int]) -> list[int]:
         if p > lo and p not in sampled:
             points.append(p)
         p *= 2
+    return points
+
+
+def dense_points(lo: int, hi: int, per_octave: int = DENSE_PER_OCTAVE) -> list[int]:
+    """About ``per_octave`` Ms in each doubling of M over [lo, hi]: every M up to
+    2 x per_octave - 1, then the odd M nearest above the middle of each of ``per_octave``
+    equal steps per octave (17, 19, ...; 35, 39, ...; 69, 77, ...). Odd, because the probes
+    (powers of two) already cover aligned Ms, and a kernel's edge tiles make its speed
+    depend on M modulo its tile, which uniform and aligned samples both miss."""
+    points = []
+    m = max(1, lo)
+    while m <= hi:
+        base = 1 << (m.bit_length() - 1)
+        step = base // per_octave
+        if step <= 1:
+            points.append(m)
+            m += 1
+            continue
+        points.extend(p for p in ((base + i * step + step // 2) | 1 for i in range(per_octave)) if lo <= p <= hi)
+        m = 2 * base
     return points
 
 
@@ -81,6 +116,9 @@ class TuneConfig:
     one_layout: bool = True
     # dietcode: probe the unsampled powers of two of the range before choosing the kernels.
     probes: bool = True
+    # dietcode: measure the chosen kernels on ``dense_points`` of the range within this
+    # fraction of the tuning time so far (0: the tree between samples follows the model).
+    dense_budget: float = DENSE_BUDGET
     population: int = 64
     batch: int = 4  # candidates measured per round
     jobs: int = 2  # parallel compiles
@@ -311,6 +349,39 @@ class Tuner:
         self.select_weights = np.array([self.weights[self.ms.index(m)] if m in self.ms else floor
                                         for m in self.select_ms])
 
+    def _measure_dense(self, chosen: list[int], elapsed_s: float) -> None:
+        """Measure the chosen kernels at the ``dense_points`` they lack, cheapest M first
+        (all kernels at an M, so that the tree compares measurements there), while the
+        estimated cost stays within ``dense_budget`` x ``elapsed_s``."""
+        points = dense_points(self.w.lo, self.w.hi)
+        if not points or self.cfg.dense_budget <= 0:
+            return
+        estimate = self._time_matrix(chosen, points)  # seconds per call
+        # What timing one (kernel, M) costs the worker (worker.py): a warm-up call and the
+        # NumPy check, then ``repeats`` samples of at least ``sample_s`` each.
+        runner = self.runner
+        costs = []
+        for j, m in enumerate(points):
+            kernels = [i for i, c in enumerate(chosen) if m not in self.times.get(c, {})]
+            cost = sum(runner.repeats * max(runner.sample_s, estimate[i, j]) + 2 * estimate[i, j]
+                       + self.w.flops(m) / (CHECK_GFLOPS * 1e9) for i in kernels)
+            if kernels:
+                costs.append((float(cost), m, kernels))
+        budget = self.cfg.dense_budget * elapsed_s - WORKER_START_S * len(chosen)
+        todo: dict[int, list[int]] = {}
+        spent = 0.0
+        for cost, m, kernels in sorted(costs):
+            if spent + cost > budget:
+                break
+            spent += cost
+            for i in kernels:
+                todo.setdefault(chosen[i], []).append(m)
+        if todo:
+            self._measure([(self.schedules[c], sorted(ms)) for c, ms in todo.items()])
+        done = len({m for ms in todo.values() for m in ms})
+        self.log(f"  dense: the {len(chosen)} kernel(s) measured at {done} of {len(costs)} more Ms "
+                 f"(estimated {spent:.1f} s of a {max(budget, 0.0):.1f} s budget)")
+
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi
         points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()))
@@ -350,6 +421,8 @@ class Tuner:
                 break
             self._measure([(self.schedules[c], self.select_ms) for c in missing])
         chosen = self._select(validated=True)
+        if self.cfg.strategy == "dietcode":
+            self._measure_dense(chosen, time.monotonic() - start)
         tree = self._tree(chosen)
         kernels = [self.schedules[c] for c in chosen]
         seconds = {m: self.times[chosen[dispatch.choose(tree, m)]].get(m, math.nan) for m in self.ms}
