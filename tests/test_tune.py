@@ -20,7 +20,7 @@ from shapeshift.tune import dispatch, space
 from shapeshift.tune.builder import build_one
 from shapeshift.tune.cost_model import CostModel, spearman
 from shapeshift.tune.database import Database
-from shapeshift.tune.runner import RunnerConfig, measure
+from shapeshift.tune.runner import RunnerConfig, measure, measure_together
 from shapeshift.tune.search import TuneConfig, Tuner, dense_points, probe_points
 from shapeshift.tune.workload import GemmWorkload
 
@@ -59,6 +59,17 @@ def test_runner_measures_a_good_candidate(cache):
     result = measure(build_one(SMALL, cache), WORKLOAD, [1, 7, 64], FAST)
     assert result.error is None and sorted(result.seconds) == [1, 7, 64]
     assert all(s > 0 for s in result.seconds.values())
+
+
+def test_runner_times_several_libraries_in_one_process(cache):
+    other = GemmSchedule(mr=2, nr=16, kc=64, mc=8, nc=64, small_m=0)
+    results = measure_together([build_one(SMALL, cache), build_one(other, cache)], WORKLOAD, [1, 7, 64], FAST)
+    assert [sorted(r.seconds) for r in results] == [[1, 7, 64]] * 2
+    assert all(r.error is None and min(r.seconds.values()) > 0 for r in results)
+    # One wrong library fails the call, and the error names it.
+    wrong = build_one(SMALL, cache, source_fn=_doubled)
+    results = measure_together([build_one(SMALL, cache), wrong], WORKLOAD, [1, 7], FAST)
+    assert all(r.error and "library 1" in r.error for r in results)
 
 
 def test_runner_measures_cold_weights(cache):
@@ -333,25 +344,27 @@ def test_dense_points_cover_each_octave_with_odd_ms():
     assert dense_points(20, 40) == [21, 23, 25, 27, 29, 31, 35, 39] and dense_points(5, 5) == [5]
 
 
-def test_dietcode_measures_the_kernel_set_densely_within_its_budget(tmp_path, cache):
-    """After the kernel set is chosen, its kernels are measured at the dense Ms (all of them
-    here: tiny GEMMs cost almost nothing), and the tree is trained on those measurements;
-    with no budget, nothing past the sampled and probed Ms is measured."""
+def test_dietcode_times_the_kernel_set_together_densely_within_its_budget(tmp_path, cache):
+    """After the kernel set is chosen, its kernels are timed together (one process) at the
+    sampled, probed and dense Ms (all of them here: tiny GEMMs cost almost nothing), and
+    the tree follows those times; with no budget, only the sampled and probed Ms."""
+    from shapeshift.tune.search import DEFAULT_MARGIN
+
     config = TuneConfig(trials=4, batch=2, sample_ms=(1, 33, 64), runner=FAST, dense_budget=1.0)
     with Database(tmp_path / "t.db") as db:
         tuner = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
         result = tuner.run()
     cids = [next(c for c, s in tuner.schedules.items() if s == k) for k in result.kernels]
+    everywhere = set(dense_points(1, 64)) | set(tuner.select_ms)
     for cid in cids:
-        assert set(dense_points(1, 64)) <= set(tuner.times[cid])
-    # The tree follows the measured best kernel (the default's times less DEFAULT_MARGIN)
-    # at the dense Ms; it may merge a few of them into a neighbour's leaf.
-    from shapeshift.tune.search import DEFAULT_MARGIN
-
+        assert set(tuner.together[cid]) == everywhere
+        assert everywhere <= set(tuner.times[cid])  # new points are kept as measurements too
+    # The tree follows the best kernel timed together (the default's times less
+    # DEFAULT_MARGIN); it may merge a few Ms into a neighbour's leaf.
     default = tuner._default_cid()
     agree = []
-    for m in dense_points(1, 64):
-        t = [tuner.times[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in cids]
+    for m in sorted(everywhere):
+        t = [tuner.together[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in cids]
         agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
     assert np.mean(agree) >= 0.8
     with Database(tmp_path / "u.db") as db:
@@ -359,6 +372,7 @@ def test_dietcode_measures_the_kernel_set_densely_within_its_budget(tmp_path, ca
         plain_result = plain.run()
     measured = set().union(*(plain.times[c] for c in plain.times))
     assert measured <= set(plain.select_ms) and plain_result.kernels
+    assert all(set(t) == set(plain.select_ms) for t in plain.together.values()) and plain.together
 
 
 def test_dietcode_measures_the_chosen_kernels_at_the_probes_too(tmp_path, cache):

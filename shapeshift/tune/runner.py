@@ -3,6 +3,8 @@
 One at a time because measurements share the cores; one process each because a kernel
 that crashes or hangs must fail only its candidate: a non-zero exit, unreadable output or
 a run past ``timeout_s`` is recorded as that candidate's error and tuning goes on.
+``measure_together`` is the exception: kernels already measured alone, timed in one
+process so that their times compare (worker.py).
 """
 
 from __future__ import annotations
@@ -44,17 +46,42 @@ def measure(built: Built, workload, ms: Sequence[int], config: RunnerConfig = Ru
     GEMM); ``workload`` is a GemmWorkload or BatchedGemmWorkload (workload.py)."""
     if built.library is None:
         return Result(error=built.error or "not built")
-    req = {"library": str(built.library), "workload": workload.request(), "ms": list(ms), "threads": config.threads,
+    out = _run_worker({"library": str(built.library)}, workload, ms, config)
+    if isinstance(out, Result):
+        return out
+    return Result(seconds={int(m): float(s) for m, s in out["seconds"].items()})
+
+
+def measure_together(builts: Sequence[Built], workload, ms: Sequence[int], config: RunnerConfig = RunnerConfig(),
+                     timeout_s: Optional[float] = None) -> list[Result]:
+    """Times every one of ``builts`` at each of ``ms`` in one worker process, on the same
+    buffers, samples interleaved (worker.py): comparable with each other as separate
+    processes are not. One failing library fails them all (one process); the tuner uses
+    this for kernels already measured alone."""
+    failed = next((b for b in builts if b.library is None), None)
+    if failed is not None:
+        return [Result(error=failed.error or "not built")] * len(builts)
+    out = _run_worker({"libraries": [str(b.library) for b in builts]}, workload, ms, config, timeout_s)
+    if isinstance(out, Result):
+        return [out] * len(builts)
+    return [Result(seconds={int(m): float(s) for m, s in lib["seconds"].items()}) for lib in out["libraries"]]
+
+
+def _run_worker(libraries: dict, workload, ms: Sequence[int], config: RunnerConfig,
+                timeout_s: Optional[float] = None) -> dict | Result:
+    """The worker's reply, or a Result holding its error."""
+    req = {**libraries, "workload": workload.request(), "ms": list(ms), "threads": config.threads,
            "repeats": config.repeats, "sample_s": config.sample_s, "cold_bytes": config.cold_bytes}
     # The same thread count for OpenMP and for numpy's BLAS (used by the correctness check).
     env = dict(os.environ, OMP_NUM_THREADS=str(config.threads), OPENBLAS_NUM_THREADS=str(config.threads))
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    timeout = timeout_s or config.timeout_s
     try:
         proc = subprocess.run([sys.executable, "-m", "shapeshift.tune.worker"], input=json.dumps(req),
-                              capture_output=True, text=True, timeout=config.timeout_s, env=env)
+                              capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return Result(error=f"timeout after {config.timeout_s:g} s")
+        return Result(error=f"timeout after {timeout:g} s")
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or [""]
         return Result(error=f"worker crashed (exit status {proc.returncode}) {tail[0]}".strip())
@@ -64,4 +91,4 @@ def measure(built: Built, workload, ms: Sequence[int], config: RunnerConfig = Ru
         return Result(error="worker wrote no result")
     if "error" in out:
         return Result(error=out["error"])
-    return Result(seconds={int(m): float(s) for m, s in out["seconds"].items()})
+    return out

@@ -13,13 +13,17 @@ the candidates predicted best there, and the hand-tuned default, are measured th
 uniform samples leave the small shapes, where speed changes fastest, to prediction alone
 (over [1, 512] the first two samples are 1 and 58). Then the kernel set is chosen
 (``dispatch.greedy_cover``) over the sampled and probed Ms and measured wherever it was not.
-Last (dietcode only), the chosen kernels are measured on a *dense* grid of the range
-(``dense_points``, about 8 Ms per doubling of M), cheapest points first within a budget
-of a fraction of the time spent so far: the tree that dispatches every M of the range is
-then trained on measurements at those Ms rather than on the cost model's guesses between
-samples, which were 20-40% wrong in places (Q K^T at 2 threads: the tree sent T = 9..15
-to a kernel measured a third slower there than the default). The decision tree is trained
-on the best kernel per M over the whole range (measured where measured, predicted elsewhere).
+Last (dietcode only), the chosen kernels are timed *together*, in one worker process with
+their samples interleaved (``runner.measure_together``), at the sampled and probed Ms and
+at a *dense* grid of the range (``dense_points``, about 8 Ms per doubling of M), cheapest
+points first within a budget of a fraction of the time spent so far. The decision tree is
+trained on the best kernel per M over the whole range: from those joint times where it has
+them, else measured alone where measured, else predicted. Why both: between samples the
+cost model was 20-40% wrong in places (Q K^T at 2 threads: the tree sent T = 9..15 to a
+kernel a third slower there than the default), and at 2 threads a kernel's speed differs
+by up to 15% from one worker process to the next (in one tuning a kernel's whole
+measurement ran at one core's speed, half its speed in the next), which decided labels
+between kernels measured in different processes.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from . import dispatch, space
 from .builder import SourceFn, build_many
 from .cost_model import CostModel
 from .database import Database
-from .runner import COLD_BYTES, RunnerConfig, measure
+from .runner import COLD_BYTES, RunnerConfig, measure, measure_together
 from .workload import BatchedGemmWorkload, GemmWorkload
 
 Workload = GemmWorkload | BatchedGemmWorkload
@@ -57,14 +61,14 @@ TREE_MAX_LEAVES = 64
 DEFAULT_MARGIN = 0.05
 # Candidates measured at each probed M: this many predicted best there (plus the default).
 PROBE_PICKS = 2
-# The dense grid of M the kernel set is measured on before the tree is trained: this many
+# The dense grid of M the kernel set is timed on before the tree is trained: this many
 # points per doubling of M (every M below it) ...
 DENSE_PER_OCTAVE = 8
 # ... within this fraction of the wall time the tuning has taken until then (cheapest
 # points first: a kernel at a large M of a big GEMM costs more to time than at a small one).
 DENSE_BUDGET = 0.25
-# Estimates for that budget: float64 GFLOPS of the worker's NumPy check of each new M, and
-# the seconds a worker process takes to start (one per kernel measured).
+# Estimates for that budget: float64 GFLOPS of the worker's NumPy check of each M, and the
+# seconds the worker process takes to start.
 CHECK_GFLOPS = 5.0
 WORKER_START_S = 0.3
 
@@ -116,8 +120,8 @@ class TuneConfig:
     one_layout: bool = True
     # dietcode: probe the unsampled powers of two of the range before choosing the kernels.
     probes: bool = True
-    # dietcode: measure the chosen kernels on ``dense_points`` of the range within this
-    # fraction of the tuning time so far (0: the tree between samples follows the model).
+    # dietcode: time the chosen kernels together on ``dense_points`` of the range within this
+    # fraction of the tuning time so far (0: only at the sampled and probed Ms).
     dense_budget: float = DENSE_BUDGET
     population: int = 64
     batch: int = 4  # candidates measured per round
@@ -169,6 +173,8 @@ class Tuner:
         self.schedules: dict[int, GemmSchedule] = {}
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
         self.failed: set[int] = set()
+        # The kernel set's times at each M from one process (``_measure_set``): candidate -> M -> s.
+        self.together: dict[int, dict[int, float]] = {}
         self.trials = 0
         self._load()
 
@@ -349,43 +355,57 @@ class Tuner:
         self.select_weights = np.array([self.weights[self.ms.index(m)] if m in self.ms else floor
                                         for m in self.select_ms])
 
-    def _measure_dense(self, chosen: list[int], elapsed_s: float) -> None:
-        """Measure the chosen kernels at the ``dense_points`` they lack, cheapest M first
-        (all kernels at an M, so that the tree compares measurements there), while the
-        estimated cost stays within ``dense_budget`` x ``elapsed_s``."""
-        points = dense_points(self.w.lo, self.w.hi)
-        if not points or self.cfg.dense_budget <= 0:
-            return
-        estimate = self._time_matrix(chosen, points)  # seconds per call
-        # What timing one (kernel, M) costs the worker (worker.py): a warm-up call and the
-        # NumPy check, then ``repeats`` samples of at least ``sample_s`` each.
+    def _measure_set(self, chosen: list[int], elapsed_s: float) -> None:
+        """Time the chosen kernels together (``runner.measure_together``: one process,
+        samples interleaved) at the sampled and probed Ms and at the ``dense_points`` that
+        fit in ``dense_budget`` x ``elapsed_s`` (estimated; cheapest M first): the tree is
+        trained on these times wherever it has them. New (kernel, M) points also go to the
+        database and the cost model."""
         runner = self.runner
-        costs = []
-        for j, m in enumerate(points):
-            kernels = [i for i, c in enumerate(chosen) if m not in self.times.get(c, {})]
-            cost = sum(runner.repeats * max(runner.sample_s, estimate[i, j]) + 2 * estimate[i, j]
-                       + self.w.flops(m) / (CHECK_GFLOPS * 1e9) for i in kernels)
-            if kernels:
-                costs.append((float(cost), m, kernels))
-        budget = self.cfg.dense_budget * elapsed_s - WORKER_START_S * len(chosen)
-        todo: dict[int, list[int]] = {}
-        spent = 0.0
-        for cost, m, kernels in sorted(costs):
-            if spent + cost > budget:
+        points = dense_points(self.w.lo, self.w.hi) if self.cfg.dense_budget > 0 else []
+        points = [m for m in points if m not in self.select_ms]
+        estimate = self._time_matrix(chosen, self.select_ms + points)  # seconds per call
+
+        def cost(j: int, m: int) -> float:
+            # A warm-up call and the NumPy check, then ``repeats`` samples of at least sample_s.
+            return float(sum(runner.repeats * max(runner.sample_s, t) + 2 * t for t in estimate[:, j])
+                         + self.w.flops(m) / (CHECK_GFLOPS * 1e9))
+
+        base = sum(cost(j, m) for j, m in enumerate(self.select_ms))
+        budget = self.cfg.dense_budget * elapsed_s - WORKER_START_S
+        extra, spent = [], 0.0
+        for c, m in sorted((cost(len(self.select_ms) + j, m), m) for j, m in enumerate(points)):
+            if spent + c > budget:
                 break
-            spent += cost
-            for i in kernels:
-                todo.setdefault(chosen[i], []).append(m)
-        if todo:
-            self._measure([(self.schedules[c], sorted(ms)) for c, ms in todo.items()])
-        done = len({m for ms in todo.values() for m in ms})
-        self.log(f"  dense: the {len(chosen)} kernel(s) measured at {done} of {len(costs)} more Ms "
-                 f"(estimated {spent:.1f} s of a {max(budget, 0.0):.1f} s budget)")
+            spent += c
+            extra.append(m)
+        ms = sorted(self.select_ms + extra)
+        built = build_many([self.schedules[c] for c in chosen], self.cache_dir, self.cfg.jobs, self.source_fn)
+        # A generous limit: one process times every kernel at every M.
+        timeout = max(runner.timeout_s, 4 * (base + spent))
+        results = measure_together(built, self.w, ms, runner, timeout_s=timeout)
+        if results[0].error:
+            self.log(f"  timing the kernel set together failed ({results[0].error}); the tree uses the times "
+                     f"measured alone")
+            return
+        for c, result in zip(chosen, results):
+            self.together[c] = result.seconds
+            new = [m for m in ms if m not in self.times.get(c, {})]
+            if new:
+                self.db.add_measurements(self.wid, c, self.cfg.threads, {m: result.seconds[m] for m in new}, None, new)
+                self.times.setdefault(c, {}).update({m: result.seconds[m] for m in new})
+        self._fit()
+        self.log(f"  kernel set: {len(chosen)} kernel(s) timed together at {len(ms)} Ms ({len(extra)} of "
+                 f"{len(points)} dense Ms fit the {max(budget, 0.0):.1f} s budget)")
 
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi
         points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()))
         times = self._time_matrix(chosen, points)
+        # Where the set was timed together, those times (comparable with each other) decide.
+        for j, m in enumerate(points):
+            if chosen and all(m in self.together.get(c, {}) for c in chosen):
+                times[:, j] = [self.together[c][m] for c in chosen]
         default = self._default_cid()
         if self.cfg.strategy == "dietcode" and default in chosen:
             times[chosen.index(default)] *= 1.0 - DEFAULT_MARGIN
@@ -422,7 +442,7 @@ class Tuner:
             self._measure([(self.schedules[c], self.select_ms) for c in missing])
         chosen = self._select(validated=True)
         if self.cfg.strategy == "dietcode":
-            self._measure_dense(chosen, time.monotonic() - start)
+            self._measure_set(chosen, time.monotonic() - start)
         tree = self._tree(chosen)
         kernels = [self.schedules[c] for c in chosen]
         seconds = {m: self.times[chosen[dispatch.choose(tree, m)]].get(m, math.nan) for m in self.ms}

@@ -1,9 +1,10 @@
 """Measures one built candidate; run as ``python -m shapeshift.tune.worker`` by the runner.
 
-Reads a JSON request on stdin: {"library", "workload", "ms", "threads", "repeats",
-"sample_s", "cold_bytes"}, where "workload" is the workload's ``request()`` (a prepacked
-GEMM's K and N, or a batched GEMM's key); writes one JSON object on stdout: {"seconds": {M:
-s}} or {"error": "..."}. For a prepacked GEMM with ``cold_bytes`` > 0 the packed B is copied
+Reads a JSON request on stdin: {"library" (or "libraries", a list), "workload", "ms",
+"threads", "repeats", "sample_s", "cold_bytes"}, where "workload" is the workload's
+``request()`` (a prepacked GEMM's K and N, or a batched GEMM's key); writes one JSON object
+on stdout: {"seconds": {M: s}} (with "libraries": a list of those, one per library) or
+{"error": "..."}. For a prepacked GEMM with ``cold_bytes`` > 0 the packed B is copied
 until the copies fill that many bytes and call i reads copy i % copies (``tune_bench_cold``).
 Every result is checked once against NumPy in float64 before it is timed.
 A separate process so that a crashing or hanging kernel takes only itself down.
@@ -15,6 +16,13 @@ longer than a sample: the median of back-to-back samples at one M moved by 20% b
 two measurements of the same kernel, which is what the search then ranks candidates by.
 Rounds spread each M's samples over the whole measurement, and the minimum drops the
 slowed ones.
+
+Several libraries in one request are timed in one process on the same buffers, their
+samples interleaved (each round takes one sample of every library at every M): a process
+has a speed of its own, at 2 threads up to 15% off another's for the same kernel (its
+buffers' placement, its threads' cores), and in one tuning a whole measurement of a kernel
+ran at one core's speed. Kernels compared in one process see the same conditions; the
+tuner times the kernel set it dispatches among this way (search.py).
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ import ctypes
 import json
 import math
 import sys
-from typing import Callable
 
 import numpy as np
 
@@ -54,43 +61,58 @@ def _close(got: np.ndarray, ref: np.ndarray, k: int, where: str) -> dict | None:
     return {"error": f"wrong result at {where} (max abs error {err:.3g})"}
 
 
-def _time(benches: dict[int, Callable[[int], float]], req: dict) -> dict[int, float]:
-    """Seconds per call at each M: the fastest of ``repeats`` samples, taken in rounds over
-    the Ms (see the module docstring); ``benches[m](calls)`` returns seconds per call."""
-    calls = {m: max(1, int(req["sample_s"] / max(bench(1), 1e-7))) for m, bench in benches.items()}
-    best = {m: math.inf for m in benches}
+def _time(benches: dict, req: dict) -> dict:
+    """Seconds per call for each key of ``benches`` (a library's M): the fastest of
+    ``repeats`` samples, taken in rounds over the keys (see the module docstring);
+    ``benches[key](calls)`` returns seconds per call."""
+    calls = {key: max(1, int(req["sample_s"] / max(bench(1), 1e-7))) for key, bench in benches.items()}
+    best = {key: math.inf for key in benches}
     for _ in range(max(1, int(req["repeats"]))):
-        for m, bench in benches.items():
-            best[m] = min(best[m], bench(calls[m]))
+        for key, bench in benches.items():
+            best[key] = min(best[key], bench(calls[key]))
     return best
 
 
-def measure_prepacked(lib: ctypes.CDLL, req: dict) -> dict:
+def _results(best: dict, count: int, ms: list[int], req: dict) -> dict:
+    """The reply: one library's {"seconds"}, or several libraries' {"libraries": [...]}."""
+    per_lib = [{"seconds": {m: best[(i, m)] for m in ms}} for i in range(count)]
+    return per_lib[0] if "libraries" not in req else {"libraries": per_lib}
+
+
+def measure_prepacked(libs: list[ctypes.CDLL], req: dict) -> dict:
     k, n = int(req["workload"]["k"]), int(req["workload"]["n"])
     rng = np.random.default_rng(0)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    packed = np.empty(max(1, lib.ss_gemm_packed_b_size(k, n)), dtype=np.float32)
-    lib.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
-    copies = -(-int(req.get("cold_bytes", 0)) // packed.nbytes)
-    if copies > 1:
-        packed = np.ascontiguousarray(np.broadcast_to(packed, (copies, packed.size)))
+    cold_bytes = int(req.get("cold_bytes", 0))
+    kernels, buffers = [], []  # per library: its bench function and its packed B
+    for lib in libs:
+        packed = np.empty(max(1, lib.ss_gemm_packed_b_size(k, n)), dtype=np.float32)
+        lib.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+        copies = -(-cold_bytes // packed.nbytes)
+        if copies > 1:
+            packed = np.ascontiguousarray(np.broadcast_to(packed, (copies, packed.size)))
+            stride = packed.shape[1]
 
-        def bench(calls, m, n, k, a, p, c):
-            return lib.tune_bench_cold(calls, m, n, k, a, p, packed.shape[1], copies, c)
-    else:
-        bench = lib.tune_bench
-    benches, buffers = {}, []
+            def bench(calls, m, n, k, a, p, c, lib=lib, stride=stride, copies=copies):
+                return lib.tune_bench_cold(calls, m, n, k, a, p, stride, copies, c)
+        else:
+            bench = lib.tune_bench
+        kernels.append((bench, packed))
+    timed = {}
     for m in req["ms"]:
         a = rng.standard_normal((m, k)).astype(np.float32)
-        c = np.full((m, n), np.nan, dtype=np.float32)
-        args = (m, n, k, a.ctypes.data, packed.ctypes.data, c.ctypes.data)
-        bench(1, *args)  # the call checked below; also the warm-up (page faults, thread start)
-        failure = _close(c, a.astype(np.float64) @ b, k, f"M={m}")
-        if failure:
-            return failure
+        ref = a.astype(np.float64) @ b
+        c = np.empty((m, n), dtype=np.float32)  # shared: every library writes the same C
         buffers.append((a, c))
-        benches[m] = lambda calls, args=args: bench(calls, *args)
-    return {"seconds": _time(benches, req)}
+        for i, (bench, packed) in enumerate(kernels):
+            c.fill(np.nan)
+            args = (m, n, k, a.ctypes.data, packed.ctypes.data, c.ctypes.data)
+            bench(1, *args)  # the call checked below; also the warm-up (page faults, thread start)
+            failure = _close(c, ref, k, f"M={m}" + (f" (library {i})" if len(libs) > 1 else ""))
+            if failure:
+                return failure
+            timed[(i, m)] = lambda calls, bench=bench, args=args: bench(calls, *args)
+    return _results(_time(timed, req), len(libs), req["ms"], req)
 
 
 def _strided(rng: np.random.Generator, shape: tuple[int, ...], strides: list[int], fill: float | None):
@@ -101,33 +123,36 @@ def _strided(rng: np.random.Generator, shape: tuple[int, ...], strides: list[int
     return buf, view
 
 
-def measure_batched(lib: ctypes.CDLL, req: dict) -> dict:
+def measure_batched(libs: list[ctypes.CDLL], req: dict) -> dict:
     workload = BatchedGemmWorkload.from_key(req["workload"]["key"], 1, max(req["ms"]))
     rng = np.random.default_rng(0)
-    benches, buffers = {}, []
+    timed, buffers = {}, []
     for t in req["ms"]:
         m, k, n, batch = workload.shape(t)
         st = workload.strides(t)
         a_buf, a = _strided(rng, (batch, m, k), st["a"], None)
         b_buf, b = _strided(rng, (batch, k, n), st["b"], None)
         c_buf, c = _strided(rng, (batch, m, n), [*st["c"], 1], np.nan)
-        args = (m, n, k, batch, a_buf.ctypes.data, *st["a"], b_buf.ctypes.data, *st["b"], c_buf.ctypes.data, *st["c"])
-        lib.tune_bench_batched(1, *args)
-        failure = _close(c, np.matmul(a.astype(np.float64), b.astype(np.float64)), k, f"T={t}")
-        if failure:
-            return failure
         buffers.append((a_buf, b_buf, c_buf))  # alive while the rounds run
-        benches[t] = lambda calls, args=args: lib.tune_bench_batched(calls, *args)
-    return {"seconds": _time(benches, req)}
+        ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        args = (m, n, k, batch, a_buf.ctypes.data, *st["a"], b_buf.ctypes.data, *st["b"], c_buf.ctypes.data, *st["c"])
+        for i, lib in enumerate(libs):
+            c_buf.fill(np.nan)
+            lib.tune_bench_batched(1, *args)
+            failure = _close(c, ref, k, f"T={t}" + (f" (library {i})" if len(libs) > 1 else ""))
+            if failure:
+                return failure
+            timed[(i, t)] = lambda calls, lib=lib, args=args: lib.tune_bench_batched(calls, *args)
+    return _results(_time(timed, req), len(libs), req["ms"], req)
 
 
 def measure(req: dict) -> dict:
-    lib = _load(req["library"])
-    lib.ss_set_num_threads(int(req.get("threads", 1)))
-    kind = req["workload"]["kind"]
-    if kind == "batched":
-        return measure_batched(lib, req)
-    return measure_prepacked(lib, req)
+    libs = [_load(path) for path in req.get("libraries") or [req["library"]]]
+    for lib in libs:
+        lib.ss_set_num_threads(int(req.get("threads", 1)))
+    if req["workload"]["kind"] == "batched":
+        return measure_batched(libs, req)
+    return measure_prepacked(libs, req)
 
 
 def main() -> None:
