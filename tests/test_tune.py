@@ -417,3 +417,23 @@ def test_dietcode_keeps_the_default_unless_another_kernel_is_clearly_faster(tmp_
         # per-shape and pad-max choose on the times alone.
         tuner.cfg = TuneConfig(strategy="per-shape", samples=8, one_layout=False, runner=FAST)
         assert tuner._select(validated=True) == [2]
+
+
+def test_dietcode_shortlists_the_best_per_m_and_chooses_on_the_times_taken_together(tmp_path, cache):
+    """The shortlist holds each M's best candidates (and the default); the kernel set is
+    chosen on the times the shortlist took together where it has them, not on the times
+    measured alone (times set by hand, nothing measured)."""
+    w = GemmWorkload(K, N, 1, 8)
+    other = GemmSchedule(mr=2, nr=16, kc=64, mc=8, nc=64, small_m=0)
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(w, db, cache, TuneConfig(sample_ms=(1, 8), probes=False, one_layout=False, runner=FAST),
+                      log=lambda s: None)
+        tuner.schedules = {1: GemmSchedule(), 2: SMALL, 3: other, 4: dataclasses.replace(other, kc=32)}
+        tuner.times = {1: {1: 9.0, 8: 9.0}, 2: {1: 1.0, 8: 5.0}, 3: {1: 5.0, 8: 1.0}, 4: {1: 4.0, 8: 4.0}}
+        short = tuner._shortlist()
+        assert short[:2] == [2, 3] and set(short) == {1, 2, 3, 4}  # bests, then second bests, the default
+        assert tuner._select(among=short) == [2, 3, 1]  # alone: SMALL at M = 1, other at 8; the default kept
+        # Timed together, candidate 4 is the fastest at both Ms: the set is it (and the default).
+        tuner.together = {1: {1: 9.0, 8: 9.0}, 2: {1: 3.0, 8: 5.0}, 3: {1: 5.0, 8: 3.0}, 4: {1: 1.0, 8: 1.0}}
+        assert tuner._select(among=short) == [4, 1]
+        assert tuner._select(among=[2, 3]) == [2, 3]

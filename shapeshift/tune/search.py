@@ -12,11 +12,13 @@ Afterwards (dietcode only) the range's powers of two that were not sampled are *
 the candidates predicted best there, and the hand-tuned default, are measured there, since
 uniform samples leave the small shapes, where speed changes fastest, to prediction alone
 (over [1, 512] the first two samples are 1 and 58). Then the kernel set is chosen
-(``dispatch.greedy_cover``) over the sampled and probed Ms and measured wherever it was not.
-Last (dietcode only), the chosen kernels are timed *together*, in one worker process with
-their samples interleaved (``runner.measure_together``), at the sampled and probed Ms and
-at a *dense* grid of the range (``dense_points``, about 8 Ms per doubling of M), cheapest
-points first within a budget of a fraction of the time spent so far. The decision tree is
+(``dispatch.greedy_cover``) over the sampled and probed Ms. dietcode first *shortlists* the
+best two candidates at each of those Ms (and the default), times them *together*, in one
+worker process with their samples interleaved (``runner.measure_together``), and chooses
+the set from the shortlist on those times; then it times the set together at a *dense*
+grid of the range (``dense_points``, about 8 Ms per doubling of M), cheapest points first
+within a budget of a fraction of the time spent so far. The other strategies choose on the
+times measured alone, measuring the chosen kernels wherever they were only predicted. The decision tree is
 trained on the best kernel per M over the whole range: from those joint times where it has
 them, else measured alone where measured, else predicted. Why both: between samples the
 cost model was 20-40% wrong in places (Q K^T at 2 threads: the tree sent T = 9..15 to a
@@ -34,7 +36,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -61,6 +63,11 @@ TREE_MAX_LEAVES = 64
 DEFAULT_MARGIN = 0.05
 # Candidates measured at each probed M: this many predicted best there (plus the default).
 PROBE_PICKS = 2
+# Before choosing the kernel set, dietcode times together (one process) this many best
+# candidates at each sampled or probed M (measured alone, else predicted), at most
+# SHORTLIST_MAX in all plus the default, and chooses among them on those times.
+SHORTLIST_PER_M = 2
+SHORTLIST_MAX = 12
 # The dense grid of M the kernel set is timed on before the tree is trained: this many
 # points per doubling of M (every M below it) ...
 DENSE_PER_OCTAVE = 8
@@ -294,18 +301,20 @@ class Tuner:
 
     # ---- selection ---------------------------------------------------------------------
     def _time_matrix(self, cids: list[int], ms: list[int]) -> np.ndarray:
-        """Seconds of each candidate at each M: measured, else predicted by the model."""
+        """Seconds of each candidate at each M: timed together with others (``together``),
+        else measured alone, else predicted by the model."""
         pred = self.model.predict([(self.schedules[c], m) for c in cids for m in ms]).reshape(len(cids), len(ms))
         out = np.empty((len(cids), len(ms)))
         for i, c in enumerate(cids):
             for j, m in enumerate(ms):
-                s = self.times.get(c, {}).get(m)
+                s = self.together.get(c, {}).get(m, self.times.get(c, {}).get(m))
                 out[i, j] = s if s is not None else self.w.flops(m) / (math.exp(pred[i, j]) * 1e9)
         return out
 
-    def _select(self, validated: bool = False) -> list[int]:
-        """The kernel set; ``validated``: only from candidates measured at every sampled M."""
-        cids = [c for c in self.times if c not in self.failed
+    def _select(self, validated: bool = False, among: Optional[list[int]] = None) -> list[int]:
+        """The kernel set; ``validated``: only from candidates measured at every sampled M;
+        ``among``: only from these."""
+        cids = [c for c in (self.times if among is None else among) if c not in self.failed
                 and (not validated or all(m in self.times[c] for m in self.select_ms))]
         if not cids:
             raise RuntimeError("no candidate was measured successfully")
@@ -355,57 +364,84 @@ class Tuner:
         self.select_weights = np.array([self.weights[self.ms.index(m)] if m in self.ms else floor
                                         for m in self.select_ms])
 
+    def _cost_s(self, ts: Sequence[float], m: int) -> float:
+        """Estimated seconds for the worker to time kernels taking ``ts`` seconds per call
+        at ``m``: per kernel a warm-up and the check's call, then ``repeats`` samples of at
+        least ``sample_s``; the NumPy check once per M."""
+        r = self.runner
+        return float(sum(r.repeats * max(r.sample_s, t) + 2 * t for t in ts) + self.w.flops(m) / (CHECK_GFLOPS * 1e9))
+
+    def _shortlist(self) -> list[int]:
+        """The SHORTLIST_PER_M best candidates at each sampled or probed M, best first
+        round robin over the Ms, at most SHORTLIST_MAX, plus the hand-tuned default."""
+        cids = [c for c in self.times if c not in self.failed]
+        ranks = np.argsort(self._time_matrix(cids, self.select_ms), axis=0)
+        order: list[int] = []
+        for r in range(min(SHORTLIST_PER_M, len(cids))):
+            for j in range(len(self.select_ms)):
+                if cids[ranks[r, j]] not in order:
+                    order.append(cids[ranks[r, j]])
+        short = order[:SHORTLIST_MAX]
+        default = self._default_cid()
+        if default is not None and default not in short:
+            short.append(default)
+        return short
+
+    def _time_together(self, cids: list[int], ms: list[int]) -> bool:
+        """Time ``cids`` together at ``ms`` (``runner.measure_together``) into ``together``;
+        new (kernel, M) points also go to the database and the cost model. False (logged)
+        if the worker failed."""
+        estimate = self._time_matrix(cids, ms)
+        # A generous limit: one process times every kernel at every M.
+        timeout = max(self.runner.timeout_s, 4 * sum(self._cost_s(estimate[:, j], m) for j, m in enumerate(ms)))
+        built = build_many([self.schedules[c] for c in cids], self.cache_dir, self.cfg.jobs, self.source_fn)
+        results = measure_together(built, self.w, ms, self.runner, timeout_s=timeout)
+        if results[0].error:
+            self.log(f"  timing {len(cids)} kernels together failed ({results[0].error})")
+            return False
+        for c, result in zip(cids, results):
+            self.together.setdefault(c, {}).update(result.seconds)
+            new = {m: t for m, t in result.seconds.items() if m not in self.times.get(c, {})}
+            if new:
+                self.db.add_measurements(self.wid, c, self.cfg.threads, new, None, list(new))
+                self.times.setdefault(c, {}).update(new)
+        self._fit()
+        return True
+
     def _measure_set(self, chosen: list[int], elapsed_s: float) -> None:
-        """Time the chosen kernels together (``runner.measure_together``: one process,
-        samples interleaved) at the sampled and probed Ms and at the ``dense_points`` that
-        fit in ``dense_budget`` x ``elapsed_s`` (estimated; cheapest M first): the tree is
-        trained on these times wherever it has them. New (kernel, M) points also go to the
-        database and the cost model."""
-        runner = self.runner
-        points = dense_points(self.w.lo, self.w.hi) if self.cfg.dense_budget > 0 else []
-        points = [m for m in points if m not in self.select_ms]
-        estimate = self._time_matrix(chosen, self.select_ms + points)  # seconds per call
-
-        def cost(j: int, m: int) -> float:
-            # A warm-up call and the NumPy check, then ``repeats`` samples of at least sample_s.
-            return float(sum(runner.repeats * max(runner.sample_s, t) + 2 * t for t in estimate[:, j])
-                         + self.w.flops(m) / (CHECK_GFLOPS * 1e9))
-
-        base = sum(cost(j, m) for j, m in enumerate(self.select_ms))
+        """Time the chosen kernels together at the ``dense_points`` that fit in
+        ``dense_budget`` x ``elapsed_s`` (estimated; cheapest M first): the tree is then
+        trained on those times there."""
+        points = [m for m in dense_points(self.w.lo, self.w.hi) if m not in self.select_ms]
+        if self.cfg.dense_budget <= 0 or not points:
+            return
+        estimate = self._time_matrix(chosen, points)
         budget = self.cfg.dense_budget * elapsed_s - WORKER_START_S
         extra, spent = [], 0.0
-        for c, m in sorted((cost(len(self.select_ms) + j, m), m) for j, m in enumerate(points)):
-            if spent + c > budget:
+        for cost, m in sorted((self._cost_s(estimate[:, j], m), m) for j, m in enumerate(points)):
+            if spent + cost > budget:
                 break
-            spent += c
+            spent += cost
             extra.append(m)
-        ms = sorted(self.select_ms + extra)
-        built = build_many([self.schedules[c] for c in chosen], self.cache_dir, self.cfg.jobs, self.source_fn)
-        # A generous limit: one process times every kernel at every M.
-        timeout = max(runner.timeout_s, 4 * (base + spent))
-        results = measure_together(built, self.w, ms, runner, timeout_s=timeout)
-        if results[0].error:
-            self.log(f"  timing the kernel set together failed ({results[0].error}); the tree uses the times "
-                     f"measured alone")
-            return
-        for c, result in zip(chosen, results):
-            self.together[c] = result.seconds
-            new = [m for m in ms if m not in self.times.get(c, {})]
-            if new:
-                self.db.add_measurements(self.wid, c, self.cfg.threads, {m: result.seconds[m] for m in new}, None, new)
-                self.times.setdefault(c, {}).update({m: result.seconds[m] for m in new})
-        self._fit()
-        self.log(f"  kernel set: {len(chosen)} kernel(s) timed together at {len(ms)} Ms ({len(extra)} of "
-                 f"{len(points)} dense Ms fit the {max(budget, 0.0):.1f} s budget)")
+        if extra and self._time_together(chosen, sorted(extra)):
+            self.log(f"  kernel set: {len(chosen)} kernel(s) timed together at {len(extra)} of {len(points)} "
+                     f"dense Ms (estimated {spent:.1f} s of a {budget:.1f} s budget)")
+
+    def _validated_select(self) -> list[int]:
+        """Measure the chosen kernels alone wherever they were only predicted, and choose
+        again (the model changed); the final set comes from fully measured candidates."""
+        for _ in range(3):
+            chosen = self._select()
+            missing = [c for c in chosen if any(m not in self.times.get(c, {}) for m in self.select_ms)]
+            if not missing:
+                break
+            self._measure([(self.schedules[c], self.select_ms) for c in missing])
+        return self._select(validated=True)
 
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi = self.w.lo, self.w.hi
         points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()))
         times = self._time_matrix(chosen, points)
-        # Where the set was timed together, those times (comparable with each other) decide.
-        for j, m in enumerate(points):
-            if chosen and all(m in self.together.get(c, {}) for c in chosen):
-                times[:, j] = [self.together[c][m] for c in chosen]
         default = self._default_cid()
         if self.cfg.strategy == "dietcode" and default in chosen:
             times[chosen.index(default)] *= 1.0 - DEFAULT_MARGIN
@@ -432,17 +468,17 @@ class Tuner:
             self.evolve([self.w.hi], self.cfg.trials, deadline)
         if self.cfg.strategy == "dietcode" and self.cfg.probes:
             self._probe()
-        # Validate: measure the chosen kernels wherever they were only predicted, and choose
-        # again (the model changed); the final set comes from fully measured candidates only.
-        for _ in range(3):
-            chosen = self._select()
-            missing = [c for c in chosen if any(m not in self.times.get(c, {}) for m in self.select_ms)]
-            if not missing:
-                break
-            self._measure([(self.schedules[c], self.select_ms) for c in missing])
-        chosen = self._select(validated=True)
         if self.cfg.strategy == "dietcode":
+            # Choose among the shortlist timed together; should that fail, as the others do.
+            short = self._shortlist()
+            if self._time_together(short, self.select_ms):
+                self.log(f"  shortlist: {len(short)} candidates timed together at {len(self.select_ms)} Ms")
+                chosen = self._select(among=short)
+            else:
+                chosen = self._validated_select()
             self._measure_set(chosen, time.monotonic() - start)
+        else:
+            chosen = self._validated_select()
         tree = self._tree(chosen)
         kernels = [self.schedules[c] for c in chosen]
         seconds = {m: self.times[chosen[dispatch.choose(tree, m)]].get(m, math.nan) for m in self.ms}
