@@ -49,7 +49,7 @@ def measure(built: Built, workload, ms: Sequence[int], config: RunnerConfig = Ru
     out = _run_worker({"library": str(built.library)}, workload, ms, config)
     if isinstance(out, Result):
         return out
-    return Result(seconds={int(m): float(s) for m, s in out["seconds"].items()})
+    return _seconds(out)
 
 
 def measure_together(builts: Sequence[Built], workload, ms: Sequence[int], config: RunnerConfig = RunnerConfig(),
@@ -64,7 +64,12 @@ def measure_together(builts: Sequence[Built], workload, ms: Sequence[int], confi
     out = _run_worker({"libraries": [str(b.library) for b in builts]}, workload, ms, config, timeout_s)
     if isinstance(out, Result):
         return [out] * len(builts)
-    return [Result(seconds={int(m): float(s) for m, s in lib["seconds"].items()}) for lib in out["libraries"]]
+    return [_seconds(lib) for lib in out["libraries"]]
+
+
+def _seconds(reply: dict) -> Result:
+    """A Result from one library's part of the worker's reply ({"seconds": {M: s}})."""
+    return Result(seconds={int(m): float(s) for m, s in reply["seconds"].items()})
 
 
 def _run_worker(libraries: dict, workload, ms: Sequence[int], config: RunnerConfig,

@@ -180,7 +180,7 @@ class Tuner:
         self.schedules: dict[int, GemmSchedule] = {}
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
         self.failed: set[int] = set()
-        # The kernel set's times at each M from one process (``_measure_set``): candidate -> M -> s.
+        # Times taken together with other kernels, in one process (``_time_together``): candidate -> M -> s.
         self.together: dict[int, dict[int, float]] = {}
         self.trials = 0
         self._load()
@@ -408,7 +408,7 @@ class Tuner:
         self._fit()
         return True
 
-    def _measure_set(self, chosen: list[int], elapsed_s: float) -> None:
+    def _time_dense(self, chosen: list[int], elapsed_s: float) -> None:
         """Time the chosen kernels together at the ``dense_points`` that fit in
         ``dense_budget`` x ``elapsed_s`` (estimated; cheapest M first): the tree is then
         trained on those times there."""
@@ -476,7 +476,7 @@ class Tuner:
                 chosen = self._select(among=short)
             else:
                 chosen = self._validated_select()
-            self._measure_set(chosen, time.monotonic() - start)
+            self._time_dense(chosen, time.monotonic() - start)
         else:
             chosen = self._validated_select()
         tree = self._tree(chosen)

@@ -73,6 +73,11 @@ def _time(benches: dict, req: dict) -> dict:
     return best
 
 
+def _where(dim: str, value: int, library: int, count: int) -> str:
+    """Where a check failed, naming the library when several are timed together."""
+    return f"{dim}={value}" + (f" (library {library})" if count > 1 else "")
+
+
 def _results(best: dict, count: int, ms: list[int], req: dict) -> dict:
     """The reply: one library's {"seconds"}, or several libraries' {"libraries": [...]}."""
     per_lib = [{"seconds": {m: best[(i, m)] for m in ms}} for i in range(count)]
@@ -108,7 +113,7 @@ def measure_prepacked(libs: list[ctypes.CDLL], req: dict) -> dict:
             c.fill(np.nan)
             args = (m, n, k, a.ctypes.data, packed.ctypes.data, c.ctypes.data)
             bench(1, *args)  # the call checked below; also the warm-up (page faults, thread start)
-            failure = _close(c, ref, k, f"M={m}" + (f" (library {i})" if len(libs) > 1 else ""))
+            failure = _close(c, ref, k, _where("M", m, i, len(libs)))
             if failure:
                 return failure
             timed[(i, m)] = lambda calls, bench=bench, args=args: bench(calls, *args)
@@ -139,7 +144,7 @@ def measure_batched(libs: list[ctypes.CDLL], req: dict) -> dict:
         for i, lib in enumerate(libs):
             c_buf.fill(np.nan)
             lib.tune_bench_batched(1, *args)
-            failure = _close(c, ref, k, f"T={t}" + (f" (library {i})" if len(libs) > 1 else ""))
+            failure = _close(c, ref, k, _where("T", t, i, len(libs)))
             if failure:
                 return failure
             timed[(i, t)] = lambda calls, lib=lib, args=args: lib.tune_bench_batched(calls, *args)
