@@ -23,6 +23,7 @@ from shapeshift.tune.database import Database
 from shapeshift.tune.runner import RunnerConfig, measure, measure_together
 from shapeshift.tune.search import TuneConfig, Tuner, dense_points, probe_points
 from shapeshift.tune.workload import GemmWorkload
+from shapeshift.tune.worker import cold_copies
 
 pytest.importorskip("sklearn")
 
@@ -81,6 +82,31 @@ def test_runner_measures_cold_weights(cache):
     assert wrong.error and "wrong result at M=3" in wrong.error
     # Cold and warm timings of one GEMM are different workloads in the database.
     assert GemmWorkload(K, N, 1, 64, cold=True).hash != WORKLOAD.hash
+
+
+def test_cold_copies_are_shared_by_libraries_with_one_packed_b_and_rotate_on():
+    layout_a, layout_b = np.arange(256, dtype=np.float32), np.arange(256, dtype=np.float32)[::-1].copy()
+    copies = cold_copies([layout_a, layout_a.copy(), layout_b], cold_bytes=10 * layout_a.nbytes)
+    assert copies[0] is copies[1] and copies[2] is not copies[0]
+    assert copies[0].count == 10 and copies[0].array.shape == (10, 256)
+    assert all(np.array_equal(row, layout_b) for row in copies[2].array)
+    # Samples go on where the last one (of any library sharing the copies) stopped.
+    assert [copies[0].take(4), copies[1].take(4), copies[0].take(4)] == [0, 4, 8]
+    # One copy already fills the budget: the calls read the packed B in place.
+    assert cold_copies([layout_a], cold_bytes=layout_a.nbytes) == [None]
+
+
+def test_runner_times_cold_libraries_together_on_shared_copies(cache):
+    # SMALL and a variant with its packed B layout (nr, kc) but other blocking share one
+    # set of copies; the third reads another layout. Each is checked, then timed.
+    same_layout = dataclasses.replace(SMALL, mr=2, mc=4)
+    other_layout = GemmSchedule(mr=2, nr=16, kc=64, mc=8, nc=64, small_m=0)
+    cold = RunnerConfig(repeats=2, sample_s=0.0005, timeout_s=20, cold_bytes=4 << 20)
+    builts = [build_one(s, cache) for s in (SMALL, same_layout, other_layout)]
+    results = measure_together(builts, GemmWorkload(K, N, 1, 64, cold=True), [1, 33], cold)
+    assert all(r.error is None and sorted(r.seconds) == [1, 33] for r in results)
+    wrong = measure_together([builts[0], build_one(same_layout, cache, _doubled)], WORKLOAD, [3], cold)
+    assert all(r.error and "library 1" in r.error for r in wrong)
 
 
 def test_runner_records_wrong_result(cache):

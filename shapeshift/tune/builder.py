@@ -33,14 +33,14 @@ double tune_bench(int64_t calls, int64_t M, int64_t N, int64_t K, const float* A
     return (omp_get_wtime() - start) / (double)calls;
 }
 
-/* The same, call i reading copy i % copies of the packed B (copies `stride` floats apart):
-   with more copies than the caches hold, every call streams its B from DRAM. */
+/* The same, call i reading copy (first + i) % copies of the packed B (copies `stride` floats
+   apart): with more copies than the caches hold, every call streams its B from DRAM. */
 double tune_bench_cold(int64_t calls, int64_t M, int64_t N, int64_t K, const float* A, const float* packed,
-                       int64_t stride, int64_t copies, float* C)
+                       int64_t stride, int64_t copies, int64_t first, float* C)
 {
     double start = omp_get_wtime();
     for (int64_t i = 0; i < calls; ++i)
-        ss_gemm_prepacked(M, N, K, 1, 1, A, 0, 0, K, 1, packed + (i % copies) * stride, C, 0, 0, N,
+        ss_gemm_prepacked(M, N, K, 1, 1, A, 0, 0, K, 1, packed + ((first + i) % copies) * stride, C, 0, 0, N,
                           1.0f, NULL, 0.0f, 0, 0, 0);
     return (omp_get_wtime() - start) / (double)calls;
 }

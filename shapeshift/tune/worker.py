@@ -5,7 +5,8 @@ Reads a JSON request on stdin: {"library" (or "libraries", a list), "workload", 
 ``request()`` (a prepacked GEMM's K and N, or a batched GEMM's key); writes one JSON object
 on stdout: {"seconds": {M: s}} (with "libraries": a list of those, one per library) or
 {"error": "..."}. For a prepacked GEMM with ``cold_bytes`` > 0 the packed B is copied
-until the copies fill that many bytes and call i reads copy i % copies (``tune_bench_cold``).
+until the copies fill that many bytes and each call reads the next copy (``tune_bench_cold``);
+libraries with the same packed B share the copies (``cold_copies``).
 Every result is checked once against NumPy in float64 before it is timed.
 A separate process so that a crashing or hanging kernel takes only itself down.
 
@@ -28,6 +29,7 @@ tuner times the kernel set it dispatches among this way (search.py).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import math
 import sys
@@ -42,7 +44,7 @@ def _load(path: str) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tune_bench.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr]
     lib.tune_bench.restype = ctypes.c_double
-    lib.tune_bench_cold.argtypes = [i64, i64, i64, i64, ptr, ptr, i64, i64, ptr]
+    lib.tune_bench_cold.argtypes = [i64, i64, i64, i64, ptr, ptr, i64, i64, i64, ptr]
     lib.tune_bench_cold.restype = ctypes.c_double
     lib.tune_bench_batched.argtypes = [i64] * 5 + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64]
     lib.tune_bench_batched.restype = ctypes.c_double
@@ -84,34 +86,70 @@ def _results(best: dict, count: int, ms: list[int], req: dict) -> dict:
     return per_lib[0] if "libraries" not in req else {"libraries": per_lib}
 
 
+class ColdCopies:
+    """Copies of one packed B that cold calls cycle through, and the copy the next call reads.
+
+    The rotation goes on from one sample to the next (and from one library to the next,
+    when libraries share the copies): a sample reads the copies read longest ago, not
+    the first few again, which a short sample of a large B would find still in cache.
+    """
+
+    def __init__(self, packed: np.ndarray, cold_bytes: int):
+        self.count = -(-cold_bytes // packed.nbytes)
+        self.array = np.ascontiguousarray(np.broadcast_to(packed, (self.count, packed.size)))
+        self.next = 0
+
+    def take(self, calls: int) -> int:
+        """The copy the first of ``calls`` calls reads; the rotation moves past them."""
+        first = self.next
+        self.next = (first + calls) % self.count
+        return first
+
+
+def cold_copies(packed: list[np.ndarray], cold_bytes: int) -> list[ColdCopies | None]:
+    """Per library, the copies of its packed B its calls cycle through (None: one copy fills
+    ``cold_bytes``, the calls read it in place). Libraries whose packed B is the same bytes
+    (one layout) share one set: they are sampled in turn, never at once, so each still reads
+    B from DRAM, and a shortlist of a dozen kernels holds a few sets of copies, not a dozen."""
+    shared: dict[tuple[int, bytes], ColdCopies] = {}
+    out: list[ColdCopies | None] = []
+    for p in packed:
+        if -(-cold_bytes // p.nbytes) <= 1:
+            out.append(None)
+            continue
+        key = (p.nbytes, hashlib.blake2b(p.data, digest_size=16).digest())
+        if key not in shared:
+            shared[key] = ColdCopies(p, cold_bytes)
+        out.append(shared[key])
+    return out
+
+
 def measure_prepacked(libs: list[ctypes.CDLL], req: dict) -> dict:
     k, n = int(req["workload"]["k"]), int(req["workload"]["n"])
     rng = np.random.default_rng(0)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    cold_bytes = int(req.get("cold_bytes", 0))
-    kernels, buffers = [], []  # per library: its bench function and its packed B
+    packed = []
     for lib in libs:
-        packed = np.empty(max(1, lib.ss_gemm_packed_b_size(k, n)), dtype=np.float32)
-        lib.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
-        copies = -(-cold_bytes // packed.nbytes)
-        if copies > 1:
-            packed = np.ascontiguousarray(np.broadcast_to(packed, (copies, packed.size)))
-            stride = packed.shape[1]
-
-            def bench(calls, m, n, k, a, p, c, lib=lib, stride=stride, copies=copies):
-                return lib.tune_bench_cold(calls, m, n, k, a, p, stride, copies, c)
+        packed.append(np.empty(max(1, lib.ss_gemm_packed_b_size(k, n)), dtype=np.float32))
+        lib.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed[-1].ctypes.data)
+    kernels, buffers = [], []  # per library: its bench function and the B it reads
+    for lib, own, copies in zip(libs, packed, cold_copies(packed, int(req.get("cold_bytes", 0)))):
+        if copies is not None:
+            def bench(calls, m, n, k, a, p, c, lib=lib, copies=copies):
+                return lib.tune_bench_cold(calls, m, n, k, a, p, copies.array.shape[1], copies.count,
+                                           copies.take(calls), c)
+            kernels.append((bench, copies.array))
         else:
-            bench = lib.tune_bench
-        kernels.append((bench, packed))
+            kernels.append((lib.tune_bench, own))
     timed = {}
     for m in req["ms"]:
         a = rng.standard_normal((m, k)).astype(np.float32)
         ref = a.astype(np.float64) @ b
         c = np.empty((m, n), dtype=np.float32)  # shared: every library writes the same C
         buffers.append((a, c))
-        for i, (bench, packed) in enumerate(kernels):
+        for i, (bench, weights) in enumerate(kernels):
             c.fill(np.nan)
-            args = (m, n, k, a.ctypes.data, packed.ctypes.data, c.ctypes.data)
+            args = (m, n, k, a.ctypes.data, weights.ctypes.data, c.ctypes.data)
             bench(1, *args)  # the call checked below; also the warm-up (page faults, thread start)
             failure = _close(c, ref, k, _where("M", m, i, len(libs)))
             if failure:
