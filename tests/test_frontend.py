@@ -31,6 +31,52 @@ def test_dim_params_become_symbols_and_unnamed_dims_fresh_ones():
     assert graph.outputs[0].type == graph.inputs[0].type
 
 
+def _reshape_to_unknown_rank(value_info):
+    """Reshape(x, s) with s of unknown length: inference cannot tell the output's rank."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [None])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    model = _model(nodes, [x, s], [y])
+    model.graph.value_info.append(value_info)
+    return model
+
+
+def test_a_declared_intermediate_type_is_kept_where_inference_knows_less():
+    # value_info says r is [a, 4]; inference alone gives r an unknown rank, and the
+    # declared shape flows on to y.
+    graph = shapeshift.load(_reshape_to_unknown_rank(
+        helper.make_tensor_value_info("r", TensorProto.FLOAT, ["a", 4])))
+    r = graph.nodes[0].outputs[0]
+    assert r.type.shape[1] == 4 and r.type.shape[0].as_symbol().name == "a"
+    assert graph.outputs[0].type == r.type
+    # Where inference knows as much, it wins over what was declared (here a wrong shape).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    model = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])], [x],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model.graph.value_info.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [7, 7]))
+    graph = shapeshift.load(model)
+    assert graph.nodes[0].outputs[0].type == graph.inputs[0].type
+    # No deferred type is left behind on any value.
+    assert all(v.declared is None for node in graph.nodes for v in node.outputs)
+
+
+def test_declared_types_type_what_inference_does_not_reach():
+    from shapeshift.frontend.onnx_import import import_model
+
+    declared = helper.make_tensor_value_info("r", TensorProto.FLOAT, ["a", 4])
+    untyped = import_model(_reshape_to_unknown_rank(declared), infer=False)
+    r = untyped.nodes[0].outputs[0]
+    assert r.type.shape[1] == 4 and r.declared is None
+    # An op no rule knows (imported for `shapeshift info`) keeps its declared output type.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    model = _model([helper.make_node("Mystery", ["x"], ["r"], domain="acme"), helper.make_node("Relu", ["r"], ["y"])],
+                   [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], domains=["acme"])
+    model.graph.value_info.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [5, 2]))
+    graph = import_model(model, check=False)
+    assert graph.nodes[0].outputs[0].type.shape == (5, 2) and graph.outputs[0].type.shape == (5, 2)
+
+
 def test_export_keeps_names_symbolic_dims_and_passes_the_checker(encoder_path):
     original = onnx.load(encoder_path)
     exported = shapeshift.to_onnx(shapeshift.load(encoder_path))

@@ -10,6 +10,7 @@ error naming all of its unsupported ops.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -139,6 +140,17 @@ class _Importer:
         # hundreds of values, and reading one that is not an expression we know
         # (``floor(height/2 - 1/2) + 1``) costs a Python parse and a failed walk.
         self._named_dims: dict[str, Dim] = {}
+        # Values whose declared type (value_info) is built only when needed (Value.declared).
+        self.deferred: list[Value] = []
+
+    def settle_declared(self) -> None:
+        """Type the values inference did not reach (or did not run on) as the model declared."""
+        for value in self.deferred:
+            if value.declared is not None:
+                if value.type is None:
+                    value.type = value.declared()
+                value.declared = None
+        self.deferred.clear()
 
     # -- dims and types ------------------------------------------------------
     def dim(self, d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> Dim:
@@ -172,7 +184,8 @@ class _Importer:
         graph = Graph(proto.name or "graph", parent=parent, opset=self.opsets, symbols=self.symbols)
         graph.doc = proto.doc_string
         scope = dict(scope)
-        declared = {vi.name: vi for vi in list(proto.value_info) + list(proto.output)}
+        value_info = {vi.name: vi for vi in proto.value_info}
+        output_info = {vi.name: vi for vi in proto.output}
         initializer_names = {t.name for t in proto.initializer} | {t.values.name for t in proto.sparse_initializer}
         for tensor in proto.initializer:
             tensor_name = tensor.name
@@ -196,8 +209,13 @@ class _Importer:
         for node_proto in proto.node:
             for out_name, value in self.node(node_proto, graph, scope):
                 scope[out_name] = value
-                if out_name in declared:
-                    value.type = self.value_type(declared[out_name].type, out_name)
+                if out_name in output_info:
+                    value.type = self.value_type(output_info[out_name].type, out_name)
+                elif out_name in value_info:
+                    # Built only if inference needs it: most are replaced by inferred types,
+                    # and building one costs a fresh symbol per unnamed dim.
+                    value.declared = functools.partial(self.value_type, value_info[out_name].type, out_name)
+                    self.deferred.append(value)
         for vi in proto.output:
             value = scope.get(vi.name)
             if value is None:
@@ -283,8 +301,9 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
     if check:
         check_supported(model, label)
     symbols = SymbolTable({k: (int(lo), int(hi)) for k, (lo, hi) in (dynamic or {}).items()})
+    importer = _Importer(model, symbols, keep_tensors)
     try:
-        graph = _Importer(model, symbols, keep_tensors).graph(model.graph, None, {})
+        graph = importer.graph(model.graph, None, {})
     except RecursionError:
         raise ModelLoadError(f"{label}: graph nesting too deep") from None
     graph.metadata.update(
@@ -300,4 +319,5 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
     )
     if infer:
         infer_types(graph)
+    importer.settle_declared()
     return graph

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -33,9 +33,13 @@ class Value:
     ``const_source`` is, for an initializer read from a model, the pair
     (array, serialized tensor) it was read from: while ``const`` is still that
     array, export can write the tensor back as it was instead of re-encoding it.
+    ``declared``, during import only, makes the type the model declared for the
+    value (its value_info): inference needs it only where it infers less, so it
+    is built then (see infer_types.py); import settles the rest before returning.
     """
 
-    __slots__ = ("name", "type", "producer", "users", "const", "shape_contents", "graph", "doc", "const_source")
+    __slots__ = ("name", "type", "producer", "users", "const", "shape_contents", "graph", "doc", "const_source",
+                 "declared")
 
     def __init__(self, name: str, type: Optional[ValueType] = None, graph: Optional["Graph"] = None):
         self.name = name
@@ -47,6 +51,7 @@ class Value:
         self.graph = graph
         self.doc = ""
         self.const_source: Optional[tuple[np.ndarray, Any]] = None
+        self.declared: Optional[Callable[[], Optional[ValueType]]] = None
 
     @property
     def is_initializer(self) -> bool:

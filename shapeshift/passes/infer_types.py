@@ -45,6 +45,7 @@ def infer_node(node: Node, retype_bodies: bool = True) -> None:
     opset = graph.opset.get("" if node.domain == "ai.onnx" else node.domain, 1)
     rule = lookup(node.domain, node.op_type, opset)
     if rule is None:
+        _keep_declared(node)
         return
     body_types = infer_graph if retype_bodies else _body_types_if_inputs_changed
     ctx = InferContext(node, opset, graph.symbols, infer_subgraph=body_types)
@@ -55,11 +56,24 @@ def infer_node(node: Node, retype_bodies: bool = True) -> None:
     except Exception as exc:  # noqa: BLE001 - see module docstring
         graph.root.metadata.setdefault("inference_warnings", []).append(
             f"{node.describe()}: type rule failed ({type(exc).__name__}: {exc}); kept declared types")
+        _keep_declared(node)
         return
     for index, out in enumerate(node.outputs):
         inferred = types[index] if index < len(types) else None
-        out.type = _prefer(inferred, out.type)
+        declared = out.type
+        if out.declared is not None:  # first inference after import
+            if inferred is None or (isinstance(inferred, TensorType) and inferred.shape is None):
+                declared = out.declared()
+            out.declared = None
+        out.type = _prefer(inferred, declared)
         out.shape_contents = ctx.output_contents.get(index)
+
+
+def _keep_declared(node: Node) -> None:
+    """Give outputs the types the model declared for them (a node inference cannot type)."""
+    for out in node.outputs:
+        if out.declared is not None:
+            out.type, out.declared = out.declared(), None
 
 
 def _body_types_if_inputs_changed(graph: Graph, input_types: list) -> list:
