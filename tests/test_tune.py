@@ -393,6 +393,8 @@ def test_dietcode_times_the_kernel_set_together_densely_within_its_budget(tmp_pa
         t = [tuner.together[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in cids]
         agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
     assert np.mean(agree) >= 0.8
+    # The result reports the times the choice was made on (taken together).
+    assert result.seconds == {m: tuner.together[cids[dispatch.choose(result.tree, m)]][m] for m in result.sampled_ms}
     with Database(tmp_path / "u.db") as db:
         plain = Tuner(WORKLOAD, db, cache, dataclasses.replace(config, dense_budget=0.0), log=lambda s: None)
         plain_result = plain.run()
@@ -463,3 +465,6 @@ def test_dietcode_shortlists_the_best_per_m_and_chooses_on_the_times_taken_toget
         tuner.together = {1: {1: 9.0, 8: 9.0}, 2: {1: 3.0, 8: 5.0}, 3: {1: 5.0, 8: 3.0}, 4: {1: 1.0, 8: 1.0}}
         assert tuner._select(among=short) == [4, 1]
         assert tuner._select(among=[2, 3]) == [2, 3]
+        # What the summary reports comes from the same place: together first, else alone.
+        tuner.together[2] = {1: 3.0}
+        assert [tuner.measured(2, 1), tuner.measured(2, 8), tuner.measured(5, 1)] == [3.0, 5.0, None]

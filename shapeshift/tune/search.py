@@ -144,12 +144,12 @@ class TuneResult:
     sampled_ms: list[int]
     kernels: list[GemmSchedule]
     tree: dict
-    seconds: dict[int, float]  # the dispatcher's kernel at each sampled M (measured)
+    seconds: dict[int, float]  # the dispatcher's kernel at each sampled M (Tuner.measured)
     trials: int
     failed: int
     wall_s: float
     spearman: Optional[float]
-    # Measured seconds of each chosen kernel at each sampled M (every one is measured there).
+    # Seconds of each chosen kernel at each sampled M (Tuner.measured; every one is measured there).
     kernel_seconds: list[dict[int, float]] = field(default_factory=list)
 
     def gflops(self, m: int) -> float:
@@ -300,14 +300,19 @@ class Tuner:
                      + (f", cost model Spearman {rho:.2f}" if rho is not None else ""))
 
     # ---- selection ---------------------------------------------------------------------
+    def measured(self, cid: int, m: int) -> Optional[float]:
+        """Seconds of candidate ``cid`` at ``m``: as timed together with others (``together``),
+        else as measured alone; None if never measured there."""
+        s = self.together.get(cid, {}).get(m)
+        return s if s is not None else self.times.get(cid, {}).get(m)
+
     def _time_matrix(self, cids: list[int], ms: list[int]) -> np.ndarray:
-        """Seconds of each candidate at each M: timed together with others (``together``),
-        else measured alone, else predicted by the model."""
+        """Seconds of each candidate at each M: ``measured``, else predicted by the model."""
         pred = self.model.predict([(self.schedules[c], m) for c in cids for m in ms]).reshape(len(cids), len(ms))
         out = np.empty((len(cids), len(ms)))
         for i, c in enumerate(cids):
             for j, m in enumerate(ms):
-                s = self.together.get(c, {}).get(m, self.times.get(c, {}).get(m))
+                s = self.measured(c, m)
                 out[i, j] = s if s is not None else self.w.flops(m) / (math.exp(pred[i, j]) * 1e9)
         return out
 
@@ -481,9 +486,10 @@ class Tuner:
             chosen = self._validated_select()
         tree = self._tree(chosen)
         kernels = [self.schedules[c] for c in chosen]
-        seconds = {m: self.times[chosen[dispatch.choose(tree, m)]].get(m, math.nan) for m in self.ms}
+        # Reported as chosen: the times taken together where there are some.
+        seconds = {m: self.measured(chosen[dispatch.choose(tree, m)], m) or math.nan for m in self.ms}
         self.db.add_selection(self.wid, self.w.lo, self.w.hi, self.cfg.threads, self.cfg.strategy,
                               [{"candidate": c, "schedule": space.to_json(self.schedules[c])} for c in chosen], tree)
         return TuneResult(self.w, self.cfg.strategy, self.ms, kernels, tree, seconds, self.trials - trials0,
                           len(self.failed), time.monotonic() - start, self.model.holdout_spearman,
-                          [{m: self.times[c][m] for m in self.ms if m in self.times[c]} for c in chosen])
+                          [{m: self.measured(c, m) for m in self.ms if self.measured(c, m)} for c in chosen])
