@@ -321,6 +321,16 @@ def test_cli_tune_bad_arguments_exit_2(tmp_path, capsys, argv):
     assert err.startswith("shapeshift tune: error:") and len(err.strip().splitlines()) == 1
 
 
+def test_cli_tune_refuses_a_corrupt_database_and_leaves_it_as_it_was(tmp_path, capsys):
+    db = tmp_path / "t.db"
+    junk = b"SQLite format 3\x00" + bytes(range(256)) * 8
+    db.write_bytes(junk)
+    assert main(["tune", "--gemm", "64", "64", "--dynamic", "M=1:8", "--db", str(db), "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shapeshift tune: error: tuning database") and str(db) in err
+    assert db.read_bytes() == junk and sorted(p.name for p in tmp_path.iterdir()) == ["t.db"]
+
+
 # ---- shape weights ---------------------------------------------------------------------
 
 def test_weighted_cover_follows_the_weights():

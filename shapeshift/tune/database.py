@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from ..codegen.kernels.gemm import GemmSchedule
+from ..errors import ShapeshiftError
 from . import space
 from .workload import BatchedGemmWorkload, GemmWorkload
 
@@ -46,13 +47,20 @@ CREATE TABLE IF NOT EXISTS selections (
 class Database:
     def __init__(self, path: Path | str = DEFAULT_DB, timeout_s: float = 60.0):
         self.path = Path(path)
-        self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        with self._tx():
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    self.conn.execute(statement)
+        self.conn = None
+        try:
+            self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            with self._tx():
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
+        except sqlite3.Error as exc:
+            # A file that is not a database (or not ours) is left exactly as it was.
+            if self.conn is not None:
+                self.conn.close()
+            raise ShapeshiftError(f"tuning database {self.path} cannot be opened: {exc}") from None
 
     def close(self) -> None:
         self.conn.close()
