@@ -89,6 +89,40 @@ def test_simplify_input_shape_makes_the_model_static(encoder_path, tmp_path):
     assert dims == [1, 8, 32]
 
 
+def test_simplify_output_is_readable_like_any_new_file(encoder_path, tmp_path):
+    out = tmp_path / "simplified.onnx"
+    result = _cli("simplify", str(encoder_path), str(out))
+    assert result.returncode == 0, result.stderr
+    from shapeshift.files import new_file_mode
+
+    assert out.stat().st_mode & 0o777 == new_file_mode() and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+def test_save_atomically_with_external_data_and_after_a_failed_write(encoder_path, tmp_path, monkeypatch):
+    import onnx
+
+    from shapeshift.cli import simplify_cmd
+
+    model = onnx.load(encoder_path)
+    out = tmp_path / "big.onnx"
+    monkeypatch.setattr(simplify_cmd, "EXTERNAL_DATA_THRESHOLD", 0)  # every model counts as over 2 GB
+    simplify_cmd.save_atomically(onnx.load(encoder_path), out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]
+    reread = onnx.load(out)
+    assert {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in reread.graph.initializer} == \
+        {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in model.graph.initializer}
+    # A write that fails halfway leaves the published files as they were, and no staging folder.
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def failing_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(simplify_cmd.onnx, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        simplify_cmd.save_atomically(model, out)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_simplify_bad_input_writes_nothing(tmp_path):
     garbage = tmp_path / "bad.onnx"
     garbage.write_bytes(b"not a model at all" * 5)

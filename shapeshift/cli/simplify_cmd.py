@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from ..errors import ShapeshiftError
+from ..files import publish
 from ..frontend.onnx_import import read_model
 from ..passes.simplify import simplify_model
 from ..passes.simplify.report import count_model
@@ -48,22 +49,24 @@ def print_table(before, after, seconds: float) -> None:
 
 
 def save_atomically(model: onnx.ModelProto, path: Path) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written OUT."""
+    """Write to a staging folder next to ``path``, then rename into place: never a
+    half-written OUT (files.py). A model written with external data publishes its data
+    file first, then the model that reads it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tensor_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
+        staged = staging / path.name
         if tensor_bytes > EXTERNAL_DATA_THRESHOLD:
-            onnx.save(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                      location=f"{path.name}.data")
+            data_name = f"{path.name}.data"
+            onnx.save(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=data_name)
+            publish(staging / data_name, path.parent / data_name)
         else:
-            onnx.save(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+            onnx.save(model, str(staged))
+        publish(staged, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_outputs(original: onnx.ModelProto, simplified: onnx.ModelProto, graph, dynamic, count: int) -> None:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Union
 
 from ..errors import ArtifactError, ShapeshiftError
+from ..files import publish
 from ..frontend.onnx_import import ModelSource, import_model, read_model
 
 MAGIC = b"SHAPESHIFT-ARTIFACT/"
@@ -111,9 +112,7 @@ def write_container(out: PathLike, header: dict, sections: Mapping[str, bytes]) 
         with os.fdopen(fd, "wb") as f:
             for part in (magic_line, head, *sections.values()):
                 f.write(part)
-        # mkstemp makes the file private; an artifact is meant to be shipped and read by others.
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
+        publish(tmp, out)  # readable as any new file (mkstemp's is private): artifacts are shipped
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ShapeshiftError
+from ..files import publish
 from . import dispatch
 from .search import TuneResult
 
@@ -50,7 +51,7 @@ def plot_results(results: Sequence[tuple[str, TuneResult]], path: Path) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        publish(tmp, path)
     finally:
         plt.close(fig)
         if os.path.exists(tmp):
