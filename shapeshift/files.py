@@ -18,7 +18,8 @@ PathLike = Union[str, os.PathLike]
 
 
 def new_file_mode() -> int:
-    """0666 less the process umask (read by setting it and putting it back)."""
+    """0666 less the process umask. Python can only read the umask by setting it: for that
+    instant it is 022 (a common default, not 0), should another thread create a file."""
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
