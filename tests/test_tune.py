@@ -391,20 +391,32 @@ def test_dietcode_times_the_kernel_set_together_densely_within_its_budget(tmp_pa
         tuner = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
         result = tuner.run()
     cids = [next(c for c, s in tuner.schedules.items() if s == k) for k in result.kernels]
+    chosen = list(cids)
     everywhere = set(dense_points(1, 64)) | set(tuner.select_ms)
+    if len(cids) == 1:
+        # One kernel leaves the tree nothing to choose: the run did not time it densely; a
+        # pair (it and another shortlisted candidate) is, as the run would have done.
+        assert set(tuner.together[cids[0]]) == set(tuner.select_ms)
+        cids = [cids[0], next(c for c in tuner.together if c != cids[0])]
+        tuner._time_dense(cids, elapsed_s=1e6)
     for cid in cids:
         assert set(tuner.together[cid]) == everywhere
         assert everywhere <= set(tuner.times[cid])  # new points are kept as measurements too
-    # The tree follows the best kernel timed together (the default's times less
-    # DEFAULT_MARGIN); it may merge a few Ms into a neighbour's leaf.
-    default = tuner._default_cid()
-    agree = []
-    for m in sorted(everywhere):
-        t = [tuner.together[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in cids]
-        agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
-    assert np.mean(agree) >= 0.8
+    if len(chosen) > 1:
+        # The tree follows the best kernel timed together (the default's times less
+        # DEFAULT_MARGIN); it may merge a few Ms into a neighbour's leaf.
+        default = tuner._default_cid()
+        agree = []
+        for m in sorted(everywhere):
+            t = [tuner.together[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in chosen]
+            agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
+        assert np.mean(agree) >= 0.8
+    # A one-kernel set is never timed densely.
+    before = {c: dict(t) for c, t in tuner.together.items()}
+    tuner._time_dense(chosen[:1], elapsed_s=1e6)
+    assert tuner.together == before
     # The result reports the times the choice was made on (taken together).
-    assert result.seconds == {m: tuner.together[cids[dispatch.choose(result.tree, m)]][m] for m in result.sampled_ms}
+    assert result.seconds == {m: tuner.together[chosen[dispatch.choose(result.tree, m)]][m] for m in result.sampled_ms}
     with Database(tmp_path / "u.db") as db:
         plain = Tuner(WORKLOAD, db, cache, dataclasses.replace(config, dense_budget=0.0), log=lambda s: None)
         plain_result = plain.run()
@@ -468,8 +480,15 @@ def test_dietcode_shortlists_the_best_per_m_and_chooses_on_the_times_taken_toget
                       log=lambda s: None)
         tuner.schedules = {1: GemmSchedule(), 2: SMALL, 3: other, 4: dataclasses.replace(other, kc=32)}
         tuner.times = {1: {1: 9.0, 8: 9.0}, 2: {1: 1.0, 8: 5.0}, 3: {1: 5.0, 8: 1.0}, 4: {1: 4.0, 8: 4.0}}
-        short = tuner._shortlist()
+        short = tuner._shortlist(elapsed_s=1e6)
         assert short[:2] == [2, 3] and set(short) == {1, 2, 3, 4}  # bests, then second bests, the default
+        # Without time to spare only each M's best (and the default) are timed together; the
+        # next in line joins when the whole estimate fits (per M, FAST's one sample and two
+        # more calls of each, and the check: 18 s for each best, 24 s for candidate 4; just over 60 s).
+        assert tuner._shortlist(elapsed_s=0.0) == [2, 3, 1]
+        budget = tuner.cfg.shortlist_budget
+        assert tuner._shortlist(elapsed_s=59.0 / budget) == [2, 3, 1]
+        assert tuner._shortlist(elapsed_s=61.0 / budget) == [2, 3, 4, 1]
         assert tuner._select(among=short) == [2, 3, 1]  # alone: SMALL at M = 1, other at 8; the default kept
         # Timed together, candidate 4 is the fastest at both Ms: the set is it (and the default).
         tuner.together = {1: {1: 9.0, 8: 9.0}, 2: {1: 3.0, 8: 5.0}, 3: {1: 5.0, 8: 3.0}, 4: {1: 1.0, 8: 1.0}}

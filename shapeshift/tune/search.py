@@ -68,6 +68,10 @@ PROBE_PICKS = 2
 # SHORTLIST_MAX in all plus the default, and chooses among them on those times.
 SHORTLIST_PER_M = 2
 SHORTLIST_MAX = 12
+# Past each M's best, the shortlist takes candidates only while timing them is estimated to
+# fit in this fraction of the tuning time so far: at batch 16 (M up to 8192) timing a full
+# shortlist cost as much as the search before it and doubled dietcode's tuning time.
+SHORTLIST_BUDGET = 0.5
 # The dense grid of M the kernel set is timed on before the tree is trained: this many
 # points per doubling of M (every M below it) ...
 DENSE_PER_OCTAVE = 8
@@ -130,6 +134,9 @@ class TuneConfig:
     # dietcode: time the chosen kernels together on ``dense_points`` of the range within this
     # fraction of the tuning time so far (0: only at the sampled and probed Ms).
     dense_budget: float = DENSE_BUDGET
+    # dietcode: the shortlist's candidates past each M's best are timed within this fraction
+    # of the tuning time so far (SHORTLIST_BUDGET).
+    shortlist_budget: float = SHORTLIST_BUDGET
     population: int = 64
     batch: int = 4  # candidates measured per round
     jobs: int = 2  # parallel compiles
@@ -376,17 +383,27 @@ class Tuner:
         r = self.runner
         return float(sum(r.repeats * max(r.sample_s, t) + 2 * t for t in ts) + self.w.flops(m) / (CHECK_GFLOPS * 1e9))
 
-    def _shortlist(self) -> list[int]:
+    def _shortlist(self, elapsed_s: float) -> list[int]:
         """The SHORTLIST_PER_M best candidates at each sampled or probed M, best first
-        round robin over the Ms, at most SHORTLIST_MAX, plus the hand-tuned default."""
+        round robin over the Ms, at most SHORTLIST_MAX, plus the hand-tuned default. Each
+        M's best is always in; another only while the estimated cost of timing the shortlist
+        so far (``_cost_s``, bests included) fits in ``shortlist_budget`` x ``elapsed_s``."""
         cids = [c for c in self.times if c not in self.failed]
-        ranks = np.argsort(self._time_matrix(cids, self.select_ms), axis=0)
+        times = self._time_matrix(cids, self.select_ms)
+        ranks = np.argsort(times, axis=0)
+        bests = {cids[i] for i in ranks[0]}
         order: list[int] = []
         for r in range(min(SHORTLIST_PER_M, len(cids))):
             for j in range(len(self.select_ms)):
                 if cids[ranks[r, j]] not in order:
                     order.append(cids[ranks[r, j]])
-        short = order[:SHORTLIST_MAX]
+        budget, spent = self.cfg.shortlist_budget * elapsed_s, 0.0
+        short = []
+        for c in order[:SHORTLIST_MAX]:
+            cost = sum(self._cost_s([times[cids.index(c), j]], m) for j, m in enumerate(self.select_ms))
+            if c in bests or spent + cost <= budget:
+                short.append(c)
+                spent += cost
         default = self._default_cid()
         if default is not None and default not in short:
             short.append(default)
@@ -418,7 +435,9 @@ class Tuner:
         ``dense_budget`` x ``elapsed_s`` (estimated; cheapest M first): the tree is then
         trained on those times there."""
         points = [m for m in dense_points(self.w.lo, self.w.hi) if m not in self.select_ms]
-        if self.cfg.dense_budget <= 0 or not points:
+        # One kernel leaves the tree nothing to choose: timing it densely would only cost time
+        # (at batch 16 up to 2 minutes of a 9-minute tuning).
+        if self.cfg.dense_budget <= 0 or not points or len(chosen) < 2:
             return
         estimate = self._time_matrix(chosen, points)
         budget = self.cfg.dense_budget * elapsed_s - WORKER_START_S
@@ -475,7 +494,7 @@ class Tuner:
             self._probe()
         if self.cfg.strategy == "dietcode":
             # Choose among the shortlist timed together; should that fail, as the others do.
-            short = self._shortlist()
+            short = self._shortlist(time.monotonic() - start)
             if self._time_together(short, self.select_ms):
                 self.log(f"  shortlist: {len(short)} candidates timed together at {len(self.select_ms)} Ms")
                 chosen = self._select(among=short)
