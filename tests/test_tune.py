@@ -387,36 +387,38 @@ def test_dietcode_times_the_kernel_set_together_densely_within_its_budget(tmp_pa
     from shapeshift.tune.search import DEFAULT_MARGIN
 
     config = TuneConfig(trials=4, batch=2, sample_ms=(1, 33, 64), runner=FAST, dense_budget=1.0)
+    # Open to the end: with a one-kernel result the test times a pair itself (database writes).
     with Database(tmp_path / "t.db") as db:
         tuner = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
         result = tuner.run()
-    cids = [next(c for c, s in tuner.schedules.items() if s == k) for k in result.kernels]
-    chosen = list(cids)
-    everywhere = set(dense_points(1, 64)) | set(tuner.select_ms)
-    if len(cids) == 1:
-        # One kernel leaves the tree nothing to choose: the run did not time it densely; a
-        # pair (it and another shortlisted candidate) is, as the run would have done.
-        assert set(tuner.together[cids[0]]) == set(tuner.select_ms)
-        cids = [cids[0], next(c for c in tuner.together if c != cids[0])]
-        tuner._time_dense(cids, elapsed_s=1e6)
-    for cid in cids:
-        assert set(tuner.together[cid]) == everywhere
-        assert everywhere <= set(tuner.times[cid])  # new points are kept as measurements too
-    if len(chosen) > 1:
-        # The tree follows the best kernel timed together (the default's times less
-        # DEFAULT_MARGIN); it may merge a few Ms into a neighbour's leaf.
-        default = tuner._default_cid()
-        agree = []
-        for m in sorted(everywhere):
-            t = [tuner.together[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in chosen]
-            agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
-        assert np.mean(agree) >= 0.8
-    # A one-kernel set is never timed densely.
-    before = {c: dict(t) for c, t in tuner.together.items()}
-    tuner._time_dense(chosen[:1], elapsed_s=1e6)
-    assert tuner.together == before
-    # The result reports the times the choice was made on (taken together).
-    assert result.seconds == {m: tuner.together[chosen[dispatch.choose(result.tree, m)]][m] for m in result.sampled_ms}
+        cids = [next(c for c, s in tuner.schedules.items() if s == k) for k in result.kernels]
+        chosen = list(cids)
+        everywhere = set(dense_points(1, 64)) | set(tuner.select_ms)
+        if len(cids) == 1:
+            # One kernel leaves the tree nothing to choose: the run did not time it densely; a
+            # pair (it and another shortlisted candidate) is, as the run would have done.
+            assert set(tuner.together[cids[0]]) == set(tuner.select_ms)
+            cids = [cids[0], next(c for c in tuner.together if c != cids[0])]
+            tuner._time_dense(cids, elapsed_s=1e6)
+        for cid in cids:
+            assert set(tuner.together[cid]) == everywhere
+            assert everywhere <= set(tuner.times[cid])  # new points are kept as measurements too
+        if len(chosen) > 1:
+            # The tree follows the best kernel timed together (the default's times less
+            # DEFAULT_MARGIN); it may merge a few Ms into a neighbour's leaf.
+            default = tuner._default_cid()
+            agree = []
+            for m in sorted(everywhere):
+                t = [tuner.together[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in chosen]
+                agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
+            assert np.mean(agree) >= 0.8
+        # A one-kernel set is never timed densely.
+        before = {c: dict(t) for c, t in tuner.together.items()}
+        tuner._time_dense(chosen[:1], elapsed_s=1e6)
+        assert tuner.together == before
+        # The result reports the times the choice was made on (taken together).
+        picked = {m: chosen[dispatch.choose(result.tree, m)] for m in result.sampled_ms}
+        assert result.seconds == {m: tuner.together[c][m] for m, c in picked.items()}
     with Database(tmp_path / "u.db") as db:
         plain = Tuner(WORKLOAD, db, cache, dataclasses.replace(config, dense_budget=0.0), log=lambda s: None)
         plain_result = plain.run()
