@@ -511,4 +511,4 @@ class Tuner:
                               [{"candidate": c, "schedule": space.to_json(self.schedules[c])} for c in chosen], tree)
         return TuneResult(self.w, self.cfg.strategy, self.ms, kernels, tree, seconds, self.trials - trials0,
                           len(self.failed), time.monotonic() - start, self.model.holdout_spearman,
-                          [{m: self.measured(c, m) for m in self.ms if self.measured(c, m)} for c in chosen])
+                          [{m: t for m in self.ms if (t := self.measured(c, m))} for c in chosen])

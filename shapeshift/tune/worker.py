@@ -94,8 +94,8 @@ class ColdCopies:
     the first few again, which a short sample of a large B would find still in cache.
     """
 
-    def __init__(self, packed: np.ndarray, cold_bytes: int):
-        self.count = -(-cold_bytes // packed.nbytes)
+    def __init__(self, packed: np.ndarray, count: int):
+        self.count = count
         self.array = np.ascontiguousarray(np.broadcast_to(packed, (self.count, packed.size)))
         self.next = 0
 
@@ -114,12 +114,13 @@ def cold_copies(packed: list[np.ndarray], cold_bytes: int) -> list[ColdCopies | 
     shared: dict[tuple[int, bytes], ColdCopies] = {}
     out: list[ColdCopies | None] = []
     for p in packed:
-        if -(-cold_bytes // p.nbytes) <= 1:
+        count = -(-cold_bytes // p.nbytes)
+        if count <= 1:
             out.append(None)
             continue
         key = (p.nbytes, hashlib.blake2b(p.data, digest_size=16).digest())
         if key not in shared:
-            shared[key] = ColdCopies(p, cold_bytes)
+            shared[key] = ColdCopies(p, count)
         out.append(shared[key])
     return out
 
