@@ -258,7 +258,9 @@ def run_task(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
 
     diet, diet_wall = tune(workload, config("dietcode", args.trials), tmp, "dietcode")
     pad, pad_wall = tune(workload, config("pad-max", args.trials), tmp, "pad-max")
-    sampled = diet.sampled_ms
+    # The range's uniform samples (what per-shape tunes): dietcode's own lie below its
+    # measurement cap at batch 16, and held-out shapes must spread over the whole range.
+    sampled = workload.sampled_ms(TuneConfig().samples)
     # Every sampled shape may keep its own kernel: per-shape means tuned for exactly that M.
     per, per_wall = tune(workload, config("per-shape", args.per_shape_trials * len(sampled),
                                           max_kernels=len(sampled)), tmp, "per-shape (sampled shapes)")
@@ -290,7 +292,7 @@ def run_task(task: dict, args: argparse.Namespace, tmp: Path) -> dict:
                      "held-out": [w for _, w in held_results.values()]},
             "trials": {"dietcode": diet.trials, "pad-max": pad.trials, "per-shape (sampled)": per.trials,
                        "per-shape (held out)": sum(r.trials for r, _ in held_results.values())},
-            "kernels": len(diet.kernels), "spearman": diet.spearman}
+            "kernels": len(diet.kernels), "spearman": diet.spearman, "dietcode_ms": diet.sampled_ms}
 
 
 # ---- output -----------------------------------------------------------------------------

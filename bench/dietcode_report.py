@@ -9,7 +9,8 @@ task: {"task": {"kind": "dense", "k", "n", "batch", "threads"} or {"kind": "atte
 "pad-max", "per-shape", "held-out": [s, ...]}, "trials": {...}, "sampled_ms", "held_out_ms",
 "t_range": [lo, hi], "extrapolate_to" (how many T per-shape would tune: every T in
 [lo, min(hi, 128)]),
-"kernels", "spearman", "rows": [{"m", "t", "grid", "sampled", "held_out", "kernel",
+"kernels", "spearman", "dietcode_ms" (the Ms dietcode sampled: none above its measurement cap),
+"rows": [{"m", "t", "grid", "sampled", "held_out", "kernel",
 "gflops": {column: GFLOPS}, "gflops_median": {column: GFLOPS}}]}; an attention task's "m"
 is T (its tuner's dynamic value), and its rows have an "untuned" column too. "gflops" is
 from each method's fastest sample, which the targets use; "gflops_median" from its median
@@ -198,6 +199,8 @@ def dense_section(res: dict) -> str:
         f"geomean; vs OpenBLAS minimum | {s['median_held_out_geomean']:.3f}; {s['median_blas_geomean']:.3f}; "
         f"{s['median_blas_min']:.3f} at T = {fmt_t(s['median_blas_min_t'])} |",
         f"| kernels in the dispatcher | {s['kernels']} |",
+        f"| Ms dietcode sampled (it measures none above the last) | "
+        f"{', '.join(map(str, res.get('dietcode_ms', res['sampled_ms'])))} |",
         f"| cost-model Spearman (dietcode, held-out measurements) | {rho} |", "",
     ]
     lines += [f"- **{'met' if met else 'NOT met'}**: {what} = {value:.3g} (target >= {threshold:g})"

@@ -21,8 +21,8 @@ from shapeshift.tune.builder import build_one
 from shapeshift.tune.cost_model import CostModel, spearman
 from shapeshift.tune.database import Database
 from shapeshift.tune.runner import RunnerConfig, measure, measure_together
-from shapeshift.tune.search import TuneConfig, Tuner, dense_points, probe_points
-from shapeshift.tune.workload import GemmWorkload
+from shapeshift.tune.search import TuneConfig, Tuner, _fold_above, dense_points, probe_points
+from shapeshift.tune.workload import GemmWorkload, uniform_samples
 from shapeshift.tune.worker import cold_copies
 
 pytest.importorskip("sklearn")
@@ -314,6 +314,7 @@ def test_cli_tune_show(tmp_path, capsys):
     ["--dynamic", "M=1:8", "--dynamic", "T=1:8"],
     ["--dynamic", "M=1:8", "--trials", "0"],
     ["--dynamic", "M=1:8", "--time-budget", "-1"],
+    ["--dynamic", "M=1:8", "--measure-cap", "-1"],
 ])
 def test_cli_tune_bad_arguments_exit_2(tmp_path, capsys, argv):
     assert main(["tune", "--gemm", "64", "64", "--db", str(tmp_path / "t.db"), *argv]) == 2
@@ -378,6 +379,70 @@ def test_dense_points_cover_each_octave_with_odd_ms():
     big = [p for p in dense_points(1, 512) if p >= 16]
     assert all(p % 2 for p in big) and len(big) == 40  # 8 per octave from 16 to 511
     assert dense_points(20, 40) == [21, 23, 25, 27, 29, 31, 35, 39] and dense_points(5, 5) == [5]
+
+
+def test_samples_above_the_measurement_cap_fold_into_it():
+    # Uniform samples of [16, 2048] in a range up to 8192: the cap weighs for the Ms above
+    # it as many samples as their spacing (2032 / 9) fits in (2048, 8192].
+    ms = uniform_samples(16, 2048, 10)
+    folded, weights = _fold_above(ms, np.ones(10), 2048, 8192, uniform=True)
+    assert folded == ms and list(weights[:-1]) == [1.0] * 9
+    assert weights[-1] == pytest.approx(1 + 6144 / (2032 / 9))
+    # Given samples (a histogram): those above the cap become the cap, weights added.
+    folded, weights = _fold_above([1, 8, 3000, 5000], np.array([5.0, 3.0, 1.0, 2.0]), 2048, 8192, uniform=False)
+    assert folded == [1, 8, 2048] and list(weights) == [5.0, 3.0, 3.0]
+    # A range below the cap is left alone.
+    assert _fold_above([1, 58, 512], np.ones(3), 512, 512, uniform=True)[0] == [1, 58, 512]
+
+
+def test_dietcode_measures_nothing_above_its_cap_and_dispatches_past_it_as_at_the_cap(tmp_path, cache):
+    """M in [1, 160] with the cap at 40: every measurement (search, probes, shortlist, dense
+    grid) is at M <= 40; every M past 40 goes to the kernel the tree gives 40, and that
+    kernel computes A x B there; per-shape (one kernel per exact shape) is not capped."""
+    w = GemmWorkload(K, N, 1, 160)
+    config = TuneConfig(trials=6, batch=3, samples=4, max_kernels=3, one_layout=False, runner=FAST,
+                        dense_budget=1.0, measure_cap=40)
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(w, db, cache, config, log=lambda s: None)
+        result = tuner.run()
+        stored = {m for _, m, _, _ in db.measurements(tuner.wid, 1)}
+    assert result.sampled_ms == [1, 14, 27, 40] and tuner.weights[-1] > tuner.weights[0]
+    assert max(stored) == 40 and max(set().union(*tuner.together.values())) <= 40
+    at_cap = dispatch.choose(result.tree, 40)
+    assert all(dispatch.choose(result.tree, m) == at_cap for m in range(41, 161))
+    lib = dispatch.load(compile_library(dispatch.library_source(result.kernels, result.tree), name_hint="capped",
+                                        cache_dir=tmp_path).cdll)
+    rng = np.random.default_rng(4)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    packed = np.empty(lib.ss_gemm_tuned_packed_b_size(K, N), dtype=np.float32)
+    lib.ss_gemm_tuned_pack_b(K, N, b.ctypes.data, N, 1, packed.ctypes.data)
+    for m in (40, 41, 97, 160):
+        assert lib.ss_gemm_tuned_choice(m) == at_cap
+        a = rng.standard_normal((m, K)).astype(np.float32)
+        c = np.full((m, N), np.nan, dtype=np.float32)
+        lib.ss_gemm_tuned(m, N, K, a.ctypes.data, K, packed.ctypes.data, c.ctypes.data, N)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4, err_msg=f"M={m}")
+    with Database(tmp_path / "u.db") as db:
+        per_shape = Tuner(w, db, cache, dataclasses.replace(config, strategy="per-shape"), log=lambda s: None)
+    assert per_shape.ms == uniform_samples(1, 160, 4) and per_shape.top == 160
+
+
+def test_the_tree_past_the_cap_follows_the_kernel_best_at_the_cap(tmp_path, cache):
+    """Past the measurement cap nothing is measured; the tree gives those Ms the kernel best
+    at the cap, not whatever the cost model extrapolates there (a stub that favours the
+    other kernel past the cap; times set by hand, nothing measured)."""
+    w = GemmWorkload(K, N, 1, 160)
+    other = GemmSchedule(mr=2, nr=16, kc=64, mc=8, nc=64, small_m=0)
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(w, db, cache, TuneConfig(sample_ms=(1, 40), probes=False, one_layout=False, runner=FAST,
+                                               measure_cap=40), log=lambda s: None)
+    tuner.schedules = {2: SMALL, 3: other}
+    tuner.times = {2: {1: 5.0, 40: 1.0}, 3: {1: 1.0, 40: 5.0}}
+    tuner.model.predict = lambda rows: np.array(
+        [(9.0 if s == other else 0.0) if m > 40 else (0.0 if s == other else 1.0) for s, m in rows])
+    tree = tuner._tree([2, 3])
+    assert dispatch.choose(tree, 1) == 1 and dispatch.choose(tree, 40) == 0
+    assert {dispatch.choose(tree, m) for m in range(41, 161)} == {0}
 
 
 def test_dietcode_times_the_kernel_set_together_densely_within_its_budget(tmp_path, cache):

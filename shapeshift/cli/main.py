@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from ..errors import ShapeshiftError
 from ..passes.simplify.engine import STRATEGIES
 from ..runtime.session import BACKENDS
+from ..tune.search import MEASURE_CAP
 from .commands import cmd_compile, cmd_info, cmd_run
 from .simplify_cmd import cmd_simplify
 from .tune_cmd import cmd_tune
@@ -109,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--strategy", choices=("dietcode", "per-shape", "pad-max"), default="dietcode")
     tune.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default: %(default)s)")
     tune.add_argument("--max-kernels", type=int, default=8)
+    tune.add_argument("--measure-cap", type=int, default=MEASURE_CAP, metavar="M",
+                      help="dietcode measures no M (or T) above this and dispatches the kernel best there to "
+                           "the larger ones, whose speed no longer depends on M; 0: measure the whole range "
+                           "(default: %(default)s)")
     tune.add_argument("--measure", choices=("cold", "warm"), default=None,
                       help="measure with B read from DRAM on every call (cold, as a model's weights; the default "
                            "with MODEL) or staying in cache (warm; the default with --gemm)")

@@ -71,6 +71,8 @@ def _check_args(args) -> None:
     for flag, value in (("--trials", args.trials), ("--threads", args.threads), ("--max-kernels", args.max_kernels)):
         if value < 1:
             raise TuneError(f"{flag} must be >= 1, got {value}")
+    if args.measure_cap < 0:
+        raise TuneError(f"--measure-cap must be >= 0, got {args.measure_cap}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise TuneError(f"--time-budget must be > 0 minutes, got {args.time_budget:g}")
     if (args.model is None) == (args.gemm is None):
@@ -83,7 +85,7 @@ def _config(args, budget_s: float, workload: GemmWorkload, weighted: Optional[di
         ms, weights = workload.weighted_samples(weighted)
         samples = dict(sample_ms=tuple(ms), sample_weights=tuple(weights))
     return TuneConfig(strategy=args.strategy, trials=args.trials, time_budget_s=budget_s, threads=args.threads,
-                      max_kernels=args.max_kernels, one_layout=not args.any_layout,
+                      max_kernels=args.max_kernels, one_layout=not args.any_layout, measure_cap=args.measure_cap,
                       runner=RunnerConfig(threads=args.threads), **samples)
 
 

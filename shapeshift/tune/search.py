@@ -11,7 +11,12 @@ gets the same budget). ``pad-max``: the loop at M = hi only, one kernel for ever
 Afterwards (dietcode only) the range's powers of two that were not sampled are *probed*:
 the candidates predicted best there, and the hand-tuned default, are measured there, since
 uniform samples leave the small shapes, where speed changes fastest, to prediction alone
-(over [1, 512] the first two samples are 1 and 58). Then the kernel set is chosen
+(over [1, 512] the first two samples are 1 and 58). dietcode measures no M above
+``measure_cap`` (MEASURE_CAP): its samples, probes and dense grid lie in [lo, cap], the cap's
+sample weighs for the Ms above it, and those Ms are dispatched to the kernel best at the cap
+(DietCode's own argument: a micro-kernel's speed does not depend on how many times it
+repeats; at batch 16, M = 16 T reaches 8192, and measuring there cost 4x a measurement at
+2048 for the same GFLOPS). Then the kernel set is chosen
 (``dispatch.greedy_cover``) over the sampled and probed Ms. dietcode first *shortlists* the
 best two candidates at each of those Ms (and the default), times them *together*, in one
 worker process with their samples interleaved (``runner.measure_together``), and chooses
@@ -47,7 +52,7 @@ from .builder import SourceFn, build_many
 from .cost_model import CostModel
 from .database import Database
 from .runner import COLD_BYTES, RunnerConfig, measure, measure_together
-from .workload import BatchedGemmWorkload, GemmWorkload
+from .workload import BatchedGemmWorkload, GemmWorkload, uniform_samples
 
 Workload = GemmWorkload | BatchedGemmWorkload
 
@@ -78,6 +83,11 @@ DENSE_PER_OCTAVE = 8
 # ... within this fraction of the wall time the tuning has taken until then (cheapest
 # points first: a kernel at a large M of a big GEMM costs more to time than at a small one).
 DENSE_BUDGET = 0.25
+# dietcode measures no M above this (in the dynamic value's units): past a few MC blocks of
+# rows a GEMM's speed no longer depends on M (batch 16, M up to 8192: 78-87 GFLOPS from M =
+# 256 on, dispatcher, pad-max and per-shape alike), while a measurement costs in proportion to M. The
+# Ms above are dispatched to what is best at the cap, which stands for them with its weight.
+MEASURE_CAP = 2048
 # Estimates for that budget: float64 GFLOPS of the worker's NumPy check of each M, and the
 # seconds the worker process takes to start.
 CHECK_GFLOPS = 5.0
@@ -114,6 +124,24 @@ def dense_points(lo: int, hi: int, per_octave: int = DENSE_PER_OCTAVE) -> list[i
     return points
 
 
+def _fold_above(ms: list[int], weights: np.ndarray, top: int, hi: int, uniform: bool
+                ) -> tuple[list[int], np.ndarray]:
+    """The sampled Ms and weights once no M above ``top`` is measured: ``top`` stands for
+    them. Given samples above it become ``top``, their weights added to its own; uniform
+    samples of [lo, top] give ``top`` the share of (top, hi] too, as many samples' weight
+    as their spacing fits in it (the Ms of the range count alike, measured or not)."""
+    if top >= hi:
+        return ms, weights
+    folded: dict[int, float] = {}
+    for m, w in zip(ms, weights):
+        folded[min(m, top)] = folded.get(min(m, top), 0.0) + float(w)
+    if uniform:
+        spacing = (top - ms[0]) / max(1, len(ms) - 1) or 1.0
+        folded[top] = folded.get(top, 0.0) + (hi - top) / spacing
+    out = sorted(folded)
+    return out, np.array([folded[m] for m in out])
+
+
 @dataclass
 class TuneConfig:
     strategy: str = "dietcode"
@@ -137,6 +165,8 @@ class TuneConfig:
     # dietcode: the shortlist's candidates past each M's best are timed within this fraction
     # of the tuning time so far (SHORTLIST_BUDGET).
     shortlist_budget: float = SHORTLIST_BUDGET
+    # dietcode: the largest M measured (MEASURE_CAP; 0: no cap).
+    measure_cap: int = MEASURE_CAP
     population: int = 64
     batch: int = 4  # candidates measured per round
     jobs: int = 2  # parallel compiles
@@ -176,10 +206,14 @@ class Tuner:
         self.rng = random.Random(config.seed)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
-        self.ms = list(config.sample_ms) or workload.sampled_ms(config.samples)
-        weights = np.asarray(config.sample_weights or [1.0] * len(self.ms), dtype=float)
-        if len(weights) != len(self.ms) or (weights <= 0).any():
+        # dietcode measures Ms up to ``top`` only (``measure_cap``); the others, the whole range.
+        capped = config.strategy == "dietcode" and 0 < config.measure_cap < workload.hi
+        self.top = max(workload.lo, config.measure_cap) if capped else workload.hi
+        ms = list(config.sample_ms) or uniform_samples(workload.lo, self.top, config.samples)
+        weights = np.asarray(config.sample_weights or [1.0] * len(ms), dtype=float)
+        if len(weights) != len(ms) or (weights <= 0).any():
             raise ValueError("sample_weights must be one positive weight per sampled M")
+        self.ms, weights = _fold_above(ms, weights, self.top, workload.hi, uniform=not config.sample_ms)
         self.weights = weights / weights.mean()
         # The Ms the kernel set is chosen over, and their weights: the sampled Ms, plus the
         # probed ones once probed (each with the smallest sample weight).
@@ -356,7 +390,7 @@ class Tuner:
         """Measure at each unsampled power of two of the range the PROBE_PICKS candidates
         predicted best there and the hand-tuned default; the kernel set is then chosen over
         those Ms too."""
-        probes = probe_points(self.w.lo, self.w.hi, self.ms)
+        probes = probe_points(self.w.lo, self.top, self.ms)
         cids = [c for c in self.times if c not in self.failed]
         if not probes or not cids:
             return
@@ -434,7 +468,7 @@ class Tuner:
         """Time the chosen kernels together at the ``dense_points`` that fit in
         ``dense_budget`` x ``elapsed_s`` (estimated; cheapest M first): the tree is then
         trained on those times there."""
-        points = [m for m in dense_points(self.w.lo, self.w.hi) if m not in self.select_ms]
+        points = [m for m in dense_points(self.w.lo, self.top) if m not in self.select_ms]
         # One kernel leaves the tree nothing to choose: timing it densely would only cost time
         # (at batch 16 up to 2 minutes of a 9-minute tuning).
         if self.cfg.dense_budget <= 0 or not points or len(chosen) < 2:
@@ -463,9 +497,10 @@ class Tuner:
         return self._select(validated=True)
 
     def _tree(self, chosen: list[int]) -> dict:
-        lo, hi = self.w.lo, self.w.hi
-        points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()))
-        times = self._time_matrix(chosen, points)
+        lo, hi, top = self.w.lo, self.w.hi, self.top
+        points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()) | {top})
+        # Above the measurement cap the best kernel is the one best at the cap (MEASURE_CAP).
+        times = self._time_matrix(chosen, [min(m, top) for m in points])
         default = self._default_cid()
         if self.cfg.strategy == "dietcode" and default in chosen:
             times[chosen.index(default)] *= 1.0 - DEFAULT_MARGIN
@@ -479,6 +514,10 @@ class Tuner:
         start = time.monotonic()
         deadline = start + self.cfg.time_budget_s
         trials0 = self.trials
+        if self.top < self.w.hi:
+            weights = " ".join(f"{m}:{w:.2g}" for m, w in zip(self.ms, self.weights))
+            self.log(f"  measuring M <= {self.top} only; M in ({self.top}, {self.w.hi}] gets the kernel best at "
+                     f"{self.top} (sampled M:weight {weights})")
         if self.cfg.strategy == "dietcode":
             self.evolve(self.ms, self.cfg.trials, deadline)
         elif self.cfg.strategy == "per-shape":
