@@ -66,7 +66,21 @@ def test_summary_extrapolates_the_one_point_tunings_time_per_shape():
     assert s["per_shape_each"] == pytest.approx(40.0)  # the held-out tunings, not the sampled run
     assert s["per_shape_extrapolated"] == pytest.approx(40 * 128)
     assert s["tuning_ratio"] == pytest.approx(40 * 128 / 100)
-    assert s["per_shape_each_small_t"] == pytest.approx(40.0)  # both held-out T <= 128
+    assert s["tuning_ratio_all_held_out"] == pytest.approx(40 * 128 / 100)  # both held-out T <= 128
+
+
+def test_the_tuning_ratio_extrapolates_from_the_held_out_shapes_with_t_up_to_128():
+    # At batch 16, T = 10 and 11 are M = 160 and 176 (T <= 128), T = 300 is M = 4800: it cost
+    # more to tune, and per-shape tuning of every T <= 128 never tunes such an M.
+    res = _result(walls=(100.0, 50.0, 400.0, [30.0, 50.0, 400.0]))
+    res["task"]["batch"] = 16
+    res["held_out_ms"] = [160, 176, 4800]
+    s = report.dense_summary(res)
+    assert s["per_shape_each"] == pytest.approx(40.0) and "T <= 128" in s["per_shape_source"]
+    assert s["tuning_ratio"] == pytest.approx(40 * 128 / 100)
+    assert s["tuning_ratio_all_held_out"] == pytest.approx(160 * 128 / 100)
+    res["held_out_ms"] = [4800, 5600, 6400]  # none with T <= 128: all of them
+    assert report.dense_summary(res)["per_shape_each"] == pytest.approx(160.0)
     assert s["held_out_geomean"] == pytest.approx(math.sqrt(0.9))
     assert s["blas_geomean"] == pytest.approx((1.2 * 0.85 * 1.1) ** (1 / 3))
     assert (s["blas_min"], s["blas_min_t"]) == (pytest.approx(0.85), 2)
