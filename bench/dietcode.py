@@ -25,8 +25,9 @@ T up to ``--dense-to``, then every ``--step``-th), per-shape at its own shapes, 
 untuned default schedule too.
 
 Writes OUTPUT (markdown: per-task summaries with issue #5's targets marked met / not met,
-per-T tables) and a PNG next to it, both at the end; after every task, the results so far
-go to OUTPUT with ``.partial.md`` so that a killed run leaves something. ``--quick`` is a
+per-T tables), a PNG and the raw results (``.json``; ``--render`` writes the report again
+from them) next to it, at the end; after every task, the results so far go to OUTPUT with
+``.partial.md`` (and ``.partial.json``) so that a killed run leaves something. ``--quick`` is a
 smoke test of the script (a few minutes), writing bench/results/dietcode_quick.md;
 ``--dry-run`` prints the tasks and the estimated time only (the default run takes hours).
 """
@@ -105,6 +106,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", type=Path, help="markdown file; the PNG goes next to it")
     parser.add_argument("--quick", action="store_true", help="smoke configuration (a few minutes)")
     parser.add_argument("--dry-run", action="store_true", help="print the tasks and the time estimate, then stop")
+    parser.add_argument("--render", type=Path, metavar="RESULTS.json",
+                        help="write OUTPUT (and its plot) again from a run's saved results, measuring nothing")
     args = parser.parse_args()
     # --quick changes the defaults only: options given next to it still win.
     for key, value in (QUICK if args.quick else DEFAULTS).items():
@@ -353,15 +356,27 @@ def describe_blas(results: list[dict]) -> str:
     return ", ".join(f"{p['internal_api']} {p['version']}" for p in blas) or "BLAS unknown (no threadpoolctl)"
 
 
+def _plain(value):
+    """A NumPy scalar as the Python number it holds (for json.dumps)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"cannot save {type(value).__name__} in the results")
+
+
 def write(args: argparse.Namespace, meta: dict, results: list[dict], final: bool) -> None:
+    """OUTPUT (``.partial.md`` until the run ends) and the raw results beside it (``.json``),
+    from which ``--render`` writes the report again (after a change to the summaries)."""
     meta = dict(meta, blas=describe_blas(results))
     partial = args.output.with_name(args.output.stem + ".partial.md")
+    saved = args.output.with_suffix(".partial.json" if not final else ".json")
+    report.write_atomic(saved, json.dumps({"meta": meta, "results": results}, indent=1, default=_plain))
     if not final:
         report.write_atomic(partial, report.render(meta, results, None, partial=True))
         return
     # The tables first: a run of an hour must not lose them to a failing plot.
     report.write_atomic(args.output, report.render(meta, results, None))
     partial.unlink(missing_ok=True)
+    args.output.with_suffix(".partial.json").unlink(missing_ok=True)
     png = args.output.with_suffix(".png")
     if report.plot(results, png):
         report.write_atomic(args.output, report.render(meta, results, png.name))
@@ -369,6 +384,12 @@ def write(args: argparse.Namespace, meta: dict, results: list[dict], final: bool
 
 def main() -> None:
     args = parse_args()
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        write(args, saved["meta"], saved["results"], final=True)
+        print(report.targets_section(saved["results"]))
+        print(f"wrote {args.output} from {args.render}")
+        return
     tasks = make_tasks(args)
     print_plan(tasks, args)
     if args.dry_run:

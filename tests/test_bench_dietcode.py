@@ -188,3 +188,29 @@ def test_passes_alternate_direction_and_pool_the_samples():
     assert seen == [0, 1, 2, 2, 1, 0]
     assert samples == [{"ours": [1.0, 6.0]}, {"ours": [2.0, 5.0]}, {"ours": [3.0, 4.0]}]
     assert timing.summarize(samples[0]) == ({"ours": 1.0}, {"ours": 3.5})
+
+
+def test_the_saved_results_render_the_same_report_again(tmp_path, monkeypatch):
+    """A run saves its raw results beside the report; ``--render`` writes the report again
+    from them, measuring nothing (a partial run keeps its own .partial files until the end)."""
+    import argparse
+
+    import numpy as np
+
+    import dietcode
+
+    monkeypatch.setattr(report, "plot", lambda results, png: False)  # no matplotlib needed
+    meta = {"command": "python bench/dietcode.py", "python": "3", "machine": "m", "numpy": "2",
+            "onnxruntime": "1", "load_before": 0.5, "started": "2026-11-30T00:00:00", "method": "how"}
+    res = _result()
+    res["spearman"] = np.float64(0.5)  # a NumPy scalar saves as a number
+    first = tmp_path / "first.md"
+    dietcode.write(argparse.Namespace(output=first), meta, [res], final=False)
+    assert first.with_suffix(".partial.json").exists() and not first.exists()
+    dietcode.write(argparse.Namespace(output=first), dict(meta, took="1 h"), [res], final=True)
+    assert not first.with_suffix(".partial.json").exists()
+    again = tmp_path / "again.md"
+    monkeypatch.setattr(sys, "argv", ["dietcode.py", "--render", str(first.with_suffix(".json")),
+                                      "--output", str(again)])
+    dietcode.main()
+    assert again.read_text() == first.read_text() and "| tuning wall time, dietcode" in again.read_text()
