@@ -137,13 +137,19 @@ def test_every_m_of_the_range_reaches_a_correct_kernel(tmp_path, cache):
     with Database(tmp_path / "t.db") as db:
         result = Tuner(w, db, cache, TuneConfig(trials=6, batch=3, samples=4, max_kernels=3, one_layout=False,
                                                 runner=FAST), log=lambda s: None).run()
+    _check_dispatcher(result, range(w.lo, w.hi + 1), tmp_path)
+
+
+def _check_dispatcher(result, ms, tmp_path) -> None:
+    """The dispatcher built from ``result``'s kernels and tree picks the tree's kernel at
+    each M of ``ms`` and computes A x B there."""
     lib = dispatch.load(compile_library(dispatch.library_source(result.kernels, result.tree), name_hint="tuned_range",
                                         cache_dir=tmp_path).cdll)
     rng = np.random.default_rng(3)
     b = rng.standard_normal((K, N)).astype(np.float32)
     packed = np.empty(lib.ss_gemm_tuned_packed_b_size(K, N), dtype=np.float32)
     lib.ss_gemm_tuned_pack_b(K, N, b.ctypes.data, N, 1, packed.ctypes.data)
-    for m in range(w.lo, w.hi + 1):
+    for m in ms:
         assert lib.ss_gemm_tuned_choice(m) == dispatch.choose(result.tree, m) < len(result.kernels)
         a = rng.standard_normal((m, K)).astype(np.float32)
         c = np.full((m, N), np.nan, dtype=np.float32)
@@ -410,18 +416,7 @@ def test_dietcode_measures_nothing_above_its_cap_and_dispatches_past_it_as_at_th
     assert max(stored) == 40 and max(set().union(*tuner.together.values())) <= 40
     at_cap = dispatch.choose(result.tree, 40)
     assert all(dispatch.choose(result.tree, m) == at_cap for m in range(41, 161))
-    lib = dispatch.load(compile_library(dispatch.library_source(result.kernels, result.tree), name_hint="capped",
-                                        cache_dir=tmp_path).cdll)
-    rng = np.random.default_rng(4)
-    b = rng.standard_normal((K, N)).astype(np.float32)
-    packed = np.empty(lib.ss_gemm_tuned_packed_b_size(K, N), dtype=np.float32)
-    lib.ss_gemm_tuned_pack_b(K, N, b.ctypes.data, N, 1, packed.ctypes.data)
-    for m in (40, 41, 97, 160):
-        assert lib.ss_gemm_tuned_choice(m) == at_cap
-        a = rng.standard_normal((m, K)).astype(np.float32)
-        c = np.full((m, N), np.nan, dtype=np.float32)
-        lib.ss_gemm_tuned(m, N, K, a.ctypes.data, K, packed.ctypes.data, c.ctypes.data, N)
-        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4, err_msg=f"M={m}")
+    _check_dispatcher(result, (1, 40, 41, 97, 160), tmp_path)
     with Database(tmp_path / "u.db") as db:
         per_shape = Tuner(w, db, cache, dataclasses.replace(config, strategy="per-shape"), log=lambda s: None)
     assert per_shape.ms == uniform_samples(1, 160, 4) and per_shape.top == 160
