@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import multiprocessing
+import random
 import sqlite3
 
 import numpy as np
@@ -194,6 +196,21 @@ def test_db_round_trip_and_no_overwrite(tmp_path):
         assert db.failed_candidates(wid, 1) == {bad}
         assert db.latest_selection(wid, 1, 64, 1, "dietcode") == {"kernels": [{"candidate": cid}], "tree": {"leaf": 0}}
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_schedule_recorded_before_small_panels_reloads_as_it_ran():
+    """Records made before the field existed ran one panel at a time: they reload with
+    small_panels = 1, not the new default; new records round-trip exactly."""
+    old = json.loads(space.to_json(SMALL))
+    del old["small_panels"]
+    assert space.from_json(json.dumps(old)) == dataclasses.replace(SMALL, small_panels=1)
+    assert GemmSchedule().small_panels == 4
+    for schedule in (SMALL, GemmSchedule(), GemmSchedule(small_panels=2)):
+        assert space.from_json(space.to_json(schedule)) == schedule
+    rng = random.Random(3)
+    drawn = {space.random_schedule(rng).small_panels for _ in range(60)}
+    drawn |= {space.mutate(GemmSchedule(), rng).small_panels for _ in range(200)}
+    assert drawn == set(space.SMALL_PANELS_CHOICES)
 
 
 def _writer(path: str, offset: int) -> None:

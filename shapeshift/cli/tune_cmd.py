@@ -10,6 +10,7 @@ With ``--gemm`` one GEMM is tuned. ``--show`` prints the kernels and each decisi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -60,8 +61,8 @@ def print_summary(result: TuneResult, show: bool) -> None:
     if show:
         print("\nkernels:")
         for i, s in enumerate(result.kernels):
-            print(f"  {dispatch.prefix(i)}gemm: mr={s.mr} nr={s.nr} kc={s.kc} mc={s.mc} nc={s.nc} unroll_k={s.unroll_k} "
-                  f"small_m={s.small_m} small_nc={s.small_nc} parallel_min_flops={s.parallel_min_flops}")
+            fields = " ".join(f"{name}={value}" for name, value in dataclasses.asdict(s).items())
+            print(f"  {dispatch.prefix(i)}gemm: {fields}")
         var = "M" if w.prepacked else "T"
         print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice(int64_t {var})\n{{\n"
               f"{dispatch.tree_c(result.tree, var=var)}\n}}")

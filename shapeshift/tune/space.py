@@ -24,11 +24,14 @@ PACK_ROWS_CHOICES = (4, 8, 16)
 PREFETCH_ROWS_CHOICES = (0, 16, 32, 64)  # rows of B the B-streaming path prefetches ahead
 PREFETCH_MIN_M_CHOICES = (1, 4, 6, 8)
 PAR_MIN_FLOPS_CHOICES = (1 << 20, 1 << 22, 1 << 24)
+SMALL_PANELS_CHOICES = (1, 2, 4)  # packed panels of B the B-streaming path reads at once
 FIELDS = ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-          "prefetch_min_m", "parallel_min_flops")
+          "prefetch_min_m", "parallel_min_flops", "small_panels")
 # Fields a mutation may change ("tile" is mr and nr together).
 MUTABLE = ("tile", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-           "prefetch_min_m", "parallel_min_flops")
+           "prefetch_min_m", "parallel_min_flops", "small_panels")
+# Schedules recorded before a field existed ran as this value of it (from_json).
+BEFORE_FIELD = {"small_panels": 1}
 
 
 def max_mr(nr: int) -> int:
@@ -54,7 +57,7 @@ def _make(rng: random.Random, **fixed) -> GemmSchedule:
         unroll_k=rng.choice(UNROLL_CHOICES), small_m=rng.choice(SMALL_M_CHOICES),
         small_nc=nr * rng.choice(SMALL_NC_PANELS), pack_rows=rng.choice(PACK_ROWS_CHOICES),
         prefetch_rows=rng.choice(PREFETCH_ROWS_CHOICES), prefetch_min_m=rng.choice(PREFETCH_MIN_M_CHOICES),
-        parallel_min_flops=rng.choice(PAR_MIN_FLOPS_CHOICES))
+        parallel_min_flops=rng.choice(PAR_MIN_FLOPS_CHOICES), small_panels=rng.choice(SMALL_PANELS_CHOICES))
     values.update(fixed)
     values["small_m"] = min(values["small_m"], MAX_SMALL_M)
     return GemmSchedule(**values)
@@ -88,6 +91,8 @@ def mutate(schedule: GemmSchedule, rng: random.Random) -> GemmSchedule:
             fields["prefetch_rows"] = rng.choice(PREFETCH_ROWS_CHOICES)
         elif name == "prefetch_min_m":
             fields["prefetch_min_m"] = rng.choice(PREFETCH_MIN_M_CHOICES)
+        elif name == "small_panels":
+            fields["small_panels"] = rng.choice(SMALL_PANELS_CHOICES)
         else:
             fields["parallel_min_flops"] = rng.choice(PAR_MIN_FLOPS_CHOICES)
     return GemmSchedule(**fields)
@@ -99,4 +104,6 @@ def to_json(schedule: GemmSchedule) -> str:
 
 
 def from_json(text: str) -> GemmSchedule:
-    return GemmSchedule(**json.loads(text))
+    """A schedule from ``to_json``'s text; a field missing from an older record takes the
+    value that reproduces how that record's kernel ran (``BEFORE_FIELD``), not its default."""
+    return GemmSchedule(**{**BEFORE_FIELD, **json.loads(text)})

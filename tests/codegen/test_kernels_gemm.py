@@ -30,6 +30,11 @@ GROUPED_WIDE = GemmSchedule(mr=2, nr=32, mc=64, nc=256, small_m=9, small_nc=64)
 # nr = 24 (3 vectors) and small blocks: every edge tile shape (rows x vectors) of the packed
 # path, and narrower B-streaming passes for partial panels.
 EDGE_WIDE = GemmSchedule(mr=4, nr=24, kc=7, mc=8, nc=48, unroll_k=2, small_m=5, small_nc=48)
+# Several panels of a packed B at once: M = 1 three panels, M = 2 two; M = 3, 4 one. Small
+# kc for several K blocks; every call parallel.
+PANELS3 = GemmSchedule(kc=40, small_m=4, small_panels=3, parallel_min_flops=0)
+# nr = 32: M = 1 reads three panels at once (four vectors each), M = 2 one.
+PANELS_WIDE = GemmSchedule(mr=2, nr=32, mc=8, nc=64, small_m=2, small_nc=64, small_panels=8, parallel_min_flops=0)
 SCALAR_FLAGS = tuple(f for f in DEFAULT_FLAGS if f != "-march=native")
 
 i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -67,6 +72,8 @@ def libs(tmp_path_factory) -> dict[str, Lib]:
         "grouped": _load(PRELUDE + gemm.source(GROUPED), GROUPED, cache),
         "grouped_wide": _load(PRELUDE + gemm.source(GROUPED_WIDE), GROUPED_WIDE, cache),
         "edge_wide": _load(PRELUDE + gemm.source(EDGE_WIDE), EDGE_WIDE, cache),
+        "panels3": _load(PRELUDE + gemm.source(PANELS3), PANELS3, cache),
+        "panels_wide": _load(PRELUDE + gemm.source(PANELS_WIDE), PANELS_WIDE, cache),
     }
 
 
@@ -218,6 +225,58 @@ def test_edge_tiles_every_width(libs, build, m):
         run_case(libs[build], Case(m, n, 10, b_t=True, batch0=2), seed=n)
 
 
+@pytest.mark.parametrize("build", ["default", "tiny", "panels3", "panels_wide"])
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("prepacked,b_t", [(True, False), (False, True)])
+def test_small_path_several_panels_at_once(libs, build, m, prepacked, b_t):
+    """Packed B read several panels at once: panel counts below, at and past a multiple of
+    the panels in flight (the rest one at a time), with and without a partial last panel,
+    over several K blocks, with the epilogue."""
+    nr = libs[build].schedule.nr
+    for panels in (1, 2, 3, 4, 5, 7, 8, 9, 13, 40):
+        for extra in (0, 5):
+            run_case(libs[build], Case(m, panels * nr + extra, 90, b_t=b_t, bias="col", act=1, prepacked=prepacked),
+                     seed=panels)
+
+
+def test_small_panels_per_row_count():
+    """Panels in flight: as many as small_panels allows where the accumulators fit; one for
+    prefetching kernels and for row counts that need narrower passes."""
+    panels = gemm._small_panels
+    assert [panels(GemmSchedule(), m, False) for m in (1, 2, 3, 6)] == [4, 2, 1, 1]
+    assert panels(GemmSchedule(small_panels=1), 1, False) == 1
+    assert panels(GemmSchedule(), 1, True) == 1
+    assert [panels(PANELS3, m, False) for m in (1, 2, 3)] == [3, 2, 1]
+    assert [panels(PANELS_WIDE, m, False) for m in (1, 2)] == [3, 1]
+    assert panels(GemmSchedule(mr=4, nr=8, small_panels=8), 4, False) == 3  # 12 + 3 + 1 registers
+
+
+@pytest.mark.parametrize("build", ["tiny", "panels3"])
+@pytest.mark.parametrize("m", [1, 2])
+def test_several_panels_threads_agree(libs, build, m):
+    """Two threads split N, so other panels are left over to the one-panel kernel than with
+    one thread; each column is still summed in the same order: bitwise equal."""
+    lib = libs[build]
+    k, n = 130, 20 * lib.schedule.nr + 3
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    packed = np.empty(lib.cdll.ss_gemm_packed_b_size(k, n), dtype=np.float32)
+    lib.cdll.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+    outs = []
+    try:
+        for threads in (1, 2):
+            lib.cdll.ss_set_num_threads(threads)
+            c = np.full((m, n), np.nan, dtype=np.float32)
+            lib.cdll.ss_gemm_prepacked(m, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, packed.ctypes.data,
+                                       c.ctypes.data, 0, 0, n, 1.0, None, 0.0, 0, 0, 0)
+            outs.append(c)
+    finally:
+        lib.cdll.ss_set_num_threads(1)
+    np.testing.assert_allclose(outs[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_edge_tile_shapes():
     assert gemm._edge_shapes(GemmSchedule(mr=2, nr=16)) == [(1, 1), (1, 2), (2, 1)]
     assert len(gemm._edge_shapes(EDGE_WIDE)) == 4 * 3 - 1
@@ -328,6 +387,8 @@ def test_threads_agree(libs, build, case):
     (dict(small_m=33), "small_m"),
     (dict(small_m=-1), "small_m"),
     (dict(parallel_min_flops=-1), "parallel_min_flops"),
+    (dict(small_panels=0), "small_panels"),
+    (dict(small_panels=9), "small_panels"),
 ])
 def test_schedule_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -362,8 +423,8 @@ def test_packed_b_size_python_matches_c(libs):
 
 # sha256 of gemm.source() for the default schedule: the prefix parameter must leave the
 # default text alone. Update it deliberately when the generated kernels change (last: the
-# partial B panels packed by masked loads and by zero-then-copy).
-DEFAULT_SOURCE_SHA256 = "4fe7056384e38fa2c7ed97424d2d033f54b0ebb9d86336f08ba58b045cff1a19"
+# B-streaming path reading several panels of a packed B at once, small_panels).
+DEFAULT_SOURCE_SHA256 = "529b7b311f49dce2b4467f8c47136cd6478f6a238f4e402bee55511905ed6ec1"
 
 
 def test_default_prefix_source_unchanged():

@@ -81,6 +81,8 @@ FMA_CHAINS = 8
 # The B-streaming path splits larger m into row groups (see _small_row_groups); past this
 # the packed path, which reuses each packed B panel across mc rows, is the better one.
 MAX_SMALL_M = 32
+# Read streams past four gained nothing in a read loop on one core (24 GB/s at 4, 8 and 16).
+MAX_SMALL_PANELS = 8
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,13 @@ class GemmSchedule:
     (the hardware prefetcher falls behind once the loop has that much work per row), while
     at M <= 5 it measured neutral to slightly slower;
     parallel_min_flops: calls with fewer flops (2*M*N*K*batch) run on one thread. 4 Mflop is
-    about 60 us on one core, well above the cost of waking a second thread.
+    about 60 us on one core, well above the cost of waking a second thread;
+    small_panels: at most this many packed panels of B the B-streaming path reads at once,
+    one from each of as many equal parts of the columns, so that B arrives in that many
+    sequential streams (1: panel after panel, one stream). One core reads about 15 GB/s from
+    DRAM in one stream and 24 in four; M = 1 on a cold 768x3072 B went from 7.6 to 11.2
+    GFLOPS, on a warm one from 25 to 34. Only rows groups whose accumulators for that many
+    panels fit the registers use it (with nr = 16: M = 1 four panels, M = 2 two).
     """
 
     mr: int = 6
@@ -117,10 +125,11 @@ class GemmSchedule:
     prefetch_rows: int = 32
     prefetch_min_m: int = 6
     parallel_min_flops: int = 1 << 22
+    small_panels: int = 4
 
     def __post_init__(self) -> None:
         for name in ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-                     "prefetch_min_m", "parallel_min_flops"):
+                     "prefetch_min_m", "parallel_min_flops", "small_panels"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"GemmSchedule.{name} must be an int, got {value!r}")
@@ -148,6 +157,8 @@ class GemmSchedule:
         for name in ("prefetch_rows", "prefetch_min_m"):
             if getattr(self, name) < 0:
                 raise ValueError(f"GemmSchedule.{name} must be >= 0, got {getattr(self, name)}")
+        if not 1 <= self.small_panels <= MAX_SMALL_PANELS:
+            raise ValueError(f"GemmSchedule.small_panels must be in 1..{MAX_SMALL_PANELS}, got {self.small_panels}")
         if self.parallel_min_flops < 0:
             raise ValueError(f"GemmSchedule.parallel_min_flops must be >= 0, got {self.parallel_min_flops}")
 
@@ -213,12 +224,14 @@ def _source(s: GemmSchedule) -> str:
         _micro_kernel_avx2(s),
         _edge_kernels_avx2(s),
         *(_small_kernel_avx2(s, m, prefetch) for m, prefetch in _small_kernels(s)),
+        *(_small_multi_kernel_avx2(s, m, panels, sets) for m, panels, sets in _small_multi_kernels(s)),
         "#else",
         _MICRO_KERNEL_SCALAR,
         _EDGE_TILE_SCALAR,
         *(_small_kernel_scalar(m, prefetch) for m, prefetch in _small_kernels(s)),
         "#endif",
         _small_dispatch(s),
+        _small_span_dispatch(s),
         _DRIVER,
     ]
     return "\n".join(parts) + "\n"
@@ -402,6 +415,157 @@ def _small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool) -> str:
         "}",
     ]
     return "\n".join(out)
+
+
+def _small_panels(s: GemmSchedule, m: int, prefetch: bool) -> int:
+    """Panels of B the m-row B-streaming kernel reads at once (see ``small_panels``).
+
+    Several panels need full-width passes, m x nr/8 accumulators per panel, the panels' B
+    vectors (for m = 1 each is used once, so it is read straight into the FMA) and one
+    broadcast in the registers. A prefetching kernel reads one panel: its prefetches
+    already run ahead of a single stream.
+    """
+    vectors = s.nr // 8
+    if prefetch or _small_shape(s, m)[0] != vectors:
+        return 1
+
+    def registers(panels: int) -> int:
+        return m * vectors * panels + (vectors * panels if m > 1 else 1) + 1
+
+    return max(p for p in range(1, s.small_panels + 1) if p == 1 or registers(p) <= YMM_REGISTERS)
+
+
+def _small_multi_name(rows: int, panels: int) -> str:
+    return f"ss_gemm_small_{rows}_x{panels}"
+
+
+def _small_multi_sets(s: GemmSchedule, m: int, panels: int) -> int:
+    """Accumulator sets (alternate k steps) of the m-row kernel over ``panels`` panels at once."""
+    vectors = s.nr // 8
+    sets = 1
+    while (m * vectors * panels * sets < FMA_CHAINS
+           and m * vectors * panels * (sets + 1) + (vectors * panels if m > 1 else 1) + 1 <= YMM_REGISTERS):
+        sets += 1
+    return sets
+
+
+def _small_multi_kernel_avx2(s: GemmSchedule, m: int, panels: int, sets: int) -> str:
+    """The m-row B-streaming kernel over ``panels`` full packed panels at once, panel p at
+    b + p * bstep, its columns of c at c + p * cstep: as many read streams as panels.
+
+    The span's panels left over run the same kernel with panels = 1 and the same ``sets``:
+    every column is summed in one order, however the columns are split between threads.
+    """
+    vectors = s.nr // 8
+    acc = [[[[f"c{t}_{i}_{p}_{v}" for v in range(vectors)] for p in range(panels)] for i in range(m)]
+           for t in range(sets)]
+    bv = [[f"b{p}_{v}" for v in range(vectors)] for p in range(panels)]
+
+    def step(t: int) -> list[str]:
+        lines = []
+        for p in range(panels):
+            for v in range(vectors):
+                load = f"_mm256_loadu_ps(b + {p} * bstep + k * SS_GEMM_NR + {t * s.nr + 8 * v})"
+                if m == 1:  # used once: let the load fold into the FMA
+                    lines.append(f"            {acc[t][0][p][v]} = _mm256_fmadd_ps(a0, {load}, {acc[t][0][p][v]});")
+                else:
+                    lines += [f"            {bv[p][v]} = {load};", f'            __asm__("" : "+x"({bv[p][v]}));']
+        if m == 1:
+            lines.insert(0, f"            a0 = _mm256_broadcast_ss(a + (k + {t}) * csa);")
+            return lines
+        for i in range(m):
+            lines.append(f"            a0 = _mm256_broadcast_ss(a + {i} * rsa + (k + {t}) * csa);")
+            lines += [f"            {acc[t][i][p][v]} = _mm256_fmadd_ps(a0, {bv[p][v]}, {acc[t][i][p][v]});"
+                      for p in range(panels) for v in range(vectors)]
+        return lines
+
+    out = [
+        f"/* {m} rows x {panels} full packed panels (kc x NR each), panel p at b + p*bstep and its",
+        "   columns of c at c + p*cstep: c = (acc ? c : 0) + A(0:m, 0:kc) * panel. */",
+        f"static void {_small_multi_name(m, panels)}(int64_t kc, const float* restrict a, int64_t rsa, int64_t csa,",
+        "                              const float* restrict b, int64_t bstep, float* restrict c, int64_t cstep,",
+        "                              int64_t ldc, int acc)",
+        "{",
+        "    __m256 a0" + "".join(f", {name}" for row in (bv if m > 1 else []) for name in row) + ";",
+        *(f"    __m256 {name} = _mm256_setzero_ps();" for st in acc for row in st for panel in row for name in panel),
+        "    int64_t k = 0;",
+        f"    for (; k + {sets} <= kc; k += {sets}) {{",
+        *(line for t in range(sets) for line in step(t)),
+        "    }",
+        "    for (; k < kc; ++k) {",
+        *step(0),
+        "    }",
+        *(f"    {acc[0][i][p][v]} = _mm256_add_ps({acc[0][i][p][v]}, {acc[t][i][p][v]});"
+          for t in range(1, sets) for i in range(m) for p in range(panels) for v in range(vectors)),
+        "    if (acc) {",
+        *(f"        {acc[0][i][p][v]} = _mm256_add_ps({acc[0][i][p][v]}, "
+          f"_mm256_loadu_ps(c + {i} * ldc + {p} * cstep + {8 * v}));"
+          for i in range(m) for p in range(panels) for v in range(vectors)),
+        "    }",
+        *(f"    _mm256_storeu_ps(c + {i} * ldc + {p} * cstep + {8 * v}, {acc[0][i][p][v]});"
+          for i in range(m) for p in range(panels) for v in range(vectors)),
+        "}",
+    ]
+    return "\n".join(out)
+
+
+def _small_multi_kernels(s: GemmSchedule) -> list[tuple[int, int, int]]:
+    """(rows, panels, sets) of every several-panel kernel the span dispatch calls, and of
+    its one-panel twin for the panels left over."""
+    out = set()
+    for rows, prefetch in _small_kernels(s):
+        panels = _small_panels(s, rows, prefetch)
+        if panels > 1:
+            sets = _small_multi_sets(s, rows, panels)
+            out |= {(rows, panels, sets), (rows, 1, sets)}
+    return sorted(out)
+
+
+def _small_span_dispatch(s: GemmSchedule) -> str:
+    """``ss_gemm_small_span``: m rows over consecutive full packed panels, split into as many
+    equal parts as the row group's kernel reads panels at once."""
+    cases = []
+    for m in range(1, s.small_m + 1):
+        calls, first = [], 0
+        for rows, prefetch in _small_calls(s, m):
+            panels = _small_panels(s, rows, prefetch)
+            a, c = f"a + {first} * rsa", f"c + {first} * ldc"
+            single = (f"for (; j < panels; ++j) {_small_name(rows, prefetch)}(kc, {a}, rsa, csa, b + j * step, "
+                      f"SS_GEMM_NR, {c} + j * SS_GEMM_NR, ldc, acc, SS_GEMM_NR);")
+            if panels > 1:
+                calls.append(f"{{ int64_t j = 0; SS_GEMM_SPAN({_small_multi_name(rows, panels)}, "
+                             f"{_small_multi_name(rows, 1)}, {panels}, {a}, {c}); {single} }}")
+            else:
+                calls.append(f"{{ int64_t j = 0; {single} }}")
+            first += rows
+        cases.append(f"    case {m}:\n        " + "\n        ".join(calls) + "\n        break;")
+    cases = "\n".join(cases)
+    return f"""\
+#ifdef __AVX2__
+/* Every panel: `parts` at a time, one from each equal part, by kernel; the panels left over
+   one at a time by kernel1, which sums in the same order. */
+#define SS_GEMM_SPAN(kernel, kernel1, parts, a_rows, c_rows) do {{ \\
+        const int64_t q = panels / (parts); \\
+        for (; j < q; ++j) kernel(kc, a_rows, rsa, csa, b + j * step, q * step, c_rows + j * SS_GEMM_NR, \\
+                                  q * SS_GEMM_NR, ldc, acc); \\
+        for (j = (parts) * q; j < panels; ++j) kernel1(kc, a_rows, rsa, csa, b + j * step, 0, \\
+                                                       c_rows + j * SS_GEMM_NR, 0, ldc, acc); \\
+    }} while (0)
+#else
+#define SS_GEMM_SPAN(kernel, kernel1, parts, a_rows, c_rows) do {{ }} while (0)
+#endif
+
+/* m (<= SS_GEMM_SMALL_M) rows x `panels` full panels of a packed B, one after another at
+   b (kc x NR floats each), into the columns of c from its first one on. */
+static void ss_gemm_small_span(int64_t m, int64_t kc, const float* a, int64_t rsa, int64_t csa,
+                               const float* b, int64_t panels, float* c, int64_t ldc, int acc)
+{{
+    const int64_t step = kc * SS_GEMM_NR;
+    switch (m) {{
+{cases}
+    default: break;
+    }}
+}}"""
 
 
 def _small_kernel_scalar(m: int, prefetch: bool) -> str:
@@ -783,23 +947,25 @@ static void ss_gemm_small_rows(const ss_gemm_problem* P, const float* A, const f
 }
 
 /* Prepacked B, or B with other strides, packed SS_GEMM_SMALL_NC columns at a time into L2.
-   K blocks outside panels, so that prepacked B is read front to back. */
+   K blocks outside panels, so that prepacked B is read front to back. A prepacked block's
+   columns are one span: its panels read at once (small_panels) lie far apart in memory,
+   separate streams for the prefetchers. */
 static void ss_gemm_small_packed(const ss_gemm_problem* P, const float* A, const float* B, float* C,
                                  int64_t n_lo, int64_t n_hi, float* bbuf, float* edge)
 {
     const int64_t K = P->K, padded_n = ss_gemm_cdiv(P->N, SS_GEMM_NR) * SS_GEMM_NR;
+    const int64_t group = P->packed_b ? n_hi - n_lo : SS_GEMM_SMALL_NC;
     for (int64_t pc = 0; pc < K; pc += SS_GEMM_KC) {
         const int64_t kc = ss_gemm_min(SS_GEMM_KC, K - pc);
-        for (int64_t g = n_lo; g < n_hi; g += SS_GEMM_SMALL_NC) {
-            const int64_t g_hi = ss_gemm_min(n_hi, g + SS_GEMM_SMALL_NC);
+        const float* a = A + pc * P->csa;
+        for (int64_t g = n_lo; g < n_hi; g += group) {
+            const int64_t g_hi = ss_gemm_min(n_hi, g + group), full = (g_hi - g) / SS_GEMM_NR;
             const float* pb = P->packed_b ? P->packed_b + pc * padded_n + g * kc : bbuf;
             if (!P->packed_b) ss_gemm_pack_b_block(kc, g_hi - g, B + pc * P->rsb + g * P->csb, P->rsb, P->csb, bbuf);
-            for (int64_t n0 = g; n0 < g_hi; n0 += SS_GEMM_NR) {
-                const int full = n0 + SS_GEMM_NR <= g_hi;
-                ss_gemm_small(P->M, kc, A + pc * P->csa, P->rsa, P->csa, pb + (n0 - g) * kc, SS_GEMM_NR,
-                              full ? C + n0 : edge, full ? P->ldc : SS_GEMM_NR, pc > 0,
-                              full ? SS_GEMM_NR : g_hi - n0);
-            }
+            ss_gemm_small_span(P->M, kc, a, P->rsa, P->csa, pb, full, C + g, P->ldc, pc > 0);
+            if (g + full * SS_GEMM_NR < g_hi)
+                ss_gemm_small(P->M, kc, a, P->rsa, P->csa, pb + full * SS_GEMM_NR * kc, SS_GEMM_NR, edge, SS_GEMM_NR,
+                              pc > 0, g_hi - g - full * SS_GEMM_NR);
         }
     }
 }
