@@ -963,9 +963,11 @@ static void ss_gemm_small_packed(const ss_gemm_problem* P, const float* A, const
             const float* pb = P->packed_b ? P->packed_b + pc * padded_n + g * kc : bbuf;
             if (!P->packed_b) ss_gemm_pack_b_block(kc, g_hi - g, B + pc * P->rsb + g * P->csb, P->rsb, P->csb, bbuf);
             ss_gemm_small_span(P->M, kc, a, P->rsa, P->csa, pb, full, C + g, P->ldc, pc > 0);
+            /* The partial panel by the span's own kernels too (all NR columns, over B's zero
+               padding): a column sums in the same order wherever it lies, so equal columns of
+               B give equal results (a Softmax over huge, equal logits depends on that). */
             if (g + full * SS_GEMM_NR < g_hi)
-                ss_gemm_small(P->M, kc, a, P->rsa, P->csa, pb + full * SS_GEMM_NR * kc, SS_GEMM_NR, edge, SS_GEMM_NR,
-                              pc > 0, g_hi - g - full * SS_GEMM_NR);
+                ss_gemm_small_span(P->M, kc, a, P->rsa, P->csa, pb + full * SS_GEMM_NR * kc, 1, edge, SS_GEMM_NR, pc > 0);
         }
     }
 }
