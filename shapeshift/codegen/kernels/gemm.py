@@ -61,7 +61,11 @@ Calls with M <= ``small_m`` are bound by reading B, so A is not packed: a genera
 per row count broadcasts A straight from its strides and streams B once, from the
 prepacked panels, from a row-major B in place (``pack_rows`` rows at a time across all
 its columns, so every row is one sequential stream), or from ``small_nc``-column blocks
-of any other B packed into L2.
+of any other B packed into L2. Packed panels are read ``small_panels`` at a time where
+the registers allow, one from each equal part of the columns: that many read streams,
+which one core needs to draw its share of DRAM bandwidth. Every column of a call, the
+partial last panel included, is summed by kernels of one summation order, so equal
+columns of B give bitwise equal columns of C, and a thread count changes no result.
 """
 
 from __future__ import annotations
