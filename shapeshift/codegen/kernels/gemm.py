@@ -971,7 +971,8 @@ static void ss_gemm_small_packed(const ss_gemm_problem* P, const float* A, const
                padding): a column sums in the same order wherever it lies, so equal columns of
                B give equal results (a Softmax over huge, equal logits depends on that). */
             if (g + full * SS_GEMM_NR < g_hi)
-                ss_gemm_small_span(P->M, kc, a, P->rsa, P->csa, pb + full * SS_GEMM_NR * kc, 1, edge, SS_GEMM_NR, pc > 0);
+                ss_gemm_small_span(P->M, kc, a, P->rsa, P->csa, pb + full * SS_GEMM_NR * kc, 1, edge, SS_GEMM_NR,
+                                   pc > 0);
         }
     }
 }
