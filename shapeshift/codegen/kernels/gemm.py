@@ -111,10 +111,11 @@ class GemmSchedule:
     about 60 us on one core, well above the cost of waking a second thread;
     small_panels: at most this many packed panels of B the B-streaming path reads at once,
     one from each of as many equal parts of the columns, so that B arrives in that many
-    sequential streams (1: panel after panel, one stream). One core reads about 15 GB/s from
-    DRAM in one stream and 24 in four; M = 1 on a cold 768x3072 B went from 7.6 to 11.2
-    GFLOPS, on a warm one from 25 to 34. Only rows groups whose accumulators for that many
-    panels fit the registers use it (with nr = 16: M = 1 four panels, M = 2 two).
+    sequential streams (1: panel after panel, one stream). A read loop on one core drew
+    about 15 GB/s from DRAM in one stream and 24 in four; M = 1 on a cold 768x3072 B ran
+    25-45% faster with four panels than with one (same process, this default schedule
+    against small_panels = 1). Only row groups whose accumulators for that many panels fit
+    the registers use it (with nr = 16: M = 1 four panels, M = 2 two).
     """
 
     mr: int = 6
@@ -429,14 +430,17 @@ def _small_panels(s: GemmSchedule, m: int, prefetch: bool) -> int:
     broadcast in the registers. A prefetching kernel reads one panel: its prefetches
     already run ahead of a single stream.
     """
-    vectors = s.nr // 8
-    if prefetch or _small_shape(s, m)[0] != vectors:
+    if prefetch or _small_shape(s, m)[0] != s.nr // 8:
         return 1
+    return max(p for p in range(1, s.small_panels + 1) if p == 1 or _multi_registers(s, m, p, 1) <= YMM_REGISTERS)
 
-    def registers(panels: int) -> int:
-        return m * vectors * panels + (vectors * panels if m > 1 else 1) + 1
 
-    return max(p for p in range(1, s.small_panels + 1) if p == 1 or registers(p) <= YMM_REGISTERS)
+def _multi_registers(s: GemmSchedule, m: int, panels: int, sets: int) -> int:
+    """ymm registers of the m-row kernel over ``panels`` panels with ``sets`` accumulator
+    sets: the accumulators, the panels' B vectors (for m = 1 each is used once and read
+    straight into its FMA, so one) and the A broadcast."""
+    vectors = s.nr // 8
+    return m * vectors * panels * sets + (vectors * panels if m > 1 else 1) + 1
 
 
 def _small_multi_name(rows: int, panels: int) -> str:
@@ -445,10 +449,9 @@ def _small_multi_name(rows: int, panels: int) -> str:
 
 def _small_multi_sets(s: GemmSchedule, m: int, panels: int) -> int:
     """Accumulator sets (alternate k steps) of the m-row kernel over ``panels`` panels at once."""
-    vectors = s.nr // 8
     sets = 1
-    while (m * vectors * panels * sets < FMA_CHAINS
-           and m * vectors * panels * (sets + 1) + (vectors * panels if m > 1 else 1) + 1 <= YMM_REGISTERS):
+    while (m * (s.nr // 8) * panels * sets < FMA_CHAINS
+           and _multi_registers(s, m, panels, sets + 1) <= YMM_REGISTERS):
         sets += 1
     return sets
 
