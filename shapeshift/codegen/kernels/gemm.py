@@ -113,7 +113,7 @@ class GemmSchedule:
     one from each of as many equal parts of the columns, so that B arrives in that many
     sequential streams (1: panel after panel, one stream). A read loop on one core drew
     about 15 GB/s from DRAM in one stream and 24 in four; M = 1 on a cold 768x3072 B ran
-    25-45% faster with four panels than with one (same process, this default schedule
+    16-47% faster with four panels than with one (same process, this default schedule
     against small_panels = 1). Only row groups whose accumulators for that many panels fit
     the registers use it (with nr = 16: M = 1 four panels, M = 2 two).
     """
