@@ -90,6 +90,11 @@ class _Simplifier:
     def visit(self, node: Node, rules: bool = True) -> None:
         """All steps for one node (the incremental strategy)."""
         self.stats.visits += 1
+        if not self.rw.take_full(node) and len(node.outputs) == 1:
+            # Only a reader went away: nothing but liveness can have changed. (With more
+            # outputs, a rule may wait for one to go unread, as Dropout's for its mask.)
+            self.drop_if_dead(node)
+            return
         if self.rw.take_stale(node) and not self.retype(node):
             return
         if self.drop_if_dead(node) or self.inline(node) or self.fold(node) or self.symbolize(node):

@@ -10,7 +10,12 @@ costs work proportional to what it touches, not to the graph's size.
 Only a node whose inputs changed is enqueued *stale* (its types re-inferred at
 its visit).  A producer enqueued because a reader of its outputs went away may
 now be dead, but its types cannot have changed: re-inferring it would be wasted
-work (on a BERT-like encoder, most of the worklist's type inference).
+work (on a BERT-like encoder, most of the worklist's type inference).  Nor can
+anything else its visit would try (folding, parameters, rules, merging all look
+at its inputs), so such a producer is queued for the dead check alone
+(:meth:`enqueue_for_liveness`): on a BERT-like encoder, where each static
+Reshape lets a Concat, its Unsqueezes, Gathers and Shape go one after another,
+those are a third of the visits.
 
 Removal is lazy: a removed node is detached at once (def-use lists updated)
 and dropped from its graph's node list in one sweep by :meth:`compact`.
@@ -33,6 +38,8 @@ class Rewriter:
         self._heap: list[tuple[float, int, Node]] = []
         self._queued: set[int] = set()
         self._stale: set[int] = set()
+        # Queued nodes that need every step of a visit, not just the dead check.
+        self._full: set[int] = set()
         self._order: dict[int, float] = {}
         self._tiebreak = itertools.count()
         self._dirty_graphs: set[int] = set()
@@ -49,14 +56,16 @@ class Rewriter:
     def order(self, node: Node) -> float:
         return self._order.get(id(node), 0.0)
 
-    def _admit(self, node: Optional[Node], stale: bool) -> bool:
-        """Mark ``node`` stale if asked; True if it is live and was not queued yet (and
-        now counts as queued)."""
+    def _admit(self, node: Optional[Node], stale: bool, full: bool = True) -> bool:
+        """Mark ``node`` stale and in need of a full visit if asked; True if it is live
+        and was not queued yet (and now counts as queued)."""
         if node is None or node.graph is None:
             return False
         key = id(node)
         if stale:
             self._stale.add(key)
+        if full:
+            self._full.add(key)
         if key in self._queued:
             return False
         self._queued.add(key)
@@ -78,6 +87,18 @@ class Rewriter:
         order = self._order
         self._heap.extend((order.get(id(n), 0.0), next(self._tiebreak), n) for n in nodes if self._admit(n, stale))
         heapq.heapify(self._heap)
+
+    def enqueue_for_liveness(self, node: Optional[Node]) -> None:
+        """Queue ``node`` to check whether it is dead: one of its readers went away."""
+        if self._admit(node, stale=False, full=False):
+            heapq.heappush(self._heap, (self._order.get(id(node), 0.0), next(self._tiebreak), node))
+
+    def take_full(self, node: Node) -> bool:
+        """Whether ``node`` was queued for more than the dead check (and clear it)."""
+        if id(node) in self._full:
+            self._full.discard(id(node))
+            return True
+        return False
 
     def take_stale(self, node: Node) -> bool:
         """Whether something changed around ``node`` since its types were inferred (and clear it)."""
@@ -125,7 +146,7 @@ class Rewriter:
             inside = value.graph is not None and not _is_outside(value, body)
             if inside or not _still_returned(self.root, value):
                 self._returned.discard(id(value))
-                self.enqueue(value.producer, stale=False)
+                self.enqueue_for_liveness(value.producer)
 
     # -- mutations ---------------------------------------------------------------
     def replace_value(self, old: Value, new: Value) -> None:
@@ -152,7 +173,7 @@ class Rewriter:
         node.set_input(index, value)
         self.enqueue(node)
         if old is not None:
-            self.enqueue(old.producer, stale=False)  # one reader fewer: it may be dead
+            self.enqueue_for_liveness(old.producer)
         self.changes += 1
 
     def remove_node(self, node: Node) -> None:
@@ -163,7 +184,7 @@ class Rewriter:
         for index, value in enumerate(node.inputs):
             if value is not None:
                 value.users.remove((node, index))
-                self.enqueue(value.producer, stale=False)  # one reader fewer: it may be dead
+                self.enqueue_for_liveness(value.producer)
         bodies = list(node.subgraphs()) if node.has_subgraphs() else []
         returned = [[v for g in _graphs(sub) for v in g.outputs] for sub in bodies]
         for sub in bodies:
@@ -173,7 +194,7 @@ class Rewriter:
                 for index, value in enumerate(inner.inputs):
                     if value is not None and value.graph is not None and _is_outside(value, sub):
                         value.users.remove((inner, index))
-                        self.enqueue(value.producer, stale=False)
+                        self.enqueue_for_liveness(value.producer)
             for inner in inner_nodes:
                 inner.graph = None  # gone with their owner: the worklist skips them
         self._dirty_graphs.add(id(node.graph))
