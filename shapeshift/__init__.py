@@ -30,9 +30,9 @@ def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]
              input_shapes: Optional[Mapping[str, list]] = None, strategy: str = "incremental") -> onnx.ModelProto:
     """Simplify an ONNX model: fold constants, make dynamic ops static (with symbolic
     parameters), remove dead code and duplicates; see docs/simplify.md."""
-    from .passes.simplify import simplify_model
+    from .passes.simplify import simplify as simplify_to_proto
 
-    return simplify_model(model, dynamic, input_shapes, strategy)[0]
+    return simplify_to_proto(model, dynamic, input_shapes, strategy)
 
 
 def compile(model: ModelSource, out, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,

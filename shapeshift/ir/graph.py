@@ -283,6 +283,25 @@ class Graph:
             for sub in node.subgraphs():
                 yield from sub._graph_tree()
 
+    def release(self) -> None:
+        """Break the reference cycles of this graph tree (def-use links, node <-> graph),
+        leaving it empty: dropped, it is then freed by reference counting at once rather
+        than left to Python's cyclic collector, whose pass over a large IR costs as much
+        as a small simplification."""
+        for node in self.nodes:
+            if node.has_subgraphs():
+                for sub in node.subgraphs():
+                    sub.release()
+            node.graph = None
+            node.inputs = []
+            node.outputs = []
+            node.attrs = {}
+        self.nodes = []
+        self.inputs = []
+        self.outputs = []
+        self.initializers = {}
+        self.parent = None
+
     # -- traversal -----------------------------------------------------------
     def walk_nodes(self) -> Iterator[Node]:
         """Every node of this graph and of all nested subgraphs."""

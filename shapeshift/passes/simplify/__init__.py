@@ -103,4 +103,7 @@ def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]
              input_shapes: Optional[Mapping[str, Sequence[DimSpec]]] = None,
              strategy: str = "incremental") -> onnx.ModelProto:
     """The simplified ONNX model (see simplify_model for the details)."""
-    return simplify_model(model, dynamic, input_shapes, strategy)[0]
+    with _cyclic_gc_paused():
+        simplified, graph, _ = _simplify_model(model, dynamic, input_shapes, strategy, None, False)
+        graph.release()  # nobody else holds it: freed here, not by a collector pass later
+    return simplified

@@ -442,5 +442,6 @@ def simplify_graph(graph: Graph, options: Optional[SimplifyOptions] = None) -> S
     {"incremental": simplifier.run_incremental, "fixpoint": simplifier.run_fixpoint,
      "per-op": simplifier.run_per_op}[options.strategy]()
     simplifier.rw.compact()
+    simplifier.rw.release_removed()
     simplifier.stats.seconds = time.perf_counter() - start
     return simplifier.stats

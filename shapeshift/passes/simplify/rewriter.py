@@ -43,6 +43,7 @@ class Rewriter:
         self._order: dict[int, float] = {}
         self._tiebreak = itertools.count()
         self._dirty_graphs: set[int] = set()
+        self._removed: list[Node] = []
         self.changes = 0
         # Values some graph of the tree returns: a use that no ``users`` list records.
         self._returned: set[int] = {id(v) for g in _graphs(root) for v in g.outputs}
@@ -198,6 +199,7 @@ class Rewriter:
             for inner in inner_nodes:
                 inner.graph = None  # gone with their owner: the worklist skips them
         self._dirty_graphs.add(id(node.graph))
+        self._removed.append(node)
         node.graph = None
         for sub, values in zip(bodies, returned):
             self.forget_returned(values, sub)
@@ -234,6 +236,14 @@ class Rewriter:
         if id(graph) in self._dirty_graphs:
             graph.nodes = [n for n in graph.nodes if n.graph is graph]
             self._dirty_graphs.discard(id(graph))
+
+    def release_removed(self) -> None:
+        """Unlink the removed nodes from their outputs (node <-> value cycles), so that
+        they are freed as soon as the worklist lets go of them, not by a collector pass."""
+        for node in self._removed:
+            node.inputs = []
+            node.outputs = []
+        self._removed.clear()
 
     def compact(self) -> None:
         """Drop removed nodes from every node list, and unused initializers."""
