@@ -163,14 +163,16 @@ class _Simplifier:
         """Replace a computation whose result is known as input dims by a SymbolicTensor."""
         if len(node.outputs) != 1 or node.outputs[0].shape_contents is None:
             return False  # most nodes: nothing known of their contents
+        out = node.outputs[0]
+        if Expr not in map(type, out.shape_contents):
+            return False  # all known: folding's job (Expr has no subclasses)
         if (node.domain, node.op_type) == (SYMBOLIC_DOMAIN, SYMBOLIC_OP) or node.has_subgraphs():
             return False
-        out = node.outputs[0]
+        # Asked before building the parameter: in a Shape chain nearly every node is
+        # taken downstream, and each is asked again whenever it gains a reader.
+        if not self._has_param(out) or self._taken_downstream(out):
+            return False
         param = self._param_of(out)
-        if param is None or not any(isinstance(d, Expr) for d in param.dims):
-            return False
-        if self._taken_downstream(out):
-            return False
         graph = node.graph
         replacement = self.rw.add_node(graph, SYMBOLIC_OP, [None], before=node, name=out.name, at_start=True)
         replacement.domain = SYMBOLIC_DOMAIN
