@@ -260,8 +260,10 @@ class _Simplifier:
                 array = np.array(param.dims, dtype=to_numpy_dtype(param.dtype)).reshape(param.shape)
                 self.rw.set_input(node, index, self.rw.constant(node.graph, array, value.name))
             else:
-                self.rw.set_input(node, index, None)
+                # The type rule reads the same type and dims from the parameter as it did
+                # from the input (and no constant either way): no new inference.
                 node.params[index] = param
+                self.rw.set_input(node, index, None, stale=False)
             self.stats.params_made += 1
             changed = True
         if changed:

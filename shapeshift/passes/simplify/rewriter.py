@@ -154,6 +154,9 @@ class Rewriter:
         """Every reader of ``old`` (graph outputs included) now reads ``new``."""
         if old is new:
             return
+        # A reader sees the same type, constant and contents through ``new`` (a merged
+        # duplicate, a SymbolicTensor standing in): it needs a visit, not new types.
+        stale = not (old.type == new.type and old.const is new.const and old.shape_contents == new.shape_contents)
         users = [user for user, _ in old.users]
         for user, index in list(old.users):
             user.set_input(index, new)
@@ -164,15 +167,17 @@ class Rewriter:
             for graph in _graphs(self.root):
                 graph.outputs = [new if v is old else v for v in graph.outputs]
         for user in users:
-            self.enqueue(user)
-            self.enqueue(_owner_in(user, new.graph))
+            self.enqueue(user, stale)
+            self.enqueue(_owner_in(user, new.graph), stale)
         self.enqueue(new.producer, stale=False)  # it has one more reader, may be live again
         self.changes += 1
 
-    def set_input(self, node: Node, index: int, value: Optional[Value]) -> None:
+    def set_input(self, node: Node, index: int, value: Optional[Value], stale: bool = True) -> None:
+        """Make ``node`` read ``value`` at ``index``; ``stale=False`` when what its type
+        rule sees there is unchanged (the input became a parameter of the same contents)."""
         old = node.inputs[index]
         node.set_input(index, value)
-        self.enqueue(node)
+        self.enqueue(node, stale)
         if old is not None:
             self.enqueue_for_liveness(old.producer)
         self.changes += 1
