@@ -164,6 +164,29 @@ def test_unknown_ops_are_all_named_in_one_error():
     assert "FrobnicateA" in message and "FrobnicateB" in message and "com.example::Custom" in message
 
 
+def test_unsupported_ops_are_counted_inside_bodies_and_in_unimported_domains():
+    """Import notes each op as it reads it: a body's ops count, repeats are counted
+    (also for a domain the model does not import), and the error still comes first
+    when a later node cannot be read at all."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    branch_out = helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])
+    then_branch = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["t"])], "then", [], [branch_out])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "else", [], [branch_out])
+    nodes = [helper.make_node("Frobnicate", ["x"], ["a"]),
+             helper.make_node("Odd", ["a"], ["b"], domain="org.absent"),
+             helper.make_node("Odd", ["b"], ["d"], domain="org.absent"),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    with pytest.raises(errors.UnsupportedModelError) as info:
+        shapeshift.load(_model(nodes, [x, cond], [y]))
+    assert "Frobnicate x2" in str(info.value)
+    assert "org.absent::Odd (domain 'org.absent' not imported) x2" in str(info.value)
+    unreadable = nodes[:1] + [helper.make_node("Add", ["a", "ghost"], ["y"])]
+    with pytest.raises(errors.UnsupportedModelError, match="Frobnicate x1"):
+        shapeshift.load(_model(unreadable, [x], [y]))
+
+
 def test_opset_99_is_refused():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     with pytest.raises(errors.UnsupportedModelError, match="opset 99"):

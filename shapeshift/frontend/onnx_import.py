@@ -87,52 +87,68 @@ def check_opset(model: onnx.ModelProto, source_label: str = "model") -> None:
 
 def check_supported(model: onnx.ModelProto, source_label: str = "model") -> None:
     """Raise one UnsupportedModelError listing every unsupported op or domain."""
-    missing = unsupported_ops(model)
-    if missing:
-        listed = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
-        raise UnsupportedModelError(f"{source_label}: unsupported ops: {listed}")
+    support = _SupportCheck(_default_opset(model))
+    support.walk(model.graph)
+    support.raise_if_missing(source_label)
 
 
 def unsupported_ops(model: onnx.ModelProto) -> dict[str, int]:
     """Every op (with its count) that neither our tables nor onnx.reference can run."""
-    opsets = _default_opset(model)
-    missing: dict[str, int] = {}
-    # A model repeats a few dozen op kinds: each is looked up once, and only a
-    # missing one gets a label.
-    known: dict[tuple[str, str], bool] = {}
+    support = _SupportCheck(_default_opset(model))
+    support.walk(model.graph)
+    return support.missing
 
-    def visit(graph: onnx.GraphProto) -> None:
+
+class _SupportCheck:
+    """Counts the ops of one model that neither our tables nor onnx.reference can run.
+
+    Import notes each node as it reads it (a walk of its own would read every
+    node's fields again); ``walk`` serves those who only ask.  A model repeats a
+    few dozen op kinds: each is looked up once, and only a missing one gets a label.
+    """
+
+    def __init__(self, opsets: dict[str, int]):
+        self.opsets = opsets
+        self.missing: dict[str, int] = {}
+        self._known: dict[tuple[str, str], bool] = {}
+
+    def note(self, raw_domain: str, op_type: str) -> None:
+        supported = self._known.get((raw_domain, op_type))
+        if supported is None:
+            domain = "" if raw_domain == "ai.onnx" else raw_domain
+            version = self.opsets.get(domain)
+            supported = self._known[(raw_domain, op_type)] = (
+                version is not None and lookup(domain, op_type, version) is not None)
+        if not supported:
+            domain = "" if raw_domain == "ai.onnx" else raw_domain
+            label = f"{domain}::{op_type}" if domain else op_type
+            if domain not in self.opsets:
+                label = f"{label} (domain {domain!r} not imported)"
+            self.missing[label] = self.missing.get(label, 0) + 1
+
+    def walk(self, graph: onnx.GraphProto) -> None:
         for node in graph.node:
-            raw_domain, op_type = node.domain, node.op_type
-            supported = known.get((raw_domain, op_type))
-            if supported is None:
-                domain = "" if raw_domain == "ai.onnx" else raw_domain
-                version = opsets.get(domain)
-                supported = known[(raw_domain, op_type)] = (
-                    version is not None and lookup(domain, op_type, version) is not None)
-            if not supported:
-                domain = "" if raw_domain == "ai.onnx" else raw_domain
-                label = f"{domain}::{op_type}" if domain else op_type
-                if domain not in opsets:
-                    missing[f"{label} (domain {domain!r} not imported)"] = missing.get(label, 0) + 1
-                else:
-                    missing[label] = missing.get(label, 0) + 1
+            self.note(node.domain, node.op_type)
             if len(node.attribute):  # most nodes have none: skip making the iterator
                 for attr in node.attribute:
                     kind = attr.type
                     if kind == onnx.AttributeProto.GRAPH:
-                        visit(attr.g)
+                        self.walk(attr.g)
                     elif kind in _MAY_HOLD_GRAPHS:
                         for sub in attr.graphs:
-                            visit(sub)
+                            self.walk(sub)
 
-    visit(model.graph)
-    return missing
+    def raise_if_missing(self, source_label: str) -> None:
+        if self.missing:
+            listed = ", ".join(f"{op} x{count}" for op, count in sorted(self.missing.items()))
+            raise UnsupportedModelError(f"{source_label}: unsupported ops: {listed}")
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, symbols: SymbolTable, keep_tensors: bool = False):
+    def __init__(self, model: onnx.ModelProto, symbols: SymbolTable, keep_tensors: bool = False,
+                 support: Optional[_SupportCheck] = None):
         self.model = model
+        self.support = support
         self.symbols = symbols
         self.keep_tensors = keep_tensors
         self.opsets = _default_opset(model)
@@ -230,6 +246,9 @@ class _Importer:
         # Each read of a proto field builds new Python objects: read each field
         # once, repeated ones by slicing (one call, where iterating makes one per item).
         op_type, name, output_names = proto.op_type, proto.name, proto.output[:]
+        domain = proto.domain
+        if self.support is not None:
+            self.support.note(domain, op_type)
         input_names = proto.input[:]
         inputs = [scope.get(n) if n else None for n in input_names]
         if None in inputs:  # an omitted optional input, or a name not defined before
@@ -239,7 +258,7 @@ class _Importer:
                                          f"which is not defined before it")
         names = output_names if all(output_names) else [
             n if n else graph.fresh_name(f"{name or op_type}_unused") for n in output_names]
-        node = graph.add_node(op_type, inputs, len(output_names), domain=proto.domain, name=name, output_names=names)
+        node = graph.add_node(op_type, inputs, len(output_names), domain=domain, name=name, output_names=names)
         named = [(n, value) for n, value in zip(output_names, node.outputs) if n]
         for out_name, value in named:
             _expect_name(value, out_name)
@@ -298,14 +317,21 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"{label}: cannot inline model-local functions ({exc})") from None
     check_opset(model, label)
-    if check:
-        check_supported(model, label)
     symbols = SymbolTable({k: (int(lo), int(hi)) for k, (lo, hi) in (dynamic or {}).items()})
-    importer = _Importer(model, symbols, keep_tensors)
+    support = _SupportCheck(_default_opset(model)) if check else None
+    importer = _Importer(model, symbols, keep_tensors, support)
     try:
         graph = importer.graph(model.graph, None, {})
     except RecursionError:
         raise ModelLoadError(f"{label}: graph nesting too deep") from None
+    except ModelLoadError:
+        # A node reading a name nothing defines may be the output of an op we could
+        # not have read anyway: name every unsupported op first, as a walk would have.
+        if support is not None:
+            check_supported(model, label)
+        raise
+    if support is not None:
+        support.raise_if_missing(label)
     graph.metadata.update(
         ir_version=model.ir_version,
         producer_name=model.producer_name,
