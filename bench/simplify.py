@@ -275,19 +275,35 @@ def runs_for(case: Case, tool: str, runs: int) -> int:
     return 1 if (tool, case.name) in SINGLE_RUN else runs
 
 
-def measure(case: Case, tool: str, runs: int, timeout: float) -> Measurement:
-    m = Measurement(case, tool)
-    for index in range(runs_for(case, tool, runs)):
-        result = run_once(tool, case.path, want_stats=index == 0, timeout=timeout)
-        if "error" in result:
-            m.error = result["error"]
-            return m
-        m.seconds.append(result["seconds"])
-        m.rss_kb.append(result["rss_kb"])
-        m.after = result.get("stats", m.after)
-        if result["seconds"] > LONG_RUN_S:
-            break
-    return m
+def _rotated(items: list, by: int) -> list:
+    by %= max(1, len(items))
+    return items[by:] + items[:by]
+
+
+def measure_case(case: Case, tools: list[str], runs: int, timeout: float,
+                 run=run_once) -> list[Measurement]:
+    """Every tool's runs on ``case``, interleaved: round r runs each tool once, starting
+    with a different one each round.  The machine's speed drifts by tens of percent
+    within minutes, so a ratio between tools (per-op / incremental) must come from runs
+    made side by side, not from one tool's runs and then the other's."""
+    measurements = {tool: Measurement(case, tool) for tool in tools}
+    done: set[str] = set()
+    for index in range(max(runs_for(case, tool, runs) for tool in tools)):
+        for tool in _rotated(tools, index):
+            m = measurements[tool]
+            if tool in done or index >= runs_for(case, tool, runs):
+                continue
+            result = run(tool, case.path, want_stats=index == 0, timeout=timeout)
+            if "error" in result:
+                m.error = result["error"]
+                done.add(tool)
+                continue
+            m.seconds.append(result["seconds"])
+            m.rss_kb.append(result["rss_kb"])
+            m.after = result.get("stats", m.after)
+            if result["seconds"] > LONG_RUN_S:
+                done.add(tool)
+    return [measurements[tool] for tool in tools]
 
 
 def _case(name: str, path: Path, group: str) -> Case:
@@ -403,7 +419,9 @@ def report(measurements: list[Measurement], cases: list[Case], tools: list[str],
     shared = [m for m in measurements if m.case.group == "shared"]
     encoders = [m for m in measurements if m.case.group == "encoder"]
     lines = ["# Simplify benchmark", "", f"{_versions()}. Median of {runs} runs, each in a fresh process "
-             f"(per-op on encoder-48 and any run over {LONG_RUN_S:g} s: 1 run).", "", METHOD, ""]
+             f"(per-op on encoder-48 and any run over {LONG_RUN_S:g} s: 1 run); on each model the tools' runs "
+             "alternate (round r starts with the r-th tool), so a drift of the machine's speed falls on all "
+             "of them alike.", "", METHOD, ""]
     lines += [f"- {n}" for n in notes] + ([""] if notes else [])
     if shared:
         lines += ["## Models in ../shared/models", ""] + results_table(shared) + [""]
@@ -432,12 +450,11 @@ def parse_args() -> argparse.Namespace:
 
 def run_all(cases: list[Case], tools: list[str], runs: int, timeout: float, available: bool) -> list[Measurement]:
     measurements = []
+    runnable = [tool for tool in tools if available or tool not in STRATEGIES]
     for case in cases:
+        measured = {m.tool: m for m in measure_case(case, runnable, runs, timeout)} if runnable else {}
         for tool in tools:
-            if tool in STRATEGIES and not available:
-                m = Measurement(case, tool)
-            else:
-                m = measure(case, tool, runs, timeout)
+            m = measured.get(tool) or Measurement(case, tool)
             status = m.error or (f"{_fmt_time(m.time)} s" if m.seconds else "not available")
             print(f"{case.name:40s} {tool:12s} {status}", file=sys.stderr, flush=True)
             measurements.append(m)
