@@ -78,13 +78,14 @@ class _Simplifier:
         self.graph = graph
         self.options = options
         self.stats = SimplifyStats()
-        self.rw = Rewriter(graph)
+        self.nodes = list(graph.walk_nodes())  # the walk the rewriter, owners and worklist start from
+        self.rw = Rewriter(graph, self.nodes)
         self.input_symbols = _input_symbols(graph)
         # Expr -> whether all its symbols are input symbols (Exprs are interned, so
         # identity is equality); asked of every dim of every candidate parameter.
         self._bindable: dict[Expr, bool] = {}
         self.cse: dict[tuple, Node] = {}
-        self.owners: dict[int, Node] = _subgraph_owners(graph)
+        self.owners: dict[int, Node] = _subgraph_owners(self.nodes)
 
     # -- the per-node steps ------------------------------------------------------------
     def visit(self, node: Node, rules: bool = True) -> None:
@@ -325,7 +326,7 @@ class _Simplifier:
     # -- strategies ----------------------------------------------------------------------
     def run_incremental(self) -> None:
         # Import typed every node with the same rules: first visits need not re-infer.
-        nodes = list(self.graph.walk_nodes())
+        nodes = self.nodes
         self.rw.enqueue_all(nodes, stale=False)
         budget = self.options.max_visits_per_node * max(1, len(nodes))
         while self.rw:
@@ -400,9 +401,9 @@ def _input_symbols(graph: Graph) -> set[str]:
     return names
 
 
-def _subgraph_owners(graph: Graph) -> dict[int, Node]:
+def _subgraph_owners(nodes: list[Node]) -> dict[int, Node]:
     owners: dict[int, Node] = {}
-    for node in graph.walk_nodes():
+    for node in nodes:
         if not node.has_subgraphs():
             continue  # most nodes: skip starting the generator
         for sub in node.subgraphs():

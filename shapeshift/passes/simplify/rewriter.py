@@ -33,9 +33,15 @@ from ...ir.graph import Graph, Node, Value
 
 
 class Rewriter:
-    def __init__(self, root: Graph):
+    def __init__(self, root: Graph, nodes: Optional[list[Node]] = None):
+        """``nodes``: every node of the tree in ``walk_nodes`` order, if the caller has
+        them already (saves a walk)."""
         self.root = root
         self._heap: list[tuple[float, int, Node]] = []
+        # Nodes queued all at once at the start, in graph order: visited straight from
+        # this list (merged with the heap by position) rather than pushed and popped.
+        self._pending: list[tuple[float, Node]] = []
+        self._next_pending = 0
         self._queued: set[int] = set()
         self._stale: set[int] = set()
         # Queued nodes that need every step of a visit, not just the dead check.
@@ -46,13 +52,18 @@ class Rewriter:
         self._removed: list[Node] = []
         self.changes = 0
         # Values some graph of the tree returns: a use that no ``users`` list records.
-        self._returned: set[int] = {id(v) for g in _graphs(root) for v in g.outputs}
-        self.renumber()
+        if nodes is None:
+            nodes = list(root.walk_nodes())
+        graphs = [root] + [sub for node in nodes if node.has_subgraphs() for sub in node.subgraphs()]
+        self._returned: set[int] = {id(v) for g in graphs for v in g.outputs}
+        self.renumber(nodes)
 
     # -- ordering and the worklist -----------------------------------------------
-    def renumber(self) -> None:
-        """Give every node a position: its index in a pre-order walk of the tree."""
-        self._order = {id(node): float(position) for position, node in enumerate(self.root.walk_nodes())}
+    def renumber(self, nodes: Optional[list[Node]] = None) -> None:
+        """Give every node a position: its index in a pre-order walk of the tree
+        (``nodes``: that walk, if the caller has it)."""
+        walk = self.root.walk_nodes() if nodes is None else nodes
+        self._order = {id(node): float(position) for position, node in enumerate(walk)}
 
     def order(self, node: Node) -> float:
         return self._order.get(id(node), 0.0)
@@ -79,15 +90,16 @@ class Rewriter:
 
     def enqueue_all(self, nodes: Iterable[Node], stale: bool = True) -> None:
         """enqueue() for each node.  Into an empty worklist (the whole graph, at the
-        start) they go with one heapify rather than a push each; the keys are
-        unique, so the visits come in the same order either way."""
-        if self._heap:
+        start) they go into a list sorted by position, which ``pop`` merges with the
+        heap: the visits come in the same order as if each had been pushed."""
+        if self._heap or self._next_pending < len(self._pending):
             for node in nodes:
                 self.enqueue(node, stale)
             return
         order = self._order
-        self._heap.extend((order.get(id(n), 0.0), next(self._tiebreak), n) for n in nodes if self._admit(n, stale))
-        heapq.heapify(self._heap)
+        self._pending = sorted(((order.get(id(n), 0.0), n) for n in nodes if self._admit(n, stale)),
+                               key=lambda entry: entry[0])
+        self._next_pending = 0
 
     def enqueue_for_liveness(self, node: Optional[Node]) -> None:
         """Queue ``node`` to check whether it is dead: one of its readers went away."""
@@ -115,15 +127,22 @@ class Rewriter:
             self.enqueue(_owner_in(user, value.graph), stale)
 
     def pop(self) -> Optional[Node]:
-        while self._heap:
-            _, _, node = heapq.heappop(self._heap)
+        """The queued node first in graph order (None when none is left)."""
+        heap, pending = self._heap, self._pending
+        while True:
+            if self._next_pending < len(pending) and (not heap or pending[self._next_pending][0] <= heap[0][0]):
+                node = pending[self._next_pending][1]
+                self._next_pending += 1
+            elif heap:
+                node = heapq.heappop(heap)[2]
+            else:
+                return None
             self._queued.discard(id(node))
             if node.graph is not None:
                 return node
-        return None
 
     def __bool__(self) -> bool:
-        return bool(self._heap)
+        return bool(self._heap) or self._next_pending < len(self._pending)
 
     def is_returned(self, value: Value) -> bool:
         """True when a graph of the tree (the root or a body) returns ``value``."""
