@@ -223,10 +223,32 @@ def test_export_writes_an_unchanged_weight_back_as_it_was_read():
     plain = onnx.numpy_helper.from_array(np.arange(4, dtype=np.float32).reshape(2, 2), "w")
     reencoded = import_model(_weights_model(plain))
     kept = import_model(_weights_model(plain), keep_tensors=True)
+    read = import_model(_weights_model(plain), keep_tensors=True)
     assert reencoded.initializers["w"].const_source is None
-    assert kept.initializers["w"].const_source[0] is kept.initializers["w"].const
-    for graph in (reencoded, kept):
+    assert read.initializers["w"].const.tolist() == [[0, 1], [2, 3]]
+    assert read.initializers["w"].const_source[0] is read.initializers["w"].const
+    for graph in (reencoded, kept, read):
         assert export_model(graph).graph.initializer[0].SerializeToString() == plain.SerializeToString()
+    # Kept, never read: written back without its array ever being made (LazyConstant).
+    assert kept.initializers["w"].const_source[0] is None and kept.initializers["w"].is_initializer
+
+
+def test_simplify_makes_no_array_of_a_weight_it_does_not_read():
+    """The weights of an encoder's MatMuls are never read: their arrays are never made,
+    and one whose data does not even fit its shape goes through as it came; import
+    for a session (which reads everything) names it."""
+    from shapeshift.examples.encoder import build_encoder
+    from shapeshift.passes.simplify import simplify_model
+
+    model = build_encoder(layers=1, hidden=16, heads=2, vocab=50, max_positions=64)
+    weight = next(t for t in model.graph.initializer if t.name.startswith("ffn_in_w"))
+    weight.raw_data = weight.raw_data[:-4]
+    simplified, graph, _ = simplify_model(model)
+    assert graph.initializers[weight.name].const_source[0] is None
+    written = next(t for t in simplified.graph.initializer if t.name == weight.name)
+    assert written.SerializeToString() == weight.SerializeToString()
+    with pytest.raises(errors.ModelLoadError, match=f"initializer '{weight.name}' \\(16x64\\)"):
+        shapeshift.load(model)
 
 
 def test_export_reencodes_a_weight_whose_contents_or_encoding_differ():

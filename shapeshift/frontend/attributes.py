@@ -23,15 +23,29 @@ A = AttributeProto
 _RAW_DTYPES = {t: to_numpy_dtype(t) for t in PLAIN_TYPES - {STRING}}
 
 
-def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
-    """numpy_helper.to_array, with a short path for the common case (raw data of a
-    native NumPy type held in the proto itself), which most tensors take."""
+def raw_dtype(tensor: onnx.TensorProto) -> Optional[np.dtype]:
+    """The NumPy dtype whose bytes ``tensor``'s raw data holds exactly, when it holds its
+    contents that way (raw data of a native NumPy type, in the proto itself): the
+    common case, which ``raw_array`` reads without numpy_helper's generic checks."""
     dtype = _RAW_DTYPES.get(tensor.data_type)
     if (dtype is None or sys.byteorder != "little" or not tensor.HasField("raw_data")
             or tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.HasField("segment")):
-        return numpy_helper.to_array(tensor)
+        return None
+    return dtype
+
+
+def raw_array(tensor: onnx.TensorProto, dtype: np.dtype) -> np.ndarray:
+    """The array of a tensor ``raw_dtype`` accepted (read-only, over a copy of its bytes)."""
     # dims[:] is a list: NumPy reads it several times faster than the proto's container.
     return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims[:])
+
+
+def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """numpy_helper.to_array, with a short path for the common case (see raw_dtype)."""
+    dtype = raw_dtype(tensor)
+    if dtype is None:
+        return numpy_helper.to_array(tensor)
+    return raw_array(tensor, dtype)
 
 
 def _decode(raw: bytes) -> str:

@@ -66,10 +66,9 @@ def _is_plain(tensor: onnx.TensorProto) -> bool:
 
 def _unchanged_source(value: Value) -> Optional[onnx.TensorProto]:
     """The TensorProto ``value`` was imported from, if its contents and name are unchanged."""
-    source = value.const_source
-    if source is None or source[0] is not value.const:
+    if not value.const_is_source():  # asked without making a lazy constant's array
         return None
-    tensor = source[1]
+    tensor = value.const_source[1]
     return tensor if tensor.name == value.name and _is_plain(tensor) else None
 
 

@@ -21,10 +21,11 @@ from onnx import numpy_helper
 
 from ..errors import ExpressionError, ModelLoadError, UnsupportedModelError
 from ..ir.graph import Graph, SymbolTable, Value
+from ..ir.types import TensorType
 from ..ops import lookup
 from ..passes.infer_types import infer_types
 from ..symbolic import Dim, free_symbols, parse_dim, substitute
-from .attributes import attribute_value, tensor_array
+from .attributes import attribute_value, raw_array, raw_dtype, tensor_array
 from .type_protos import type_from_proto
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
@@ -205,11 +206,19 @@ class _Importer:
         initializer_names = {t.name for t in proto.initializer} | {t.values.name for t in proto.sparse_initializer}
         for tensor in proto.initializer:
             tensor_name = tensor.name
-            array = tensor_array(tensor)
-            value = graph.add_initializer(tensor_name, array)
+            dtype = raw_dtype(tensor) if self.keep_tensors else None
+            if dtype is not None:
+                # Export writes the tensor back unless something changed it: its array is
+                # made only if something reads it (most weights: never).
+                value = graph.add_lazy_initializer(
+                    tensor_name, TensorType(tensor.data_type, tuple(tensor.dims)), tensor,
+                    functools.partial(_initializer_array, tensor, dtype))
+            else:
+                array = _initializer_array(tensor)
+                value = graph.add_initializer(tensor_name, array)
+                if self.keep_tensors:
+                    value.const_source = (array, tensor)
             _expect_name(value, tensor_name)
-            if self.keep_tensors:
-                value.const_source = (array, tensor)
             scope[tensor_name] = value
         for sparse in proto.sparse_initializer:
             dense = numpy_helper.to_array(onnx.helper.make_tensor(
@@ -268,6 +277,17 @@ class _Importer:
                 node.attrs[attr.name] = attribute_value(attr, lambda g: self.graph(g, graph, scope))
                 node.attr_types[attr.name] = attr.type
         return named
+
+
+def _initializer_array(tensor: onnx.TensorProto, dtype=None):
+    """The array of an initializer (``dtype``: its raw_dtype, if known); a ModelLoadError
+    naming it when its data does not make a tensor of its type and shape."""
+    try:
+        return tensor_array(tensor) if dtype is None else raw_array(tensor, dtype)
+    except (ValueError, TypeError) as exc:
+        shape = "x".join(map(str, tensor.dims)) or "scalar"
+        raise ModelLoadError(f"initializer {tensor.name!r} ({shape}): its data does not make a tensor of "
+                             f"its type and shape ({exc})") from None
 
 
 def _densify(sparse: onnx.SparseTensorProto):

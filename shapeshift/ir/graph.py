@@ -57,8 +57,52 @@ class Value:
     def is_initializer(self) -> bool:
         return self.producer is None and self.const is not None
 
+    def const_is_source(self) -> bool:
+        """Whether ``const`` is still the array read from ``const_source`` (unchanged)."""
+        return self.const_source is not None and self.const_source[0] is self.const
+
     def __repr__(self) -> str:
         return f"%{self.name}: {self.type}"
+
+
+class LazyConstant(Value):
+    """An initializer whose array is made from its TensorProto when ``const`` is first read.
+
+    Simplification reads the few small constants that feed shape computations;
+    export writes every weight it left alone back from its TensorProto.  Made
+    eagerly, the arrays of a BERT-base copied 340 MB out of the model for nothing:
+    most of the time of its import and a third of the peak memory.  ``const_source``
+    is (None, tensor) until the array is made, then (array, tensor).
+    """
+
+    __slots__ = ("_array", "_make")
+
+    def __init__(self, name: str, type: Optional[ValueType], graph: "Graph", tensor: Any,
+                 make: Callable[[], np.ndarray]):
+        super().__init__(name, type, graph)
+        self.const_source = (None, tensor)
+        self._make: Optional[Callable[[], np.ndarray]] = make
+
+    @property
+    def const(self) -> Optional[np.ndarray]:
+        make = self._make
+        if make is not None:
+            self._make = None
+            self._array = make()
+            self.const_source = (self._array, self.const_source[1])
+        return self._array
+
+    @const.setter
+    def const(self, array: Optional[np.ndarray]) -> None:
+        self._make = None
+        self._array = array
+
+    @property
+    def is_initializer(self) -> bool:
+        return self.producer is None and (self._make is not None or self._array is not None)
+
+    def const_is_source(self) -> bool:
+        return self._make is not None or super().const_is_source()
 
 
 @dataclass(frozen=True)
@@ -231,6 +275,18 @@ class Graph:
     def add_initializer(self, name: str, array: np.ndarray) -> Value:
         value = self.new_value(name, tensor_type_of(array))
         value.const = array
+        self.initializers[value.name] = value
+        return value
+
+    def add_lazy_initializer(self, name: str, type: ValueType, tensor: Any,
+                             make: Callable[[], np.ndarray]) -> LazyConstant:
+        """An initializer of type ``type`` read from ``tensor``, its array made by ``make``
+        when first asked for (see LazyConstant)."""
+        names = self._names
+        if name in names:
+            name = self.fresh_name(name)
+        names.add(name)
+        value = LazyConstant(name, type, self, tensor, make)
         self.initializers[value.name] = value
         return value
 
