@@ -23,6 +23,7 @@ re-folds the whole graph before each dynamic op (TVM after it).
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ class _Simplifier:
         # identity is equality); asked of every dim of every candidate parameter.
         self._bindable: dict[Expr, bool] = {}
         self.cse: dict[tuple, Node] = {}
-        self.owners: dict[int, Node] = _subgraph_owners(self.nodes)
+        self.owners: dict[int, Node] = self.rw.owners  # id(body) -> its node, shared with the rewriter
 
     # -- the per-node steps ------------------------------------------------------------
     def visit(self, node: Node, rules: bool = True) -> None:
@@ -225,7 +226,7 @@ class _Simplifier:
             return None
         for out in node.outputs:
             if isinstance(out.type, TensorType) and out.type.is_static:
-                if int(np.prod(out.type.shape, dtype=np.int64)) > self.options.fold_limit:
+                if math.prod(out.type.shape) > self.options.fold_limit:  # ints: no NumPy call
                     return None
         opset = node.graph.opset.get(node.domain or "", 1)
         rule = lookup(node.domain, node.op_type, opset)
@@ -399,16 +400,6 @@ def _input_symbols(graph: Graph) -> set[str]:
             for d in value.type.shape:
                 names |= free_symbols(d)
     return names
-
-
-def _subgraph_owners(nodes: list[Node]) -> dict[int, Node]:
-    owners: dict[int, Node] = {}
-    for node in nodes:
-        if not node.has_subgraphs():
-            continue  # most nodes: skip starting the generator
-        for sub in node.subgraphs():
-            owners[id(sub)] = node
-    return owners
 
 
 def _freeze(value):

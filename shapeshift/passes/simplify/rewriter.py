@@ -54,7 +54,14 @@ class Rewriter:
         # Values some graph of the tree returns: a use that no ``users`` list records.
         if nodes is None:
             nodes = list(root.walk_nodes())
-        graphs = [root] + [sub for node in nodes if node.has_subgraphs() for sub in node.subgraphs()]
+        # id(body) -> the node that owns it; the engine records the owners of bodies it moves.
+        self.owners: dict[int, Node] = {}
+        graphs = [root]
+        for node in nodes:
+            if node.has_subgraphs():
+                for sub in node.subgraphs():
+                    self.owners[id(sub)] = node
+                    graphs.append(sub)
         self._returned: set[int] = {id(v) for g in graphs for v in g.outputs}
         self.renumber(nodes)
 
@@ -124,7 +131,7 @@ class Rewriter:
         for user, _ in value.users:
             self.enqueue(user, stale)
             # A user inside a subgraph also affects the node that owns the subgraph.
-            self.enqueue(_owner_in(user, value.graph), stale)
+            self.enqueue(self._owner_in(user, value.graph), stale)
 
     def pop(self) -> Optional[Node]:
         """The queued node first in graph order (None when none is left)."""
@@ -187,7 +194,7 @@ class Rewriter:
                 graph.outputs = [new if v is old else v for v in graph.outputs]
         for user in users:
             self.enqueue(user, stale)
-            self.enqueue(_owner_in(user, new.graph), stale)
+            self.enqueue(self._owner_in(user, new.graph), stale)
         self.enqueue(new.producer, stale=False)  # it has one more reader, may be live again
         self.changes += 1
 
@@ -255,6 +262,25 @@ class Rewriter:
         self.changes += 1
         return graph.add_initializer(graph.fresh_name(hint), np.asarray(array))
 
+    def _owner_in(self, node: Node, graph: Optional[Graph]) -> Optional[Node]:
+        """The node of ``graph`` whose subgraph contains ``node`` (None if node is in graph)."""
+        if graph is None or node.graph is None or node.graph is graph:
+            return None
+        inner = node.graph
+        while inner is not None and inner.parent is not None and inner.parent is not graph:
+            inner = inner.parent
+        if inner is None or inner.parent is not graph:
+            return None
+        owner = self.owners.get(id(inner))
+        if owner is not None and owner.graph is graph:
+            return owner
+        # A body the map does not know (its node made by a rule): find its owner.
+        for candidate in graph.nodes:
+            if candidate.graph is graph and any(s is inner for s in candidate.subgraphs()):
+                self.owners[id(inner)] = candidate
+                return candidate
+        return None
+
     # -- sweeping ------------------------------------------------------------------
     def compact_graph(self, graph: Graph) -> None:
         if id(graph) in self._dirty_graphs:
@@ -302,18 +328,3 @@ def _is_outside(value: Value, sub: Graph) -> bool:
             return False
         graph = graph.parent
     return True
-
-
-def _owner_in(node: Node, graph: Optional[Graph]) -> Optional[Node]:
-    """The node of ``graph`` whose subgraph contains ``node`` (None if node is in graph)."""
-    if graph is None or node.graph is None or node.graph is graph:
-        return None
-    inner = node.graph
-    while inner is not None and inner.parent is not None and inner.parent is not graph:
-        inner = inner.parent
-    if inner is None or inner.parent is not graph:
-        return None
-    for candidate in graph.nodes:
-        if candidate.graph is graph and any(s is inner for s in candidate.subgraphs()):
-            return candidate
-    return None
