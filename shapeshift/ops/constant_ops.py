@@ -56,7 +56,7 @@ def constant_value(ctx) -> np.ndarray:
 
 def _record_int_contents(ctx: InferContext, array: np.ndarray) -> None:
     if array.dtype.kind in "iu" and array.ndim <= 1 and array.size <= MAX_CONTENTS:
-        ctx.set_contents(0, tuple(int(v) for v in array.reshape(-1)))
+        ctx.set_contents(0, tuple(array.reshape(-1).tolist()))  # Python ints, in one call
 
 
 def _constant_type(ctx: InferContext) -> list:
