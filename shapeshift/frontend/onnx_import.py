@@ -111,21 +111,24 @@ class _SupportCheck:
     def __init__(self, opsets: dict[str, int]):
         self.opsets = opsets
         self.missing: dict[str, int] = {}
-        self._known: dict[tuple[str, str], bool] = {}
+        # (domain as written, op) -> None if supported, else the op's label in the error.
+        self._known: dict[tuple[str, str], Optional[str]] = {}
 
     def note(self, raw_domain: str, op_type: str) -> None:
-        supported = self._known.get((raw_domain, op_type))
-        if supported is None:
-            domain = "" if raw_domain == "ai.onnx" else raw_domain
-            version = self.opsets.get(domain)
-            supported = self._known[(raw_domain, op_type)] = (
-                version is not None and lookup(domain, op_type, version) is not None)
-        if not supported:
-            domain = "" if raw_domain == "ai.onnx" else raw_domain
-            label = f"{domain}::{op_type}" if domain else op_type
-            if domain not in self.opsets:
-                label = f"{label} (domain {domain!r} not imported)"
+        key = (raw_domain, op_type)
+        if key not in self._known:
+            self._known[key] = self._label_if_missing(raw_domain, op_type)
+        label = self._known[key]
+        if label is not None:
             self.missing[label] = self.missing.get(label, 0) + 1
+
+    def _label_if_missing(self, raw_domain: str, op_type: str) -> Optional[str]:
+        domain = "" if raw_domain == "ai.onnx" else raw_domain
+        version = self.opsets.get(domain)
+        if version is not None and lookup(domain, op_type, version) is not None:
+            return None
+        label = f"{domain}::{op_type}" if domain else op_type
+        return label if domain in self.opsets else f"{label} (domain {domain!r} not imported)"
 
     def walk(self, graph: onnx.GraphProto) -> None:
         for node in graph.node:

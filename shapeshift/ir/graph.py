@@ -282,11 +282,7 @@ class Graph:
                              make: Callable[[], np.ndarray]) -> LazyConstant:
         """An initializer of type ``type`` read from ``tensor``, its array made by ``make``
         when first asked for (see LazyConstant)."""
-        names = self._names
-        if name in names:
-            name = self.fresh_name(name)
-        names.add(name)
-        value = LazyConstant(name, type, self, tensor, make)
+        value = LazyConstant(self._claim(name), type, self, tensor, make)
         self.initializers[value.name] = value
         return value
 

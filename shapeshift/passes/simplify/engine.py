@@ -86,7 +86,6 @@ class _Simplifier:
         # identity is equality); asked of every dim of every candidate parameter.
         self._bindable: dict[Expr, bool] = {}
         self.cse: dict[tuple, Node] = {}
-        self.owners: dict[int, Node] = self.rw.owners  # id(body) -> its node, shared with the rewriter
 
     # -- the per-node steps ------------------------------------------------------------
     def visit(self, node: Node, rules: bool = True) -> None:
@@ -121,7 +120,7 @@ class _Simplifier:
     def _enqueue_owner_if_output(self, value: Value) -> None:
         graph = value.graph
         if graph is not None and graph.parent is not None and any(v is value for v in graph.outputs):
-            self.rw.enqueue(self.owners.get(id(graph)))
+            self.rw.enqueue(self.rw.owners.get(id(graph)))
 
     def drop_if_dead(self, node: Node) -> bool:
         for out in node.outputs:
@@ -140,7 +139,7 @@ class _Simplifier:
         moved = inline_if(node, condition, self.rw)
         for inner in moved:
             for sub in inner.subgraphs():
-                self.owners[id(sub)] = inner
+                self.rw.owners[id(sub)] = inner
         self.stats.inlined += 1
         return True
 

@@ -51,7 +51,6 @@ class Rewriter:
         self._dirty_graphs: set[int] = set()
         self._removed: list[Node] = []
         self.changes = 0
-        # Values some graph of the tree returns: a use that no ``users`` list records.
         if nodes is None:
             nodes = list(root.walk_nodes())
         # id(body) -> the node that owns it; the engine records the owners of bodies it moves.
@@ -62,6 +61,7 @@ class Rewriter:
                 for sub in node.subgraphs():
                     self.owners[id(sub)] = node
                     graphs.append(sub)
+        # Values some graph of the tree returns: a use that no ``users`` list records.
         self._returned: set[int] = {id(v) for g in graphs for v in g.outputs}
         self.renumber(nodes)
 
