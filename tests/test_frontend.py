@@ -187,6 +187,17 @@ def test_unsupported_ops_are_counted_inside_bodies_and_in_unimported_domains():
         shapeshift.load(_model(unreadable, [x], [y]))
 
 
+def test_a_constant_whose_tensor_does_not_fit_its_shape_is_named():
+    value = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "v")
+    value.raw_data = value.raw_data[:-4]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Constant", [], ["c"], value=value, name="bad_constant"),
+             helper.make_node("Add", ["x", "c"], ["y"])]
+    with pytest.raises(errors.ModelLoadError, match="node 'bad_constant' \\(Constant\\): attribute 'value'"):
+        shapeshift.load(_model(nodes, [x], [y]))
+
+
 def test_opset_99_is_refused():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     with pytest.raises(errors.UnsupportedModelError, match="opset 99"):

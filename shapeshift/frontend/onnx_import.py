@@ -277,7 +277,11 @@ class _Importer:
         node.doc = proto.doc_string
         if len(proto.attribute):
             for attr in proto.attribute:
-                node.attrs[attr.name] = attribute_value(attr, lambda g: self.graph(g, graph, scope))
+                try:
+                    node.attrs[attr.name] = attribute_value(attr, lambda g: self.graph(g, graph, scope))
+                except (ValueError, TypeError) as exc:  # a tensor whose data does not fit its shape...
+                    raise ModelLoadError(f"node {name or op_type!r} ({op_type}): attribute {attr.name!r} "
+                                         f"cannot be read ({exc})") from None
                 node.attr_types[attr.name] = attr.type
         return named
 
