@@ -288,3 +288,80 @@ def test_unnamed_dims_are_named_after_their_value(name):
 
     expected = "".join(c if c.isalnum() else "_" for c in name).strip("_") or "dim"
     assert _sanitize(name) == expected
+
+
+def _three_weights_model() -> onnx.ModelProto:
+    """y = (x + a) * b + c with three [2] weights."""
+    weights = [onnx.numpy_helper.from_array(np.full(2, k, np.float32), name)
+               for k, name in ((1, "a"), (2, "b"), (3, "c"))]
+    nodes = [helper.make_node("Add", ["x", "a"], ["s"]), helper.make_node("Mul", ["s", "b"], ["p"]),
+             helper.make_node("Add", ["p", "c"], ["y"])]
+    return helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], weights),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_export_into_the_imported_model_keeps_its_weights_in_place():
+    """Given the model it was imported from, export leaves the unchanged weights where they
+    are (the same protos, not copies) and writes the same bytes a fresh export writes."""
+    from shapeshift.frontend.onnx_export import export_model
+    from shapeshift.frontend.onnx_import import import_model
+
+    model = _three_weights_model()
+    expected = export_model(import_model(model, keep_tensors=True)).SerializeToString()
+    originals = list(model.graph.initializer)
+    exported = export_model(import_model(model, keep_tensors=True), reuse=model)
+    assert exported is model
+    assert all(a is b for a, b in zip(exported.graph.initializer, originals))
+    assert exported.SerializeToString() == expected
+
+
+def test_export_into_the_imported_model_copies_what_follows_a_changed_weight():
+    """A changed weight is re-encoded, and so that the order stays that of a fresh
+    export, every weight after it is copied: same bytes as a fresh export."""
+    from shapeshift.frontend.onnx_export import export_model
+    from shapeshift.frontend.onnx_import import import_model
+
+    def changed(model):
+        graph = import_model(model, keep_tensors=True)
+        graph.initializers["b"].const = np.full(2, 7, np.float32)
+        return graph
+
+    model = _three_weights_model()
+    expected = export_model(changed(model)).SerializeToString()
+    first = model.graph.initializer[0]
+    exported = export_model(changed(model), reuse=model)
+    assert exported.graph.initializer[0] is first
+    assert [onnx.numpy_helper.to_array(t)[0] for t in exported.graph.initializer] == [1, 7, 3]
+    assert exported.SerializeToString() == expected
+
+
+def test_export_does_not_reuse_a_model_holding_fields_onnx_does_not_know():
+    """Fields this onnx cannot read would survive in a reused model and not in a fresh
+    one: such a model is left alone and a fresh one written."""
+    from shapeshift.frontend.onnx_export import export_model
+    from shapeshift.frontend.onnx_import import import_model
+
+    # Field 999 as a varint (tag 999 << 3 = 7992 = 0xb8 0x3e): unknown to every onnx.
+    data = _three_weights_model().SerializeToString() + b"\xb8\x3e\x01"
+    model = onnx.ModelProto.FromString(data)
+    expected = export_model(import_model(model, keep_tensors=True)).SerializeToString()
+    exported = export_model(import_model(model, keep_tensors=True), reuse=model)
+    assert exported is not model and model.SerializeToString() == data
+    assert exported.SerializeToString() == expected
+
+
+def test_simplify_reuses_only_a_model_it_read_itself(tmp_path):
+    """simplify(path) and simplify(bytes) own what they read; a ModelProto passed in is
+    the caller's and comes back unmodified.  All three give the same model."""
+    from shapeshift.examples.encoder import build_encoder
+
+    model = build_encoder(layers=2, hidden=16, heads=2, vocab=50, max_positions=64)
+    data = model.SerializeToString()
+    path = tmp_path / "encoder.onnx"
+    path.write_bytes(data)
+    from_proto = shapeshift.simplify(model).SerializeToString()
+    assert model.SerializeToString() == data
+    assert shapeshift.simplify(path).SerializeToString() == from_proto
+    assert shapeshift.simplify(str(path)).SerializeToString() == from_proto
+    assert shapeshift.simplify(data).SerializeToString() == from_proto

@@ -10,16 +10,20 @@ empty name ONNX uses for "not requested".
 Weights dominate the cost: an initializer still holding the array it was
 imported with (``Value.const_source``) is copied from its original TensorProto
 rather than re-encoded, and the ModelProto is filled in place, so each weight
-is copied once.
+is copied once.  A caller that owns the imported ModelProto and has no further
+use for it (``simplify`` of a path) can pass it as ``reuse``: the unchanged
+weights then stay where they are and are not copied at all.
 """
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import Optional
 
 import numpy as np
 import onnx
+from google.protobuf.unknown_fields import UnknownFieldSet
 from onnx import helper, numpy_helper
 
 from ..ir.graph import Graph, Value
@@ -92,16 +96,18 @@ def graph_to_proto(graph: Graph, emitter: Optional[ParamEmitter] = None) -> onnx
     return proto
 
 
-def write_graph(proto: onnx.GraphProto, graph: Graph, emitter: Optional[ParamEmitter] = None) -> None:
-    """Fill the empty ``proto`` (written in place: a weight is copied once, not again
-    into its model); static parameters are written through ``emitter``."""
+def write_graph(proto: onnx.GraphProto, graph: Graph, emitter: Optional[ParamEmitter] = None,
+                kept: int = 0) -> None:
+    """Fill ``proto`` (written in place: a weight is copied once, not again into its
+    model); static parameters are written through ``emitter``.  ``proto`` is empty but
+    for its first ``kept`` initializers, which are those ``graph`` writes first."""
     if emitter is None:
         # The emitted computations go at the top of the graph being written (the
         # root, or a body written on its own, e.g. for onnx.reference); they are
         # known once the nodes are written, so those go to a scratch list first.
         emitter = ParamEmitter(graph.root)
         scratch = onnx.GraphProto()
-        _write_parts(proto, graph, emitter, scratch.node)
+        _write_parts(proto, graph, emitter, scratch.node, kept)
         proto.node.extend(emitter.nodes)
         proto.node.extend(scratch.node)
         proto.initializer.extend(emitter.initializers)
@@ -109,15 +115,16 @@ def write_graph(proto: onnx.GraphProto, graph: Graph, emitter: Optional[ParamEmi
         _write_parts(proto, graph, emitter, proto.node)
 
 
-def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter, nodes) -> None:
+def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter, nodes, kept: int = 0) -> None:
     """Write all of ``graph`` but its nodes into ``proto``, and its nodes into ``nodes``
-    (a repeated NodeProto field: each is built in place, not built and then copied)."""
+    (a repeated NodeProto field: each is built in place, not built and then copied);
+    the first ``kept`` initializers are in ``proto`` already."""
     proto.name = graph.name
     proto.doc_string = graph.doc
     outputs = {id(v) for v in graph.outputs}
     for value in graph.inputs:
         proto.input.append(_value_info(value))
-    for value in graph.initializers.values():
+    for value in itertools.islice(graph.initializers.values(), kept, None):
         proto.initializer.add().CopyFrom(_tensor(value))
     alias = emitter.alias
     opset = graph.opset
@@ -183,14 +190,49 @@ def _list_initializers_as_inputs(graph: onnx.GraphProto) -> None:
             graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
 
 
-def export_model(graph: Graph) -> onnx.ModelProto:
-    """A ModelProto for ``graph`` (a root graph)."""
+def _keep_weights(graph: Graph, model: onnx.ModelProto) -> int:
+    """Empty ``model`` but for the initializers ``graph`` would write unchanged, in the
+    order it writes them, ahead of any it writes otherwise; returns how many stayed.
+    Returns -1, touching nothing, when the model holds what a fresh one would not
+    (fields this version of onnx does not know) or the order does not allow it."""
+    if UnknownFieldSet(model) or UnknownFieldSet(model.graph):
+        return -1
+    originals = model.graph.initializer
+    position = {id(tensor): index for index, tensor in enumerate(originals)}
+    keep: list[int] = []
+    for value in graph.initializers.values():
+        index = position.get(id(_unchanged_source(value)), -1)
+        if index < 0:
+            break
+        if keep and index <= keep[-1]:
+            return -1
+        keep.append(index)
+    wanted = set(keep)
+    for index in reversed(range(len(originals))):
+        if index not in wanted:
+            del originals[index]
+    for field in _MODEL_FIELDS:
+        model.ClearField(field)
+    for field in _GRAPH_FIELDS:
+        model.graph.ClearField(field)
+    return len(keep)
+
+
+_MODEL_FIELDS = tuple(f.name for f in onnx.ModelProto.DESCRIPTOR.fields if f.name != "graph")
+_GRAPH_FIELDS = tuple(f.name for f in onnx.GraphProto.DESCRIPTOR.fields if f.name != "initializer")
+
+
+def export_model(graph: Graph, reuse: Optional[onnx.ModelProto] = None) -> onnx.ModelProto:
+    """A ModelProto for ``graph`` (a root graph).  ``reuse``: the ModelProto ``graph``
+    was imported from, given up by its owner; it becomes the result, keeping the
+    weights that did not change where they are instead of copying them."""
     meta = graph.metadata
     opsets = meta.get("opset_imports") or graph.opset
+    kept = -1 if reuse is None else _keep_weights(graph, reuse)
     # Built in place rather than by helper.make_model, which would copy the whole graph.
-    model = onnx.ModelProto()
+    model = onnx.ModelProto() if kept < 0 else reuse
     model.ir_version = meta.get("ir_version") or DEFAULT_IR_VERSION
-    write_graph(model.graph, graph)
+    write_graph(model.graph, graph, kept=max(kept, 0))
     model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in opsets.items())
     model.producer_name = meta.get("producer_name") or "shapeshift"
     model.producer_version = meta.get("producer_version") or ""

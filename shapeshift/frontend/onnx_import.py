@@ -38,6 +38,11 @@ _NON_WORD = re.compile(r"\W")
 _MAY_HOLD_GRAPHS = (onnx.AttributeProto.GRAPHS, onnx.AttributeProto.UNDEFINED)
 
 
+def source_label(source: ModelSource) -> str:
+    """How errors name a model: its path, or "model"."""
+    return str(source) if isinstance(source, (str, os.PathLike)) else "model"
+
+
 def read_model(source: ModelSource) -> onnx.ModelProto:
     """Load a ModelProto with its external data; errors name the file."""
     if isinstance(source, onnx.ModelProto):
@@ -327,7 +332,8 @@ def substitute_symbols(dim: Dim, symbols: SymbolTable) -> Dim:
 
 
 def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int]]] = None,
-                 infer: bool = True, check: bool = True, keep_tensors: bool = False) -> Graph:
+                 infer: bool = True, check: bool = True, keep_tensors: bool = False,
+                 label: Optional[str] = None) -> Graph:
     """Read and import a model; types are inferred unless ``infer`` is False.
 
     With ``check=False`` a model with unsupported ops still imports (for
@@ -335,8 +341,9 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
     each initializer keeps the TensorProto it was read from (``const_source``),
     so that export writes an unchanged one back by copying it rather than
     re-encoding its array; the graph then holds on to the model's protos.
+    ``label`` names the model in errors (default: its path, or "model").
     """
-    label = str(source) if isinstance(source, (str, os.PathLike)) else "model"
+    label = label or source_label(source)
     model = read_model(source)
     if model.functions:
         try:

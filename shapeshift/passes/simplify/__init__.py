@@ -14,7 +14,7 @@ import onnx
 
 from ...errors import ExpressionError, ShapeshiftError
 from ...frontend.onnx_export import export_model
-from ...frontend.onnx_import import ModelSource, import_model
+from ...frontend.onnx_import import ModelSource, import_model, read_model, source_label
 from ...ir.graph import Graph
 from ...ir.types import TensorType
 from ...ir.verifier import verify
@@ -83,8 +83,13 @@ def _cyclic_gc_paused():
 
 
 def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check):
+    proto = read_model(model)
+    # A model read here is ours: export leaves the weights simplify did not change in
+    # it rather than copying them (a model the caller passed is never modified).
+    owned = proto is not model
     # keep_tensors: export copies the weights simplify left alone straight from the model.
-    graph = import_model(model, dict(dynamic or {}), infer=not input_shapes, keep_tensors=True)
+    graph = import_model(proto, dict(dynamic or {}), infer=not input_shapes, keep_tensors=True,
+                         label=source_label(model))
     if input_shapes:
         _apply_input_shapes(graph, input_shapes)
         infer_types(graph)
@@ -96,7 +101,7 @@ def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check):
     materialize_subgraph_outputs(graph)
     if check:
         verify(graph)
-    return export_model(graph), graph, stats
+    return export_model(graph, reuse=proto if owned else None), graph, stats
 
 
 def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
