@@ -112,15 +112,20 @@ def _shapes_text(feed: dict) -> str:
 
 def cmd_simplify(args) -> int:
     original = read_model(args.input)
+    before = count_model(original)
     input_shapes = dict(parse_input_shape(t) for t in args.input_shape)
     start = time.perf_counter()
-    simplified, graph, stats = simplify_model(original, args.dynamic, input_shapes or None, args.strategy)
+    # The model read becomes the output (its unchanged weights are not copied: half the
+    # peak memory on a large model); --check reads the file again for onnxruntime.
+    simplified, graph, stats = simplify_model(original, args.dynamic, input_shapes or None, args.strategy,
+                                              consume=True)
     seconds = time.perf_counter() - start
+    del original
     print(f"{args.input} -> {args.output} (strategy {args.strategy})")
-    print_table(count_model(original), count_model(simplified), seconds)
+    print_table(before, count_model(simplified), seconds)
     for warning in stats.warnings[:5]:
         print(f"  warning: {warning}")
     if args.check:
-        check_outputs(original, simplified, graph, args.dynamic, args.check)
+        check_outputs(read_model(args.input), simplified, graph, args.dynamic, args.check)
     save_atomically(simplified, Path(args.output))
     return 0

@@ -58,10 +58,15 @@ def _apply_input_shapes(graph: Graph, input_shapes: Mapping[str, Sequence[DimSpe
 def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
                    input_shapes: Optional[Mapping[str, Sequence[DimSpec]]] = None,
                    strategy: str = "incremental", fold_limit: Optional[int] = None,
-                   check: bool = False) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
-    """Import, simplify and export; returns the model, the simplified graph and statistics."""
+                   check: bool = False, consume: bool = False) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
+    """Import, simplify and export; returns the model, the simplified graph and statistics.
+
+    A model given as a path or bytes is read here and becomes the result: the weights
+    simplification left alone stay in it, not copied (the graph still refers to them).
+    A ModelProto passed in is not modified, unless ``consume`` gives it up the same way.
+    """
     with _cyclic_gc_paused():
-        return _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check)
+        return _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume)
 
 
 @contextlib.contextmanager
@@ -82,11 +87,11 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check):
+def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume=False):
     proto = read_model(model)
     # A model read here is ours: export leaves the weights simplify did not change in
-    # it rather than copying them (a model the caller passed is never modified).
-    owned = proto is not model
+    # it rather than copying them (a model the caller passed is its, unless consumed).
+    owned = consume or proto is not model
     # keep_tensors: export copies the weights simplify left alone straight from the model.
     graph = import_model(proto, dict(dynamic or {}), infer=not input_shapes, keep_tensors=True,
                          label=source_label(model))
