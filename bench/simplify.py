@@ -287,30 +287,33 @@ def _rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
-def measure_case(case: Case, tools: list[str], runs: int, timeout: float,
-                 run=run_once) -> list[Measurement]:
-    """Every tool's runs on ``case``, interleaved: round r runs each tool once, starting
-    with a different one each round.  The machine's speed drifts by tens of percent
-    within minutes, so a ratio between tools (per-op / incremental) must come from runs
-    made side by side, not from one tool's runs and then the other's."""
-    measurements = {tool: Measurement(case, tool) for tool in tools}
-    done: set[str] = set()
-    for index in range(max(runs_for(case, tool, runs) for tool in tools)):
-        for tool in _rotated(tools, index):
-            m = measurements[tool]
-            if tool in done or index >= runs_for(case, tool, runs):
+def measure_cases(cases: list[Case], tools: list[str], runs: int, timeout: float,
+                  run=run_once) -> list[Measurement]:
+    """Every tool's runs on every case of ``cases``, interleaved: round r runs each
+    (case, tool) once, starting with a different one each round.  The machine's speed
+    drifts by tens of percent within minutes, so a ratio between tools (per-op /
+    incremental) or between cases (encoder-48 / encoder-12) must come from runs made
+    side by side, not from one's runs and then the other's."""
+    units = [(case, tool) for case in cases for tool in tools]
+    measurements = {(case.name, tool): Measurement(case, tool) for case, tool in units}
+    done: set[tuple[str, str]] = set()
+    for index in range(max(runs_for(case, tool, runs) for case, tool in units)):
+        for case, tool in _rotated(units, index):
+            key = (case.name, tool)
+            m = measurements[key]
+            if key in done or index >= runs_for(case, tool, runs):
                 continue
             result = run(tool, case.path, want_stats=index == 0, timeout=timeout)
             if "error" in result:
                 m.error = result["error"]
-                done.add(tool)
+                done.add(key)
                 continue
             m.seconds.append(result["seconds"])
             m.rss_kb.append(result["rss_kb"])
             m.after = result.get("stats", m.after)
             if result["seconds"] > LONG_RUN_S:
-                done.add(tool)
-    return [measurements[tool] for tool in tools]
+                done.add(key)
+    return [measurements[(case.name, tool)] for case, tool in units]
 
 
 def _case(name: str, path: Path, group: str) -> Case:
@@ -455,17 +458,22 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def case_groups(cases: list[Case]) -> list[list[Case]]:
+    """The cases measured together: each shared model alone, the encoders all at once
+    (their times are compared with each other for the linearity ratio)."""
+    encoders = [case for case in cases if case.group == "encoder"]
+    return [[case] for case in cases if case.group != "encoder"] + ([encoders] if encoders else [])
+
+
 def run_all(cases: list[Case], tools: list[str], runs: int, timeout: float, available: bool) -> list[Measurement]:
-    measurements = []
+    measured: dict[tuple[str, str], Measurement] = {}
     runnable = [tool for tool in tools if available or tool not in STRATEGIES]
-    for case in cases:
-        measured = {m.tool: m for m in measure_case(case, runnable, runs, timeout)} if runnable else {}
-        for tool in tools:
-            m = measured.get(tool) or Measurement(case, tool)
-            status = m.error or (f"{_fmt_time(m.time)} s" if m.seconds else "not available")
-            print(f"{case.name:40s} {tool:12s} {status}", file=sys.stderr, flush=True)
-            measurements.append(m)
-    return measurements
+    for group in case_groups(cases) if runnable else []:
+        for m in measure_cases(group, runnable, runs, timeout):
+            measured[(m.case.name, m.tool)] = m
+            status = m.error or f"{_fmt_time(m.time)} s"
+            print(f"{m.case.name:40s} {m.tool:12s} {status}", file=sys.stderr, flush=True)
+    return [measured.get((case.name, tool)) or Measurement(case, tool) for case in cases for tool in tools]
 
 
 def main() -> None:
