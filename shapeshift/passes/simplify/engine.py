@@ -306,12 +306,23 @@ class _Simplifier:
         return False
 
     def merge(self, node: Node) -> bool:
+        # A duplicate reads the same values, so each has another reader: most nodes (a
+        # MatMul of its own weight, the next step of a chain) cannot have one, and are
+        # neither keyed nor recorded.
+        anchor = None
+        for value in node.inputs:
+            if value is not None:
+                if len(value.users) < 2:
+                    return False
+                anchor = anchor or value
         key = _cse_key(node)
         if key is None:
             return False
         earlier = self.cse.get(key)
         # Re-check: the earlier node's inputs may have changed since it was recorded.
         if earlier is None or earlier.graph is None or earlier is node or _cse_key(earlier) != key:
+            earlier = self._unrecorded_duplicate(node, anchor, key)
+        if earlier is None:
             self.cse[key] = node
             return False
         if earlier.graph is not node.graph or self.rw.order(earlier) > self.rw.order(node):
@@ -322,6 +333,18 @@ class _Simplifier:
         self.rw.remove_node(node)
         self.stats.merged += 1
         return True
+
+    def _unrecorded_duplicate(self, node: Node, anchor: Optional[Value], key: tuple) -> Optional[Node]:
+        """The first node before ``node`` that reads ``anchor`` (its first input) and is
+        its duplicate: one that was not recorded, its inputs having had one reader then."""
+        found = None
+        if anchor is not None:
+            for user, _ in anchor.users:
+                if (user is not node and user.graph is node.graph and user.op_type == node.op_type
+                        and self.rw.order(user) < self.rw.order(node) and _cse_key(user) == key
+                        and (found is None or self.rw.order(user) < self.rw.order(found))):
+                    found = user
+        return found
 
     # -- strategies ----------------------------------------------------------------------
     def run_incremental(self) -> None:
