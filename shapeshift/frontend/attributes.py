@@ -122,10 +122,21 @@ def _infer_type(value: Any) -> int:
 def make_attribute(name: str, value: Any, attr_type: Optional[int] = None,
                    save_graph: Optional[Callable[[Any], onnx.GraphProto]] = None) -> AttributeProto:
     """The AttributeProto for an IR value; ``save_graph`` turns a Graph into a GraphProto."""
+    write_graph = None if save_graph is None else (lambda proto, graph: proto.CopyFrom(save_graph(graph)))
+    attr = AttributeProto()
+    fill_attribute(attr, name, value, attr_type, write_graph)
+    return attr
+
+
+def fill_attribute(attr: AttributeProto, name: str, value: Any, attr_type: Optional[int] = None,
+                   write_graph: Optional[Callable[[onnx.GraphProto, Any], None]] = None) -> None:
+    """Write an IR value into the empty ``attr``; ``write_graph(proto, graph)`` writes a
+    Graph into an empty GraphProto (in place: a body's weights are not copied again)."""
     kind = attr_type if attr_type is not None else _infer_type(value)
     if kind == A.INTS and value and isinstance(value[0], (float, np.floating)):
         kind = A.FLOATS
-    attr = AttributeProto(name=name, type=kind)
+    attr.name = name
+    attr.type = kind
     if kind == A.INT:
         attr.i = int(value)
     elif kind == A.FLOAT:
@@ -135,7 +146,10 @@ def make_attribute(name: str, value: Any, attr_type: Optional[int] = None,
     elif kind == A.TENSOR:
         attr.t.CopyFrom(numpy_helper.from_array(np.asarray(value)))
     elif kind == A.GRAPH:
-        attr.g.CopyFrom(save_graph(value) if save_graph and not isinstance(value, onnx.GraphProto) else value)
+        if write_graph is not None and not isinstance(value, onnx.GraphProto):
+            write_graph(attr.g, value)
+        else:
+            attr.g.CopyFrom(value)
     elif kind == A.INTS:
         attr.ints.extend(int(v) for v in value)
     elif kind == A.FLOATS:
@@ -145,7 +159,11 @@ def make_attribute(name: str, value: Any, attr_type: Optional[int] = None,
     elif kind == A.TENSORS:
         attr.tensors.extend(numpy_helper.from_array(np.asarray(v)) for v in value)
     elif kind == A.GRAPHS:
-        attr.graphs.extend(save_graph(g) if save_graph and not isinstance(g, onnx.GraphProto) else g for g in value)
+        for graph in value:
+            if write_graph is not None and not isinstance(graph, onnx.GraphProto):
+                write_graph(attr.graphs.add(), graph)
+            else:
+                attr.graphs.append(graph)
     elif kind == A.SPARSE_TENSOR:
         attr.sparse_tensor.CopyFrom(value)
     elif kind == A.SPARSE_TENSORS:
@@ -154,4 +172,3 @@ def make_attribute(name: str, value: Any, attr_type: Optional[int] = None,
         attr.tp.CopyFrom(value)
     elif kind == A.TYPE_PROTOS:
         attr.type_protos.extend(value)
-    return attr

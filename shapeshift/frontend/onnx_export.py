@@ -27,7 +27,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from onnx import helper, numpy_helper
 
 from ..ir.graph import Graph, Value
-from .attributes import make_attribute
+from .attributes import fill_attribute
 from .param_export import ParamEmitter
 from ..ops.symbolic_tensor import DOMAIN as SYMBOLIC_DOMAIN
 from ..ops.symbolic_tensor import OP_TYPE as SYMBOLIC_OP
@@ -106,19 +106,19 @@ def write_graph(proto: onnx.GraphProto, graph: Graph, emitter: Optional[ParamEmi
         # root, or a body written on its own, e.g. for onnx.reference); they are
         # known once the nodes are written, so those go to a scratch list first.
         emitter = ParamEmitter(graph.root)
-        scratch = onnx.GraphProto()
-        _write_parts(proto, graph, emitter, scratch.node, kept)
-        proto.node.extend(emitter.nodes)
-        proto.node.extend(scratch.node)
+        _write_parts(proto, graph, emitter, kept)
+        # Inserted, not written after into a fresh list: the nodes (and the bodies
+        # and weights they hold) are not copied again.
+        for index, node in enumerate(emitter.nodes):
+            proto.node.insert(index, node)
         proto.initializer.extend(emitter.initializers)
     else:
-        _write_parts(proto, graph, emitter, proto.node)
+        _write_parts(proto, graph, emitter)
 
 
-def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter, nodes, kept: int = 0) -> None:
-    """Write all of ``graph`` but its nodes into ``proto``, and its nodes into ``nodes``
-    (a repeated NodeProto field: each is built in place, not built and then copied);
-    the first ``kept`` initializers are in ``proto`` already."""
+def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter, kept: int = 0) -> None:
+    """Write ``graph`` into ``proto``, each node and body built in place, not built and
+    then copied; the first ``kept`` initializers are in ``proto`` already."""
     proto.name = graph.name
     proto.doc_string = graph.doc
     outputs = {id(v) for v in graph.outputs}
@@ -129,9 +129,10 @@ def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter, no
     alias = emitter.alias
     opset = graph.opset
 
-    def save_graph(body: Graph) -> onnx.GraphProto:
-        return graph_to_proto(body, emitter)
+    def write_body(body_proto: onnx.GraphProto, body: Graph) -> None:
+        write_graph(body_proto, body, emitter)
 
+    nodes = proto.node
     for node in graph.nodes:
         domain, op_type = node.domain, node.op_type
         if domain == SYMBOLIC_DOMAIN and op_type == SYMBOLIC_OP:
@@ -156,7 +157,7 @@ def _write_parts(proto: onnx.GraphProto, graph: Graph, emitter: ParamEmitter, no
                                input=inputs, output=output_names)
         if node.attrs:
             for name, value in node.attrs.items():
-                node_proto.attribute.append(make_attribute(name, value, node.attr_types.get(name), save_graph))
+                fill_attribute(node_proto.attribute.add(), name, value, node.attr_types.get(name), write_body)
     for value in graph.outputs:
         proto.output.append(_value_info(value))
 
