@@ -61,8 +61,13 @@ class Rewriter:
                 for sub in node.subgraphs():
                     self.owners[id(sub)] = node
                     graphs.append(sub)
-        # Values some graph of the tree returns: a use that no ``users`` list records.
-        self._returned: set[int] = {id(v) for g in graphs for v in g.outputs}
+        # Values some graph of the tree returns (a use that no ``users`` list records):
+        # id(value) -> the graphs that do.  It may also list a graph that stopped
+        # returning it, or went away with its node: asking (_still_returned) filters.
+        self._returned_by: dict[int, list[Graph]] = {}
+        for graph in graphs:
+            for value in graph.outputs:
+                _add_graph(self._returned_by.setdefault(id(value), []), graph)
         self.renumber(nodes)
 
     # -- ordering and the worklist -----------------------------------------------
@@ -153,10 +158,35 @@ class Rewriter:
 
     def is_returned(self, value: Value) -> bool:
         """True when a graph of the tree (the root or a body) returns ``value``."""
-        return id(value) in self._returned
+        return id(value) in self._returned_by
 
     def is_used(self, value: Value) -> bool:
-        return bool(value.users) or id(value) in self._returned
+        return bool(value.users) or id(value) in self._returned_by
+
+    def _still_returned(self, value: Value) -> bool:
+        """Whether a graph still in the tree has ``value`` among its outputs."""
+        graphs = self._returned_by.get(id(value), [])
+        live = []
+        for graph in graphs:
+            if any(v is value for v in graph.outputs):
+                attached = self._attached(graph)
+                if attached is None:  # a body whose owner the map does not know
+                    return _still_returned(self.root, value)
+                if attached:
+                    live.append(graph)
+        graphs[:] = live
+        return bool(live)
+
+    def _attached(self, graph: Graph) -> Optional[bool]:
+        """Whether ``graph`` is the root or a body of a live node of the tree (None: unknown)."""
+        while graph is not self.root:
+            owner = self.owners.get(id(graph))
+            if owner is None:
+                return None
+            if owner.graph is None:
+                return False
+            graph = owner.graph
+        return True
 
     def forget_returned(self, values: Iterable[Value], body: Graph) -> None:
         """``values`` were returned by ``body``, which no longer returns them (it went
@@ -168,11 +198,11 @@ class Rewriter:
         outside (a body returning an outer value directly) costs a walk of the tree.
         """
         for value in values:
-            if id(value) not in self._returned:
+            if id(value) not in self._returned_by:
                 continue
             inside = value.graph is not None and not _is_outside(value, body)
-            if inside or not _still_returned(self.root, value):
-                self._returned.discard(id(value))
+            if inside or not self._still_returned(value):
+                del self._returned_by[id(value)]
                 self.enqueue_for_liveness(value.producer)
 
     # -- mutations ---------------------------------------------------------------
@@ -186,12 +216,14 @@ class Rewriter:
         users = [user for user, _ in old.users]
         for user, index in list(old.users):
             user.set_input(index, new)
-        if self.is_returned(old):
-            # Only then walk the tree: doing it on every replacement would be quadratic.
-            self._returned.add(id(new))
-            self._returned.discard(id(old))  # no graph returns it now (and its id may be reused)
-            for graph in _graphs(self.root):
+        # Popped: no graph returns ``old`` now (and its id may be reused).
+        graphs = self._returned_by.pop(id(old), None)
+        if graphs is not None:
+            for graph in graphs:
                 graph.outputs = [new if v is old else v for v in graph.outputs]
+            returning_new = self._returned_by.setdefault(id(new), [])
+            for graph in graphs:
+                _add_graph(returning_new, graph)
         for user in users:
             self.enqueue(user, stale)
             self.enqueue(self._owner_in(user, new.graph), stale)
@@ -211,7 +243,7 @@ class Rewriter:
     def remove_node(self, node: Node) -> None:
         """Detach ``node`` (its outputs must be unused); swept from the list by compact()."""
         for out in node.outputs:
-            if out.users or (self.is_returned(out) and _still_returned(self.root, out)):
+            if out.users or (self.is_returned(out) and self._still_returned(out)):
                 raise ValueError(f"cannot remove {node.describe()}: {out.name!r} is still used")
         for index, value in enumerate(node.inputs):
             if value is not None:
@@ -306,6 +338,11 @@ class Rewriter:
             for name, value in list(graph.initializers.items()):
                 if not value.users and id(value) not in outputs:
                     del graph.initializers[name]
+
+
+def _add_graph(graphs: list[Graph], graph: Graph) -> None:
+    if all(g is not graph for g in graphs):
+        graphs.append(graph)
 
 
 def _still_returned(root: Graph, value: Value) -> bool:
