@@ -104,11 +104,10 @@ def write_graph(proto: onnx.GraphProto, graph: Graph, emitter: Optional[ParamEmi
     if emitter is None:
         # The emitted computations go at the top of the graph being written (the
         # root, or a body written on its own, e.g. for onnx.reference); they are
-        # known once the nodes are written, so those go to a scratch list first.
+        # known once the nodes are written, so they are inserted in front after: the
+        # nodes (and the bodies and weights they hold) are not copied to a new list.
         emitter = ParamEmitter(graph.root)
         _write_parts(proto, graph, emitter, kept)
-        # Inserted, not written after into a fresh list: the nodes (and the bodies
-        # and weights they hold) are not copied again.
         for index, node in enumerate(emitter.nodes):
             proto.node.insert(index, node)
         proto.initializer.extend(emitter.initializers)

@@ -314,7 +314,8 @@ class _Simplifier:
             if value is not None:
                 if len(value.users) < 2:
                     return False
-                anchor = anchor or value
+                if anchor is None:
+                    anchor = value
         key = _cse_key(node)
         if key is None:
             return False
