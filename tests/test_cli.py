@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 
 from shapeshift.cli.main import main
@@ -121,6 +122,49 @@ def test_save_atomically_with_external_data_and_after_a_failed_write(encoder_pat
     with pytest.raises(OSError, match="disk full"):
         simplify_cmd.save_atomically(model, out)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_failed_write_of_a_one_file_model_leaves_out_as_it_was(encoder_path, tmp_path, monkeypatch):
+    from shapeshift.cli import simplify_cmd
+
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"the previous output")
+
+    def failing_write(path, data):
+        path.write_bytes(data[: len(data) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(simplify_cmd, "_write_bytes", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        simplify_cmd.save_atomically(onnx.load(encoder_path), out)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.onnx"] and out.read_bytes() == b"the previous output"
+
+
+def _table_sizes_kib(stdout: str) -> tuple[int, int]:
+    row = next(line for line in stdout.splitlines() if "file size (KiB)" in line)
+    before, after = row.split()[-2:]
+    return int(before), int(after)
+
+
+def test_the_table_gives_the_sizes_of_the_files(encoder_path, tmp_path):
+    """Before: the input file; after: the file written (both without serializing anything
+    more than the output, once)."""
+    out = tmp_path / "simplified.onnx"
+    result = _cli("simplify", str(encoder_path), str(out))
+    assert result.returncode == 0, result.stderr
+    assert _table_sizes_kib(result.stdout) == (encoder_path.stat().st_size // 1024, out.stat().st_size // 1024)
+
+
+def test_the_size_of_a_model_with_external_data_counts_its_data_file(encoder_path, tmp_path):
+    model = onnx.load(encoder_path)
+    source = tmp_path / "external.onnx"
+    onnx.save(model, str(source), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="external.onnx.data", size_threshold=0)
+    stored = source.stat().st_size + (tmp_path / "external.onnx.data").stat().st_size
+    out = tmp_path / "simplified.onnx"
+    result = _cli("simplify", str(source), str(out), "--check", "1", "--dynamic", "seq=1:16", "--dynamic", "batch=1:2")
+    assert result.returncode == 0, result.stderr
+    assert _table_sizes_kib(result.stdout)[0] == stored // 1024 and "outputs equal" in result.stdout
 
 
 def test_simplify_bad_input_writes_nothing(tmp_path):

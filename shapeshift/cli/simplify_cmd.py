@@ -6,13 +6,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import onnx
 
 from ..errors import ShapeshiftError
 from ..files import publish
-from ..frontend.onnx_import import read_model
+from ..frontend.onnx_import import read_model, read_model_sized
 from ..passes.simplify import simplify_model
 from ..passes.simplify.report import count_model
 from .feeds import random_feed
@@ -48,33 +49,63 @@ def print_table(before, after, seconds: float) -> None:
     print(f"  simplified in {seconds * 1000:.0f} ms")
 
 
-def save_atomically(model: onnx.ModelProto, path: Path) -> None:
+def serialized(model: onnx.ModelProto) -> Optional[bytes]:
+    """The bytes of ``model`` as one file, or None when its tensors are too large for one
+    protobuf (it is then written with external data)."""
+    tensor_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    return None if tensor_bytes > EXTERNAL_DATA_THRESHOLD else model.SerializeToString()
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
+def save_atomically(model: onnx.ModelProto, path: Path, data: Optional[bytes] = None) -> None:
     """Write to a staging folder next to ``path``, then rename into place: never a
     half-written OUT (files.py). A model written with external data publishes its data
-    file first, then the model that reads it."""
+    file first, then the model that reads it. ``data``: ``serialized(model)``, if the
+    caller has it (serializing a BERT-base takes a second)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensor_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    if data is None:
+        data = serialized(model)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         staged = staging / path.name
-        if tensor_bytes > EXTERNAL_DATA_THRESHOLD:
+        if data is None:
             data_name = f"{path.name}.data"
             onnx.save(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
                       location=data_name)
             publish(staging / data_name, path.parent / data_name)
         else:
-            onnx.save(model, str(staged))
+            _write_bytes(staged, data)
         publish(staged, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def check_outputs(original: onnx.ModelProto, simplified: onnx.ModelProto, graph, dynamic, count: int) -> None:
+def model_bytes(path: Path, stored_bytes: int) -> bytes:
+    """The model at ``path`` as one protobuf: the file itself or, when it keeps tensors in
+    external files, the model with them loaded (onnxruntime's shape inference cannot read
+    an external constant)."""
+    if path.stat().st_size == stored_bytes:
+        return path.read_bytes()
+    return read_model(path).SerializeToString()
+
+
+def _session(model: bytes, which: str):
     import onnxruntime as ort
 
-    providers = ["CPUExecutionProvider"]
-    reference = ort.InferenceSession(original.SerializeToString(), providers=providers)
-    candidate = ort.InferenceSession(simplified.SerializeToString(), providers=providers)
+    try:
+        return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors
+        raise CheckFailed(f"onnxruntime cannot load the {which} model: {str(exc).splitlines()[0][:300]}") from None
+
+
+def check_outputs(original: bytes, simplified: bytes, graph, dynamic, count: int) -> None:
+    """Run the original and the simplified model on ``count`` random feeds in the
+    declared ranges; CheckFailed on the first difference."""
+    reference = _session(original, "original")
+    candidate = _session(simplified, "simplified")
     rng = np.random.default_rng(0)
     for trial in range(count):
         feed = random_feed(graph, list(graph.inputs), dynamic or {}, rng)
@@ -90,7 +121,7 @@ def check_outputs(original: onnx.ModelProto, simplified: onnx.ModelProto, graph,
             raise CheckFailed(f"check {trial + 1}: onnxruntime cannot run the simplified model on inputs "
                               f"{shapes}: {str(exc).splitlines()[0][:300]}") from None
         worst = 0.0
-        for name, w, g in zip([o.name for o in original.graph.output], want, got):
+        for name, w, g in zip([o.name for o in reference.get_outputs()], want, got):
             if w.shape != g.shape or w.dtype != g.dtype:
                 raise CheckFailed(f"check {trial + 1}: output {name!r} is {g.dtype}{list(g.shape)}, "
                                   f"original gives {w.dtype}{list(w.shape)} (inputs {shapes})")
@@ -111,21 +142,24 @@ def _shapes_text(feed: dict) -> str:
 
 
 def cmd_simplify(args) -> int:
-    original = read_model(args.input)
-    before = count_model(original)
+    original, stored_bytes = read_model_sized(args.input)
+    before = count_model(original, stored_bytes)
     input_shapes = dict(parse_input_shape(t) for t in args.input_shape)
     start = time.perf_counter()
     # The model read becomes the output (its unchanged weights are not copied: half the
-    # peak memory on a large model); --check reads the file again for onnxruntime.
+    # peak memory on a large model); --check reads the input file again.
     simplified, graph, stats = simplify_model(original, args.dynamic, input_shapes or None, args.strategy,
                                               consume=True)
     seconds = time.perf_counter() - start
     del original
+    # Serialized once: for the table's size, for --check and for the file.
+    data = serialized(simplified)
     print(f"{args.input} -> {args.output} (strategy {args.strategy})")
-    print_table(before, count_model(simplified), seconds)
+    print_table(before, count_model(simplified, None if data is None else len(data)), seconds)
     for warning in stats.warnings[:5]:
         print(f"  warning: {warning}")
     if args.check:
-        check_outputs(read_model(args.input), simplified, graph, args.dynamic, args.check)
-    save_atomically(simplified, Path(args.output))
+        check_outputs(model_bytes(Path(args.input), stored_bytes),
+                      simplified.SerializeToString() if data is None else data, graph, args.dynamic, args.check)
+    save_atomically(simplified, Path(args.output), data)
     return 0

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import onnx
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 from ..errors import ExpressionError, ModelLoadError, UnsupportedModelError
 from ..ir.graph import Graph, SymbolTable, Value
@@ -46,7 +46,16 @@ def source_label(source: ModelSource) -> str:
 def read_model(source: ModelSource) -> onnx.ModelProto:
     """Load a ModelProto with its external data; errors name the file."""
     if isinstance(source, onnx.ModelProto):
-        return source
+        return source  # not read_model_sized: it would serialize the model to size it
+    return read_model_sized(source)[0]
+
+
+def read_model_sized(source: ModelSource) -> tuple[onnx.ModelProto, int]:
+    """read_model, and the model's size in bytes as stored: its file and the external data
+    files it reads, the bytes given, or a ModelProto's serialized size (the one costly
+    case: serializing is the only way protobuf tells it)."""
+    if isinstance(source, onnx.ModelProto):
+        return source, source.ByteSize()
     if isinstance(source, (bytes, bytearray)):
         model = onnx.ModelProto()
         try:
@@ -55,21 +64,41 @@ def read_model(source: ModelSource) -> onnx.ModelProto:
             raise ModelLoadError(f"the given bytes are not an ONNX model ({type(exc).__name__}: {exc})") from None
         if not model.graph.node and not model.graph.output and not model.opset_import:
             raise ModelLoadError("the given bytes are not an ONNX model (no graph, no opset)")
-        return model
+        return model, len(source)
     path = Path(source)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file")
     if path.is_dir():
         raise ModelLoadError(f"{path}: is a directory, not an ONNX model")
     try:
-        model = onnx.load(str(path), load_external_data=True)
+        # What onnx.load(path) does, in two steps so that the external files are known.
+        model = onnx.load(str(path), load_external_data=False)
+        external = {external_data_helper.ExternalDataInfo(t).location
+                    for t in _all_tensors(model.graph) if external_data_helper.uses_external_data(t)}
+        if external:
+            external_data_helper.load_external_data_for_model(model, str(path.parent))
+        size = path.stat().st_size + sum((path.parent / location).stat().st_size for location in external)
     except FileNotFoundError as exc:
         raise ModelLoadError(f"{path}: external data file missing ({exc.filename or exc})") from None
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not model.graph.node and not model.graph.output and not model.opset_import:
         raise ModelLoadError(f"{path}: not an ONNX model (no graph, no opset)")
-    return model
+    return model, size
+
+
+def _all_tensors(graph: onnx.GraphProto):
+    """Every TensorProto of ``graph`` and its bodies: initializers and tensor attributes."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for body in attr.graphs:
+                yield from _all_tensors(body)
 
 
 def _default_opset(model: onnx.ModelProto) -> dict[str, int]:

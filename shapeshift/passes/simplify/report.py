@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from typing import Optional
 
 import onnx
 
@@ -31,15 +32,20 @@ def _walk(graph: onnx.GraphProto):
 
 def _constant_names(model: onnx.ModelProto) -> set[str]:
     names = {t.name for t in model.graph.initializer}
+    seen = {id(model.graph)}
     for graph, node in _walk(model.graph):
-        names |= {t.name for t in graph.initializer}
+        if id(graph) not in seen:  # each graph's initializers once, not once per node
+            seen.add(id(graph))
+            names.update(t.name for t in graph.initializer)
         if node.op_type == "Constant":
-            names |= set(node.output)
+            names.update(node.output)
     return names
 
 
-def count_model(model: onnx.ModelProto) -> ModelCounts:
-    """Counts for an ONNX model; a dynamic op has a parameter input that is not a constant."""
+def count_model(model: onnx.ModelProto, size_bytes: Optional[int] = None) -> ModelCounts:
+    """Counts for an ONNX model; a dynamic op has a parameter input that is not a constant.
+    ``size_bytes``: its size when known (else it is serialized to learn it: a second on a
+    BERT-base)."""
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     constants = _constant_names(model)
     ops: collections.Counter = collections.Counter()
@@ -50,4 +56,5 @@ def count_model(model: onnx.ModelProto) -> ModelCounts:
         if rule is not None and any(i < len(node.input) and node.input[i] and node.input[i] not in constants
                                     for i in rule.params):
             dynamic += 1
-    return ModelCounts(sum(ops.values()), ops, ops["Shape"], dynamic, model.ByteSize())
+    size = model.ByteSize() if size_bytes is None else size_bytes
+    return ModelCounts(sum(ops.values()), ops, ops["Shape"], dynamic, size)
