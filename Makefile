@@ -19,8 +19,8 @@ $(EXAMPLE): $(VENV)/.installed shapeshift/examples/encoder.py
 demo: $(EXAMPLE)
 	$(BIN)/shapeshift info $(EXAMPLE)
 	$(BIN)/shapeshift simplify $(EXAMPLE) examples/out/encoder.simplified.onnx --check 3 --dynamic batch=1:4 --dynamic seq=1:128
-	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128
-	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128 --seed 1
+	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128 --backend reference
+	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128 --seed 1 --backend reference
 	$(BIN)/shapeshift info $(EXAMPLE) --backend native
 	$(BIN)/shapeshift run $(EXAMPLE) --random --dynamic batch=1:4 --dynamic seq=1:128 --seed 1 --backend native
 

@@ -43,7 +43,7 @@ def test_light_model_runs_and_round_trips(name):
     import onnxruntime as ort
 
     path = LIGHT_DIR / name
-    session = shapeshift.InferenceSession(path)
+    session = shapeshift.InferenceSession(path, backend="reference")
     (inp,) = session.get_inputs()
     x = np.random.default_rng(0).random(inp.shape).astype(np.float32)
     (got,) = session.run(None, {inp.name: x})
@@ -71,7 +71,7 @@ def test_squeezenet_logits():
     x = np.random.default_rng(0).random((1, 3, 224, 224)).astype(np.float32)
     initializers = {t.name for t in model.graph.initializer}
     name = next(i.name for i in model.graph.input if i.name not in initializers)
-    (got,) = shapeshift.InferenceSession(model).run(None, {name: x})
+    (got,) = shapeshift.InferenceSession(model, backend="reference").run(None, {name: x})
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: x})
     np.testing.assert_allclose(got, want, rtol=1e-5)
 

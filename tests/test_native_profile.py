@@ -128,7 +128,7 @@ def test_if_branches_are_rows_of_their_own(tmp_path):
 def test_profile_is_refused_where_there_are_no_timers(tmp_path):
     path = _mlp_with_unique(tmp_path)
     with pytest.raises(ShapeshiftError, match="native backend"):
-        shapeshift.InferenceSession(path, profile=True)
+        shapeshift.InferenceSession(path, backend="reference", profile=True)
     session = shapeshift.InferenceSession(path, backend="native")
     with pytest.raises(ShapeshiftError, match="without profile=True"):
         session.profile()

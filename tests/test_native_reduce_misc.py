@@ -45,7 +45,7 @@ def _run_against_reference(model, feeds_list, rtol=0.0):
     NaN), within ``rtol`` where the two use different libm calls."""
     native = shapeshift.InferenceSession(model, backend="native")
     _assert_native(native)
-    reference = shapeshift.InferenceSession(model)
+    reference = shapeshift.InferenceSession(model, backend="reference")
     for feed in feeds_list:
         for got, want in zip(native.run(None, feed), reference.run(None, feed)):
             assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)

@@ -18,9 +18,20 @@ def _feed(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64), "attention_mask": mask}
 
 
-@pytest.fixture(scope="module")
-def session(encoder_path):
-    return shapeshift.InferenceSession(encoder_path, dynamic={"batch": (1, 4), "seq": (1, 64)})
+@pytest.fixture(scope="module", params=["native", "reference"])
+def session(encoder_path, request):
+    return shapeshift.InferenceSession(encoder_path, dynamic={"batch": (1, 4), "seq": (1, 64)}, backend=request.param)
+
+
+def test_a_model_runs_on_the_native_backend_by_default(encoder_path):
+    import onnxruntime as ort
+
+    session = shapeshift.InferenceSession(encoder_path, dynamic={"batch": (1, 4), "seq": (1, 64)})
+    assert session.backend == "native"
+    reference = ort.InferenceSession(str(encoder_path), providers=["CPUExecutionProvider"])
+    for batch, seq in ((1, 1), (3, 17), (4, 64)):
+        feed = _feed(batch, seq)
+        np.testing.assert_allclose(session.run(None, feed)[0], reference.run(None, feed)[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("batch,seq", [(1, 1), (2, 7), (3, 64), (4, 33)])
@@ -83,7 +94,7 @@ def _static_model() -> onnx.ModelProto:
 
 
 def test_static_dim_mismatch_names_the_dimension():
-    session = shapeshift.InferenceSession(_static_model())
+    session = shapeshift.InferenceSession(_static_model(), backend="reference")
     with pytest.raises(errors.InputShapeError, match="'x': dimension 1 must be 3, got 4"):
         session.run(None, {"x": np.zeros((2, 4), np.float32)})
 
@@ -95,7 +106,7 @@ def test_expression_dims_are_solved_and_checked():
     out = helper.make_tensor_value_info("c", TensorProto.FLOAT, None)
     graph = helper.make_graph([helper.make_node("Concat", ["a", "b"], ["c"], axis=0)], "g", [a, b], [out])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    session = shapeshift.InferenceSession(model)
+    session = shapeshift.InferenceSession(model, backend="reference")
     assert session.bind({"a": np.zeros(3, np.float32), "b": np.zeros(5, np.float32)}) == {"seq": 3, "past": 2}
     got = session.run(None, {"a": np.ones(3, np.float32), "b": np.zeros(5, np.float32)})[0]
     assert got.shape == (8,)

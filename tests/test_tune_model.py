@@ -166,7 +166,7 @@ def test_missing_and_corrupt_databases_are_clear_errors(files, tmp_path):
     with pytest.raises(ShapeshiftError, match="bad.db cannot be read"):
         InferenceSession(model, RANGES, backend="native", tuning_db=bad)
     with pytest.raises(ShapeshiftError, match="native backend only"):
-        InferenceSession(model, RANGES, tuning_db=bad)
+        InferenceSession(model, RANGES, backend="reference", tuning_db=bad)
 
 
 def test_cli_compile_db_errors_without_traceback(files, tmp_path, capsys):

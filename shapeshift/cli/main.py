@@ -59,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--save", metavar="DIR", help="write each output as DIR/NAME.npy")
     run.add_argument("--backend", choices=BACKENDS, default=None,
-                     help="native: elementwise ops as compiled C kernels, the rest on the reference evaluator "
-                          "(default: reference, native for a compiled artifact)")
+                     help="native (the default): the model lowered to C, built once with the system compiler "
+                          "and cached; reference: the NumPy evaluator, no compiler needed")
     run.add_argument("--repeat", type=int, default=1, metavar="N",
                      help="run N times; report the last run's time (and profile all runs but the first)")
     run.add_argument("--profile", action="store_true",

@@ -80,7 +80,7 @@ def find_compiler() -> str:
         if found is None:
             raise CompilerNotFoundError(
                 f"no C compiler found: SHAPESHIFT_CC={env} is not an executable; "
-                "install gcc or set SHAPESHIFT_CC to a C compiler")
+                "install gcc or set SHAPESHIFT_CC to a C compiler (or run without one: backend=\"reference\")")
         return found
     for name in COMPILER_CANDIDATES:
         found = shutil.which(name)
@@ -88,7 +88,8 @@ def find_compiler() -> str:
             return found
     tried = ", ".join(COMPILER_CANDIDATES)
     raise CompilerNotFoundError(
-        f"no C compiler found: install gcc or set SHAPESHIFT_CC (tried $SHAPESHIFT_CC (unset), {tried} on PATH)")
+        f"no C compiler found: install gcc or set SHAPESHIFT_CC (tried $SHAPESHIFT_CC (unset), {tried} on PATH), "
+        "or run without one: backend=\"reference\"")
 
 
 @functools.lru_cache(maxsize=None)

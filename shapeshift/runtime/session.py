@@ -88,14 +88,16 @@ class InferenceSession:
     def __init__(self, model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
                  backend: Optional[str] = None, num_threads: Optional[int] = None, tuning_db=None,
                  profile: bool = False):
-        """``backend`` defaults to "reference" for a model and to "native" for an artifact."""
+        """``backend``: "native" (the default) lowers the model to C, built once with the
+        system C compiler and cached; "reference" runs it on the NumPy evaluator, with no
+        compiler. A compiled artifact runs on the native backend."""
         if backend is not None and backend not in BACKENDS:
             raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ShapeshiftError(f"num_threads must be a positive integer, got {num_threads!r}")
-        if tuning_db is not None and (backend or "reference") != "native" and not is_artifact(model):
+        if tuning_db is not None and (backend or "native") != "native" and not is_artifact(model):
             raise ShapeshiftError("tuning_db applies to the native backend only: pass backend=\"native\"")
-        if profile and ((backend or "reference") != "native" or is_artifact(model)):
+        if profile and ((backend or "native") != "native" or is_artifact(model)):
             raise ShapeshiftError("profile=True needs the native backend and a model, not a compiled artifact "
                                   "(its library was built without timers)")
         self._profiled = bool(profile)
@@ -106,7 +108,7 @@ class InferenceSession:
             self.backend = _artifact_backend(model, backend)
             self.graph, self._executor = load_artifact(model, dynamic, num_threads)
         else:
-            self.backend = backend or "reference"
+            self.backend = backend or "native"
             def load() -> Graph:  # the native backend may import again, to build program versions
                 return import_model(model, dict(dynamic or {}))
 
