@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import onnx
+import onnx.inliner  # noqa: F401 - a submodule plain `import onnx` does not load
 from onnx import external_data_helper, numpy_helper
 
 from ..errors import ExpressionError, ModelLoadError, UnsupportedModelError
