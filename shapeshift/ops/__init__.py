@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     layout_ops,
     linalg,
     normalization,
+    quantize,
     reduce,
     resize,
     rnn,
