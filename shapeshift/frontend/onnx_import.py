@@ -37,6 +37,8 @@ MIN_OPSET = 1
 _NON_WORD = re.compile(r"\W")
 #: Attribute types whose ``graphs`` field may be filled (an untyped attribute may hold anything).
 _MAY_HOLD_GRAPHS = (onnx.AttributeProto.GRAPHS, onnx.AttributeProto.UNDEFINED)
+#: Element type codes a declared tensor type may hold (UNDEFINED: not said).
+_ELEMENT_TYPES = frozenset(onnx.TensorProto.DataType.values())
 
 
 def source_label(source: ModelSource) -> str:
@@ -162,6 +164,8 @@ class _SupportCheck:
         version = self.opsets.get(domain)
         if version is not None and lookup(domain, op_type, version) is not None:
             return None
+        if not isinstance(op_type, str):  # not valid UTF-8: protobuf hands the bytes over
+            op_type = f"{op_type!r} (not UTF-8)"
         label = f"{domain}::{op_type}" if domain else op_type
         return label if domain in self.opsets else f"{label} (domain {domain!r} not imported)"
 
@@ -212,6 +216,8 @@ class _Importer:
         if d.HasField("dim_value"):
             return int(d.dim_value)
         if d.dim_param:
+            if not isinstance(d.dim_param, str):  # not valid UTF-8: protobuf hands the bytes over
+                raise ModelLoadError(f"{owner!r}: dim_param {d.dim_param!r} of axis {axis} is not valid UTF-8")
             return self.named_dim(d.dim_param)
         return self.symbols.fresh(f"{_sanitize(owner)}_dim{axis}", 1)
 
@@ -232,7 +238,10 @@ class _Importer:
 
     def value_type(self, proto: onnx.TypeProto, owner: str):
         counter = iter(range(10**6))
-        return type_from_proto(proto, lambda d: self.dim(d, owner, next(counter)))
+        value_type = type_from_proto(proto, lambda d: self.dim(d, owner, next(counter)))
+        if isinstance(value_type, TensorType) and value_type.dtype not in _ELEMENT_TYPES:
+            raise ModelLoadError(f"{owner!r}: element type {value_type.dtype} is not an ONNX type")
+        return value_type
 
     # -- graphs ----------------------------------------------------------------
     def graph(self, proto: onnx.GraphProto, parent: Optional[Graph], scope: dict[str, Value]) -> Graph:
@@ -314,7 +323,7 @@ class _Importer:
             for attr in proto.attribute:
                 try:
                     node.attrs[attr.name] = attribute_value(attr, lambda g: self.graph(g, graph, scope))
-                except (ValueError, TypeError) as exc:  # a tensor whose data does not fit its shape...
+                except (ValueError, TypeError, KeyError) as exc:  # a tensor whose data does not fit its shape...
                     raise ModelLoadError(f"node {name or op_type!r} ({op_type}): attribute {attr.name!r} "
                                          f"cannot be read ({exc})") from None
                 node.attr_types[attr.name] = attr.type
@@ -326,7 +335,7 @@ def _initializer_array(tensor: onnx.TensorProto, dtype=None):
     naming it when its data does not make a tensor of its type and shape."""
     try:
         return tensor_array(tensor) if dtype is None else raw_array(tensor, dtype)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:  # KeyError: a data type onnx does not know
         shape = "x".join(map(str, tensor.dims)) or "scalar"
         raise ModelLoadError(f"initializer {tensor.name!r} ({shape}): its data does not make a tensor of "
                              f"its type and shape ({exc})") from None

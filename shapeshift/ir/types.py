@@ -58,7 +58,10 @@ def from_numpy_dtype(dtype: np.dtype) -> int:
 def dtype_name(elem_type: int) -> str:
     if elem_type == UNDEFINED:
         return "undefined"
-    return helper.tensor_dtype_to_string(elem_type).replace("TensorProto.", "").lower()
+    try:
+        return helper.tensor_dtype_to_string(elem_type).replace("TensorProto.", "").lower()
+    except KeyError:
+        return f"unknown element type {elem_type}"
 
 
 def ort_type_name(elem_type: int) -> str:
