@@ -93,3 +93,13 @@ def test_unknown_element_types_and_non_utf8_dims_are_named():
     data = _tiny_model("zq").SerializeToString().replace(b"zq", b"\xc7q")
     with pytest.raises(ShapeshiftError, match=r"'x': dim_param b'\\xc7q' of axis 0 is not valid UTF-8"):
         shapeshift.InferenceSession(data, backend="reference")
+
+
+def test_simplify_of_a_name_that_is_not_utf8_is_a_clear_error():
+    """Import reads it (as bytes); export cannot write it: a ModelLoadError, not a
+    UnicodeDecodeError from protobuf."""
+    model = _tiny_model()
+    model.graph.node[0].name = "zq_node"
+    data = model.SerializeToString().replace(b"zq_node", b"\xc7q_node")
+    with pytest.raises(ShapeshiftError, match=r"not valid UTF-8 \(b'\\xc7q_node'\) cannot be written back"):
+        shapeshift.simplify(data)

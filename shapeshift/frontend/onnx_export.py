@@ -26,6 +26,7 @@ import onnx
 from google.protobuf.unknown_fields import UnknownFieldSet
 from onnx import helper, numpy_helper
 
+from ..errors import ModelLoadError
 from ..ir.graph import Graph, Value
 from .attributes import fill_attribute
 from .param_export import ParamEmitter
@@ -226,6 +227,16 @@ def export_model(graph: Graph, reuse: Optional[onnx.ModelProto] = None) -> onnx.
     """A ModelProto for ``graph`` (a root graph).  ``reuse``: the ModelProto ``graph``
     was imported from, given up by its owner; it becomes the result, keeping the
     weights that did not change where they are instead of copying them."""
+    try:
+        return _export_model(graph, reuse)
+    except UnicodeDecodeError as exc:
+        # protobuf reads a string field that is not UTF-8 as bytes, and refuses to write it.
+        source = graph.metadata.get("source") or "model"
+        raise ModelLoadError(f"{source}: text that is not valid UTF-8 ({exc.object[:40]!r}) cannot be "
+                             "written back to ONNX") from None
+
+
+def _export_model(graph: Graph, reuse: Optional[onnx.ModelProto]) -> onnx.ModelProto:
     meta = graph.metadata
     opsets = meta.get("opset_imports") or graph.opset
     kept = -1 if reuse is None else _keep_weights(graph, reuse)
