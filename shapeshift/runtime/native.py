@@ -15,18 +15,23 @@ from typing import Any, Callable, Mapping, Optional
 from ..codegen.build import CompiledLibrary, compile_library
 from ..codegen.program import Program, build_program
 from ..ir.graph import Graph, Value
-from ..passes.simplify import simplify_graph
+from ..passes.simplify import SimplifyOptions, simplify_graph
 from ..passes.simplify.outputs import restore_output_names
 from .profile import StepTime
 from .versions import build_versions
 from .vm import NativeVM
 
 
+#: Folded before lowering whatever their size (SimplifyOptions.fold_any_size): a weight
+#: quantized in the model (QDQ) becomes a float weight the GEMM prepacks once.
+NATIVE_FOLD_ANY_SIZE = frozenset({"DequantizeLinear"})
+
+
 def prepare_program(graph: Graph, tuning=None, profile: bool = False) -> Program:
     """Simplify ``graph`` in place and build its native program (with the tuned GEMM
     dispatchers of ``tuning``, a shapeshift.tune.records.GemmTuning, where it has them;
     with step timers when ``profile``)."""
-    simplify_graph(graph)
+    simplify_graph(graph, SimplifyOptions(fold_any_size=NATIVE_FOLD_ANY_SIZE))
     restore_output_names(graph)
     return build_program(graph, tuning, profile)
 

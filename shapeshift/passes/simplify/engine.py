@@ -55,6 +55,11 @@ class SimplifyOptions:
     strategy: str = "incremental"
     #: Largest folded output, in elements; bigger results (Tile, Expand...) stay computed.
     fold_limit: int = 1 << 16
+    #: Ops folded whatever their output's size: the native backend folds DequantizeLinear
+    #: of a weight, so that its GEMMs read float weights (prepacked once) instead of
+    #: dequantizing at every run. (Not by default: `shapeshift simplify` would turn a
+    #: quantized model back into a float one, four times the bytes.)
+    fold_any_size: frozenset = frozenset()
     #: The worklist stops after this many visits per node of the input (with a warning).
     max_visits_per_node: int = 40
 
@@ -223,9 +228,10 @@ class _Simplifier:
                 return None
         if node.has_subgraphs():
             return None
+        limit = math.inf if node.op_type in self.options.fold_any_size else self.options.fold_limit
         for out in node.outputs:
             if isinstance(out.type, TensorType) and out.type.is_static:
-                if math.prod(out.type.shape) > self.options.fold_limit:  # ints: no NumPy call
+                if math.prod(out.type.shape) > limit:  # ints: no NumPy call
                     return None
         opset = node.graph.opset.get(node.domain or "", 1)
         rule = lookup(node.domain, node.op_type, opset)
@@ -238,7 +244,7 @@ class _Simplifier:
         except Exception as exc:  # noqa: BLE001 - a node that cannot run is left as it is
             self.stats.warnings.append(f"{node.describe()}: not folded ({type(exc).__name__}: {exc})")
             return None
-        if any(not isinstance(r, np.ndarray) or r.size > self.options.fold_limit for r in results):
+        if any(not isinstance(r, np.ndarray) or r.size > limit for r in results):
             return None
         return list(results)
 
