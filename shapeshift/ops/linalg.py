@@ -18,6 +18,7 @@ from ..ir.types import INT32, TensorType
 from ..symbolic import Dim, Expr, bounds
 from .common import Shape, broadcast_dim, broadcast_shapes, normalize_axis, same_as_input, tensor
 from .context import EvalContext, InferContext
+from .quantize import round_saturate
 from .registry import define
 
 # -- shared helpers ---------------------------------------------------------------
@@ -335,11 +336,6 @@ def _qlinear_matmul_type(ctx: InferContext) -> list:
     return [tensor(ctx.input_dtype(7), shape)]
 
 
-def _saturate(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return np.clip(np.rint(x), info.min, info.max).astype(dtype)
-
-
 def _qlinear_matmul(ctx: EvalContext, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray,
                     b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray,
                     y_scale: np.ndarray, y_zero_point: np.ndarray) -> list:
@@ -351,7 +347,7 @@ def _qlinear_matmul(ctx: EvalContext, a: np.ndarray, a_scale: np.ndarray, a_zero
     a_scale, b_scale, y_scale = (s.astype(np.float32) for s in (a_scale, b_scale, y_scale))
     multiplier = _per_row(a_scale, a) * b_scale / y_scale
     y = np.rint(accumulated.astype(np.float32) * multiplier) + y_zero_point.astype(np.float32)
-    return [_saturate(y, y_zero_point.dtype)]
+    return [round_saturate(y, y_zero_point.dtype)]
 
 
 define("QLinearMatMul", infer=_qlinear_matmul_type, evaluate=_qlinear_matmul)

@@ -14,29 +14,44 @@ from typing import Optional
 
 import numpy as np
 
-from ..ir.types import INT8, INT16, INT32, UINT8, UINT16, FLOAT, to_numpy_dtype
+from ..ir.types import FLOAT, INT8, INT16, UINT8, UINT16, from_numpy_dtype, to_numpy_dtype
 from .common import normalize_axis, tensor
 from .context import EvalContext, InferContext
 from .registry import define
 
-#: Quantized types with rules here (QuantizeLinear's outputs; DequantizeLinear also reads int32).
-_QUANTIZED = {INT8, UINT8, INT16, UINT16}
+#: Quantized types with rules here: QuantizeLinear's outputs, DequantizeLinear's inputs (int32 too).
+_QUANTIZED = frozenset(np.dtype(to_numpy_dtype(t)) for t in (INT8, UINT8, INT16, UINT16))
+_DEQUANTIZED_FROM = _QUANTIZED | {np.dtype(np.int32)}
+
+
+def round_saturate(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``x`` rounded half to even, clipped to the integer ``dtype``'s range, as that type."""
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(x), info.min, info.max).astype(dtype)
+
+
+def _quantized_type(ctx, zero_point_type: Optional[int]) -> int:
+    """QuantizeLinear's output type: its zero point's, else output_dtype (opset 21), else uint8."""
+    if zero_point_type is not None:
+        return zero_point_type
+    return (ctx.attr("output_dtype", 0) if ctx.opset >= 21 else 0) or UINT8
+
+
+def _dequantized_type(ctx, scale_type: int) -> int:
+    """DequantizeLinear's output type: output_dtype (opset 23), else the scale's (opset 19:
+    float16 and bfloat16 too), else float32."""
+    if ctx.opset >= 23 and ctx.attr("output_dtype", 0):
+        return ctx.attr("output_dtype")
+    return scale_type if ctx.opset >= 19 else FLOAT
 
 
 def _quantize_type(ctx: InferContext) -> list:
-    if ctx.has_input(2):
-        dtype = ctx.input_dtype(2)
-    else:
-        dtype = (ctx.attr("output_dtype", 0) if ctx.opset >= 21 else 0) or UINT8
+    dtype = _quantized_type(ctx, ctx.input_dtype(2) if ctx.has_input(2) else None)
     return [tensor(dtype, ctx.input_shape(0))]
 
 
 def _dequantize_type(ctx: InferContext) -> list:
-    # Opset 19 made the output the scale's type (float16 and bfloat16 too); float32 before.
-    dtype = ctx.input_dtype(1) if ctx.opset >= 19 else FLOAT
-    if ctx.opset >= 23 and ctx.attr("output_dtype", 0):
-        dtype = ctx.attr("output_dtype")
-    return [tensor(dtype, ctx.input_shape(0))]
+    return [tensor(_dequantized_type(ctx, ctx.input_dtype(1)), ctx.input_shape(0))]
 
 
 def _broadcast_param(ctx: EvalContext, param: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -62,10 +77,6 @@ def _broadcast_param(ctx: EvalContext, param: np.ndarray, x: np.ndarray) -> np.n
     return param.reshape(shape)
 
 
-def _ours(dtype: np.dtype, allowed: set[int]) -> bool:
-    return dtype.kind in "iu" and np.dtype(dtype) in {np.dtype(to_numpy_dtype(t)) for t in allowed}
-
-
 def _delegated(ctx: EvalContext, dtype: np.dtype, what: str, *inputs) -> list:
     """onnx.reference's evaluation, for the types our rules do not have."""
     from .delegated import delegated_rule
@@ -78,29 +89,23 @@ def _delegated(ctx: EvalContext, dtype: np.dtype, what: str, *inputs) -> list:
 
 def _quantize(ctx: EvalContext, x: np.ndarray, y_scale: np.ndarray,
               y_zero_point: Optional[np.ndarray] = None) -> list:
-    if y_zero_point is not None:
-        dtype = y_zero_point.dtype
-    else:
-        code = (ctx.attr("output_dtype", 0) if ctx.opset >= 21 else 0) or UINT8
-        dtype = np.dtype(to_numpy_dtype(code))
-    if not _ours(dtype, _QUANTIZED):
+    zero_point_type = None if y_zero_point is None else from_numpy_dtype(y_zero_point.dtype)
+    dtype = np.dtype(to_numpy_dtype(_quantized_type(ctx, zero_point_type)))
+    if dtype not in _QUANTIZED:
         return _delegated(ctx, dtype, "QuantizeLinear output", x, y_scale, y_zero_point)
     scale = _broadcast_param(ctx, y_scale, x).astype(np.float32)
     # Round half to even, as the spec (and onnxruntime) do, then add the zero point and saturate.
     y = np.rint(x.astype(np.float32) / scale)
     if y_zero_point is not None:
         y = y + _broadcast_param(ctx, y_zero_point, x).astype(np.float32)
-    info = np.iinfo(dtype)
-    return [np.clip(y, info.min, info.max).astype(dtype)]
+    return [round_saturate(y, dtype)]
 
 
 def _dequantize(ctx: EvalContext, x: np.ndarray, x_scale: np.ndarray,
                 x_zero_point: Optional[np.ndarray] = None) -> list:
-    if not _ours(x.dtype, _QUANTIZED | {INT32}):
+    if x.dtype not in _DEQUANTIZED_FROM:
         return _delegated(ctx, x.dtype, "DequantizeLinear input", x, x_scale, x_zero_point)
-    out_dtype = x_scale.dtype if ctx.opset >= 19 else np.dtype(np.float32)
-    if ctx.opset >= 23 and ctx.attr("output_dtype", 0):
-        out_dtype = np.dtype(to_numpy_dtype(ctx.attr("output_dtype")))
+    out_dtype = np.dtype(to_numpy_dtype(_dequantized_type(ctx, from_numpy_dtype(x_scale.dtype))))
     centered = x.astype(np.int64)
     if x_zero_point is not None:
         centered = centered - _broadcast_param(ctx, x_zero_point, x).astype(np.int64)
