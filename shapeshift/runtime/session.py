@@ -33,6 +33,8 @@ from .binding import check_feed
 from .reference import ReferenceExecutor, as_feed_array
 
 BACKENDS = ("reference", "native")
+#: The backend of a model's session when none is asked for (an artifact's is always native).
+DEFAULT_BACKEND = "native"
 CHECKED_FEEDS_KEPT = 256  # distinct feed signatures whose check is remembered
 
 
@@ -95,9 +97,10 @@ class InferenceSession:
             raise ShapeshiftError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ShapeshiftError(f"num_threads must be a positive integer, got {num_threads!r}")
-        if tuning_db is not None and (backend or "native") != "native" and not is_artifact(model):
+        chosen = backend or DEFAULT_BACKEND
+        if tuning_db is not None and chosen != "native" and not is_artifact(model):
             raise ShapeshiftError("tuning_db applies to the native backend only: pass backend=\"native\"")
-        if profile and ((backend or "native") != "native" or is_artifact(model)):
+        if profile and (chosen != "native" or is_artifact(model)):
             raise ShapeshiftError("profile=True needs the native backend and a model, not a compiled artifact "
                                   "(its library was built without timers)")
         self._profiled = bool(profile)
@@ -108,7 +111,7 @@ class InferenceSession:
             self.backend = _artifact_backend(model, backend)
             self.graph, self._executor = load_artifact(model, dynamic, num_threads)
         else:
-            self.backend = backend or "native"
+            self.backend = chosen
             def load() -> Graph:  # the native backend may import again, to build program versions
                 return import_model(model, dict(dynamic or {}))
 

@@ -194,8 +194,9 @@ class Rewriter:
         cleared): unmark each, unless another graph of the tree still returns it, so
         that a node whose only reader was the body can be dropped as dead.
 
-        A value defined inside ``body`` is returned by nothing else; only one from
-        outside (a body returning an outer value directly) costs a walk of the tree.
+        A value defined inside ``body`` is returned by nothing else; one from outside (a
+        body returning an outer value directly) is asked of the graphs recorded as
+        returning it (_still_returned).
         """
         for value in values:
             if id(value) not in self._returned_by:
