@@ -24,13 +24,22 @@ def encoder_path(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def compiler_calls(monkeypatch, tmp_path) -> list:
-    """Every C compiler command run during the test, with an empty build cache of its own."""
+    """The command of every shared library the C compiler made during the test (with an
+    empty build cache of its own): one entry per library built. The kernel objects a
+    library links (codegen/fragments.py) and its own object are compiled on the way, by
+    commands without ``-shared``, which are not listed."""
     from shapeshift.codegen import build
 
     monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
     calls: list = []
     real = build._run_compiler
-    monkeypatch.setattr(build, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
+
+    def recording(cmd):
+        if "-shared" in cmd:
+            calls.append(cmd)
+        return real(cmd)
+
+    monkeypatch.setattr(build, "_run_compiler", recording)
     return calls
 
 

@@ -235,3 +235,74 @@ def test_openmp_reduction(tmp_path):
     result = fn(x.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), x.size)
     assert result == pytest.approx(float(x.sum()), rel=1e-12)
     assert fn(x.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), 0) == 0.0
+
+
+# --------------------------------------------------------------------------- libraries that link objects
+TWICE_OBJECT = """
+#include <stdint.h>
+static int64_t twice_impl(int64_t a) { return 2 * a; }
+int64_t twice(int64_t a) { return twice_impl(a); }
+"""
+
+
+def _caller(offset: int) -> str:
+    return f"""
+#include <stdint.h>
+int64_t twice(int64_t a);
+int64_t add(int64_t a, int64_t b) {{ return twice(a) + b + {offset}; }}
+"""
+
+
+def _objects(cache: Path) -> list[Path]:
+    return sorted(cache.rglob("*.o"))
+
+
+def test_a_library_links_its_objects_and_shares_them(tmp_path, compiles):
+    first = compile_library(_caller(0), cache_dir=tmp_path, objects=[("twice", TWICE_OBJECT)])
+    assert call_add(first, 20, 2) == 42
+    # The object, the library's own object, the link.
+    assert len(compiles) == 3 and sum("-shared" in c for c in compiles) == 1
+    (obj,) = _objects(tmp_path)
+    meta = json.loads(obj.with_suffix(".json").read_text())
+    assert meta["so_sha256"] == hashlib.sha256(obj.read_bytes()).hexdigest()
+    assert json.loads(first.path.with_suffix(".json").read_text())["linked"] == [meta["key"]]
+    assert not [p for p in tmp_path.rglob(".*")]  # no scratch files left
+
+    second = compile_library(_caller(100), cache_dir=tmp_path, objects=[("twice", TWICE_OBJECT)])
+    assert call_add(second, 20, 2) == 142
+    assert len(compiles) == 5, "the object came from the cache"
+    assert _objects(tmp_path) == [obj]
+
+
+def test_an_edited_object_changes_the_library_key(tmp_path, compiles):
+    first = compile_library(_caller(0), cache_dir=tmp_path, objects=[("twice", TWICE_OBJECT)])
+    tripled = TWICE_OBJECT.replace("2 * a", "3 * a")
+    second = compile_library(_caller(0), cache_dir=tmp_path, objects=[("twice", tripled)])
+    assert first.key != second.key
+    assert call_add(second, 10, 2) == 32
+
+
+@pytest.mark.parametrize("corruption", ["truncated", "no_metadata"])
+def test_a_corrupt_object_is_rebuilt(tmp_path, compiles, corruption):
+    compile_library(_caller(0), cache_dir=tmp_path / "a", objects=[("twice", TWICE_OBJECT)])
+    (obj,) = _objects(tmp_path / "a")
+    data = obj.read_bytes()
+    # A new caller, so that its library is built and links the object again.
+    if corruption == "truncated":
+        obj.write_bytes(data[: len(data) // 2])
+    else:
+        obj.with_suffix(".json").unlink()
+    lib = compile_library(_caller(7), cache_dir=tmp_path / "a", objects=[("twice", TWICE_OBJECT)])
+    assert len(compiles) == 6  # the object is compiled again
+    assert obj.read_bytes() == data
+    assert call_add(lib, 1, 1) == 10
+
+
+def test_an_object_that_does_not_compile_is_named(tmp_path):
+    with pytest.raises(CompileError) as info:
+        compile_library(_caller(0), name_hint="model", cache_dir=tmp_path,
+                        objects=[("kernels.broken", TWICE_OBJECT + "int broken( {\n")])
+    message = str(info.value)
+    (kept,) = tmp_path.rglob("*.failed.c")
+    assert "kernels.broken" in message and str(kept) in message
+    assert so_files(tmp_path) == [] and _objects(tmp_path) == []

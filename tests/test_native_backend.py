@@ -17,7 +17,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import shapeshift
-from shapeshift.codegen import build
 from shapeshift.errors import CompilerNotFoundError, ExecutionError, SymbolConflictError, SymbolRangeError
 
 pytestmark = pytest.mark.skipif(
@@ -325,13 +324,10 @@ def _encoder_feed(batch: int, seq: int) -> dict[str, np.ndarray]:
             "attention_mask": np.ones((batch, seq), dtype=np.int64)}
 
 
-def test_encoder_runs_fully_native_with_one_build(encoder_path, tmp_path, monkeypatch):
+def test_encoder_runs_fully_native_with_one_build(encoder_path, compiler_calls):
     import onnxruntime as ort
 
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "fresh"))
-    calls = []
-    real = build._run_compiler
-    monkeypatch.setattr(build, "_run_compiler", lambda cmd: calls.append(cmd) or real(cmd))
+    calls = compiler_calls  # libraries built, from an empty cache
     session = shapeshift.InferenceSession(encoder_path, backend="native")
     assert len(calls) == 1
     program = session._executor.program

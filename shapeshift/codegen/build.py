@@ -12,19 +12,26 @@ Cache layout, under ``cache_dir`` / ``$SHAPESHIFT_CACHE_DIR`` / ``~/.cache/shape
     <key[:2]>/<key>.lock        flock'ed around the build of one key (never deleted: deleting
                                 a lock file that another process may hold is a race)
     <key[:2]>/<key>.failed.c    the source of a build the compiler rejected
+    <key[:2]>/<key>.o           an object linked into libraries (a kernel fragment's, see
+                                codegen/fragments.py), with the same .c, .json and .lock
 
     artifacts/<sha[:2]>/<sha>.so  a compiled artifact's library (``install_library``), named by
                                 the sha256 of its bytes, next to its source <sha>.c
 
-The key is a sha256 over the source, the flags and the compiler's ``--version`` output.
+The key is a sha256 over the source, the flags and the compiler's ``--version`` output,
+and for a library that links objects, over their keys too.
 
 Concurrency and crashes: every file is written to a temporary name in the same directory
 and moved into place with ``os.replace``; the metadata goes in before the .so, so a .so
 under its final name always has metadata. Readers check the entry without the lock; any
 doubt (missing, mismatched, unloadable) sends them to the lock, where the entry is checked
 again and only then removed and rebuilt. So two processes building the same key compile
-it once and both load the one entry. An entry whose .so does not match its metadata, has
-no metadata, or does not load is removed and rebuilt, never used.
+it once and both load the one entry. An entry whose .so (or .o) does not match its
+metadata, has no metadata, or (a .so) does not load is removed and rebuilt, never used.
+
+A library that links objects compiles its own source to an object while the objects it
+lacks are built, each under its own lock, in parallel (gcc runs in processes of its own),
+then links them all.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +56,13 @@ from ..errors import CompileError, CompilerNotFoundError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11",
+                                  # A call to a function the unit does not declare is a bug in
+                                  # the generated code, not something to guess a signature for.
+                                  "-Werror=implicit-function-declaration")
 COMPILER_CANDIDATES: tuple[str, ...] = ("cc", "gcc")
 # Bump when the key's recipe or the entry layout changes, so old entries are never reused.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 # How much of the compiler's complaint goes into a CompileError message.
 ERROR_LINES = 20
 
@@ -105,10 +116,11 @@ def compiler_version(cc: str) -> str:
     return proc.stdout.strip()
 
 
-def cache_key(source: str, flags: Sequence[str], version: str) -> str:
-    """Hex sha256 over the cache format, compiler version, flags and source (length-prefixed)."""
+def cache_key(source: str, flags: Sequence[str], version: str, linked: Sequence[str] = ()) -> str:
+    """Hex sha256 over the cache format, compiler version, flags, source and the keys of
+    the objects ``linked`` into it (each length-prefixed)."""
     h = hashlib.sha256()
-    for part in (str(CACHE_FORMAT), version, *flags, "\0source\0", source):
+    for part in (str(CACHE_FORMAT), version, *flags, "\0source\0", source, "\0linked\0", *linked):
         data = part.encode()
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
@@ -116,21 +128,23 @@ def cache_key(source: str, flags: Sequence[str], version: str) -> str:
 
 
 def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Sequence[str]] = None,
-                    cache_dir: Optional[Path] = None) -> CompiledLibrary:
+                    cache_dir: Optional[Path] = None, objects: Sequence[tuple[str, str]] = ()) -> CompiledLibrary:
     """Build ``source`` into a shared library (or take it from the cache) and load it.
 
     ``flags`` replace ``DEFAULT_FLAGS`` (extend them with ``[*DEFAULT_FLAGS, ...]``); they
     must still make a shared library. ``name_hint`` only labels the metadata and error
-    messages: the same source under two names is one entry.
+    messages: the same source under two names is one entry. ``objects``: (name, source) of
+    translation units compiled on their own (with ``flags`` less ``-shared``, cached) and
+    linked into the library; ``source`` declares what it calls of them.
     Raises CompilerNotFoundError, or CompileError naming the kept source file.
     """
     flags = tuple(DEFAULT_FLAGS if flags is None else flags)
     cc = find_compiler()
     version = compiler_version(cc)
-    key = cache_key(source, flags, version)
-    directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key[:2]
-    directory.mkdir(parents=True, exist_ok=True)
-    entry = _Entry(directory, key)
+    object_flags = _object_flags(flags)
+    linked = [(name, src, cache_key(src, object_flags, version)) for name, src in objects]
+    key = cache_key(source, flags, version, [k for _, _, k in linked])
+    entry = _entry(cache_dir, key, ".so")
 
     # Fast path, no lock: a complete entry is never modified, only replaced whole.
     if _check(entry) is None:
@@ -145,15 +159,42 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
             if lib is not None:
                 return lib
             problem = "the library does not load"
-        if entry.so.exists() or entry.meta.exists():
-            log.warning("rebuilding corrupt cache entry %s: %s", entry.so, problem)
+        if entry.output.exists() or entry.meta.exists():
+            log.warning("rebuilding corrupt cache entry %s: %s", entry.output, problem)
         _remove(entry)
-        _build(entry, source, name_hint, flags, cc, version)
+        _build(entry, source, name_hint, flags, cc, version, linked, cache_dir)
         lib = _try_load(entry)
         if lib is None:
-            raise CompileError(f"{name_hint}: {entry.so} was just built by {cc} but does not load; "
+            raise CompileError(f"{name_hint}: {entry.output} was just built by {cc} but does not load; "
                                f"source kept at {entry.source}")
         return lib
+
+
+def _object_flags(flags: Sequence[str]) -> tuple[str, ...]:
+    return (*[f for f in flags if f != "-shared"], "-c")
+
+
+def _entry(cache_dir: Optional[Path], key: str, suffix: str) -> "_Entry":
+    directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key[:2]
+    directory.mkdir(parents=True, exist_ok=True)
+    return _Entry(directory, key, suffix)
+
+
+def _cached_object(name: str, source: str, key: str, flags: tuple[str, ...], cc: str, version: str,
+                   cache_dir: Optional[Path]) -> Path:
+    """The object file of ``source`` from the cache, built first if missing or corrupt."""
+    entry = _entry(cache_dir, key, ".o")
+    if _check(entry) is None:
+        return entry.output
+    with _locked(entry.lock):
+        problem = _check(entry)
+        if problem is None:
+            return entry.output
+        if entry.output.exists() or entry.meta.exists():
+            log.warning("rebuilding corrupt cache entry %s: %s", entry.output, problem)
+        _remove(entry)
+        _build(entry, source, name, flags, cc, version)
+        return entry.output
 
 
 def library_metadata(library: CompiledLibrary) -> dict:
@@ -191,10 +232,11 @@ def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
 class _Entry:
     directory: Path
     key: str
+    suffix: str = ".so"  # or ".o"
 
     @property
-    def so(self) -> Path:
-        return self.directory / f"{self.key}.so"
+    def output(self) -> Path:
+        return self.directory / f"{self.key}{self.suffix}"
 
     @property
     def source(self) -> Path:
@@ -215,22 +257,23 @@ class _Entry:
 
 def _check(entry: _Entry) -> Optional[str]:
     """None if the entry's files are complete and consistent, else what is wrong."""
+    what = "library" if entry.suffix == ".so" else "object"
     try:
         meta = json.loads(entry.meta.read_text())
     except FileNotFoundError:
-        return "no metadata" if entry.so.exists() else "not built"
+        return "no metadata" if entry.output.exists() else "not built"
     except (OSError, ValueError) as exc:
         return f"unreadable metadata ({exc})"
     if not isinstance(meta, dict) or meta.get("key") != entry.key:
         return "metadata is for another key"
     try:
-        data = entry.so.read_bytes()
+        data = entry.output.read_bytes()
     except FileNotFoundError:
-        return "no library"
+        return f"no {what}"
     if len(data) != meta.get("so_size"):
-        return f"library is {len(data)} bytes, metadata says {meta.get('so_size')}"
+        return f"{what} is {len(data)} bytes, metadata says {meta.get('so_size')}"
     if hashlib.sha256(data).hexdigest() != meta.get("so_sha256"):
-        return "library's sha256 does not match its metadata"
+        return f"{what}'s sha256 does not match its metadata"
     if not entry.source.exists():
         return "no source"
     return None
@@ -238,30 +281,37 @@ def _check(entry: _Entry) -> Optional[str]:
 
 def _try_load(entry: _Entry) -> Optional[CompiledLibrary]:
     try:
-        cdll = ctypes.CDLL(str(entry.so))
+        cdll = ctypes.CDLL(str(entry.output))
     except OSError as exc:
-        log.debug("cannot load %s: %s", entry.so, exc)
+        log.debug("cannot load %s: %s", entry.output, exc)
         return None
-    return CompiledLibrary(path=entry.so, source_path=entry.source, key=entry.key, cdll=cdll)
+    return CompiledLibrary(path=entry.output, source_path=entry.source, key=entry.key, cdll=cdll)
 
 
 def _remove(entry: _Entry) -> None:
-    # Metadata first: a .so without metadata is never trusted, whatever happens next.
-    for path in (entry.meta, entry.so):
+    # Metadata first: an output without metadata is never trusted, whatever happens next.
+    for path in (entry.meta, entry.output):
         path.unlink(missing_ok=True)
 
 
-def _build(entry: _Entry, source: str, name_hint: str, flags: tuple[str, ...], cc: str, version: str) -> None:
+def _build(entry: _Entry, source: str, name_hint: str, flags: tuple[str, ...], cc: str, version: str,
+           linked: Sequence[tuple[str, str, str]] = (), cache_dir: Optional[Path] = None) -> None:
+    """Compile ``source`` into ``entry``'s output. With ``linked`` objects ((name, source,
+    key) each): compile ``source`` to an object while they are fetched from the cache or
+    built, all in parallel, then link everything."""
     _write_atomic(entry.source, source.encode())
-    fd, tmp_name = tempfile.mkstemp(dir=entry.directory, prefix=f".{entry.key}.", suffix=".so.tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        cmd = [cc, *flags, str(entry.source), "-o", str(tmp)]
-        proc = _run_compiler(cmd)
-        if proc.returncode != 0:
-            os.replace(entry.source, entry.failed_source)
-            raise CompileError(_compile_error_message(name_hint, cmd, proc, entry.source, entry.failed_source))
+    with _scratch(entry, entry.suffix) as tmp, _scratch(entry, ".o") as own:
+        if linked:
+            object_flags = _object_flags(flags)
+            with ThreadPoolExecutor(max_workers=max(1, min(len(linked) + 1, os.cpu_count() or 1))) as pool:
+                pending = [pool.submit(_cached_object, name, src, key, object_flags, cc, version, cache_dir)
+                           for name, src, key in linked]
+                _compile(entry, name_hint, [cc, *object_flags, str(entry.source), "-o", str(own)])
+                objects = [str(p.result()) for p in pending]
+            _compile(entry, f"{name_hint} (linking)", [cc, *flags, str(own), *objects, "-o", str(tmp)],
+                     keep_source=False)
+        else:
+            _compile(entry, name_hint, [cc, *flags, str(entry.source), "-o", str(tmp)])
         data = tmp.read_bytes()
         from .. import __version__  # here, not at import: the package imports codegen while initialising
 
@@ -270,12 +320,31 @@ def _build(entry: _Entry, source: str, name_hint: str, flags: tuple[str, ...], c
             "so_size": len(data), "so_sha256": hashlib.sha256(data).hexdigest(),
             "flags": list(flags), "compiler": cc, "compiler_version": version,
             "shapeshift_version": __version__, "cache_format": CACHE_FORMAT,
+            "linked": [key for _, _, key in linked],
         }
         _write_atomic(entry.meta, json.dumps(meta, indent=1).encode())
-        os.replace(tmp, entry.so)
-    finally:
-        tmp.unlink(missing_ok=True)
+        os.replace(tmp, entry.output)
     entry.failed_source.unlink(missing_ok=True)
+
+
+def _compile(entry: _Entry, name_hint: str, cmd: list[str], keep_source: bool = True) -> None:
+    """Run ``cmd``; on failure keep the entry's source as its .failed.c and raise CompileError."""
+    proc = _run_compiler(cmd)
+    if proc.returncode != 0:
+        if keep_source:
+            os.replace(entry.source, entry.failed_source)
+        raise CompileError(_compile_error_message(name_hint, cmd, proc, entry.source, entry.failed_source))
+
+
+@contextmanager
+def _scratch(entry: _Entry, suffix: str) -> Iterator[Path]:
+    """A temporary file name next to ``entry``, removed afterwards whatever happens."""
+    fd, name = tempfile.mkstemp(dir=entry.directory, prefix=f".{entry.key}.", suffix=f"{suffix}.tmp")
+    os.close(fd)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 def _compile_error_message(name_hint: str, cmd: list[str], proc: subprocess.CompletedProcess,

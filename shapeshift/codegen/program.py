@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 from ..ir.graph import Graph, Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..symbolic import Dim, Expr, free_symbols
+from .fragments import declarations, dependency_order, object_sources
 from .kernels.prelude import PRELUDE
 from .lower import rule_for
 from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsupported
@@ -105,6 +106,10 @@ class Program:
     # Built with per-step timers (see _emit_source): its library exports
     # ``profile_symbol()``, two doubles per step (seconds, calls) that the VM reads.
     profiled: bool = False
+
+    def objects(self) -> list[tuple[str, str]]:
+        """(name, source) of the kernel objects its library links (codegen/fragments.py)."""
+        return object_sources(self.fragments)
 
     def tuned_names(self) -> set[str]:
         """Prefixes of every tuned dispatcher this program and its branches use: those of
@@ -226,7 +231,7 @@ class _Builder:
                           tuned_calls=self.tuned_calls)
         if not self.prefix:  # the root: one translation unit for it and every branch
             programs = program.all_programs()
-            program.fragments = _with_dependencies(
+            program.fragments = dependency_order(
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
             for each in programs:
                 each.profiled = self.profile
@@ -503,35 +508,12 @@ def _nbytes(t: TensorType) -> Dim:
     return product([*t.shape, to_numpy_dtype(t.dtype).itemsize])
 
 
-def _with_dependencies(names: set[str]) -> tuple[str, ...]:
-    """Fragment modules in an order where each comes after what it depends on."""
-    import importlib
-
-    ordered: list[str] = []
-
-    def visit(name: str) -> None:
-        if name in ordered:
-            return
-        module = importlib.import_module(f"shapeshift.codegen.kernels.{name}")
-        for dep in getattr(module, "DEPENDS", ()):
-            visit(dep)
-        ordered.append(name)
-
-    for name in sorted(names):
-        visit(name)
-    return tuple(ordered)
-
-
 def _emit_source(programs: list[Program], fragments: tuple[str, ...], tuned: Sequence[str] = ()) -> str:
-    """One translation unit: the prelude, the kernel fragments, the tuned dispatchers and
+    """One translation unit: the prelude, the kernel fragments declared (their entry points
+    are linked from objects of their own: codegen/fragments.py), the tuned dispatchers and
     every program's segment functions. A profiled program's steps each add their wall time
     and one call to its counters (omp_get_wtime: one clock read before and one after each step)."""
-    import importlib
-
-    parts = [PRELUDE]
-    for name in fragments:
-        parts.append(f"/* ---- kernels: {name} ---- */\n")
-        parts.append(importlib.import_module(f"shapeshift.codegen.kernels.{name}").source())
+    parts = [PRELUDE, declarations(fragments)]
     parts.extend(tuned)
     for program in programs:
         counters = f"ss_profile{program.prefix}"

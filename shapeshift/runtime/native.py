@@ -62,7 +62,8 @@ def _compile_all(programs: list[Program], cache_dir) -> list[Optional[CompiledLi
     def one(program: Program) -> Optional[CompiledLibrary]:
         if not any(p.segments for p in program.all_programs()):
             return None
-        return compile_library(program.source, name_hint=f"{program.graph.name} program", cache_dir=cache_dir)
+        return compile_library(program.source, name_hint=f"{program.graph.name} program", cache_dir=cache_dir,
+                               objects=program.objects())
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(programs), os.cpu_count() or 1))) as pool:
         return list(pool.map(one, programs))

@@ -64,7 +64,7 @@ class NativeVM:
         self._reads: dict[int, list[Value]] = {}  # id(node) -> what its fallback step reads
         if self.library is None and any(p.segments for p in program.all_programs()):
             self.library = compile_library(program.source, name_hint=f"{program.graph.name} program",
-                                           cache_dir=cache_dir)
+                                           cache_dir=cache_dir, objects=program.objects())
         if num_threads and self.library is not None:  # compiled here, or given by an artifact
             self.library.cdll.ss_set_num_threads(ctypes.c_int(num_threads))
         for k in range(len(program.segments)):

@@ -1,0 +1,124 @@
+"""Kernel fragments compiled once into objects that every model's library links.
+
+A fragment (``codegen/kernels/<name>.py``) is C text: types, macros, static helpers, and
+*entry points*, the functions with external linkage that generated code calls
+(``ss_gemm``, ``ss_copy``, ``ss_softmax``...). Pasted whole into each model's translation
+unit, the fragments were most of every build, and the same work for every model: 9 of
+the 13 s that gcc -O3 spent on the TorchScript BERT of ../shared/models.
+
+So a fragment with entry points is compiled on its own into an object file, cached like
+a library (codegen/build.py: keyed by its text, flags and compiler) and linked into every
+library that uses it. The model's translation unit sees the fragment *declared*: its text
+with each entry point's body cut down to a prototype. Types, macros and ``static inline``
+helpers stay visible (generated loops inline ``ss_erf8`` and ``ss_pad_fold``), while the
+static functions that only the cut bodies called are never referenced, so the compiler
+parses them and emits nothing. A fragment without entry points (vmath, scalar, intpow) is
+header-only: declared and whole are the same text, and it has no object.
+
+A fragment's own object declares the fragments it depends on (its ``DEPENDS``) the same
+way, so each entry point is defined in exactly one object.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from typing import Iterable
+
+from .kernels.prelude import HEADER
+
+# The head of a function definition with external linkage, at the start of a line: a return
+# type, the name, the parameter list (which may span lines), then the opening brace.
+_ENTRY_POINT_HEAD = re.compile(
+    r"^(?!static\b|typedef\b|struct\b|union\b|enum\b|extern\b)[A-Za-z_][\w \t*]*?\b\w+\s*\([^;{}]*\)\s*\{", re.M)
+
+
+def _module(name: str):
+    return importlib.import_module(f"shapeshift.codegen.kernels.{name}")
+
+
+@functools.cache
+def text(name: str) -> str:
+    """The fragment's C text, with its default parameters."""
+    return _module(name).source()
+
+
+@functools.cache
+def declared(name: str) -> str:
+    """The fragment's text with the body of each entry point replaced by ``;``."""
+    source = text(name)
+    parts, pos = [], 0
+    for head in _ENTRY_POINT_HEAD.finditer(source):
+        if head.start() < pos:  # a line of a body already cut that looks like a definition
+            continue
+        brace = head.end() - 1
+        parts.append(source[pos:brace].rstrip() + ";\n")
+        pos = _end_of_block(source, brace, name)
+    parts.append(source[pos:])
+    return "".join(parts)
+
+
+def has_object(name: str) -> bool:
+    """Whether the fragment defines entry points (and so is compiled as an object)."""
+    return declared(name) != text(name)
+
+
+def dependency_order(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` and everything they depend on, each after its dependencies."""
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        for dep in getattr(_module(name), "DEPENDS", ()):
+            visit(dep)
+        ordered.append(name)
+
+    for name in sorted(names):
+        visit(name)
+    return tuple(ordered)
+
+
+def declarations(fragments: Iterable[str]) -> str:
+    """What a translation unit that calls ``fragments`` (in dependency order) includes."""
+    return "".join(f"/* ---- kernels: {name} ---- */\n{declared(name)}" for name in fragments)
+
+
+def object_sources(fragments: Iterable[str]) -> list[tuple[str, str]]:
+    """(name, translation unit) of each fragment's object, for those that have one."""
+    units = []
+    for name in fragments:
+        if has_object(name):
+            deps = dependency_order(getattr(_module(name), "DEPENDS", ()))
+            units.append((f"kernels.{name}", HEADER + declarations(deps) + f"/* ---- kernels: {name} ---- */\n"
+                          + text(name)))
+    return units
+
+
+def _end_of_block(source: str, brace: int, name: str) -> int:
+    """Index just past the ``}`` matching the ``{`` at ``brace``; comments and string or
+    character literals are skipped, since a brace in them does not count."""
+    depth, i, n = 0, brace, len(source)
+    while i < n:
+        if source.startswith("//", i):
+            i = source.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if source.startswith("/*", i):
+            end = source.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            continue
+        c = source[i]
+        if c in "\"'":
+            i += 1
+            while i < n and source[i] != c:
+                i += 2 if source[i] == "\\" else 1
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ValueError(f"kernel fragment {name!r}: unbalanced braces after offset {brace}")

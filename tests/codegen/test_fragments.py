@@ -1,0 +1,60 @@
+"""Kernel fragments split into objects (codegen/fragments.py): what a model's unit declares
+of them, and that their objects, linked together, define each entry point once."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from shapeshift.codegen import fragments
+from shapeshift.codegen.build import compile_library
+from shapeshift.codegen.kernels.prelude import PRELUDE
+
+ALL = fragments.dependency_order(["conv", "dropout", "gemm", "indexing", "intpow", "layout", "lpnorm", "lppool",
+                                  "moments", "nms", "normalize", "pool", "reduce", "resize", "rnn", "rotary",
+                                  "sample", "scalar", "vmath"])
+
+
+def _entry_points(text: str) -> set[str]:
+    return {m.group(1) for m in re.finditer(r"^(?!static\b)[A-Za-z_][\w \t*]*?\b(\w+)\s*\([^;{}]*\)\s*\{", text, re.M)}
+
+
+def test_declared_cuts_every_entry_point_body_and_keeps_the_rest():
+    gemm = fragments.text("gemm")
+    points = _entry_points(gemm)
+    assert {"ss_gemm", "ss_gemm_prepacked"} <= points
+    declared = fragments.declared("gemm")
+    assert _entry_points(declared) == set()
+    for name in points:
+        assert re.search(rf"\b{name}\s*\([^;{{}}]*\);", declared), name
+    # Static helpers and types stay (what only the cut bodies call is never compiled).
+    assert "static inline int64_t ss_gemm_min" in declared
+    assert len(declared) < len(gemm)
+
+
+def test_a_fragment_without_entry_points_is_header_only():
+    assert not fragments.has_object("vmath") and fragments.declared("vmath") == fragments.text("vmath")
+    assert fragments.has_object("gemm") and fragments.has_object("layout")
+    assert [name for name, _ in fragments.object_sources(["vmath", "gemm"])] == ["kernels.gemm"]
+
+
+def test_dependencies_come_first():
+    order = fragments.dependency_order(["conv"])
+    assert order.index("gemm") < order.index("conv") and order.index("vmath") < order.index("conv")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_every_object_links_into_one_library_with_each_entry_point_once(tmp_path):
+    # A unit that declares every fragment, linked with every object: a duplicate definition
+    # or a missing one fails the link or the load.
+    lib = compile_library(PRELUDE + fragments.declarations(ALL), name_hint="all fragments",
+                          cache_dir=tmp_path, objects=fragments.object_sources(ALL))
+    defined = subprocess.run(["nm", "-D", "--defined-only", str(lib.path)], capture_output=True, text=True).stdout
+    exported = {line.split()[-1] for line in defined.splitlines() if " T " in line}
+    expected = set().union(*(_entry_points(fragments.text(name)) for name in ALL)) | {"ss_set_num_threads"}
+    assert expected <= exported
+    assert isinstance(lib.cdll.ss_gemm, ctypes._CFuncPtr)
