@@ -9,11 +9,11 @@ the 13 s that gcc -O3 spent on the TorchScript BERT of ../shared/models.
 So a fragment with entry points is compiled on its own into an object file, cached like
 a library (codegen/build.py: keyed by its text, flags and compiler) and linked into every
 library that uses it. The model's translation unit sees the fragment *declared*: its text
-with each entry point's body cut down to a prototype. Types, macros and ``static inline``
-helpers stay visible (generated loops inline ``ss_erf8`` and ``ss_pad_fold``), while the
-static functions that only the cut bodies called are never referenced, so the compiler
-parses them and emits nothing. A fragment without entry points (vmath, scalar, intpow) is
-header-only: declared and whole are the same text, and it has no object.
+with each entry point's body cut down to a prototype and its private helpers (``static``,
+not ``inline``), which only those bodies call, left out. Types, macros and ``static
+inline`` helpers stay visible (generated loops inline ``ss_erf8`` and ``ss_pad_fold``).
+A fragment without entry points (vmath, scalar, intpow) is header-only: it has no object,
+and units include it whole.
 
 A fragment's own object declares the fragments it depends on (its ``DEPENDS``) the same
 way, so each entry point is defined in exactly one object.
@@ -28,10 +28,12 @@ from typing import Iterable
 
 from .kernels.prelude import HEADER
 
-# The head of a function definition with external linkage, at the start of a line: a return
-# type, the name, the parameter list (which may span lines), then the opening brace.
+# The head of a function definition at the start of a line: a return type, the name, the
+# parameter list (which may span lines), then the opening brace. An entry point has external
+# linkage; a private helper is static and not inline.
 _ENTRY_POINT_HEAD = re.compile(
     r"^(?!static\b|typedef\b|struct\b|union\b|enum\b|extern\b)[A-Za-z_][\w \t*]*?\b\w+\s*\([^;{}]*\)\s*\{", re.M)
+_PRIVATE_HELPER_HEAD = re.compile(r"^static\s+(?!inline\b)[\w \t*]*?\b(\w+)\s*\([^;{}]*\)\s*\{", re.M)
 
 
 def _module(name: str):
@@ -46,14 +48,40 @@ def text(name: str) -> str:
 
 @functools.cache
 def declared(name: str) -> str:
-    """The fragment's text with the body of each entry point replaced by ``;``."""
-    source = text(name)
+    """The fragment's text with the body of each entry point replaced by ``;`` and the
+    private helpers (static, not inline) that only those bodies called left out, so that
+    the units that include it do not even parse them."""
+    source = _cut(text(name), _ENTRY_POINT_HEAD, name, keep_prototype=True)
+    helpers = {m.group(1): m for m in _PRIVATE_HELPER_HEAD.finditer(source)}
+    spans = {h: (m.start(), _end_of_block(source, m.end() - 1, name)) for h, m in helpers.items()}
+    outside, pos = [], 0
+    for start, end in sorted(spans.values()):
+        outside.append(source[pos:start])
+        pos = end
+    outside.append(source[pos:])
+    # What the rest of the text calls, and what those helpers call in turn.
+    needed = {h for h in helpers if re.search(rf"\b{h}\b", "".join(outside))}
+    pending = list(needed)
+    while pending:
+        start, end = spans[pending.pop()]
+        for h in helpers:
+            if h not in needed and re.search(rf"\b{h}\b", source[start:end]):
+                needed.add(h)
+                pending.append(h)
+    unused = re.compile(r"^static\s+(?!inline\b)[\w \t*]*?\b(?:" + "|".join(sorted(set(helpers) - needed))
+                        + r")\s*\([^;{}]*\)\s*\{", re.M) if set(helpers) - needed else None
+    return _cut(source, unused, name, keep_prototype=False) if unused else source
+
+
+def _cut(source: str, heads: re.Pattern, name: str, keep_prototype: bool) -> str:
+    """``source`` without the bodies of the functions whose heads match: each becomes its
+    prototype, or nothing."""
     parts, pos = [], 0
-    for head in _ENTRY_POINT_HEAD.finditer(source):
+    for head in heads.finditer(source):
         if head.start() < pos:  # a line of a body already cut that looks like a definition
             continue
         brace = head.end() - 1
-        parts.append(source[pos:brace].rstrip() + ";\n")
+        parts.append(source[pos:brace].rstrip() + ";\n" if keep_prototype else source[pos:head.start()])
         pos = _end_of_block(source, brace, name)
     parts.append(source[pos:])
     return "".join(parts)
@@ -61,7 +89,7 @@ def declared(name: str) -> str:
 
 def has_object(name: str) -> bool:
     """Whether the fragment defines entry points (and so is compiled as an object)."""
-    return declared(name) != text(name)
+    return _ENTRY_POINT_HEAD.search(text(name)) is not None
 
 
 def dependency_order(names: Iterable[str]) -> tuple[str, ...]:

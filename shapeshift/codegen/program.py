@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 from ..ir.graph import Graph, Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..symbolic import Dim, Expr, free_symbols
-from .fragments import declarations, dependency_order, object_sources
-from .kernels.prelude import PRELUDE
+from .emit import emit_units
+from .fragments import dependency_order, object_sources
 from .lower import rule_for
 from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsupported
 from .lower.layout import VIEW_OPS
@@ -86,7 +86,7 @@ class Program:
     slot_of: dict[int, int]  # id(Value) -> slot
     extents: list[Dim]  # e[k] = extents[k] under the binding
     segments: list[list[int]]  # step indices of each segment
-    source: str
+    source: str  # the first translation unit (codegen/emit.py), the whole program's when small
     packs: list[PackRequest]
     input_symbols: frozenset[str]
     fragments: tuple[str, ...] = ()
@@ -106,10 +106,18 @@ class Program:
     # Built with per-step timers (see _emit_source): its library exports
     # ``profile_symbol()``, two doubles per step (seconds, calls) that the VM reads.
     profiled: bool = False
+    # The other translation units of a large program, compiled in parallel with ``source``.
+    parts: list[str] = field(default_factory=list)
 
     def objects(self) -> list[tuple[str, str]]:
-        """(name, source) of the kernel objects its library links (codegen/fragments.py)."""
-        return object_sources(self.fragments)
+        """(name, source) of the objects its library links: the kernel fragments it calls
+        (codegen/fragments.py) and its own other units."""
+        own = [(f"{self.graph.name} program, unit {u + 2}", text) for u, text in enumerate(self.parts)]
+        return object_sources(self.fragments) + own
+
+    def full_source(self) -> str:
+        """Every unit of its generated C, the library's whole source."""
+        return "".join([self.source, *self.parts])
 
     def tuned_names(self) -> set[str]:
         """Prefixes of every tuned dispatcher this program and its branches use: those of
@@ -235,7 +243,7 @@ class _Builder:
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
             for each in programs:
                 each.profiled = self.profile
-            program.source = _emit_source(programs, program.fragments, self._tuned_sources(program))
+            program.source, *program.parts = emit_units(programs, program.fragments, self._tuned_sources(program))
             program.unread_consts = _unread_consts(programs)
         return program
 
@@ -506,43 +514,6 @@ def _nbytes(t: TensorType) -> Dim:
     from ..ops.common import product
 
     return product([*t.shape, to_numpy_dtype(t.dtype).itemsize])
-
-
-def _emit_source(programs: list[Program], fragments: tuple[str, ...], tuned: Sequence[str] = ()) -> str:
-    """One translation unit: the prelude, the kernel fragments declared (their entry points
-    are linked from objects of their own: codegen/fragments.py), the tuned dispatchers and
-    every program's segment functions. A profiled program's steps each add their wall time
-    and one call to its counters (omp_get_wtime: one clock read before and one after each step)."""
-    parts = [PRELUDE, declarations(fragments)]
-    parts.extend(tuned)
-    for program in programs:
-        counters = f"ss_profile{program.prefix}"
-        if program.profiled:
-            parts.append(f"\nstatic double {counters}[{2 * max(1, len(program.steps))}];\n"
-                         f"double* {program.profile_symbol()}(void) {{ return {counters}; }}\n")
-        for k, indices in enumerate(program.segments):
-            body = []
-            for i in indices:
-                step = program.steps[i]
-                code = _indent(step.lowered.code.replace("STEP_ERROR", str(i + 1)), 8)
-                if program.profiled:
-                    code = (f"        const double ss_started = omp_get_wtime();\n        {{\n{_indent(code, 4)}\n"
-                            f"        }}\n        {counters}[{2 * i}] += omp_get_wtime() - ss_started;\n"
-                            f"        {counters}[{2 * i + 1}] += 1;")
-                body.append(f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n    {{\n"
-                            + code + "\n    }\n")
-            parts.append(f"\nint {program.segment_name(k)}(void* const* v, const int64_t* e) {{\n    (void)e;\n"
-                         + "".join(body) + "    return 0;\n}\n")
-    return "".join(parts)
-
-
-def _comment(text: str) -> str:
-    return text.replace("*/", "* /")
-
-
-def _indent(code: str, spaces: int) -> str:
-    pad = " " * spaces
-    return "\n".join(pad + line if line.strip() else line for line in code.strip("\n").splitlines())
 
 
 def build_program(graph: Graph, tuning=None, profile: bool = False) -> Program:

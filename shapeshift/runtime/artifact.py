@@ -255,7 +255,7 @@ def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[
     header = {
         "shapeshift_version": __version__, "graph": executor.graph.name,
         "dynamic": {name: list(bounds) for name, bounds in sorted(ranges.items())},
-        "source_sha256": _sha256(executor.program.source.encode()),
+        "source_sha256": _sha256(executor.program.full_source().encode()),
         "machine": platform.machine(), "cpu_features": host_cpu_features() or [],
     }
     if tuning is not None:
@@ -297,7 +297,7 @@ def load_artifact(path: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]
         program = prepare_program(graph, _tuning(artifact))
     except ShapeshiftError as exc:
         raise ArtifactError(f"{artifact.path}: its model no longer builds a program: {exc}") from None
-    _check_source(artifact, program.source)
+    _check_source(artifact, program.full_source())
     library = _install_library(artifact, program, cache_dir)
     return graph, NativeExecutor(graph, num_threads=num_threads, program=program, library=library)
 
@@ -349,7 +349,7 @@ def _install_library(artifact: Artifact, program, cache_dir: Optional[PathLike])
                                 "but it holds no library section")
         return None
     try:
-        return install_library(data, str(artifact.header.get("library_key")), program.source,
+        return install_library(data, str(artifact.header.get("library_key")), program.full_source(),
                                Path(cache_dir) if cache_dir is not None else None)
     except OSError as exc:
         raise ArtifactError(f"{artifact.path}: cannot install or load its library ({exc}); "

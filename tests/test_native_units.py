@@ -1,0 +1,86 @@
+"""A large program's C is split into translation units compiled in parallel
+(codegen/emit.py): the split program computes what onnxruntime does, passes a step's error
+code on from a later part, and survives a compiled artifact. Splitting is forced on small
+models by lowering ``UNIT_CHARS``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import shapeshift
+from shapeshift.codegen import emit
+from shapeshift.errors import ExecutionError
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("SHAPESHIFT_CC"),
+    reason="no C compiler on this machine")
+
+
+@pytest.fixture
+def small_units(monkeypatch):
+    monkeypatch.setattr(emit, "UNIT_CHARS", 1500)
+
+
+def _encoder_feed(batch: int, seq: int) -> dict:
+    rng = np.random.default_rng(seq)
+    return {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64),
+            "attention_mask": np.ones((batch, seq), dtype=np.int64)}
+
+
+def test_a_split_encoder_matches_onnxruntime(encoder_path, small_units, compiler_calls):
+    import onnxruntime as ort
+
+    session = shapeshift.InferenceSession(encoder_path, backend="native")
+    program = session._executor.program
+    assert len(program.parts) >= 2 and len(program.segments) == 1
+    assert "_part1(v, e)) != 0) return code;" in program.source  # the segment calls its parts in turn
+    assert len(compiler_calls) == 1, "one library, its units linked"
+    reference = ort.InferenceSession(str(encoder_path), providers=["CPUExecutionProvider"])
+    for batch, seq in ((1, 1), (2, 9), (1, 30)):
+        feed = _encoder_feed(batch, seq)
+        np.testing.assert_allclose(session.run(None, feed)[0], reference.run(None, feed)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_error_in_a_later_part_is_passed_on(small_units):
+    # Enough steps before the Gather that it lands in a part after the first.
+    nodes = [helper.make_node("Mul" if i % 2 else "Add", [f"x{i}", f"x{i}"], [f"x{i + 1}"]) for i in range(40)]
+    nodes.append(helper.make_node("Gather", ["table", "ids"], ["g"], axis=0, name="lookup"))
+    graph = helper.make_graph(
+        nodes, "late_error",
+        [helper.make_tensor_value_info("x0", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["m"])],
+        [helper.make_tensor_value_info("x40", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("g", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.ones((4, 2), np.float32), "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = shapeshift.InferenceSession(model, backend="native")
+    program = session._executor.program
+    assert not program.fallback_ops()
+    assert "lookup" not in program.source and "lookup" in program.parts[-1]
+    x = np.linspace(-1, 1, 5, dtype=np.float32)
+    assert session.run(None, {"x0": x, "ids": np.array([3, 0], np.int64)})[1].shape == (2, 2)
+    with pytest.raises(ExecutionError, match="lookup"):
+        session.run(None, {"x0": x, "ids": np.array([0, 4], np.int64)})
+
+
+def test_a_split_program_compiles_into_an_artifact(encoder_path, small_units, tmp_path):
+    out = tmp_path / "encoder.ssa"
+    shapeshift.compile(str(encoder_path), str(out), dynamic={"batch": (1, 4), "seq": (1, 64)})
+    loaded = shapeshift.InferenceSession(str(out))
+    assert loaded._executor.program.parts
+    direct = shapeshift.InferenceSession(encoder_path, backend="native")
+    feed = _encoder_feed(2, 5)
+    np.testing.assert_allclose(loaded.run(None, feed)[0], direct.run(None, feed)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_units_depend_on_size_only(encoder_path, small_units, monkeypatch):
+    # An artifact is checked against the text its program prints, on any machine.
+    first = shapeshift.InferenceSession(encoder_path, backend="native")._executor.program
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    second = shapeshift.InferenceSession(encoder_path, backend="native")._executor.program
+    assert len(first.parts) >= 2 and first.full_source() == second.full_source()
