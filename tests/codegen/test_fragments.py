@@ -31,9 +31,15 @@ def test_declared_cuts_every_entry_point_body_and_keeps_the_rest():
     assert _entry_points(declared) == set()
     for name in points:
         assert re.search(rf"\b{name}\s*\([^;{{}}]*\);", declared), name
-    # Static helpers and types stay (what only the cut bodies call is never compiled).
+    # Static inline helpers stay; private helpers that only the cut bodies call go.
     assert "static inline int64_t ss_gemm_min" in declared
-    assert len(declared) < len(gemm)
+    assert "static void ss_gemm_pack_a" in gemm and "ss_gemm_pack_a" not in declared
+
+
+def test_a_private_helper_that_an_inline_helper_calls_stays():
+    # dropout's static inline generator step calls the static ss_mt_refill.
+    assert re.search(r"static inline[^{]*\{[^}]*ss_mt_refill", fragments.text("dropout"))
+    assert "static void ss_mt_refill" in fragments.declared("dropout")
 
 
 def test_a_fragment_without_entry_points_is_header_only():

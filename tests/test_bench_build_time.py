@@ -1,0 +1,19 @@
+"""bench/build_time.py: the table from made-up measurements (no sessions, no timing)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import build_time as build_bench  # noqa: E402
+
+
+def test_report_gives_medians_and_ratios_to_onnxruntime():
+    times = {("m", "empty cache"): [9.0, 7.0, 8.0], ("m", "fragments cached"): [2.0, 3.0, 2.5],
+             ("m", "cache hit"): [0.5, 0.6, 0.4], ("m", "onnxruntime"): [0.5, 0.4, 0.6]}
+    text = build_bench.report(times, ["m"], runs=3)
+    row = next(line for line in text.splitlines() if line.startswith("| m |"))
+    assert row == "| m | 8.00 | 2.50 | 0.50 | 0.50 | 16.0x | 5.0x | 1.0x |"
+    assert "median of 3" in text
