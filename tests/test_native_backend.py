@@ -258,6 +258,23 @@ def test_expand_tile_pad_gather():
     _run_both(model, [{"x": _rand(rng, (n, 4)), "ids": rng.integers(-10, 10, (2, n))} for n in (1, 3, 6)])
 
 
+def test_conv_on_small_planes_reads_prepacked_weights():
+    # Below conv.SMALL_PLANE output pixels ss_conv2d multiplies by the weights packed once at
+    # load; above, by the per-call path. One session serves both, and a grouped conv gets none.
+    rng = np.random.default_rng(21)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"]),
+             helper.make_node("Conv", ["y", "wg"], ["z"], group=2, kernel_shape=[1, 1])]
+    inits = [_const("w", _rand(rng, (24, 16, 3, 3))), _const("b", _rand(rng, (24,))),
+             _const("wg", _rand(rng, (8, 12, 1, 1)))]
+    model = _model(nodes, [_input("x", ["n", 16, "h", "w"])], [_output("z")], inits)
+    feeds = [{"x": _rand(rng, shape)} for shape in ((1, 16, 2, 3), (2, 16, 8, 8), (1, 16, 12, 11), (1, 16, 1, 1))]
+    session = _run_both(model, feeds)
+    program = session._executor.program
+    assert [p.source.shape for p in program.packs] == [(16 * 9, 24)]
+    assert sum("(const float*)v[" in s.lowered.code for s in program.steps if s.lowered) == 1
+
+
 def test_gather_index_out_of_range_names_the_node():
     model = _model([helper.make_node("Gather", ["table", "ids"], ["g"], axis=0, name="lookup")],
                    [_input("ids", ["n"], I64)], [_output("g")], [_const("table", np.ones((4, 2), np.float32))])

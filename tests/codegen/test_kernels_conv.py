@@ -37,7 +37,11 @@ def lib(tmp_path_factory):
     cdll.ss_conv2d_work_size.restype = I64
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
-    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P]
+    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P]
+    cdll.ss_gemm_packed_b_size.restype = I64
+    cdll.ss_gemm_packed_b_size.argtypes = [I64, I64]
+    cdll.ss_gemm_pack_b.restype = None
+    cdll.ss_gemm_pack_b.argtypes = [I64, I64, F32P, I64, I64, F32P]
     cdll.ss_conv_transpose2d_work_size.restype = I64
     cdll.ss_conv_transpose2d_work_size.argtypes = [I64] * 7
     cdll.ss_conv_transpose2d.restype = None
@@ -75,7 +79,15 @@ def as_2d(shape_1d_or_2d, fill):
     return tuple(shape_1d_or_2d) if len(shape_1d_or_2d) == 2 else (fill, *shape_1d_or_2d)
 
 
-def call_conv(lib, x, w, b, y, strides, begin_pads, dilations, group, act):
+def packed_weights(lib, w):
+    """w [M, C, KH, KW] as the GEMM's prepacked B of [C*KH*KW, M] (what the lowering packs)."""
+    m, kc = w.shape[0], int(np.prod(w.shape[1:]))
+    packed = np.full(lib.ss_gemm_packed_b_size(kc, m), np.nan, np.float32)
+    lib.ss_gemm_pack_b(kc, m, ptr(np.ascontiguousarray(w)), 1, kc, ptr(packed))
+    return packed
+
+
+def call_conv(lib, x, w, b, y, strides, begin_pads, dilations, group, act, packed=None):
     xs, ws, ys = x.shape, w.shape, y.shape
     N, C, H, W = xs[0], xs[1], *as_2d(xs[2:], 1)
     M, KH, KW = ws[0], *as_2d(ws[2:], 1)
@@ -86,7 +98,7 @@ def call_conv(lib, x, w, b, y, strides, begin_pads, dilations, group, act):
     size = lib.ss_conv2d_work_size(C, KH, KW, OH, OW, group)
     work = np.full(max(size, 1), np.nan, np.float32)  # NaN: a read of unwritten scratch shows
     lib.ss_conv2d(ptr(x), ptr(w), ptr(b), ptr(y), N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw,
-                  group, act, ptr(work))
+                  group, act, ptr(work), ptr(packed))
 
 
 CONV_CASES = [
@@ -119,13 +131,23 @@ CONV_CASES = [
     ((1, 3, 2, 17), 3, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 3),  # OH < row block, pads > half the kernel
     ((1, 2, 6, 7), 2, (7, 1), (1, 2), (3, 0, 3, 0), (1, 1), 2),  # KH != KW: the generic tap loops
     ((1, 2, 8, 16), 2, (3, 3), (1, 1), (0, 0, 0, 0), (1, 1), 2),  # no padding, whole vectors
+    # Small planes (<= conv.SMALL_PLANE pixels), which take the prepacked-weights path when packed:
+    ((2, 40, 2, 3), 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # a late stage: 6 pixels, many taps
+    ((2, 16, 3, 4), 20, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),  # 1x1 read in place
+    ((1, 8, 9, 7), 12, (3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1),  # strided, asymmetric pads
+    ((1, 6, 8, 8), 9, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilated
+    ((1, 1, 1, 640), 258, (1, 256), (1, 128), (0, 0, 0, 0), (1, 1), 1),  # an STFT: one channel, 4 frames
+    ((3, 1, 700), 33, (64,), (32,), (0, 0), (1,), 1),  # the same in 1-D, 3 signals
 ]
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("act", [0, 1, 2, 3])
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
-def test_conv2d(lib, case, act):
+def test_conv2d(lib, case, act, packed):
     xshape, M, kernel, strides, pads, dilations, group = case
+    if packed and group != 1:
+        pytest.skip("only group-1 convs get packed weights")
     rng = np.random.default_rng(hash((case, act)) % 2**32)
     x = rng.standard_normal(xshape, dtype=np.float32)
     w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
@@ -134,7 +156,8 @@ def test_conv2d(lib, case, act):
     expected = apply_act(run_ort("Conv", inputs, kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
                                  dilations=list(dilations), group=group), act)
     y = np.full(expected.shape, np.nan, np.float32)
-    call_conv(lib, x, w, inputs[2] if with_bias else None, y, strides, pads[:len(kernel)], dilations, group, act)
+    call_conv(lib, x, w, inputs[2] if with_bias else None, y, strides, pads[:len(kernel)], dilations, group, act,
+              packed_weights(lib, w) if packed else None)
     np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
 
 
@@ -145,7 +168,7 @@ def test_conv2d_empty_batch_writes_nothing(lib, group, M):
     y = np.zeros((0, M, 5, 5), np.float32)
     sentinel = np.full(8, 7.0, np.float32)
     call_conv(lib, x, w, None, y, (1, 1), (1, 1), (1, 1), group, 0)
-    lib.ss_conv2d(ptr(x), ptr(w), None, ptr(sentinel), 1, 4, 5, 5, M, 3, 3, 0, 5, 1, 1, 1, 1, 1, 1, group, 0, None)
+    lib.ss_conv2d(ptr(x), ptr(w), None, ptr(sentinel), 1, 4, 5, 5, M, 3, 3, 0, 5, 1, 1, 1, 1, 1, 1, group, 0, None, None)
     assert (sentinel == 7.0).all()
 
 
@@ -201,7 +224,7 @@ def small_chunk_lib(tmp_path_factory):
     cdll.ss_conv2d_work_size.restype = I64
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
-    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P]
+    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P]
     return cdll
 
 

@@ -6,12 +6,14 @@ Exported C::
        bias NULL or [M], y [N, M, OH, OW]. Begin pads ph, pw (the end pads are implied by
        OH, OW, which the caller computes); strides sh, sw; dilations dh, dw; group >= 1.
        act: 0 none, 1 relu, 2 sigmoid, 3 silu (x * sigmoid(x)), applied after the bias.
-       work: scratch of at least ss_conv2d_work_size(...) floats (NULL when that is 0). */
+       work: scratch of at least ss_conv2d_work_size(...) floats (NULL when that is 0).
+       wpacked: NULL, or (group 1 only) w as a [C*KH*KW, M] matrix packed once by
+       ss_gemm_pack_b(C*KH*KW, M, w, 1, C*KH*KW, wpacked). */
     int64_t ss_conv2d_work_size(int64_t C, int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t group);
     void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
                    int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                    int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                   int64_t dh, int64_t dw, int64_t group, int act, float* work);
+                   int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked);
 
     /* Transposed 2-D convolution: x [N, C, H, W], w [C, M/group, KH, KW], bias NULL or [M],
        y [N, M, OH, OW]; begin pads ph, pw; strides; dilations; group >= 1. output_padding
@@ -36,6 +38,14 @@ Strategy of ss_conv2d:
   are computed in register tiles of dw_rows rows x dw_vecs vectors (independent FMA
   chains, so 10- or 20-pixel-wide late-stage planes still hide the FMA latency; 3x3 and
   5x5 unrolled), with the bias and activation applied before the one store.
+- Small output planes (OH * OW <= SS_CONV_SMALL_PLANE) with the weights prepacked
+  (wpacked): the GEMM is turned around, y^T [OH*OW, M] = col^T x w^T, so that the
+  weights are the GEMM's prepacked B, read in place, instead of its A, which ss_gemm
+  packs at every call: on late-stage planes of a few pixels (yolov8n at 64x96: 2x3 pixels,
+  256 channels x 2304 taps) that packing was most of the conv, and the few pixels filled
+  a fraction of each register tile's columns. col is the im2col matrix (or x itself for
+  a stride-1 unpadded 1x1), read through the GEMM's A strides; the result goes through a
+  per-call scratch and is transposed into y with the activation.
 - Everything else (k x k, strided or padded 1x1, grouped, 1-D): per (image, group), tiled
   over output columns. Each chunk of columns (Kc * chunk about chunk_floats, so it stays
   in L2) is im2col'ed straight into ss_gemm_prepacked's packed-B layout (no second copy
@@ -55,6 +65,8 @@ planes, parallel over output channels (each thread owns its planes, so no races)
 from __future__ import annotations
 
 DEPENDS = ("gemm", "vmath")
+#: Output planes of at most this many pixels take the prepacked-weights path by default.
+SMALL_PLANE = 64
 
 _TEMPLATE = r"""
 /* ---- conv ---- */
@@ -67,6 +79,8 @@ _TEMPLATE = r"""
 /* Floats of packed im2col columns per GEMM call (L2-sized: the GEMM rereads them per row block). */
 #define SS_CONV_CHUNK_FLOATS {chunk_floats}
 #define SS_CONV_DW_ROWS {dw_rows}
+/* Output planes of at most this many pixels use prepacked weights when the caller has them. */
+#define SS_CONV_SMALL_PLANE {small_plane}
 
 /* ceil(a / b) for b > 0 and any sign of a. */
 static inline int64_t ss_conv_ceil_div(int64_t a, int64_t b) {{
@@ -484,12 +498,50 @@ int64_t ss_conv2d_work_size(int64_t C, int64_t KH, int64_t KW, int64_t OH, int64
     return (C / group) * KH * KW * OH * OW;
 }}
 
+#ifdef SS_CONV_PACKED
+/* Group-1 conv of a small output plane as y^T = col^T x w^T, w^T prepacked (see the docstring). */
+static void ss_conv_small_plane(const float* x, const float* wpacked, const float* bias, float* y,
+                                int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
+                                int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                                int64_t dh, int64_t dw, int act) {{
+    const int64_t P = OH * OW, Kc = C * KH * KW;
+    const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
+    float* yt = (float*)malloc((size_t)(P * M + (direct ? 0 : Kc * P)) * sizeof(float));
+    if (!yt) return;
+    float* col = yt + P * M;
+    for (int64_t n = 0; n < N; ++n) {{
+        const float* a = x + n * C * H * W;
+        if (!direct) {{
+            ss_conv_im2col(a, col, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
+            a = col;
+        }}
+        /* A(p, k) = a[k * P + p]: the im2col matrix read transposed. */
+        ss_gemm_prepacked(P, M, Kc, 1, 1, a, 0, 0, 1, P, wpacked, yt, 0, 0, M,
+                          1.0f, bias, 1.0f, 0, 1, act == 1 ? 1 : 0);
+        float* out = y + n * M * P;
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t p = 0; p < P; ++p) out[m * P + p] = yt[p * M + m];
+        if (act >= 2) ss_conv_act_run(out, M * P, act);
+    }}
+    free(yt);
+}}
+#endif
+
 void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
                int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-               int64_t dh, int64_t dw, int64_t group, int act, float* work) {{
+               int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked) {{
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0 || group < 1) return;
     int64_t Cg = C / group, Mg = M / group, P = OH * OW, Kc = Cg * KH * KW;
+#ifdef SS_CONV_PACKED
+    /* Before the depthwise path: a one-channel conv (an STFT as a Conv) is group == C too. */
+    if (wpacked && group == 1 && P <= SS_CONV_SMALL_PLANE) {{
+        ss_conv_small_plane(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);
+        return;
+    }}
+#else
+    (void)wpacked;
+#endif
     if (group == C && Cg == 1) {{
         ss_conv_depthwise(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);
         return;
@@ -586,7 +638,7 @@ void ss_conv_transpose2d(const float* x, const float* w, const float* bias, floa
 
 
 def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vecs: int = 2,
-           chunk_floats: int = 1 << 17) -> str:
+           chunk_floats: int = 1 << 17, small_plane: int = SMALL_PLANE) -> str:
     """The conv fragment.
 
     ``par_min``: the work (multiply-adds or copies) below which loops stay serial;
@@ -596,7 +648,9 @@ def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vec
     planes of late stages are only one or two vectors wide. At most 12 accumulators, so the
     weight broadcast and the loads still have registers of the 16;
     ``chunk_floats``: the im2col conv's column chunk, in floats of packed im2col matrix
-    (128K floats = 512 KB, half of this machine's 1 MB L2, leaving room for the weights).
+    (128K floats = 512 KB, half of this machine's 1 MB L2, leaving room for the weights);
+    ``small_plane``: output planes of at most this many pixels take the prepacked-weights
+    path when the caller passes ``wpacked``.
     """
     if int(dw_rows) < 1 or int(dw_vecs) < 1 or int(dw_rows) * int(dw_vecs) > 12:
         raise ValueError(f"dw_rows x dw_vecs must be 1..12 accumulators, got {dw_rows} x {dw_vecs}")
@@ -605,4 +659,4 @@ def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vec
     if int(act_chunk) < 8:
         raise ValueError(f"act_chunk must be >= 8, got {act_chunk}")
     return _TEMPLATE.format(par_min=int(par_min), act_chunk=int(act_chunk), dw_vecs=int(dw_vecs),
-                            dw_rows=int(dw_rows), chunk_floats=int(chunk_floats))
+                            dw_rows=int(dw_rows), chunk_floats=int(chunk_floats), small_plane=int(small_plane))

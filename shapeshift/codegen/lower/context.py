@@ -179,12 +179,13 @@ class LowerContext:
 
     # -- build-time work -------------------------------------------------------------
 
-    def packed_weight(self, matrix: np.ndarray) -> tuple[int, str]:
+    def packed_weight(self, matrix: np.ndarray, default_layout: bool = False) -> tuple[int, str]:
         """Slot of a prepacked copy of the constant [K, N] float32 ``matrix``, and the
         function that multiplies by it: ``ss_gemm_prepacked`` or, where the tuning records
-        have this weight shape, its tuned dispatcher (same arguments)."""
+        have this weight shape (and ``default_layout`` is false), its tuned dispatcher
+        (same arguments)."""
         slot = self._new_slot()
-        tuned = self._tuning.get(*matrix.shape) if self._tuning is not None else None
+        tuned = self._tuning.get(*matrix.shape) if self._tuning is not None and not default_layout else None
         prefix = tuned.name if tuned is not None else "ss_gemm_"
         self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32), prefix))
         return slot, f"{prefix}prepacked"

@@ -14,6 +14,7 @@ from ...ir.graph import Node, Value
 from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim
+from ..kernels.conv import SMALL_PLANE as CONV_SMALL_PLANE
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .layout import param_values
@@ -235,9 +236,20 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     args = (f"{n}, {c}, {h}, {wd}, {m}, {kh}, {kw}, {oh}, {ow}, {strides[0]}, {strides[1]}, {pads[0]}, {pads[1]}, "
             f"{dilations[0]}, {dilations[1]}, {group}")
     code = (f"ss_conv2d({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, {act}, "
-            f"(float*)WORK);")
+            f"(float*)WORK, {_packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))});")
     work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
     return Lowered(code, fragments=("conv",), absorbed=tuple(absorbed), work_bytes=work)
+
+
+def _packed_conv_weight(ctx: LowerContext, w: Value, w_shape: Sequence[int], group: int, pixels: Dim) -> str:
+    """A pointer to the conv's weights packed as a GEMM's B ([C*KH*KW, M]), or NULL: only
+    ss_conv2d's path for small output planes reads them (kernels/conv.py), so a conv whose
+    plane is known to be larger, a grouped conv or one of computed weights gets none."""
+    weights = ctx.const(w)
+    if weights is None or group != 1 or (isinstance(pixels, int) and pixels > CONV_SMALL_PLANE):
+        return "NULL"
+    slot, _ = ctx.packed_weight(weights.reshape(w_shape[0], -1).T, default_layout=True)
+    return f"(const float*)v[{slot}]"
 
 
 def _work_bytes(ctx: LowerContext, fn: str, c: Dim, kh: int, kw: int, ohw, group: int) -> Dim:
