@@ -141,13 +141,19 @@ CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def _case_id(c) -> str:
+    return f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}"
+
+
+# Every case as the lowering passes it without packed weights, and each group-1 case with them.
+CONV_RUNS = [pytest.param(case, packed, id=f"{_case_id(case)}-{'packed' if packed else 'plain'}")
+             for case in CONV_CASES for packed in (False, True) if not packed or case[6] == 1]
+
+
 @pytest.mark.parametrize("act", [0, 1, 2, 3])
-@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
+@pytest.mark.parametrize("case,packed", CONV_RUNS)
 def test_conv2d(lib, case, act, packed):
     xshape, M, kernel, strides, pads, dilations, group = case
-    if packed and group != 1:
-        pytest.skip("only group-1 convs get packed weights")
     rng = np.random.default_rng(hash((case, act)) % 2**32)
     x = rng.standard_normal(xshape, dtype=np.float32)
     w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
