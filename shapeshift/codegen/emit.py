@@ -78,7 +78,8 @@ def _step_blocks(program: "Program", indices: list[int]) -> list[str]:
             code = (f"        const double ss_started = omp_get_wtime();\n        {{\n{_indent(code, 4)}\n"
                     f"        }}\n        {counters}[{2 * i}] += omp_get_wtime() - ss_started;\n"
                     f"        {counters}[{2 * i + 1}] += 1;")
-        blocks.append(f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n    {{\n" + code + "\n    }\n")
+        label = f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n"
+        blocks.append(label + "    {\n" + code + "\n    }\n")
     return blocks
 
 

@@ -174,7 +174,8 @@ def test_conv2d_empty_batch_writes_nothing(lib, group, M):
     y = np.zeros((0, M, 5, 5), np.float32)
     sentinel = np.full(8, 7.0, np.float32)
     call_conv(lib, x, w, None, y, (1, 1), (1, 1), (1, 1), group, 0)
-    lib.ss_conv2d(ptr(x), ptr(w), None, ptr(sentinel), 1, 4, 5, 5, M, 3, 3, 0, 5, 1, 1, 1, 1, 1, 1, group, 0, None, None)
+    lib.ss_conv2d(ptr(x), ptr(w), None, ptr(sentinel), 1, 4, 5, 5, M, 3, 3, 0, 5, 1, 1, 1, 1, 1, 1, group, 0,
+                  None, None)
     assert (sentinel == 7.0).all()
 
 
