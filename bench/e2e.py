@@ -197,17 +197,18 @@ def _time_warm_cache(result: dict, session, path: str, threads: int, tool: str, 
     warm build cache, and the build step alone."""
     import gc
 
-    from shapeshift.codegen.build import compile_library
+    from shapeshift.codegen.program import compile_program
 
-    sources = [p.source for p in session._executor.programs() if p.source]
+    # Each program version's root (its branches live in its library).
+    roots = [p for p in session._executor.programs() if p.source and not p.prefix]
     del session
     gc.collect()
     start = time.perf_counter()
     _session(tool, path, threads, tuning_db, dynamic)
     result["cache_load_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    for source in sources:  # the build step alone (each program version's), from the warm cache
-        compile_library(source)
+    for program in roots:  # the build step alone, from the warm cache
+        compile_program(program)
     result["cache_compile_s"] = time.perf_counter() - start
 
 

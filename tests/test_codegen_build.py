@@ -306,3 +306,9 @@ def test_an_object_that_does_not_compile_is_named(tmp_path):
     (kept,) = tmp_path.rglob("*.failed.c")
     assert "kernels.broken" in message and str(kept) in message
     assert so_files(tmp_path) == [] and _objects(tmp_path) == []
+
+
+def test_a_library_that_does_not_load_says_why(tmp_path):
+    # Declared, never defined, no object linked: the loader refuses the library.
+    with pytest.raises(CompileError, match=r"does not load \(.*undefined symbol: twice"):
+        compile_library(_caller(0), name_hint="model", cache_dir=tmp_path)

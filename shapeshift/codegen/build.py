@@ -165,7 +165,12 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
         _build(entry, source, name_hint, flags, cc, version, linked, cache_dir)
         lib = _try_load(entry)
         if lib is None:
-            raise CompileError(f"{name_hint}: {entry.output} was just built by {cc} but does not load; "
+            try:
+                ctypes.CDLL(str(entry.output))
+                reason = "it loads now"
+            except OSError as exc:
+                reason = str(exc)
+            raise CompileError(f"{name_hint}: {entry.output} was just built by {cc} but does not load ({reason}); "
                                f"source kept at {entry.source}")
         return lib
 

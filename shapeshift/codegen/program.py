@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 from ..ir.graph import Graph, Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..symbolic import Dim, Expr, free_symbols
+from .build import CompiledLibrary, compile_library
 from .emit import emit_units
 from .fragments import dependency_order, object_sources
 from .lower import rule_for
@@ -514,6 +515,13 @@ def _nbytes(t: TensorType) -> Dim:
     from ..ops.common import product
 
     return product([*t.shape, to_numpy_dtype(t.dtype).itemsize])
+
+
+def compile_program(program: Program, cache_dir=None) -> CompiledLibrary:
+    """The library of ``program`` (a root): its units and the kernel objects they call, built
+    or taken from the cache (codegen/build.py)."""
+    return compile_library(program.source, name_hint=f"{program.graph.name} program", cache_dir=cache_dir,
+                           objects=program.objects())
 
 
 def build_program(graph: Graph, tuning=None, profile: bool = False) -> Program:

@@ -12,8 +12,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional
 
-from ..codegen.build import CompiledLibrary, compile_library
-from ..codegen.program import Program, build_program
+from ..codegen.build import CompiledLibrary
+from ..codegen.program import Program, build_program, compile_program
 from ..ir.graph import Graph, Value
 from ..passes.simplify import SimplifyOptions, simplify_graph
 from ..passes.simplify.outputs import restore_output_names
@@ -62,8 +62,7 @@ def _compile_all(programs: list[Program], cache_dir) -> list[Optional[CompiledLi
     def one(program: Program) -> Optional[CompiledLibrary]:
         if not any(p.segments for p in program.all_programs()):
             return None
-        return compile_library(program.source, name_hint=f"{program.graph.name} program", cache_dir=cache_dir,
-                               objects=program.objects())
+        return compile_program(program, cache_dir)
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(programs), os.cpu_count() or 1))) as pool:
         return list(pool.map(one, programs))

@@ -28,8 +28,9 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from ..codegen.build import CompiledLibrary, compile_library
-from ..codegen.program import ARENA, CONST, DIMS, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK, Program
+from ..codegen.build import CompiledLibrary
+from ..codegen.program import (ARENA, CONST, DIMS, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK, Program,
+                               compile_program)
 from ..errors import ExecutionError, ShapeshiftError
 from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
@@ -63,8 +64,7 @@ class NativeVM:
         self._segments: list = []
         self._reads: dict[int, list[Value]] = {}  # id(node) -> what its fallback step reads
         if self.library is None and any(p.segments for p in program.all_programs()):
-            self.library = compile_library(program.source, name_hint=f"{program.graph.name} program",
-                                           cache_dir=cache_dir, objects=program.objects())
+            self.library = compile_program(program, cache_dir)
         if num_threads and self.library is not None:  # compiled here, or given by an artifact
             self.library.cdll.ss_set_num_threads(ctypes.c_int(num_threads))
         for k in range(len(program.segments)):
