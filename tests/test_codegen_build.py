@@ -312,3 +312,34 @@ def test_a_library_that_does_not_load_says_why(tmp_path):
     # Declared, never defined, no object linked: the loader refuses the library.
     with pytest.raises(CompileError, match=r"does not load \(.*undefined symbol: twice"):
         compile_library(_caller(0), name_hint="model", cache_dir=tmp_path)
+
+
+def _link_in_child(offset: int, cache_dir: str, barrier, results) -> None:
+    from shapeshift.codegen import build as child_build
+
+    calls = []
+    real = child_build._run_compiler
+    child_build._run_compiler = lambda cmd: (calls.append(cmd), real(cmd))[1]
+    barrier.wait()
+    lib = child_build.compile_library(_caller(offset), cache_dir=Path(cache_dir), objects=[("twice", TWICE_OBJECT)])
+    results.put((call_add(lib, 20, 2), len(calls)))
+
+
+def test_two_processes_share_an_object_they_both_lack(tmp_path):
+    # Two different libraries, built at once from an empty cache, link the same object:
+    # one process compiles it under its lock, the other waits and links that one.
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_link_in_child, args=(offset, str(tmp_path), barrier, results))
+             for offset in (0, 100)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [r[0] for r in got] == [42, 142]
+    assert sum(r[1] for r in got) == 5  # two own objects, two links, one shared object
+    assert len(_objects(tmp_path)) == 1
+    assert not [p for p in tmp_path.rglob(".*")]
