@@ -3,6 +3,7 @@ functions on made-up results (no sessions, no timing)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -43,3 +44,15 @@ def test_round_geomeans_compare_each_round_with_the_same_rounds_reference():
     assert e2e.round_geomeans(tool, ref, ["a", "b"]) == pytest.approx([8 ** 0.5, 0.5])
     # The merged latencies mix rounds: a 1.0/1.0, b 1.0/2.0.
     assert e2e._geomean(tool["latency"][k] / ref["latency"][k] for k in "ab") == pytest.approx(0.5 ** 0.5)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_warm_cache_timing_rebuilds_what_the_session_built(encoder_path, compiler_calls):
+    # It once called compile_library on a program's first unit alone, a library without the
+    # kernel objects that cannot load: every native worker of the bench failed.
+    session = e2e._session("native", str(encoder_path), 1)
+    built = len(compiler_calls)
+    result: dict = {}
+    e2e._time_warm_cache(result, session, str(encoder_path), 1, "native", None, None)
+    assert len(compiler_calls) == built, "the second session and the build step come from the cache"
+    assert result["cache_load_s"] > 0 and result["cache_compile_s"] >= 0
