@@ -76,9 +76,7 @@ def build_fragment_cache(cache: Path) -> None:
     from shapeshift.codegen.build import compile_library
     from shapeshift.codegen.kernels.prelude import PRELUDE
 
-    names = sorted(p.stem for p in (ROOT / "shapeshift" / "codegen" / "kernels").glob("*.py")
-                   if p.stem not in ("__init__", "prelude"))
-    ordered = fragments.dependency_order(names)
+    ordered = fragments.dependency_order(fragments.names())
     compile_library(PRELUDE + fragments.declarations(ordered), name_hint="every fragment", cache_dir=cache,
                     objects=fragments.object_sources(ordered))
     for library in cache.rglob("*.so"):  # keep the objects only

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import pkgutil
 import re
 from typing import Iterable
 
@@ -51,40 +52,54 @@ def declared(name: str) -> str:
     """The fragment's text with the body of each entry point replaced by ``;`` and the
     private helpers (static, not inline) that only those bodies called left out, so that
     the units that include it do not even parse them."""
-    source = _cut(text(name), _ENTRY_POINT_HEAD, name, keep_prototype=True)
-    helpers = {m.group(1): m for m in _PRIVATE_HELPER_HEAD.finditer(source)}
-    spans = {h: (m.start(), _end_of_block(source, m.end() - 1, name)) for h, m in helpers.items()}
+    source = _cut(text(name), _ENTRY_POINT_HEAD, name)
+    # Every private helper definition: (name, start, end). A name may be defined twice,
+    # once under #ifdef __AVX2__ and once under #else.
+    helpers = [(m.group(1), m.start(), _end_of_block(source, m.end() - 1, name))
+               for m in _PRIVATE_HELPER_HEAD.finditer(source)]
     outside, pos = [], 0
-    for start, end in sorted(spans.values()):
+    for _, start, end in helpers:
         outside.append(source[pos:start])
         pos = end
     outside.append(source[pos:])
     # What the rest of the text calls, and what those helpers call in turn.
-    needed = {h for h in helpers if re.search(rf"\b{h}\b", "".join(outside))}
+    names = {h for h, _, _ in helpers}
+    needed = {h for h in names if re.search(rf"\b{h}\b", "".join(outside))}
     pending = list(needed)
     while pending:
-        start, end = spans[pending.pop()]
-        for h in helpers:
-            if h not in needed and re.search(rf"\b{h}\b", source[start:end]):
+        caller = pending.pop()
+        bodies = "".join(source[start:end] for h, start, end in helpers if h == caller)
+        for h in names - needed:
+            if re.search(rf"\b{h}\b", bodies):
                 needed.add(h)
                 pending.append(h)
-    unused = re.compile(r"^static\s+(?!inline\b)[\w \t*]*?\b(?:" + "|".join(sorted(set(helpers) - needed))
-                        + r")\s*\([^;{}]*\)\s*\{", re.M) if set(helpers) - needed else None
-    return _cut(source, unused, name, keep_prototype=False) if unused else source
+    kept, pos = [], 0
+    for h, start, end in helpers:
+        if h not in needed:
+            kept.append(source[pos:start])
+            pos = end
+    kept.append(source[pos:])
+    return "".join(kept)
 
 
-def _cut(source: str, heads: re.Pattern, name: str, keep_prototype: bool) -> str:
-    """``source`` without the bodies of the functions whose heads match: each becomes its
-    prototype, or nothing."""
+def _cut(source: str, heads: re.Pattern, name: str) -> str:
+    """``source`` with the body of each function whose head matches cut to its prototype."""
     parts, pos = [], 0
     for head in heads.finditer(source):
         if head.start() < pos:  # a line of a body already cut that looks like a definition
             continue
         brace = head.end() - 1
-        parts.append(source[pos:brace].rstrip() + ";\n" if keep_prototype else source[pos:head.start()])
+        parts.append(source[pos:brace].rstrip() + ";\n")
         pos = _end_of_block(source, brace, name)
     parts.append(source[pos:])
     return "".join(parts)
+
+
+def names() -> tuple[str, ...]:
+    """Every kernel fragment (the modules of codegen/kernels/ but the prelude)."""
+    from . import kernels
+
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(kernels.__path__) if m.name != "prelude"))
 
 
 def has_object(name: str) -> bool:

@@ -14,9 +14,7 @@ from shapeshift.codegen import fragments
 from shapeshift.codegen.build import compile_library
 from shapeshift.codegen.kernels.prelude import PRELUDE
 
-ALL = fragments.dependency_order(["conv", "dropout", "gemm", "indexing", "intpow", "layout", "lpnorm", "lppool",
-                                  "moments", "nms", "normalize", "pool", "reduce", "resize", "rnn", "rotary",
-                                  "sample", "scalar", "vmath"])
+ALL = fragments.dependency_order(fragments.names())
 
 
 def _entry_points(text: str) -> set[str]:
@@ -34,6 +32,12 @@ def test_declared_cuts_every_entry_point_body_and_keeps_the_rest():
     # Static inline helpers stay; private helpers that only the cut bodies call go.
     assert "static inline int64_t ss_gemm_min" in declared
     assert "static void ss_gemm_pack_a" in gemm and "ss_gemm_pack_a" not in declared
+    # Defined twice (an AVX2 twin and a scalar one under #else): both go.
+    assert gemm.count("static void ss_gemm_edge_tile(") == 2 and "ss_gemm_edge_tile" not in declared
+
+
+def test_names_lists_every_kernel_module():
+    assert {"gemm", "conv", "vmath", "layout"} <= set(fragments.names()) and "prelude" not in fragments.names()
 
 
 def test_a_private_helper_that_an_inline_helper_calls_stays():
