@@ -163,16 +163,11 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
             log.warning("rebuilding corrupt cache entry %s: %s", entry.output, problem)
         _remove(entry)
         _build(entry, source, name_hint, flags, cc, version, linked, cache_dir)
-        lib = _try_load(entry)
-        if lib is None:
-            try:
-                ctypes.CDLL(str(entry.output))
-                reason = "it loads now"
-            except OSError as exc:
-                reason = str(exc)
-            raise CompileError(f"{name_hint}: {entry.output} was just built by {cc} but does not load ({reason}); "
-                               f"source kept at {entry.source}")
-        return lib
+        try:
+            return _load(entry)
+        except OSError as exc:
+            raise CompileError(f"{name_hint}: {entry.output} was just built by {cc} but does not load ({exc}); "
+                               f"source kept at {entry.source}") from None
 
 
 def _object_flags(flags: Sequence[str]) -> tuple[str, ...]:
@@ -284,13 +279,18 @@ def _check(entry: _Entry) -> Optional[str]:
     return None
 
 
+def _load(entry: _Entry) -> CompiledLibrary:
+    """The entry's library, loaded; OSError (the loader's message) if it does not load."""
+    return CompiledLibrary(path=entry.output, source_path=entry.source, key=entry.key,
+                           cdll=ctypes.CDLL(str(entry.output)))
+
+
 def _try_load(entry: _Entry) -> Optional[CompiledLibrary]:
     try:
-        cdll = ctypes.CDLL(str(entry.output))
+        return _load(entry)
     except OSError as exc:
         log.debug("cannot load %s: %s", entry.output, exc)
         return None
-    return CompiledLibrary(path=entry.output, source_path=entry.source, key=entry.key, cdll=cdll)
 
 
 def _remove(entry: _Entry) -> None:

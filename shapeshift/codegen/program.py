@@ -104,7 +104,7 @@ class Program:
     late_extents: list[int] = field(default_factory=list)
     # Prefixes of the tuned batched-GEMM dispatchers its steps call (tune/records.py).
     tuned_calls: list[str] = field(default_factory=list)
-    # Built with per-step timers (see _emit_source): its library exports
+    # Built with per-step timers (see codegen/emit.py): its library exports
     # ``profile_symbol()``, two doubles per step (seconds, calls) that the VM reads.
     profiled: bool = False
     # The other translation units of a large program, compiled in parallel with ``source``.
@@ -115,6 +115,10 @@ class Program:
         (codegen/fragments.py) and its own other units."""
         own = [(f"{self.graph.name} program, unit {u + 2}", text) for u, text in enumerate(self.parts)]
         return object_sources(self.fragments) + own
+
+    def has_code(self) -> bool:
+        """Whether it or a branch program has compiled code (and so a library)."""
+        return any(p.segments for p in self.all_programs())
 
     def full_source(self) -> str:
         """Every unit of its generated C, the library's whole source."""
@@ -238,7 +242,7 @@ class _Builder:
                           late_extents=[k for k, d in enumerate(self.extents)
                                         if not free_symbols(d) <= self.input_symbols],
                           tuned_calls=self.tuned_calls)
-        if not self.prefix:  # the root: one translation unit for it and every branch
+        if not self.prefix:  # the root: its units hold every branch's code too
             programs = program.all_programs()
             program.fragments = dependency_order(
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})

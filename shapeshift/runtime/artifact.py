@@ -343,7 +343,7 @@ def _install_library(artifact: Artifact, program, cache_dir: Optional[PathLike])
 
     data = artifact.sections.get("library")
     if data is None:
-        if any(p.segments for p in program.all_programs()):
+        if program.has_code():
             # Without this the VM would quietly compile the program: an artifact never does.
             raise ArtifactError(f"{artifact.path}: corrupt artifact: its program has compiled code "
                                 "but it holds no library section")

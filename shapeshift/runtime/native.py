@@ -60,7 +60,7 @@ def _compile_all(programs: list[Program], cache_dir) -> list[Optional[CompiledLi
     """Each program's library (None without compiled code), compiled in parallel: gcc runs
     in processes of its own, so threads suffice to keep every core busy."""
     def one(program: Program) -> Optional[CompiledLibrary]:
-        if not any(p.segments for p in program.all_programs()):
+        if not program.has_code():
             return None
         return compile_program(program, cache_dir)
 

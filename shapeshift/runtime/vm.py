@@ -63,7 +63,7 @@ class NativeVM:
         self.library = library  # given for an If branch: it lives in its root's library
         self._segments: list = []
         self._reads: dict[int, list[Value]] = {}  # id(node) -> what its fallback step reads
-        if self.library is None and any(p.segments for p in program.all_programs()):
+        if self.library is None and program.has_code():
             self.library = compile_program(program, cache_dir)
         if num_threads and self.library is not None:  # compiled here, or given by an artifact
             self.library.cdll.ss_set_num_threads(ctypes.c_int(num_threads))
