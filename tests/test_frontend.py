@@ -131,6 +131,37 @@ def test_external_data_loads(tmp_path):
         shapeshift.load(path)
 
 
+
+
+@pytest.mark.parametrize("inside_if", [False, True], ids=["top level", "If branch"])
+def test_external_data_of_a_tensor_attribute_loads(tmp_path, inside_if):
+    """A Constant's value tensor can be stored outside the model too, also in a body:
+    the read finds it there (it scans attributes by their type)."""
+    weight = np.arange(64, dtype=np.float32)
+    constant = helper.make_node("Constant", [], ["w"], value=onnx.numpy_helper.from_array(weight, "w_value"))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])
+    if inside_if:
+        branch = helper.make_graph([constant, helper.make_node("Add", ["x", "w"], ["b"])], "then", [],
+                                   [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+        other = helper.make_graph([helper.make_node("Identity", ["x"], ["c"])], "else", [],
+                                  [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])
+        nodes = [helper.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=other)]
+        inputs = [x, helper.make_tensor_value_info("flag", TensorProto.BOOL, [])]
+    else:
+        nodes, inputs = [constant, helper.make_node("Add", ["x", "w"], ["y"])], [x]
+    model = _model(nodes, inputs, [y])
+    onnx.external_data_helper.convert_model_to_external_data(
+        model, all_tensors_to_one_file=True, location="attr.bin", size_threshold=0, convert_attribute=True)
+    path = tmp_path / "attr.onnx"
+    onnx.save(model, path)
+    assert (tmp_path / "attr.bin").stat().st_size == weight.nbytes  # the value is stored outside
+    feed = {"x": np.ones((2, 64), np.float32)} | ({"flag": np.array(True)} if inside_if else {})
+    got = shapeshift.InferenceSession(path, backend="reference").run(None, feed)[0]
+    np.testing.assert_array_equal(got, feed["x"] + weight)
+    (tmp_path / "attr.bin").unlink()
+    with pytest.raises(errors.ModelLoadError, match="attr.onnx"):
+        shapeshift.load(path)
 @pytest.mark.parametrize("source,pattern", [
     (b"\x08\x07garbage-not-a-model\xff\xff", "not an ONNX model"),
     (b"", "not an ONNX model"),
@@ -256,6 +287,10 @@ def test_simplify_makes_no_array_of_a_weight_it_does_not_read():
     weight.raw_data = weight.raw_data[:-4]
     simplified, graph, _ = simplify_model(model)
     assert graph.initializers[weight.name].const_source[0] is None
+    # Nor the embedding tables: a Gather's type rule asks whether its data has contents
+    # known as dims, which a float tensor never has (a BERT-base's word table: 94 MB).
+    embeddings = [v for name, v in graph.initializers.items() if "embeddings" in name]
+    assert len(embeddings) == 2 and all(v.const_source[0] is None for v in embeddings)
     written = next(t for t in simplified.graph.initializer if t.name == weight.name)
     assert written.SerializeToString() == weight.SerializeToString()
     with pytest.raises(errors.ModelLoadError, match=f"initializer '{weight.name}' \\(16x64\\)"):

@@ -12,11 +12,13 @@ import numpy as np
 
 from ..errors import ExecutionError, ShapeInferenceError
 from ..ir.graph import Graph, Node, SymbolTable
-from ..ir.types import TensorType, ValueType
+from ..ir.types import BOOL, INT_TYPES, TensorType, ValueType
 from ..symbolic import DEFAULT_HI, Dim, Expr
 
 #: Integer tensors with at most this many elements get their contents tracked.
 MAX_CONTENTS = 64
+#: Element types whose 0-D/1-D tensors can have contents known as dimensions.
+_CONTENT_DTYPES = INT_TYPES | {BOOL}
 
 
 class _NodeView:
@@ -107,6 +109,11 @@ class InferContext(_NodeView):
         if param is not None:
             return param.dims
         value = self.node.inputs[index]
+        t = value.type
+        if isinstance(t, TensorType) and t.dtype not in _CONTENT_DTYPES:
+            # A constant's array is read only for an integer or bool type (asked first: a
+            # weight read lazily would be made for nothing, a Gather's embedding table).
+            return value.shape_contents
         if value.const is not None:
             array = value.const
             if array.ndim <= 1 and array.dtype.kind in "iu":

@@ -224,7 +224,9 @@ class _Simplifier:
         if node.params:
             return None
         for v in node.inputs:  # a loop, not all(): asked of every node, most fail at once
-            if v is not None and v.const is None:
+            # is_initializer, not const: asking const of a weight read lazily would make its
+            # array, the embedding table of a Gather whose indices come at run time too.
+            if v is not None and not v.is_initializer:
                 return None
         if node.has_subgraphs():
             return None
