@@ -37,7 +37,11 @@ def raw_dtype(tensor: onnx.TensorProto) -> Optional[np.dtype]:
 def raw_array(tensor: onnx.TensorProto, dtype: np.dtype) -> np.ndarray:
     """The array of a tensor ``raw_dtype`` accepted (read-only, over a copy of its bytes)."""
     # dims[:] is a list: NumPy reads it several times faster than the proto's container.
-    return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tensor.dims[:])
+    dims = tensor.dims[:]
+    array = np.frombuffer(tensor.raw_data, dtype=dtype)
+    # A 1-D tensor is read as it is (most small constants: axes, shape pieces); a
+    # reshape costs as much again as the read.
+    return array if len(dims) == 1 and dims[0] == array.size else array.reshape(dims)
 
 
 def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:

@@ -264,7 +264,6 @@ class _Importer:
         scope = dict(scope)
         value_info = {vi.name: vi for vi in proto.value_info}
         output_info = {vi.name: vi for vi in proto.output}
-        initializer_names = {t.name for t in proto.initializer} | {t.values.name for t in proto.sparse_initializer}
         for tensor in proto.initializer:
             tensor_name = tensor.name
             dtype = raw_dtype(tensor) if self.keep_tensors else None
@@ -272,7 +271,7 @@ class _Importer:
                 # Export writes the tensor back unless something changed it: its array is
                 # made only if something reads it (most weights: never).
                 value = graph.add_lazy_initializer(
-                    tensor_name, TensorType(tensor.data_type, tuple(tensor.dims)), tensor,
+                    tensor_name, TensorType(tensor.data_type, tuple(tensor.dims[:])), tensor,
                     functools.partial(_initializer_array, tensor, dtype))
             else:
                 array = _initializer_array(tensor)
@@ -286,8 +285,9 @@ class _Importer:
                 sparse.values.name, sparse.values.data_type, list(sparse.dims),
                 _densify(sparse).reshape(-1).tolist()))
             scope[sparse.values.name] = graph.add_initializer(sparse.values.name, dense)
+        sparse_names = {t.values.name for t in proto.sparse_initializer}
         for vi in proto.input:
-            if vi.name in initializer_names:
+            if vi.name in graph.initializers or vi.name in sparse_names:
                 continue  # old IR versions list initializers among inputs too
             value = graph.add_input(vi.name, self.value_type(vi.type, vi.name))
             _expect_name(value, vi.name)
