@@ -138,6 +138,17 @@ CONV_CASES = [
     ((1, 6, 8, 8), 9, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilated
     ((1, 1, 1, 640), 258, (1, 256), (1, 128), (0, 0, 0, 0), (1, 1), 1),  # an STFT: one channel, 4 frames
     ((3, 1, 700), 33, (64,), (32,), (0, 0), (1,), 1),  # the same in 1-D, 3 signals
+    # The direct kernel (k x k, AVX2): 16-pixel tiles that run across output rows (OW < 16,
+    # OW a multiple of 16, neither), stride 2 through its vector deinterleave (W >= 16, odd
+    # and even pads), channel counts that leave a partial 6-channel block, many taps.
+    ((1, 3, 9, 5), 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 5, 16, 32), 13, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 4, 21, 43), 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 3, 20, 50), 5, (3, 3), (2, 2), (0, 2, 1, 0), (1, 1), 1),
+    ((1, 2, 17, 37), 4, (5, 5), (2, 2), (2, 3, 2, 1), (2, 2), 1),  # stride and dilation 2
+    ((1, 40, 12, 18), 20, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 360 taps
+    ((1, 6, 30, 9), 8, (3, 3), (3, 2), (1, 1, 1, 1), (1, 1), 2),  # stride 3 x 2, groups
+    ((1, 8, 1, 70), 12, (1, 7), (1, 2), (0, 3, 0, 3), (1, 1), 1),  # a 1-D k7 stride-2 row
 ]
 
 
@@ -224,10 +235,11 @@ def test_conv_transpose2d(lib, case, bias):
 
 @pytest.fixture(scope="module")
 def small_chunk_lib(tmp_path_factory):
-    """The fragment with a tiny im2col column chunk: many packed chunks per GEMM (in parallel
-    where OpenMP has threads), a last chunk narrower than the rest, then the partial panel."""
-    cdll = build_with_gemm(vmath.source() + conv.source(chunk_floats=600), tmp_path_factory.mktemp("conv_chunk"),
-                           "test_conv_chunk").cdll
+    """The fragment with the im2col path for every k x k conv (not the direct kernel) and a
+    tiny column chunk: many packed chunks per GEMM (in parallel where OpenMP has threads), a
+    last chunk narrower than the rest, then the partial panel."""
+    cdll = build_with_gemm(vmath.source() + conv.source(chunk_floats=600, direct=False),
+                           tmp_path_factory.mktemp("conv_chunk"), "test_conv_chunk").cdll
     cdll.ss_conv2d_work_size.restype = I64
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
@@ -256,4 +268,40 @@ def test_conv2d_chunked_im2col(small_chunk_lib, case, act):
                                  dilations=list(dilations), group=group), act)
     y = np.full(expected.shape, np.nan, np.float32)
     call_conv(small_chunk_lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act)
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.fixture(scope="module")
+def sliced_direct_lib(tmp_path_factory):
+    """The direct kernel taking 18 taps at a time (partial sums carried between slices) and
+    540 floats of packed weights at a time: 1 to 4 blocks of 6 channels, so the tiles pass
+    over the input several times."""
+    cdll = build_with_gemm(vmath.source() + conv.source(direct_taps=18, direct_block=540),
+                           tmp_path_factory.mktemp("conv_direct"), "test_conv_direct").cdll
+    cdll.ss_conv2d_work_size.restype = I64
+    cdll.ss_conv2d_work_size.argtypes = [I64] * 6
+    cdll.ss_conv2d.restype = None
+    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P]
+    return cdll
+
+
+SLICED_CASES = [
+    ((1, 5, 13, 21), 17, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 45 taps: 3 slices, 3 block pairs
+    ((2, 7, 19, 23), 14, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # stride 2, batch 2
+    ((1, 4, 6, 40), 10, (2, 5), (1, 1), (0, 2, 1, 2), (1, 1), 2),  # groups, KH != KW
+]
+
+
+@pytest.mark.parametrize("act", [0, 3])
+@pytest.mark.parametrize("case", SLICED_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
+def test_conv2d_direct_in_slices(sliced_direct_lib, case, act):
+    xshape, M, kernel, strides, pads, dilations, group = case
+    rng = np.random.default_rng(hash((case, act)) % 2**32)
+    x = rng.standard_normal(xshape, dtype=np.float32)
+    w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
+    b = rng.standard_normal(M, dtype=np.float32)
+    expected = apply_act(run_ort("Conv", [x, w, b], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                                 dilations=list(dilations), group=group), act)
+    y = np.full(expected.shape, np.nan, np.float32)
+    call_conv(sliced_direct_lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act)
     np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
