@@ -527,7 +527,7 @@ static void ss_conv_direct_stage(const float* xc, float* buf, int64_t H, int64_t
                                  int64_t ph, int64_t pw, int64_t Hq, int64_t Wq) {{
     for (int64_t rp = 0; rp < sh; ++rp)
         for (int64_t i = 0; i < Hq; ++i) {{
-            int64_t ih = i * sh + rp - ph, j0 = 0;
+            int64_t ih = i * sh + rp - ph;
             float* d = buf + (rp * sw * Hq + i) * Wq;  /* column phase cp's row: d + cp * Hq * Wq */
             if (ih < 0 || ih >= H) {{
                 for (int64_t cp = 0; cp < sw; ++cp) memset(d + cp * Hq * Wq, 0, (size_t)Wq * sizeof(float));
@@ -535,23 +535,32 @@ static void ss_conv_direct_stage(const float* xc, float* buf, int64_t H, int64_t
             }}
             const float* r = xc + ih * W - pw;  /* staged column j of phase cp reads r[j * sw + cp] */
             if (sw == 2) {{
-                /* Both phases of 8 columns from 16 consecutive floats, by a deinterleave, where
-                   all 16 lie inside the row; the scalar loop below does the rest. */
+                /* Both phases of 8 columns from 16 consecutive floats by a deinterleave; masked
+                   loads read only the row's own floats and zero the padding lanes. */
                 float* d1 = d + Hq * Wq;
-                int64_t lo = (pw + 1) / 2;  /* first j with 2j - pw >= 0 */
-                for (int64_t j = 0; j < lo && j < Wq; ++j) {{
-                    d[j] = 2 * j - pw >= 0 && 2 * j - pw < W ? r[2 * j] : 0.0f;
-                    d1[j] = 2 * j + 1 - pw >= 0 && 2 * j + 1 - pw < W ? r[2 * j + 1] : 0.0f;
+                __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                __m256i first = _mm256_set1_epi32((int)pw - 1), last = _mm256_set1_epi32((int)(W + pw));
+                for (int64_t j = 0; j < Wq; j += 8) {{
+                    /* Lane t of the pair reads r[2j + t], inside the row for pw <= 2j + t < W + pw. */
+                    __m256i at = _mm256_add_epi32(_mm256_set1_epi32((int)(2 * j)), lane);
+                    __m256i at8 = _mm256_add_epi32(at, _mm256_set1_epi32(8));
+                    __m256i m0 = _mm256_and_si256(_mm256_cmpgt_epi32(at, first), _mm256_cmpgt_epi32(last, at));
+                    __m256i m1 = _mm256_and_si256(_mm256_cmpgt_epi32(at8, first), _mm256_cmpgt_epi32(last, at8));
+                    __m256 e = _mm256_maskload_ps(r + 2 * j, m0), f = _mm256_maskload_ps(r + 2 * j + 8, m1);
+                    __m256 ev = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                        _mm256_castps_pd(_mm256_shuffle_ps(e, f, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
+                    __m256 od = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                        _mm256_castps_pd(_mm256_shuffle_ps(e, f, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
+                    if (j + 8 <= Wq) {{
+                        _mm256_storeu_ps(d + j, ev);
+                        _mm256_storeu_ps(d1 + j, od);
+                    }} else {{  /* the row's last columns: nothing past them is written */
+                        __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(Wq - j)), lane);
+                        _mm256_maskstore_ps(d + j, keep, ev);
+                        _mm256_maskstore_ps(d1 + j, keep, od);
+                    }}
                 }}
-                int64_t j = lo < Wq ? lo : Wq;
-                for (; j + 8 <= Wq && 2 * j - pw + 16 <= W; j += 8) {{
-                    __m256 e = _mm256_loadu_ps(r + 2 * j), f = _mm256_loadu_ps(r + 2 * j + 8);
-                    __m256 ev = _mm256_shuffle_ps(e, f, _MM_SHUFFLE(2, 0, 2, 0));
-                    __m256 od = _mm256_shuffle_ps(e, f, _MM_SHUFFLE(3, 1, 3, 1));
-                    _mm256_storeu_ps(d + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
-                    _mm256_storeu_ps(d1 + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8)));
-                }}
-                j0 = j;
+                continue;
             }}
             for (int64_t cp = 0; cp < sw; ++cp) {{
                 float* dc = d + cp * Hq * Wq;
@@ -562,7 +571,7 @@ static void ss_conv_direct_stage(const float* xc, float* buf, int64_t H, int64_t
                     memcpy(dc + lo, r + lo, (size_t)(hi - lo) * sizeof(float));
                     for (int64_t j = hi; j < Wq; ++j) dc[j] = 0.0f;
                 }} else {{
-                    for (int64_t j = j0; j < Wq; ++j) dc[j] = j >= lo && j < hi ? r[j * sw + cp] : 0.0f;
+                    for (int64_t j = 0; j < Wq; ++j) dc[j] = j >= lo && j < hi ? r[j * sw + cp] : 0.0f;
                 }}
             }}
         }}
