@@ -49,8 +49,8 @@ Strategy of ss_conv2d:
 - k x k (grouped and 1-D too), with AVX2: the direct kernel, with no im2col matrix. Per
   (image, group) the input planes are staged once, zero-padded and split into row and
   column stride phases, so that for every tap the output pixels, taken row after row over
-  a staged row's width (the KW - 1 extra columns per row are computed and dropped), are one
-  run of memory; the weights are packed into blocks of 6 output channels. A tile of 16
+  a staged row's width (its few columns past OW are computed and dropped), are one run of
+  memory; the weights are packed into blocks of 6 output channels. A tile of 16
   such pixels then accumulates 6 channels in 12 registers over all C * KH * KW taps (the
   GEMM micro-kernel's shape, the input read straight from the staged planes where the
   GEMM reads a packed panel), the taps taken direct_taps at a time so that their input
@@ -94,7 +94,7 @@ _TEMPLATE = r"""
 #define SS_CONV_DW_ROWS {dw_rows}
 /* Output planes of at most this many pixels use prepacked weights when the caller has them. */
 #define SS_CONV_SMALL_PLANE {small_plane}
-/* 1: k x k, strided and padded convs run the direct kernel (0: im2col and the GEMM). */
+/* 1: k x k convs (not 1 x 1 ones) run the direct kernel (0: im2col and the GEMM). */
 #define SS_CONV_USE_DIRECT {direct}
 /* Floats of packed weights the direct kernel's tiles take at a time (kept in L2). */
 #define SS_CONV_DIRECT_BLOCK_FLOATS {direct_block}
