@@ -41,6 +41,7 @@ INT_TYPES = frozenset({INT8, INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64}
 PLAIN_TYPES = FLOAT_TYPES - {BFLOAT16} | INT_TYPES | {BOOL, STRING, COMPLEX64, COMPLEX128}
 
 
+@functools.lru_cache(maxsize=None)  # asked per value by passes and per run by the VM
 def to_numpy_dtype(elem_type: int) -> np.dtype:
     if elem_type == STRING:
         return np.dtype(object)

@@ -52,6 +52,10 @@ class Plan:
     shapes: dict[int, tuple[int, ...]]  # slot -> concrete shape (tensor slots)
     arena_bytes: int
     extents_address: int  # of ``extents``, which lives as long as the plan
+    # The pointer table a run starts from (the fixed pointers, the arena buffers and their
+    # views placed at ``table_base``), made by the first run on an arena at that address.
+    table: Optional[np.ndarray] = None
+    table_base: int = -1
 
 
 class NativeVM:
@@ -83,6 +87,7 @@ class NativeVM:
         self._symbols = sorted(program.input_symbols)
         self._arena = np.empty(0, dtype=np.uint8)
         self._arena_base = _aligned_base(self._arena)  # first aligned address in the arena
+        self._arena_skew = self._arena_base - self._arena.ctypes.data  # base - the buffer's start
         # The pointer table, reused by every run (runs are serialized): its address is fixed.
         self._ptrs = self._fixed.copy()
         self._ptrs_address = self._ptrs.ctypes.data
@@ -95,6 +100,8 @@ class NativeVM:
         self._arena_views = np.array([s.index for s in arena_views], dtype=np.int64)
         self._arena_view_roots = np.array([s.root for s in arena_views], dtype=np.int64)
         self._node_positions = {id(n): i for i, n in enumerate(program.graph.nodes)}
+        # What a run must be fed (as an If branch: what the If's VM hands over).
+        self.input_values = [s.value for s in program.slots if s.kind == INPUT]
         # What each binding step makes computable: (late extent indices, LATE slots), keyed
         # by id(step), so that a run with many late symbols evaluates each thing once.
         self._late_ready = _late_ready(program)
@@ -193,10 +200,15 @@ class NativeVM:
         if self._arena.nbytes < plan.arena_bytes + ALIGNMENT:  # room to align the base too
             self._arena = np.empty(plan.arena_bytes + ALIGNMENT, dtype=np.uint8)
             self._arena_base = _aligned_base(self._arena)
+            self._arena_skew = self._arena_base - self._arena.ctypes.data
         base = self._arena_base
+        if plan.table_base != base:
+            table = self._fixed.copy()
+            table[self._arena_kinds] = (plan.offsets[self._arena_kinds] + base).astype(np.uint64)
+            table[self._arena_views] = table[self._arena_view_roots]
+            plan.table, plan.table_base = table, base
         ptrs = self._ptrs
-        np.copyto(ptrs, self._fixed)
-        ptrs[self._arena_kinds] = (plan.offsets[self._arena_kinds] + base).astype(np.uint64)
+        np.copyto(ptrs, plan.table)  # one copy: a small model's run is mostly such fixed costs
         arrays: dict[int, Any] = {}  # slot -> array, for inputs and fallback results
         for value, data in feeds.items():
             index = program.slot_of.get(id(value))
@@ -204,9 +216,9 @@ class NativeVM:
                 continue
             data = np.asarray(data, order="C")
             arrays[index] = data
-            ptrs[index] = data.ctypes.data
-            self._set_views(ptrs, index, data.ctypes.data)
-        ptrs[self._arena_views] = ptrs[self._arena_view_roots]
+            address = data.ctypes.data  # asked once: each .ctypes builds an object (~1.5 us)
+            ptrs[index] = address
+            self._set_views(ptrs, index, address)
         env: dict[Value, Any] = dict(feeds)
         ptr_address = self._ptrs_address
         extents_address = plan.extents_address
@@ -285,7 +297,7 @@ class NativeVM:
         if root.kind in (CONST, INPUT, DYNAMIC):
             data = np.asarray(root.value.const) if root.kind == CONST else arrays[root.index]
             return data if shape is None else data.reshape(shape)
-        offset = int(plan.offsets[root.index]) + (self._arena_base - self._arena.ctypes.data)
+        offset = int(plan.offsets[root.index]) + self._arena_skew
         count = math.prod(shape)
         return np.frombuffer(self._arena, dtype=dtype, count=count, offset=offset).reshape(shape)
 
@@ -312,8 +324,9 @@ class NativeVM:
                     expected = tuple(evaluate(d, binding) for d in value.type.shape)
                 result = self._checked(node, value, result, expected)
                 arrays[index] = result
-                ptrs[index] = result.ctypes.data
-                self._set_views(ptrs, index, result.ctypes.data)
+                address = result.ctypes.data
+                ptrs[index] = address
+                self._set_views(ptrs, index, address)
             env[value] = result
 
     @staticmethod
@@ -386,8 +399,7 @@ class NativeVM:
         if cond.size != 1:
             raise ExecutionError(f"{node.describe()}: condition has {cond.size} elements, expected one")
         branch = branches[0] if bool(cond.reshape(-1)[0]) else branches[1]
-        feeds = {slot.value: env[slot.value] for slot in branch.program.slots if slot.kind == INPUT}
-        return branch.run(feeds, binding)
+        return branch.run({value: env[value] for value in branch.input_values}, binding)
 
     def _checked(self, node: Node, value: Value, result: np.ndarray, expected) -> np.ndarray:
         """The fallback result as native kernels may read it: contiguous, of the declared
