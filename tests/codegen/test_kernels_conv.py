@@ -233,18 +233,36 @@ def test_conv_transpose2d(lib, case, bias):
     np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
 
 
-@pytest.fixture(scope="module")
-def small_chunk_lib(tmp_path_factory):
-    """The fragment with the im2col path for every k x k conv (not the direct kernel) and a
-    tiny column chunk: many packed chunks per GEMM (in parallel where OpenMP has threads), a
-    last chunk narrower than the rest, then the partial panel."""
-    cdll = build_with_gemm(vmath.source() + conv.source(chunk_floats=600, direct=False),
-                           tmp_path_factory.mktemp("conv_chunk"), "test_conv_chunk").cdll
+def check_with_bias(lib, case, act):
+    """One case with a bias and act through ``lib``'s ss_conv2d against onnxruntime."""
+    xshape, M, kernel, strides, pads, dilations, group = case
+    rng = np.random.default_rng(hash((case, act)) % 2**32)
+    x = rng.standard_normal(xshape, dtype=np.float32)
+    w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
+    b = rng.standard_normal(M, dtype=np.float32)
+    expected = apply_act(run_ort("Conv", [x, w, b], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                                 dilations=list(dilations), group=group), act)
+    y = np.full(expected.shape, np.nan, np.float32)
+    call_conv(lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act)
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+
+
+def typed_conv(cdll):
+    """``cdll`` with ss_conv2d and its work size typed (a variant build of the fragment)."""
     cdll.ss_conv2d_work_size.restype = I64
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
     cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P]
     return cdll
+
+
+@pytest.fixture(scope="module")
+def small_chunk_lib(tmp_path_factory):
+    """The fragment with the im2col path for every k x k conv (not the direct kernel) and a
+    tiny column chunk: many packed chunks per GEMM (in parallel where OpenMP has threads), a
+    last chunk narrower than the rest, then the partial panel."""
+    return typed_conv(build_with_gemm(vmath.source() + conv.source(chunk_floats=600, direct=False),
+                                      tmp_path_factory.mktemp("conv_chunk"), "test_conv_chunk").cdll)
 
 
 CHUNK_CASES = [
@@ -259,16 +277,7 @@ CHUNK_CASES = [
 @pytest.mark.parametrize("act", [0, 3])
 @pytest.mark.parametrize("case", CHUNK_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
 def test_conv2d_chunked_im2col(small_chunk_lib, case, act):
-    xshape, M, kernel, strides, pads, dilations, group = case
-    rng = np.random.default_rng(hash((case, act)) % 2**32)
-    x = rng.standard_normal(xshape, dtype=np.float32)
-    w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
-    b = rng.standard_normal(M, dtype=np.float32)
-    expected = apply_act(run_ort("Conv", [x, w, b], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
-                                 dilations=list(dilations), group=group), act)
-    y = np.full(expected.shape, np.nan, np.float32)
-    call_conv(small_chunk_lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act)
-    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+    check_with_bias(small_chunk_lib, case, act)
 
 
 @pytest.fixture(scope="module")
@@ -276,17 +285,12 @@ def sliced_direct_lib(tmp_path_factory):
     """The direct kernel taking 18 taps at a time (partial sums carried between slices) and
     540 floats of packed weights at a time: 1 to 4 blocks of 6 channels, so the tiles pass
     over the input several times."""
-    cdll = build_with_gemm(vmath.source() + conv.source(direct_taps=18, direct_block=540),
-                           tmp_path_factory.mktemp("conv_direct"), "test_conv_direct").cdll
-    cdll.ss_conv2d_work_size.restype = I64
-    cdll.ss_conv2d_work_size.argtypes = [I64] * 6
-    cdll.ss_conv2d.restype = None
-    cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P]
-    return cdll
+    return typed_conv(build_with_gemm(vmath.source() + conv.source(direct_taps=18, direct_block=540),
+                                      tmp_path_factory.mktemp("conv_direct"), "test_conv_direct").cdll)
 
 
 SLICED_CASES = [
-    ((1, 5, 13, 21), 17, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 45 taps: 3 slices, 3 block pairs
+    ((1, 5, 13, 21), 17, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 45 taps: 3 slices; 3 blocks, 2 at a time
     ((2, 7, 19, 23), 14, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # stride 2, batch 2
     ((1, 4, 6, 40), 10, (2, 5), (1, 1), (0, 2, 1, 2), (1, 1), 2),  # groups, KH != KW
 ]
@@ -295,13 +299,4 @@ SLICED_CASES = [
 @pytest.mark.parametrize("act", [0, 3])
 @pytest.mark.parametrize("case", SLICED_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
 def test_conv2d_direct_in_slices(sliced_direct_lib, case, act):
-    xshape, M, kernel, strides, pads, dilations, group = case
-    rng = np.random.default_rng(hash((case, act)) % 2**32)
-    x = rng.standard_normal(xshape, dtype=np.float32)
-    w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
-    b = rng.standard_normal(M, dtype=np.float32)
-    expected = apply_act(run_ort("Conv", [x, w, b], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
-                                 dilations=list(dilations), group=group), act)
-    y = np.full(expected.shape, np.nan, np.float32)
-    call_conv(sliced_direct_lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act)
-    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+    check_with_bias(sliced_direct_lib, case, act)
