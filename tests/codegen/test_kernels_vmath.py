@@ -51,6 +51,18 @@ void ss_test_apply(int which, int vector, const float* x, float* y, int64_t n) {
 #endif
     for (; i < n; i++) y[i] = scalar[which](x[i]);
 }
+
+/* ONNX Gelu, exact (tanh == 0) or its tanh approximation, by the vector or scalar helper. */
+void ss_test_gelu(int tanh, int vector, const float* x, float* y, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; vector && i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        _mm256_storeu_ps(y + i, tanh ? ss_gelu_tanh8(v) : ss_gelu8(v));
+    }
+#endif
+    for (; i < n; i++) y[i] = tanh ? ss_gelu_tanhf(x[i]) : ss_geluf(x[i]);
+}
 """
 
 NAMES = ("exp", "log", "tanh", "erf", "sigmoid")
@@ -79,6 +91,8 @@ def lib(tmp_path_factory):
     cdll.ss_test_apply.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     cdll.ss_test_apply.restype = None
     cdll.ss_test_has_fma.restype = ctypes.c_int
+    cdll.ss_test_gelu.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    cdll.ss_test_gelu.restype = None
     return cdll
 
 
@@ -176,3 +190,40 @@ def test_vector_tail_lengths(lib):
     for n in (0, 1, 7, 8, 9, 23):
         x = rng.uniform(-5, 5, n).astype(np.float32)
         np.testing.assert_allclose(apply(lib, "exp", True, x), np.exp(x.astype(np.float64)), rtol=RTOL)
+
+
+def _gelu(lib, tanh: bool, vector: bool, x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.full_like(x, 12345.0)
+    lib.ss_test_gelu(int(tanh), int(vector), x.ctypes.data, y.ctypes.data, x.size)
+    return y
+
+
+def _gelu64(x: np.ndarray, tanh: bool) -> np.ndarray:
+    if tanh:
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + _erf64(x / math.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "scalar"])
+@pytest.mark.parametrize("tanh", [False, True], ids=["erf", "tanh"])
+def test_gelu_against_float64(lib, tanh, vector):
+    """The fused Gelu helpers (what a vectorized Gelu loop runs). For negative x the
+    formula's 1 + erf cancels, as onnxruntime's does in float32: an absolute tolerance there.
+    NaN where the float64 formula gives NaN too (-inf: -inf * 0)."""
+    x = np.concatenate([np.linspace(-12, 12, 200_003, dtype=np.float32), SPECIALS[:3],
+                        np.array([3.4e38, -3.4e38, 1e-40, -1e-40], dtype=np.float32)])
+    got = _gelu(lib, tanh, vector, x).astype(np.float64)
+    with np.errstate(all="ignore"):
+        want = _gelu64(x.astype(np.float64), tanh)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), x[np.isnan(got) != np.isnan(want)][:5]
+    finite = np.isfinite(want) & (np.abs(x) < 1e38)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-6, atol=2e-7)
+
+
+@pytest.mark.parametrize("tanh", [False, True], ids=["erf", "tanh"])
+def test_gelu_scalar_twin_matches_the_vector_helper_bit_for_bit(lib, tanh):
+    if not lib.ss_test_has_fma():
+        pytest.skip("without AVX2 and FMA the twins round differently (or there is no vector helper)")
+    x = np.linspace(-12, 12, 100_000, dtype=np.float32)
+    assert np.array_equal(_gelu(lib, tanh, True, x).view(np.uint32), _gelu(lib, tanh, False, x).view(np.uint32))

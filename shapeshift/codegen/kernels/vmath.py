@@ -13,12 +13,15 @@ Scalar (always defined)::
     float ss_tanhf(float x);
     float ss_erff(float x);
     float ss_sigmoidf(float x);   1 / (1 + exp(-x)), as e / (1 + e) with e = exp(x) for x < 0
+    float ss_geluf(float x);      x/2 (1 + erf(x / sqrt 2)) (ONNX Gelu)
+    float ss_gelu_tanhf(float x); x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (approximate="tanh")
 
 AVX2 (defined only under ``#ifdef __AVX2__``; callers guard their vector paths the same way)::
 
     __m256 ss_fmadd8(__m256 a, __m256 b, __m256 c);
     __m256 ss_exp8(__m256 x);   __m256 ss_log8(__m256 x);   __m256 ss_tanh8(__m256 x);
     __m256 ss_erf8(__m256 x);   __m256 ss_sigmoid8(__m256 x);
+    __m256 ss_gelu8(__m256 x);  __m256 ss_gelu_tanh8(__m256 x);
     float ss_hsum8(__m256 v);   float ss_hmax8(__m256 v);   float ss_hmin8(__m256 v);
         (horizontal sum / max / min of the 8 lanes; hmax/hmin ignore NaN lanes only as
         _mm256_max_ps does, so callers that must propagate NaN track it themselves)
@@ -155,6 +158,16 @@ static inline float ss_sigmoidf(float x) {{
     float e = ss_expf(-fabsf(x));
     return (x < 0.0f ? e : 1.0f) / (1.0f + e);
 }}
+
+/* ONNX Gelu: x/2 (1 + erf(x / sqrt 2)), and its tanh approximation. */
+static inline float ss_geluf(float x) {{
+    return (0.5f * x) * (1.0f + ss_erff(x * 0.7071067811865476f));
+}}
+
+static inline float ss_gelu_tanhf(float x) {{
+    float u = ss_fmaf((0.044715f * x) * x, x, x);  /* x + 0.044715 x^3 */
+    return (0.5f * x) * (1.0f + ss_tanhf(0.7978845608028654f * u));
+}}
 """
 
 
@@ -251,6 +264,18 @@ static inline __m256 ss_erf8(__m256 x) {{
         large = ss_copysign8(large, x);
     }}
     return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps({_lit(ERF_SWITCH)}), _CMP_LT_OQ));
+}}
+
+/* Twins of ss_geluf and ss_gelu_tanhf, operation for operation. */
+static inline __m256 ss_gelu8(__m256 x) {{
+    __m256 e = ss_erf8(_mm256_mul_ps(x, _mm256_set1_ps(0.7071067811865476f)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}}
+
+static inline __m256 ss_gelu_tanh8(__m256 x) {{
+    __m256 u = ss_fmadd8(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), x), x, x);
+    __m256 t = ss_tanh8(_mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), u));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), t));
 }}
 
 static inline __m256 ss_sigmoid8(__m256 x) {{

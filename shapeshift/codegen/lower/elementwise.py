@@ -327,10 +327,23 @@ _VECTOR: dict[str, Callable[[Node, Sequence[str]], str]] = {
     "Tanh": lambda n, a: f"ss_tanh8({a[0]})",
     "Erf": lambda n, a: f"ss_erf8({a[0]})",
     "Sigmoid": lambda n, a: f"ss_sigmoid8({a[0]})",
+    "Gelu": lambda n, a: f"ss_gelu{_gelu_suffix(n)}8({a[0]})",
 }
 # The float32 scalar forms that match the vector ones above.
 _SCALAR_TWINS = {"Exp": "ss_expf({0})", "Log": "ss_logf({0})", "Tanh": "ss_tanhf({0})", "Erf": "ss_erff({0})",
                  "Sigmoid": "ss_sigmoidf({0})"}
+
+
+def _scalar_twin(node: Node, args: Sequence[str]) -> Optional[str]:
+    """The scalar form matching a node's vector one, where it differs from _EXPRESSIONS'."""
+    if node.op_type == "Gelu":
+        return f"ss_gelu{_gelu_suffix(node)}f({args[0]})"
+    twin = _SCALAR_TWINS.get(node.op_type)
+    return None if twin is None else twin.format(*args)
+
+
+def _gelu_suffix(node: Node) -> str:
+    return "_tanh" if node.attrs.get("approximate", "none") == "tanh" else ""
 _INT_DTYPES = (INT64, INT32)
 
 
@@ -462,8 +475,7 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
         if vexprs is not None:
             vargs = [vexprs[id(v)] if id(v) in internal else _vread(operands[id(v)]) for v in n.inputs]
             vexprs[id(n.outputs[0])] = _VECTOR[n.op_type](n, vargs)
-            exprs[id(n.outputs[0])] = _SCALAR_TWINS[n.op_type].format(*args) if n.op_type in _SCALAR_TWINS \
-                else _EXPRESSIONS[n.op_type](n, args, dtypes)
+            exprs[id(n.outputs[0])] = _scalar_twin(n, args) or _EXPRESSIONS[n.op_type](n, args, dtypes)
         else:
             exprs[id(n.outputs[0])] = _EXPRESSIONS[n.op_type](n, args, dtypes)
     vector = vexprs[id(out_value)] if vexprs is not None else None
@@ -472,7 +484,7 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
     fragments = ("scalar",) if "ss_pymod" in code else ()
     if "ss_ipow_" in code:
         fragments += ("intpow",)
-    if any(name in code for name in ("_mm256", "ss_expf", "ss_logf", "ss_tanhf", "ss_erff", "ss_sigmoidf")):
+    if any(name in code for name in ("_mm256", "ss_expf", "ss_logf", "ss_tanhf", "ss_erff", "ss_sigmoidf", "ss_gelu")):
         fragments += ("vmath",)
     return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]), can_fail="STEP_ERROR" in code,
                    size_code=_broadcast_size_code(node, ctx))
