@@ -138,6 +138,28 @@ static inline __m256 ss_conv_act8(__m256 v, int act) {{
 }}
 #endif
 
+#ifdef __AVX2__
+/* Lanes [0, n) of a maskload / maskstore mask: the partial last vector of a row. */
+static inline __m256i ss_conv_lane_mask(int64_t n) {{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}}
+
+/* Lanes [lo, hi) (either end may lie outside 0..8). */
+static inline __m256i ss_conv_lanes(int64_t lo, int64_t hi) {{
+    return _mm256_andnot_si256(ss_conv_lane_mask(lo), ss_conv_lane_mask(hi));
+}}
+
+/* The even and odd elements of 16 consecutive floats a | b, each in order: a stride-2
+   row split into its two column phases. */
+static inline void ss_conv_deinterleave(__m256 a, __m256 b, __m256* even, __m256* odd) {{
+    /* [a0 a2 b0 b2 | a4 a6 b4 b6] -> a0 a2 a4 a6 b0 b2 b4 b6 (and the odd lanes). */
+    __m256 ev = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    __m256 od = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8));
+}}
+#endif
+
 /* y[0..n) = act(y), vectorized: the separate pass after a GEMM block, while it is in cache. */
 static void ss_conv_act_run(float* y, int64_t n, int act) {{
     if (act == 0) return;
@@ -235,10 +257,10 @@ static void ss_conv_im2col_packed(const float* x, float* dst, int64_t C, int64_t
                        lie inside the row (src[k] is inside for k < W + pw - kw * dw). */
                     if (sw == 2)
                         for (; j + 8 <= b && 2 * j + 16 <= W + pw - kw * dw; j += 8) {{
-                            __m256 lo8 = _mm256_loadu_ps(src + 2 * j), hi8 = _mm256_loadu_ps(src + 2 * j + 8);
-                            __m256 ev = _mm256_shuffle_ps(lo8, hi8, _MM_SHUFFLE(2, 0, 2, 0));
-                            _mm256_storeu_ps(d + (j - ow),
-                                             _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
+                            __m256 ev, od;
+                            ss_conv_deinterleave(_mm256_loadu_ps(src + 2 * j), _mm256_loadu_ps(src + 2 * j + 8),
+                                                 &ev, &od);
+                            _mm256_storeu_ps(d + (j - ow), ev);
                         }}
 #endif
                     for (; j < b; ++j) d[j - ow] = src[j * sw];
@@ -344,16 +366,12 @@ static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t
            zero-fills the padding lanes, without touching memory outside the row. */
         if (inside) {{
             const float* src = xp + ih * W - pw;
-            __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            __m256i vlo = _mm256_set1_epi32((int)lo - 1), vhi = _mm256_set1_epi32((int)hi);
             for (; t < L; t += 8) {{
                 if (t >= lo && t + 8 <= hi) {{
                     _mm256_storeu_ps(pr + t, _mm256_loadu_ps(src + t));
                     continue;
                 }}
-                __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)t), lane);
-                __m256i m = _mm256_and_si256(_mm256_cmpgt_epi32(idx, vlo), _mm256_cmpgt_epi32(vhi, idx));
-                _mm256_storeu_ps(pr + t, _mm256_maskload_ps(src + t, m));
+                _mm256_storeu_ps(pr + t, _mm256_maskload_ps(src + t, ss_conv_lanes(lo - t, hi - t)));
             }}
         }} else {{
             for (; t < L; t += 8) _mm256_storeu_ps(pr + t, _mm256_setzero_ps());
@@ -368,12 +386,10 @@ static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t
         if (sw == 2) {{
             float* d1 = d0 + Hs * Wq;
             for (; j + 8 <= Wq; j += 8) {{
-                __m256 a = _mm256_loadu_ps(pr + 2 * j), c = _mm256_loadu_ps(pr + 2 * j + 8);
-                /* [a0 a2 c0 c2 | a4 a6 c4 c6] -> a0 a2 a4 a6 c0 c2 c4 c6 (and the odd lanes). */
-                __m256 ev = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-                __m256 od = _mm256_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1));
-                _mm256_storeu_ps(d0 + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
-                _mm256_storeu_ps(d1 + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8)));
+                __m256 ev, od;
+                ss_conv_deinterleave(_mm256_loadu_ps(pr + 2 * j), _mm256_loadu_ps(pr + 2 * j + 8), &ev, &od);
+                _mm256_storeu_ps(d0 + j, ev);
+                _mm256_storeu_ps(d1 + j, od);
             }}
         }}
 #endif
@@ -383,11 +399,6 @@ static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t
 }}
 
 #ifdef __AVX2__
-/* Lanes [0, n) of a maskstore mask: the partial last vector of an output row. */
-static inline __m256i ss_conv_lane_mask(int64_t n) {{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}}
-
 /* A tile of R output rows (oh0..) x V vectors of columns (ow..) of a depthwise plane from
    its staged input: R * V independent accumulators (FMA chains), bias and activation in
    registers, one store each; `last` valid lanes in the tile's last vector (8: all).
@@ -538,24 +549,17 @@ static void ss_conv_direct_stage(const float* xc, float* buf, int64_t H, int64_t
                 /* Both phases of 8 columns from 16 consecutive floats by a deinterleave; masked
                    loads read only the row's own floats and zero the padding lanes. */
                 float* d1 = d + Hq * Wq;
-                __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                __m256i first = _mm256_set1_epi32((int)pw - 1), last = _mm256_set1_epi32((int)(W + pw));
                 for (int64_t j = 0; j < Wq; j += 8) {{
-                    /* Lane t of the pair reads r[2j + t], inside the row for pw <= 2j + t < W + pw. */
-                    __m256i at = _mm256_add_epi32(_mm256_set1_epi32((int)(2 * j)), lane);
-                    __m256i at8 = _mm256_add_epi32(at, _mm256_set1_epi32(8));
-                    __m256i m0 = _mm256_and_si256(_mm256_cmpgt_epi32(at, first), _mm256_cmpgt_epi32(last, at));
-                    __m256i m1 = _mm256_and_si256(_mm256_cmpgt_epi32(at8, first), _mm256_cmpgt_epi32(last, at8));
-                    __m256 e = _mm256_maskload_ps(r + 2 * j, m0), f = _mm256_maskload_ps(r + 2 * j + 8, m1);
-                    __m256 ev = _mm256_castpd_ps(_mm256_permute4x64_pd(
-                        _mm256_castps_pd(_mm256_shuffle_ps(e, f, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
-                    __m256 od = _mm256_castpd_ps(_mm256_permute4x64_pd(
-                        _mm256_castps_pd(_mm256_shuffle_ps(e, f, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
+                    /* Float 2j + t of r is inside the row for pw <= 2j + t < W + pw. */
+                    int64_t lo = pw - 2 * j, hi = W + pw - 2 * j;
+                    __m256 ev, od;
+                    ss_conv_deinterleave(_mm256_maskload_ps(r + 2 * j, ss_conv_lanes(lo, hi)),
+                                         _mm256_maskload_ps(r + 2 * j + 8, ss_conv_lanes(lo - 8, hi - 8)), &ev, &od);
                     if (j + 8 <= Wq) {{
                         _mm256_storeu_ps(d + j, ev);
                         _mm256_storeu_ps(d1 + j, od);
                     }} else {{  /* the row's last columns: nothing past them is written */
-                        __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(Wq - j)), lane);
+                        __m256i keep = ss_conv_lane_mask(Wq - j);
                         _mm256_maskstore_ps(d + j, keep, ev);
                         _mm256_maskstore_ps(d1 + j, keep, od);
                     }}
@@ -603,13 +607,10 @@ static int ss_conv_direct_segs(int64_t q0, int64_t Q, int64_t Wq, int64_t OW, ss
             continue;
         }}
         int64_t run = OW - ow < end - q ? OW - ow : end - q;
-        int lo = (int)(q - q0), hi = lo + (int)run;
-        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        __m256i vlo = _mm256_set1_epi32(lo - 1), vhi = _mm256_set1_epi32(hi);
-        __m256i lane8 = _mm256_add_epi32(lane, _mm256_set1_epi32(8));
+        int64_t lo = q - q0, hi = lo + run;
         seg[n].off = oh * OW + ow - (q - q0);
-        seg[n].m0 = _mm256_and_si256(_mm256_cmpgt_epi32(lane, vlo), _mm256_cmpgt_epi32(vhi, lane));
-        seg[n].m1 = _mm256_and_si256(_mm256_cmpgt_epi32(lane8, vlo), _mm256_cmpgt_epi32(vhi, lane8));
+        seg[n].m0 = ss_conv_lanes(lo, hi);
+        seg[n].m1 = ss_conv_lanes(lo - 8, hi - 8);
         seg[n].full = lo == 0 && hi == 16;
         ++n;
         q += run;
@@ -690,26 +691,23 @@ static inline __attribute__((always_inline)) void ss_conv_direct_tile(
     if (mr > 5) ss_conv_direct_store(yb + 5 * P, c5_0, c5_1, seg, nseg, act);
 }}
 
-/* Tiles [t0, t1) x channel blocks [b0, b1) of one (image, group). Each tile takes the taps
-   kc at a time (their input rows and one block's weights fit in L1 together), and within a
-   slice of taps runs every block, so the slice's input is read from L1 by all of them; the
+/* Tile t x channel blocks [b0, b1) of one (image, group). The tile takes the taps kc at a
+   time (their input rows and one block's weights fit in L1 together), and within a slice
+   of taps runs every block, so the slice's input is read from L1 by all of them; the
    blocks' partial sums wait in `part` (SS_CONV_MR x 16 floats per block). */
 static void ss_conv_direct_tiles(
-        const float* stage, const float* wp, const float* bias, float* yg, float* part, int64_t t0, int64_t t1,
+        const float* stage, const float* wp, const float* bias, float* yg, float* part, int64_t t,
         int64_t b0, int64_t b1, int64_t Mg, int64_t K, int64_t kc, int64_t Q, int64_t Wq,
         int64_t OW, int64_t P, const int32_t* koff, int act) {{
     ss_conv_seg seg[18];
-    for (int64_t t = t0; t < t1; ++t) {{
-        int64_t q0 = t * 16;
-        int nseg = ss_conv_direct_segs(q0, Q, Wq, OW, seg);
-        if (nseg == 0) continue;
-        for (int64_t k0 = 0; k0 < K; k0 += kc) {{
-            int64_t k1 = k0 + kc < K ? k0 + kc : K;
-            for (int64_t b = b0; b < b1; ++b) {{
-                int64_t m0 = b * SS_CONV_MR, mr = Mg - m0 < SS_CONV_MR ? Mg - m0 : SS_CONV_MR;
-                ss_conv_direct_tile(stage + q0, wp + m0 * K, bias ? bias + m0 : NULL, part + (b - b0) * SS_CONV_MR * 16,
-                                    yg + m0 * P, P, mr, k0, k1, K, koff, seg, nseg, act);
-            }}
+    int64_t q0 = t * 16;
+    int nseg = ss_conv_direct_segs(q0, Q, Wq, OW, seg);
+    for (int64_t k0 = 0; nseg > 0 && k0 < K; k0 += kc) {{
+        int64_t k1 = k0 + kc < K ? k0 + kc : K;
+        for (int64_t b = b0; b < b1; ++b) {{
+            int64_t m0 = b * SS_CONV_MR, mr = Mg - m0 < SS_CONV_MR ? Mg - m0 : SS_CONV_MR;
+            ss_conv_direct_tile(stage + q0, wp + m0 * K, bias ? bias + m0 : NULL, part + (b - b0) * SS_CONV_MR * 16,
+                                yg + m0 * P, P, mr, k0, k1, K, koff, seg, nseg, act);
         }}
     }}
 }}
@@ -790,8 +788,7 @@ static int ss_conv_direct(const float* x, const float* w, const float* bias, flo
                     int64_t b1 = b0 + bstep < nb ? b0 + bstep : nb;
                     #pragma omp for schedule(static)
                     for (int64_t t = 0; t < tiles; ++t)
-                        ss_conv_direct_tiles(stage, wp, bg, yg, part, t, t + 1, b0, b1, Mg, K, kc, Q, Wq, OW, P,
-                                             koff, act);
+                        ss_conv_direct_tiles(stage, wp, bg, yg, part, t, b0, b1, Mg, K, kc, Q, Wq, OW, P, koff, act);
                 }}
             }}
         }}
