@@ -83,7 +83,7 @@ def _hard_sigmoid(node, args, dtypes):
 def _gelu(node, args, dtypes):
     _require_float(node, dtypes)
     x = args[0]
-    if node.attrs.get("approximate", "none") == "tanh":
+    if _gelu_suffix(node):
         return f"(0.5f * {x} * (1.0f + tanhf(0.7978845608028654f * ({x} + 0.044715f * {x} * {x} * {x}))))"
     return f"(0.5f * {x} * (1.0f + erff({x} * 0.7071067811865476f)))"
 
@@ -343,7 +343,10 @@ def _scalar_twin(node: Node, args: Sequence[str]) -> Optional[str]:
 
 
 def _gelu_suffix(node: Node) -> str:
+    """The suffix of vmath's Gelu helpers for the node's ``approximate`` ("" or "_tanh")."""
     return "_tanh" if node.attrs.get("approximate", "none") == "tanh" else ""
+
+
 _INT_DTYPES = (INT64, INT32)
 
 
