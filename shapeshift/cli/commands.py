@@ -97,10 +97,11 @@ def _print_native_coverage(graph: Graph) -> None:
           f"{len(program.segments)} compiled segment(s)")
     print("  compiled: " + (", ".join(f"{op} x{n}" for op, n in native.most_common()) or "none"))
     print("  reference fallback: " + (", ".join(f"{op} x{n}" for op, n in fallback.most_common()) or "none"))
-    guards = find_guards(graph) if fallback else []
+    guards = find_guards(graph) if fallback or program.branches else []
     if guards:
-        print(f"  {len(guards)} If(s) decided by the input shapes ({', '.join(g.name for g in guards)}): a session "
-              f"builds one program version per outcome and runs each shape on its own (counts above: unspecialized)")
+        print(f"  {len(guards)} If(s) decided by the input shapes or small inputs' values "
+              f"({', '.join(g.name for g in guards)}): a session builds one program version per outcome and "
+              f"runs each feed on its own (counts above: unspecialized)")
 
 
 def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:

@@ -39,11 +39,12 @@ def prepare_program(graph: Graph, tuning=None, profile: bool = False) -> Program
 def create_executor(graph: Graph, reimport: Optional[Callable[[], Graph]] = None, num_threads: Optional[int] = None,
                     cache_dir=None, tuning=None, profile: bool = False):
     """The native executor of ``graph``: simplified and lowered, or, when Ifs decided by
-    the input shapes keep part of it on the fallback and ``reimport`` can give fresh
-    imports of the model, one program version per outcome of those Ifs (versions.py)."""
+    the input shapes or by small inputs' values keep part of it on the fallback or run as
+    branch programs, and ``reimport`` can give fresh imports of the model, one program
+    version per outcome of those Ifs (versions.py)."""
     program = prepare_program(graph, tuning, profile)
     fallback = sum(program.fallback_ops().values())
-    if fallback and reimport is not None:
+    if (fallback or program.branches) and reimport is not None:
         def make_executors(versions: list) -> list:
             libraries = _compile_all([p for _, p in versions], cache_dir)
             return [NativeExecutor(g, num_threads=num_threads, cache_dir=cache_dir, program=p, library=lib,
