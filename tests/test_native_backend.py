@@ -275,6 +275,22 @@ def test_conv_on_small_planes_reads_prepacked_weights():
     assert sum("(const float*)v[" in s.lowered.code for s in program.steps if s.lowered) == 1
 
 
+def test_static_planes_get_prepacked_weights_where_the_small_plane_path_takes_them():
+    # A static 10x9 plane (90 pixels, over conv.SMALL_PLANE) takes the prepacked path with 96
+    # output channels, not with 8: only the first conv's weights are packed at load.
+    from shapeshift.codegen.kernels.conv import small_plane_ok
+
+    assert small_plane_ok(90, 96) and not small_plane_ok(90, 8) and not small_plane_ok(300, 512)
+    rng = np.random.default_rng(22)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
+    inits = [_const("w", _rand(rng, (96, 4, 3, 3))), _const("w2", _rand(rng, (8, 96, 3, 3))),
+             _const("b2", _rand(rng, (8,)))]
+    model = _model(nodes, [_input("x", [1, 4, 10, 9])], [_output("y")], inits)
+    session = _run_both(model, [{"x": _rand(rng, (1, 4, 10, 9))}], rtol=1e-4, atol=1e-4)
+    assert [p.source.shape for p in session._executor.program.packs] == [(4 * 9, 96)]
+
+
 def test_gather_index_out_of_range_names_the_node():
     model = _model([helper.make_node("Gather", ["table", "ids"], ["g"], axis=0, name="lookup")],
                    [_input("ids", ["n"], I64)], [_output("g")], [_const("table", np.ones((4, 2), np.float32))])

@@ -138,6 +138,10 @@ CONV_CASES = [
     ((1, 6, 8, 8), 9, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilated
     ((1, 1, 1, 640), 258, (1, 256), (1, 128), (0, 0, 0, 0), (1, 1), 1),  # an STFT: one channel, 4 frames
     ((3, 1, 700), 33, (64,), (32,), (0, 0), (1,), 1),  # the same in 1-D, 3 signals
+    # Larger planes with at least as many channels as pixels (<= conv.SMALL_PLANE_MAX): 90
+    # pixels, 96 channels, so the transposed result leaves partial 8 x 8 blocks both ways.
+    ((1, 5, 9, 10), 96, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 3, 10, 10), 70, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 100 pixels, 70 channels: direct
     # The direct kernel (k x k, AVX2): 16-pixel tiles that run across output rows (OW < 16,
     # OW a multiple of 16, neither), stride 2 through its vector deinterleave (W >= 16, odd
     # and even pads), channel counts that leave a partial 6-channel block, many taps.

@@ -38,14 +38,16 @@ Strategy of ss_conv2d:
   are computed in register tiles of dw_rows rows x dw_vecs vectors (independent FMA
   chains, so 10- or 20-pixel-wide late-stage planes still hide the FMA latency; 3x3 and
   5x5 unrolled), with the bias and activation applied before the one store.
-- Small output planes (OH * OW <= SS_CONV_SMALL_PLANE) with the weights prepacked
-  (wpacked): the GEMM is turned around, y^T [OH*OW, M] = col^T x w^T, so that the
-  weights are the GEMM's prepacked B, read in place, instead of its A, which ss_gemm
-  packs at every call: on late-stage planes of a few pixels (yolov8n at 64x96: 2x3 pixels,
-  256 channels x 2304 taps) that packing was most of the conv, and the few pixels filled
-  a fraction of each register tile's columns. col is the im2col matrix (or x itself for
-  a stride-1 unpadded 1x1), read through the GEMM's A strides; the result goes through a
-  per-call scratch and is transposed into y with the activation.
+- Small output planes (OH * OW <= SS_CONV_SMALL_PLANE, or <= SS_CONV_SMALL_PLANE_MAX with
+  at least as many output channels) with the weights prepacked (wpacked): the GEMM is
+  turned around, y^T [OH*OW, M] = col^T x w^T, so that the weights are the GEMM's
+  prepacked B, read in place, instead of its A, which ss_gemm packs at every call: on
+  late-stage planes of a few pixels (yolov8n at 64x96: 2x3 pixels, 256 channels x 2304
+  taps) that packing was most of the conv, and the few pixels filled a fraction of each
+  register tile's columns. col is the im2col matrix (or x itself for
+  a stride-1 unpadded 1x1), read through the GEMM's A strides, and made through a table of
+  input offsets computed once per call; the result goes through a per-call scratch, gets
+  the activation there and is transposed into y.
 - k x k (grouped and 1-D too), with AVX2: the direct kernel, with no im2col matrix. Per
   (image, group) the input planes are staged once, zero-padded and split into row and
   column stride phases, so that for every tap the output pixels, taken row after row over
@@ -80,6 +82,20 @@ from __future__ import annotations
 DEPENDS = ("gemm", "vmath")
 #: Output planes of at most this many pixels take the prepacked-weights path by default.
 SMALL_PLANE = 64
+# Planes of up to this many pixels take that path too when the conv has at least as many
+# output channels as pixels (small_plane_ok, the test ss_conv2d makes). There the direct kernel's packing
+# of all the weights at every call outweighs what it saves: at 1 thread 128->128 3x3 on
+# 10x10 ran 432 us that way against 542 direct, 256->256 on 16x16 4520 against 4996; at 2
+# threads even to 1.4x faster. With fewer channels than pixels direct stays ahead (32->32
+# on 12x12: 64 us direct, 75 the other way).
+SMALL_PLANE_MAX = 256
+
+
+def small_plane_ok(pixels: int, channels: int, small_plane: int = SMALL_PLANE,
+                   small_plane_max: int = SMALL_PLANE_MAX) -> bool:
+    """Whether a group-1 conv of ``pixels`` output pixels and ``channels`` output channels
+    takes the prepacked-weights path when it has them (ss_conv2d makes the same test)."""
+    return pixels <= small_plane or (pixels <= small_plane_max and pixels <= channels)
 
 _TEMPLATE = r"""
 /* ---- conv ---- */
@@ -92,8 +108,10 @@ _TEMPLATE = r"""
 /* Floats of packed im2col columns per GEMM call (L2-sized: the GEMM rereads them per row block). */
 #define SS_CONV_CHUNK_FLOATS {chunk_floats}
 #define SS_CONV_DW_ROWS {dw_rows}
-/* Output planes of at most this many pixels use prepacked weights when the caller has them. */
+/* Output planes of at most this many pixels use prepacked weights when the caller has them,
+   and planes of at most SS_CONV_SMALL_PLANE_MAX pixels when there are as many output channels. */
 #define SS_CONV_SMALL_PLANE {small_plane}
+#define SS_CONV_SMALL_PLANE_MAX {small_plane_max}
 /* 1: k x k convs (not 1 x 1 ones) run the direct kernel (0: im2col and the GEMM). */
 #define SS_CONV_USE_DIRECT {direct}
 /* Floats of packed weights the direct kernel's tiles take at a time (kept in L2). */
@@ -803,29 +821,76 @@ int64_t ss_conv2d_work_size(int64_t C, int64_t KH, int64_t KW, int64_t OH, int64
 }}
 
 #ifdef SS_CONV_PACKED
+/* im2col of a small output plane (ss_conv_im2col's layout, col[(c * KH * KW + t) * P + p])
+   through a table of input offsets, off[t * P + p] (-1: padding), made once for all channels
+   and images. ss_conv_im2col spends its time per row of taps (index divisions, a libc call
+   per run of a few floats): on a 2x3 plane, 2304 rows of 6 floats took 48 us of a 78 us conv. */
+static void ss_conv_small_offsets(int32_t* off, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+                                  int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
+    for (int64_t kh = 0; kh < KH; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw)
+            for (int64_t oh = 0; oh < OH; ++oh)
+                for (int64_t ow = 0; ow < OW; ++ow) {{
+                    int64_t ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
+                    off[((kh * KW + kw) * OH + oh) * OW + ow] =
+                        ih >= 0 && ih < H && iw >= 0 && iw < W ? (int32_t)(ih * W + iw) : -1;
+                }}
+}}
+
+static void ss_conv_small_im2col(const float* x, float* col, const int32_t* off, int64_t C, int64_t HW, int64_t T) {{
+    for (int64_t c = 0; c < C; ++c) {{
+        const float* src = x + c * HW;
+        float* dst = col + c * T;
+        for (int64_t i = 0; i < T; ++i) dst[i] = off[i] >= 0 ? src[off[i]] : 0.0f;
+    }}
+}}
+
+/* out[m * P + p] = yt[p * M + m]: the GEMM's y^T back to planes, 8 x 8 blocks where they fit. */
+static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, int64_t M) {{
+    int64_t p0 = 0;
+#ifdef __AVX2__
+    for (; p0 + 8 <= P; p0 += 8) {{
+        int64_t m0 = 0;
+        for (; m0 + 8 <= M; m0 += 8) ss_gemm_transpose8(yt + p0 * M + m0, M, 8, out + m0 * P + p0, P);
+        for (; m0 < M; ++m0)
+            for (int64_t p = p0; p < p0 + 8; ++p) out[m0 * P + p] = yt[p * M + m0];
+    }}
+#endif
+    for (; p0 < P; ++p0)
+        for (int64_t m = 0; m < M; ++m) out[m * P + p0] = yt[p0 * M + m];
+}}
+
 /* Group-1 conv of a small output plane as y^T = col^T x w^T, w^T prepacked (see the docstring). */
 static void ss_conv_small_plane(const float* x, const float* wpacked, const float* bias, float* y,
                                 int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                                 int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                                 int64_t dh, int64_t dw, int act) {{
-    const int64_t P = OH * OW, Kc = C * KH * KW;
+    const int64_t P = OH * OW, Kc = C * KH * KW, T = KH * KW * P;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
-    float* yt = (float*)malloc((size_t)(P * M + (direct ? 0 : Kc * P)) * sizeof(float));
+    /* Offsets as int32: a plane too large for them (never a small output's, in practice) takes
+       the general im2col. */
+    const int table = !direct && H * W < INT32_MAX;
+    float* yt = (float*)malloc((size_t)(P * M + (direct ? 0 : Kc * P)) * sizeof(float)
+                               + (table ? (size_t)T * sizeof(int32_t) : 0));
     if (!yt) return;
     float* col = yt + P * M;
+    int32_t* off = (int32_t*)(col + (direct ? 0 : Kc * P));
+    if (table) ss_conv_small_offsets(off, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
     for (int64_t n = 0; n < N; ++n) {{
         const float* a = x + n * C * H * W;
-        if (!direct) {{
+        if (table) {{
+            ss_conv_small_im2col(a, col, off, C, H * W, T);
+            a = col;
+        }} else if (!direct) {{
             ss_conv_im2col(a, col, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
             a = col;
         }}
         /* A(p, k) = a[k * P + p]: the im2col matrix read transposed. */
         ss_gemm_prepacked(P, M, Kc, 1, 1, a, 0, 0, 1, P, wpacked, yt, 0, 0, M,
                           1.0f, bias, 1.0f, 0, 1, act == 1 ? 1 : 0);
-        float* out = y + n * M * P;
-        for (int64_t m = 0; m < M; ++m)
-            for (int64_t p = 0; p < P; ++p) out[m * P + p] = yt[p * M + m];
-        if (act >= 2) ss_conv_act_run(out, M * P, act);
+        /* The activation on y^T, where its runs are contiguous, then back to planes. */
+        if (act >= 2) ss_conv_act_run(yt, M * P, act);
+        ss_conv_small_untranspose(yt, y + n * M * P, P, M);
     }}
     free(yt);
 }}
@@ -839,7 +904,7 @@ void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
     int64_t Cg = C / group, Mg = M / group, P = OH * OW, Kc = Cg * KH * KW;
 #ifdef SS_CONV_PACKED
     /* Before the depthwise path: a one-channel conv (an STFT as a Conv) is group == C too. */
-    if (wpacked && group == 1 && P <= SS_CONV_SMALL_PLANE) {{
+    if (wpacked && group == 1 && (P <= SS_CONV_SMALL_PLANE || (P <= SS_CONV_SMALL_PLANE_MAX && P <= M))) {{
         ss_conv_small_plane(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);
         return;
     }}
@@ -949,7 +1014,8 @@ void ss_conv_transpose2d(const float* x, const float* w, const float* bias, floa
 
 
 def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vecs: int = 2,
-           chunk_floats: int = 1 << 17, small_plane: int = SMALL_PLANE, direct: bool = True,
+           chunk_floats: int = 1 << 17, small_plane: int = SMALL_PLANE, small_plane_max: int = SMALL_PLANE_MAX,
+           direct: bool = True,
            direct_block: int = 1 << 16, direct_taps: int = 256) -> str:
     """The conv fragment.
 
@@ -962,7 +1028,8 @@ def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vec
     ``chunk_floats``: the im2col conv's column chunk, in floats of packed im2col matrix
     (128K floats = 512 KB, half of this machine's 1 MB L2, leaving room for the weights);
     ``small_plane``: output planes of at most this many pixels take the prepacked-weights
-    path when the caller passes ``wpacked``;
+    path when the caller passes ``wpacked``; ``small_plane_max``: planes of at most this
+    many pixels take it too when there are at least as many output channels (small_plane_ok);
     ``direct``: k x k convs run the direct kernel (False: im2col and the GEMM, as 1x1 ones);
     ``direct_block``: floats of packed weights (blocks of 6 channels) the direct kernel's
     tiles take at a time, sized to stay in L2; ``direct_taps``: taps it takes at a time per
@@ -978,5 +1045,6 @@ def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vec
         raise ValueError(f"direct_block and direct_taps must be >= 1, got {direct_block}, {direct_taps}")
     return _TEMPLATE.format(par_min=int(par_min), act_chunk=int(act_chunk), dw_vecs=int(dw_vecs),
                             dw_rows=int(dw_rows), chunk_floats=int(chunk_floats), small_plane=int(small_plane),
+                            small_plane_max=int(small_plane_max),
                             direct=int(bool(direct)), direct_block=int(direct_block),
                             direct_taps=int(direct_taps))

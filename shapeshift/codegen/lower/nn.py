@@ -14,7 +14,7 @@ from ...ir.graph import Node, Value
 from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim
-from ..kernels.conv import SMALL_PLANE as CONV_SMALL_PLANE
+from ..kernels.conv import small_plane_ok
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .layout import param_values
@@ -246,7 +246,7 @@ def _packed_conv_weight(ctx: LowerContext, w: Value, w_shape: Sequence[int], gro
     ss_conv2d's path for small output planes reads them (kernels/conv.py), so a conv whose
     plane is known to be larger, a grouped conv or one of computed weights gets none."""
     weights = ctx.const(w)
-    if weights is None or group != 1 or (isinstance(pixels, int) and pixels > CONV_SMALL_PLANE):
+    if weights is None or group != 1 or (isinstance(pixels, int) and not small_plane_ok(pixels, w_shape[0])):
         return "NULL"
     slot, _ = ctx.packed_weight(weights.reshape(w_shape[0], -1).T, default_layout=True)
     return f"(const float*)v[{slot}]"
