@@ -52,8 +52,8 @@ Strategy of ss_conv2d:
   (image, group) the input planes are staged once, zero-padded and split into row and
   column stride phases, so that for every tap the output pixels, taken row after row over
   a staged row's width (its few columns past OW are computed and dropped), are one run of
-  memory; the weights are packed into blocks of 6 output channels. A tile of 16
-  such pixels then accumulates 6 channels in 12 registers over all C * KH * KW taps (the
+  memory; the weights are packed into blocks of 6 output channels, once per call. A tile
+  of 16 such pixels then accumulates 6 channels in 12 registers over all C * KH * KW taps (the
   GEMM micro-kernel's shape, the input read straight from the staged planes where the
   GEMM reads a packed panel), the taps taken direct_taps at a time so that their input
   rows and a block's weights share L1 while every block of direct_block floats of
@@ -765,7 +765,7 @@ static int ss_conv_direct(const float* x, const float* w, const float* bias, flo
     /* Scratch, in floats: the tap offsets (int32), the staged input, the packed weights,
        each thread's partial sums. `work` when it is large enough (the caller's arena),
        else one malloc. */
-    int64_t floats = K + Cg * cstride + nb * SS_CONV_MR * K + (int64_t)threads * bstep * SS_CONV_MR * 16;
+    int64_t floats = K + Cg * cstride + group * nb * SS_CONV_MR * K + (int64_t)threads * bstep * SS_CONV_MR * 16;
     float* own = NULL;
     if (!work || floats > work_floats) {{
         own = (float*)malloc((size_t)floats * sizeof(float));
@@ -775,17 +775,25 @@ static int ss_conv_direct(const float* x, const float* w, const float* bias, flo
     int32_t* koff = (int32_t*)work;
     float* stage = work + K;
     float* wp = stage + Cg * cstride;
-    float* parts = wp + nb * SS_CONV_MR * K;
+    float* parts = wp + group * nb * SS_CONV_MR * K;
     for (int64_t c = 0; c < Cg; ++c)
         for (int64_t kh = 0; kh < KH; ++kh)
             for (int64_t kw = 0; kw < KW; ++kw)
                 koff[(c * KH + kh) * KW + kw] = (int32_t)(c * cstride + SS_CONV_TAP(kh, kw));
     #undef SS_CONV_TAP
     int par = Mg * P * K >= SS_CONV_PAR_MIN;
+    /* Every group's weights packed once for all the images (the batch of a 3x3x128x128
+       yolov8n call packed them three times). */
+    #pragma omp parallel for schedule(static) if(par)
+    for (int64_t gb = 0; gb < group * nb; ++gb) {{
+        int64_t g = gb / nb, b = gb % nb;
+        int64_t rows = Mg - b * SS_CONV_MR < SS_CONV_MR ? Mg - b * SS_CONV_MR : SS_CONV_MR;
+        ss_conv_direct_pack(w + g * Mg * K + b * SS_CONV_MR * K, wp + gb * SS_CONV_MR * K, rows, K);
+    }}
     for (int64_t n = 0; n < N; ++n)
         for (int64_t g = 0; g < group; ++g) {{
             const float* xg = x + (n * C + g * Cg) * H * W;
-            const float* wg = w + g * Mg * K;
+            const float* wg = wp + g * nb * SS_CONV_MR * K;
             const float* bg = bias ? bias + g * Mg : NULL;
             float* yg = y + (n * M + g * Mg) * P;
             #pragma omp parallel if(par)
@@ -797,16 +805,12 @@ static int ss_conv_direct(const float* x, const float* w, const float* bias, flo
                     ss_conv_direct_stage(xg + c * H * W, cb, H, W, sh, sw, ph, pw, Hq, Wq);
                     for (int64_t j = planes; j < cstride; ++j) cb[j] = 0.0f;
                 }}
-                #pragma omp for schedule(static)
-                for (int64_t b = 0; b < nb; ++b) {{
-                    int64_t rows = Mg - b * SS_CONV_MR < SS_CONV_MR ? Mg - b * SS_CONV_MR : SS_CONV_MR;
-                    ss_conv_direct_pack(wg + b * SS_CONV_MR * K, wp + b * SS_CONV_MR * K, rows, K);
-                }}
+                #pragma omp barrier
                 for (int64_t b0 = 0; b0 < nb; b0 += bstep) {{
                     int64_t b1 = b0 + bstep < nb ? b0 + bstep : nb;
                     #pragma omp for schedule(static)
                     for (int64_t t = 0; t < tiles; ++t)
-                        ss_conv_direct_tiles(stage, wp, bg, yg, part, t, b0, b1, Mg, K, kc, Q, Wq, OW, P, koff, act);
+                        ss_conv_direct_tiles(stage, wg, bg, yg, part, t, b0, b1, Mg, K, kc, Q, Wq, OW, P, koff, act);
                 }}
             }}
         }}
