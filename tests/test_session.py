@@ -123,3 +123,25 @@ def test_sources_path_bytes_and_proto_agree(encoder_path):
 def test_unknown_backend_is_refused(encoder_path):
     with pytest.raises(errors.ShapeshiftError, match="unknown backend 'gpu'"):
         shapeshift.InferenceSession(encoder_path, backend="gpu")
+
+
+def test_native_runs_read_only_feeds_and_return_outputs_of_their_own(encoder_path):
+    # A read-only feed takes the VM's slow way to its address; outputs are fresh copies of
+    # arena views the VM keeps per shape, so a result must survive later runs (of the same
+    # shape, and larger ones, which reallocate the arena) and a caller's edits must not leak.
+    import onnxruntime as ort
+
+    session = shapeshift.InferenceSession(encoder_path, dynamic={"batch": (1, 4), "seq": (1, 64)}, backend="native")
+    reference = ort.InferenceSession(str(encoder_path), providers=["CPUExecutionProvider"])
+    kept = []
+    for batch, seq in ((1, 3), (4, 64), (1, 3), (2, 9), (1, 3)):
+        feed = _feed(batch, seq, seed=seq + len(kept))
+        read_only = {k: np.frombuffer(v.tobytes(), v.dtype).reshape(v.shape) for k, v in feed.items()}
+        assert not read_only["input_ids"].flags.writeable
+        got = session.run(None, read_only)[0]
+        kept.append((got, got.copy(), reference.run(None, feed)[0]))
+        got[...] = np.nan if len(kept) % 2 else got  # some callers write into what they got
+    for got, at_return, want in kept[1::2]:
+        np.testing.assert_array_equal(got, at_return)
+    for _, at_return, want in kept:
+        np.testing.assert_allclose(at_return, want, rtol=1e-4, atol=1e-4)

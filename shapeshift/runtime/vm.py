@@ -23,7 +23,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -56,6 +56,10 @@ class Plan:
     # views placed at ``table_base``), made by the first run on an arena at that address.
     table: Optional[np.ndarray] = None
     table_base: int = -1
+    # Arena slot -> its array view (what ``_array`` returns), made by the first run that reads
+    # it on the arena ``views_arena``: an output's view costs a frombuffer and a reshape.
+    views: dict = field(default_factory=dict)
+    views_arena: Optional[np.ndarray] = None
 
 
 class NativeVM:
@@ -216,7 +220,7 @@ class NativeVM:
                 continue
             data = np.asarray(data, order="C")
             arrays[index] = data
-            address = data.ctypes.data  # asked once: each .ctypes builds an object (~1.5 us)
+            address = _address(data)  # asked once: each .ctypes builds an object (~1.5 us)
             ptrs[index] = address
             self._set_views(ptrs, index, address)
         env: dict[Value, Any] = dict(feeds)
@@ -297,9 +301,15 @@ class NativeVM:
         if root.kind in (CONST, INPUT, DYNAMIC):
             data = np.asarray(root.value.const) if root.kind == CONST else arrays[root.index]
             return data if shape is None else data.reshape(shape)
-        offset = int(plan.offsets[root.index]) + self._arena_skew
-        count = math.prod(shape)
-        return np.frombuffer(self._arena, dtype=dtype, count=count, offset=offset).reshape(shape)
+        if plan.views_arena is not self._arena:  # a new arena: the views made on the last one are stale
+            plan.views, plan.views_arena = {}, self._arena
+        view = plan.views.get(index)
+        if view is None:
+            offset = int(plan.offsets[root.index]) + self._arena_skew
+            view = np.frombuffer(self._arena, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+            if not program.late_symbols:  # a late symbol's value may differ from run to run
+                plan.views[index] = view
+        return view
 
     def _run_fallback(self, step, env: dict, arrays: dict, ptrs: np.ndarray, plan: Plan,
                       binding: Mapping[str, int]) -> None:
@@ -324,7 +334,7 @@ class NativeVM:
                     expected = tuple(evaluate(d, binding) for d in value.type.shape)
                 result = self._checked(node, value, result, expected)
                 arrays[index] = result
-                address = result.ctypes.data
+                address = _address(result)
                 ptrs[index] = address
                 self._set_views(ptrs, index, address)
             env[value] = result
@@ -466,6 +476,20 @@ def _late_ready(program: Program) -> dict[int, tuple[list[int], list]]:
         if slot.kind == LATE:
             add(slot.nbytes, slot, 1)
     return ready
+
+
+_from_buffer, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
+
+
+def _address(array: np.ndarray) -> int:
+    """The data address of a C-contiguous array. ``ndarray.ctypes`` builds an object per
+    call (about 2 us, paid per input and per fallback result at every run); a ctypes view
+    of the buffer costs a third of that. Read-only and empty arrays, which it refuses,
+    take the slow way."""
+    try:
+        return _addressof(_from_buffer(array))
+    except (TypeError, ValueError, BufferError):
+        return array.ctypes.data
 
 
 def _aligned_base(arena: np.ndarray) -> int:
