@@ -42,15 +42,21 @@ def _squeeze_model(path, data_dependent: bool = False) -> str:
                               [helper.make_tensor_value_info("id", TensorProto.FLOAT, None)])
     nodes += [helper.make_node("If", ["cond"], ["h"], then_branch=then, else_branch=other, name="squeeze_if"),
               helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Mul", ["r", "two"], ["y"])]
+    return _save(path / ("data_if.onnx" if data_dependent else "shape_if.onnx"), nodes, [], zero=0.0)
+
+
+def _save(path, nodes, inputs, **scalars) -> str:
+    """The model of ``nodes`` reading x [B, T] and ``inputs``, writing y, saved at ``path``;
+    its initializers are one_i = 1, axes = [1], two = 2.0 and ``scalars`` (float32)."""
     inits = [numpy_helper.from_array(np.array(1, np.int64), "one_i"),
              numpy_helper.from_array(np.array([1], np.int64), "axes"),
              numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
-    graph = helper.make_graph(nodes, "squeeze_if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T"])],
+             *(numpy_helper.from_array(np.array(v, np.float32), k) for k, v in scalars.items())]
+    graph = helper.make_graph(nodes, "versions", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T"]),
+                                                  *inputs],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    out = str(path / ("data_if.onnx" if data_dependent else "shape_if.onnx"))
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out)
-    return out
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
 
 
 def test_shape_decided_if_runs_natively_in_every_version(tmp_path, compiler_calls):
@@ -128,16 +134,8 @@ def _mode_model(path, nested: bool = False) -> str:
                               "else", [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
     nodes = [helper.make_node("Equal", ["mode", "one_i"], ["cond"]),
              helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="mode_if")]
-    inits = [numpy_helper.from_array(np.array(1, np.int64), "one_i"),
-             numpy_helper.from_array(np.array([1], np.int64), "axes"),
-             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.array(3.0, np.float32), "three")]
-    graph = helper.make_graph(nodes, "mode_if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T"]),
-                                                 helper.make_tensor_value_info("mode", TensorProto.INT64, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    out = str(path / ("nested_if.onnx" if nested else "mode_if.onnx"))
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out)
-    return out
+    return _save(path / ("nested_if.onnx" if nested else "mode_if.onnx"), nodes,
+                 [helper.make_tensor_value_info("mode", TensorProto.INT64, [])], three=3.0)
 
 
 def test_an_if_on_an_input_value_runs_as_flat_versions(tmp_path, compiler_calls):
@@ -150,17 +148,9 @@ def test_an_if_on_an_input_value_runs_as_flat_versions(tmp_path, compiler_calls)
     for version in executor.versions.values():
         assert not version.program.branches and not version.program.fallback_ops(), "the If is inlined"
     built = len(compiler_calls)
-    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(1)
     # The same shape with another mode must switch versions: the choice is cached per values too.
-    for (b, t), mode in [((2, 5), 1), ((2, 5), 0), ((2, 5), 1), ((1, 1), 7), ((8, 16), 1), ((3, 4), -1)]:
-        x = rng.standard_normal((b, t)).astype(np.float32)
-        feed = {"x": x, "mode": np.array(mode, np.int64)}
-        got, = session.run(None, feed)
-        want, = reference.run(None, feed)
-        np.testing.assert_allclose(got, want, err_msg=f"B={b} T={t} mode={mode}")
-        chosen = executor.select(session.bind(feed), {"mode": feed["mode"]})
-        assert chosen is executor.versions[(mode == 1,)]
+    _run_like_onnxruntime(session, path, [((2, 5), 1), ((2, 5), 0), ((2, 5), 1), ((1, 1), 7), ((8, 16), 1),
+                                          ((3, 4), -1)], lambda t, mode: (mode == 1,))
     assert len(compiler_calls) == built, "no build while running"
 
 
@@ -172,18 +162,23 @@ def test_a_guard_inside_a_branch_makes_versions_only_where_it_runs(tmp_path, com
     assert executor.guards[1].within == (("mode_if", True),)
     # mode != 1 never runs the squeeze test: three versions, not four.
     assert set(executor.versions) == {(True, False), (True, True), (False, None)}
+    _run_like_onnxruntime(session, path, [((2, 1), 1), ((2, 6), 1), ((2, 1), 0), ((4, 9), 0), ((1, 1), 1)],
+                          lambda t, mode: (True, t == 1) if mode == 1 else (False, None))
+
+
+def _run_like_onnxruntime(session, path, cases, version_key) -> None:
+    """Each ((B, T), mode) of ``cases`` gives onnxruntime's output and runs on the version
+    ``version_key(T, mode)`` names."""
     reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(2)
-    for (b, t), mode in [((2, 1), 1), ((2, 6), 1), ((2, 1), 0), ((4, 9), 0), ((1, 1), 1)]:
-        x = rng.standard_normal((b, t)).astype(np.float32)
-        feed = {"x": x, "mode": np.array(mode, np.int64)}
+    rng = np.random.default_rng(len(cases))
+    executor = session._executor
+    for (b, t), mode in cases:
+        feed = {"x": rng.standard_normal((b, t)).astype(np.float32), "mode": np.array(mode, np.int64)}
         got, = session.run(None, feed)
         want, = reference.run(None, feed)
         assert got.shape == want.shape, (b, t, mode)
         np.testing.assert_allclose(got, want, err_msg=f"B={b} T={t} mode={mode}")
-        want_key = (True, t == 1) if mode == 1 else (False, None)
-        assert executor.select(session.bind(feed), {"mode": feed["mode"]}) \
-            is executor.versions[want_key]
+        assert executor.select(session.bind(feed), {"mode": feed["mode"]}) is executor.versions[version_key(t, mode)]
 
 
 def test_outcomes_leave_out_the_guards_an_outer_outcome_skips():
