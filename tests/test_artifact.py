@@ -253,3 +253,53 @@ def test_host_cpu_features_reads_x86_and_arm(tmp_path):
     arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")
     assert host_cpu_features(arm) == ["asimd", "fp", "sve"]
     assert host_cpu_features(tmp_path / "absent") is None
+
+
+# -- models built in program versions -----------------------------------------------------------
+
+
+def test_a_model_in_program_versions_compiles_to_one_artifact(tmp_path, build_cache, monkeypatch):
+    # The nested value/shape guard model (tests/test_native_versions.py): three versions, each
+    # with its library in the artifact, rebuilt and checked on loading, and run without a compiler.
+    import onnxruntime as ort
+
+    from shapeshift.runtime.versions import VersionedExecutor
+
+    from .test_native_versions import _mode_model
+
+    path = _mode_model(tmp_path, nested=True)
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(build_cache))
+    out = tmp_path / "nested.ssa"
+    written = shapeshift.compile(path, out, dynamic={"B": (1, 8), "T": (1, 16)})
+    assert written.header["guards"] == ["mode_if", "squeeze_if"]
+    assert [v["outcome"] for v in written.header["versions"]] == [[False, None], [True, False], [True, True]]
+    assert sorted(s for s in written.sections if s.startswith("library.")) == ["library.0", "library.1", "library.2"]
+    assert "library" not in written.sections and "source_sha256" not in written.header
+
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(build, "_run_compiler", lambda cmd: pytest.fail(f"the compiler ran: {cmd}"))
+    session = shapeshift.InferenceSession(out)
+    assert isinstance(session._executor, VersionedExecutor) and len(session._executor.versions) == 3
+    reference = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for (b, t), mode in [((2, 1), 1), ((3, 6), 1), ((2, 5), 0), ((1, 1), 4)]:
+        feed = {"x": rng.standard_normal((b, t)).astype(np.float32), "mode": np.array(mode, np.int64)}
+        got, = session.run(None, feed)
+        want, = reference.run(None, feed)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, err_msg=f"B={b} T={t} mode={mode}")
+
+    # A version whose recorded source differs is refused like a plain artifact's.
+    header, sections = read_container(out)
+    header.pop("sections")
+    header["versions"][1]["source_sha256"] = "0" * 64
+    edited = tmp_path / "edited.ssa"
+    write_container(edited, header, sections)
+    with pytest.raises(ArtifactError, match=rf"{edited}: the program rebuilt from its model differs"):
+        shapeshift.InferenceSession(edited)
+    # So is one that lost a version's library.
+    header["versions"][1] = dict(written.header["versions"][1])
+    del sections["library.2"]
+    write_container(edited, header, sections)
+    with pytest.raises(ArtifactError, match="holds no library.2 section"):
+        shapeshift.InferenceSession(edited)

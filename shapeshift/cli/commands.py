@@ -169,6 +169,9 @@ def cmd_compile(args) -> int:
     print(f"wrote {artifact.path}: {artifact.size} bytes ({parts})")
     print(f"shapeshift {header['shapeshift_version']}, dynamic ranges: {ranges}")
     print(f"needs CPU features ({header['machine']}): {', '.join(header['cpu_features']) or 'none'}")
+    if "versions" in header:
+        print(f"{len(header['versions'])} program versions, one per outcome of the input-decided Ifs "
+              f"{', '.join(header['guards'])}")
     if tuning is not None:
         used = _tuned_weights(artifact)
         print(f"tuning records from {args.db}: {len(tuning)} weight shape(s), used by this model: "

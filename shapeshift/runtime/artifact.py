@@ -24,6 +24,14 @@ library is built with ``-march=native`` and may use any of them), and ``tuning``
 GEMM records the program was built with and uses, as ``TunedGemm.to_json()``; absent without any), so
 that loading rebuilds the same program without the tuning database.
 
+A model the native backend builds in program versions (runtime/versions.py: Ifs decided by
+the input shapes or by small inputs' values, silero_vad's sample rate) has, instead of
+``source_sha256``, ``library_key`` and the ``library`` section, ``guards`` (the If names, in
+order) and ``versions``: per version, in the order build_versions makes them, its
+``outcome`` (one true, false or null per guard), ``source_sha256``, and ``section`` and
+``library_key`` (its library ``library.<i>``; absent without compiled code). Loading builds
+the versions again from the model and checks each one's source.
+
 A file is used only if its header and every section match their sha256 and the file has
 exactly the announced length, it was written by this shapeshift version, this machine has
 the same architecture and every recorded CPU feature, and the rebuilt source matches;
@@ -243,7 +251,8 @@ def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[
     is built from exactly those bytes, so that loading rebuilds the same source.
     """
     from .. import __version__
-    from .native import NativeExecutor  # the C build machinery, only when compiling
+    from .native import create_executor  # the C build machinery, only when compiling
+    from .versions import VersionedExecutor
 
     ranges = _normalize_dynamic(dynamic)
     try:
@@ -251,24 +260,40 @@ def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[
     except ValueError as exc:  # protobuf refuses messages over 2 GiB
         label = model if isinstance(model, (str, os.PathLike)) else "the model"
         raise ArtifactError(f"{label}: cannot serialize the model into an artifact ({exc})") from None
-    executor = NativeExecutor(import_model(model_bytes, ranges), cache_dir=cache_dir, tuning=tuning)
+    graph = import_model(model_bytes, ranges)
+    executor = create_executor(graph, lambda: import_model(model_bytes, ranges), cache_dir=cache_dir, tuning=tuning)
     header = {
-        "shapeshift_version": __version__, "graph": executor.graph.name,
+        "shapeshift_version": __version__, "graph": graph.name,
         "dynamic": {name: list(bounds) for name, bounds in sorted(ranges.items())},
-        "source_sha256": _sha256(executor.program.full_source().encode()),
         "machine": platform.machine(), "cpu_features": host_cpu_features() or [],
     }
+    sections = {"model": model_bytes}
+    if isinstance(executor, VersionedExecutor):
+        versions = list(executor.versions.items())  # in build_versions' order, which loading repeats
+        header["guards"] = [g.name for g in executor.guards]
+        header["versions"] = []
+        for i, (outcome, version) in enumerate(versions):
+            entry = {"outcome": list(outcome), "source_sha256": _sha256(version.program.full_source().encode())}
+            if version.vm.library is not None:
+                entry.update(section=f"library.{i}", library_key=version.vm.library.key)
+                sections[f"library.{i}"] = version.vm.library.path.read_bytes()
+            header["versions"].append(entry)
+        programs, libraries = [v.program for _, v in versions], [v.vm.library for _, v in versions]
+    else:
+        header["source_sha256"] = _sha256(executor.program.full_source().encode())
+        if executor.vm.library is not None:
+            header["library_key"] = executor.vm.library.key
+            sections["library"] = executor.vm.library.path.read_bytes()
+        programs, libraries = [executor.program], [executor.vm.library]
+    built = next((lib for lib in libraries if lib is not None), None)
+    if built is not None:
+        header.update(_library_header(built))
     if tuning is not None:
-        # Only the records the program uses: the others do not change its source.
-        used = executor.program.tuned_names()
+        # Only the records the programs use: the others do not change their source.
+        used = set().union(*(p.tuned_names() for p in programs))
         records = [t.to_json() for t in tuning if t.name in used]
         if records:
             header["tuning"] = records
-    sections = {"model": model_bytes}
-    library = executor.vm.library
-    if library is not None:
-        header.update(_library_header(library))
-        sections["library"] = library.path.read_bytes()
     write_container(out, header, sections)
     return read_artifact(out)
 
@@ -277,13 +302,15 @@ def _library_header(library) -> dict:
     from ..codegen.build import library_metadata
 
     meta = library_metadata(library)
-    return {"library_key": library.key, "flags": meta.get("flags"), "compiler": meta.get("compiler"),
+    return {"flags": meta.get("flags"), "compiler": meta.get("compiler"),
             "compiler_version": meta.get("compiler_version")}
 
 
 def load_artifact(path: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
                   num_threads: Optional[int] = None, cache_dir: Optional[PathLike] = None):
-    """``(graph, NativeExecutor)`` for the artifact at ``path``, without compiling anything.
+    """``(graph, executor)`` for the artifact at ``path``, without compiling anything: a
+    NativeExecutor, or a VersionedExecutor when the model was compiled in program versions
+    (runtime/versions.py; the header's ``guards`` and ``versions``, one library section each).
 
     ``dynamic``, if given, must equal the ranges the artifact was compiled for (the library
     was built for those; other ranges need another ``shapeshift compile``).
@@ -292,14 +319,54 @@ def load_artifact(path: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]
 
     artifact = read_artifact(path)
     _check_dynamic(artifact, dynamic)
+    tuning = _tuning(artifact)
     try:
         graph = import_model(artifact.sections["model"], artifact.dynamic)
-        program = prepare_program(graph, _tuning(artifact))
+        program = prepare_program(graph, tuning)
     except ShapeshiftError as exc:
         raise ArtifactError(f"{artifact.path}: its model no longer builds a program: {exc}") from None
+    if "versions" in artifact.header:
+        return graph, _load_versions(artifact, graph, program, tuning, num_threads, cache_dir)
     _check_source(artifact, program.full_source())
     library = _install_library(artifact, program, cache_dir)
     return graph, NativeExecutor(graph, num_threads=num_threads, program=program, library=library)
+
+
+def _load_versions(artifact: Artifact, graph, program, tuning, num_threads, cache_dir):
+    """The VersionedExecutor the artifact's versions make: built again from its model the way
+    compiling built them, each version's source checked and its library installed."""
+    from .native import NativeExecutor, prepare_program
+    from .versions import build_versions
+
+    entries = artifact.header["versions"]
+
+    def reimport():
+        return import_model(artifact.sections["model"], artifact.dynamic)
+
+    def make_executors(versions: list) -> list:
+        if len(versions) != len(entries):
+            raise ArtifactError(f"{artifact.path}: its model now gives {len(versions)} program versions, the "
+                                f"artifact holds {len(entries)}; recompile it")
+        made = []
+        for entry, (version_graph, version_program) in zip(entries, versions):
+            _check_source(artifact, version_program.full_source(), entry.get("source_sha256"))
+            library = _install_library(artifact, version_program, cache_dir, entry.get("section"),
+                                       entry.get("library_key"))
+            made.append(NativeExecutor(version_graph, num_threads=num_threads, program=version_program,
+                                       library=library))
+        return made
+
+    try:
+        versioned = build_versions(graph, sum(program.fallback_ops().values()), reimport,
+                                   lambda g: prepare_program(g, tuning), make_executors)
+    except ArtifactError:
+        raise
+    except ShapeshiftError as exc:
+        raise ArtifactError(f"{artifact.path}: its model no longer builds its program versions: {exc}") from None
+    if versioned is None or [g.name for g in versioned.guards] != artifact.header.get("guards"):
+        raise ArtifactError(f"{artifact.path}: the program versions rebuilt from its model differ from the "
+                            "compiled ones; recompile it")
+    return versioned
 
 
 def _tuning(artifact: Artifact):
@@ -327,10 +394,11 @@ def _check_dynamic(artifact: Artifact, dynamic: Optional[Mapping[str, tuple[int,
                             f"not {show(given)}; omit dynamic= or recompile with the new ranges")
 
 
-def _check_source(artifact: Artifact, source: str) -> None:
+def _check_source(artifact: Artifact, source: str, recorded: Optional[str] = None) -> None:
     # Equal sources mean equal programs: the steps, slots and extents the library's code
     # indexes are the ones this process just built.
-    recorded, rebuilt = artifact.header.get("source_sha256"), _sha256(source.encode())
+    recorded = recorded if recorded is not None else artifact.header.get("source_sha256")
+    rebuilt = _sha256(source.encode())
     if rebuilt != recorded:
         raise ArtifactError(
             f"{artifact.path}: the program rebuilt from its model differs from the compiled one (source sha256 "
@@ -338,18 +406,20 @@ def _check_source(artifact: Artifact, source: str) -> None:
             f"shapeshift {artifact.header.get('shapeshift_version')}; recompile it")
 
 
-def _install_library(artifact: Artifact, program, cache_dir: Optional[PathLike]):
+def _install_library(artifact: Artifact, program, cache_dir: Optional[PathLike], section: Optional[str] = "library",
+                     key: Optional[str] = None):
     from ..codegen.build import install_library
 
-    data = artifact.sections.get("library")
+    data = artifact.sections.get(section) if section else None
     if data is None:
         if program.has_code():
             # Without this the VM would quietly compile the program: an artifact never does.
             raise ArtifactError(f"{artifact.path}: corrupt artifact: its program has compiled code "
-                                "but it holds no library section")
+                                f"but it holds no {section or 'library'} section")
         return None
+    key = key if key is not None else artifact.header.get("library_key")
     try:
-        return install_library(data, str(artifact.header.get("library_key")), program.full_source(),
+        return install_library(data, str(key), program.full_source(),
                                Path(cache_dir) if cache_dir is not None else None)
     except OSError as exc:
         raise ArtifactError(f"{artifact.path}: cannot install or load its library ({exc}); "
