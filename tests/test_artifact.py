@@ -114,6 +114,11 @@ def test_cli_compile_then_cli_run_in_a_fresh_process(encoder_path, build_cache, 
     assert ", ".join(host_cpu_features()) in result.stdout
     # A fresh process, an empty cache and no compiler: `run` takes the artifact as it is.
     env = dict(os.environ, SHAPESHIFT_CACHE_DIR=str(tmp_path / "empty"), SHAPESHIFT_CC=str(tmp_path / "no-cc"))
+    result = subprocess.run([sys.executable, "-m", "shapeshift.cli.main", "info", str(out)],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"artifact: {out}" in result.stdout and "sections: model" in result.stdout
+    assert "MatMul" in result.stdout, "then the model inside it, as for an ONNX file"
     feed = _feed(2, 7)
     for name, array in feed.items():
         np.save(tmp_path / f"{name}.npy", array)

@@ -42,8 +42,17 @@ def _op_histogram(graph: Graph) -> collections.Counter:
 
 
 def cmd_info(args) -> int:
-    model = read_model(args.model)
-    graph = import_model(model, args.dynamic, check=False)
+    from ..runtime.artifact import is_artifact, read_artifact
+
+    source, dynamic = args.model, args.dynamic
+    if is_artifact(args.model):
+        # A compiled artifact: what it holds and needs, then the model inside it.
+        artifact = read_artifact(args.model)
+        print(f"artifact: {artifact.path}: {artifact.size} bytes")
+        _print_artifact_header(artifact)
+        source, dynamic = artifact.sections["model"], dynamic or artifact.dynamic
+    model = read_model(source)
+    graph = import_model(model, dynamic, check=False)
     unsupported = unsupported_ops(model)
     initializers = {t.name for t in model.graph.initializer}
     opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in graph.opset.items())
@@ -163,20 +172,27 @@ def cmd_compile(args) -> int:
         raise ShapeshiftError(f"--threads must be a positive integer, got {args.threads}")
     tuning = load_tuning(args.db, args.threads)
     artifact = write_artifact(args.model, args.output, args.dynamic, tuning=tuning)
-    header = artifact.header
-    parts = ", ".join(f"{s['name']} {s['size']} bytes" for s in header["sections"])
-    ranges = ", ".join(f"{k}={lo}:{hi}" for k, (lo, hi) in sorted(artifact.dynamic.items())) or "as declared"
-    print(f"wrote {artifact.path}: {artifact.size} bytes ({parts})")
-    print(f"shapeshift {header['shapeshift_version']}, dynamic ranges: {ranges}")
-    print(f"needs CPU features ({header['machine']}): {', '.join(header['cpu_features']) or 'none'}")
-    if "versions" in header:
-        print(f"{len(header['versions'])} program versions, one per outcome of the input-decided Ifs "
-              f"{', '.join(header['guards'])}")
+    print(f"wrote {artifact.path}: {artifact.size} bytes")
+    _print_artifact_header(artifact)
     if tuning is not None:
         used = _tuned_weights(artifact)
         print(f"tuning records from {args.db}: {len(tuning)} weight shape(s), used by this model: "
               + (", ".join(used) or "none (no MatMul/Gemm weight of a tuned shape)"))
     return 0
+
+
+def _print_artifact_header(artifact) -> None:
+    header = artifact.header
+    parts = ", ".join(f"{s['name']} {s['size']} bytes" for s in header["sections"])
+    ranges = ", ".join(f"{k}={lo}:{hi}" for k, (lo, hi) in sorted(artifact.dynamic.items())) or "as declared"
+    print(f"sections: {parts}")
+    print(f"shapeshift {header['shapeshift_version']}, dynamic ranges: {ranges}")
+    print(f"needs CPU features ({header['machine']}): {', '.join(header['cpu_features']) or 'none'}")
+    if "versions" in header:
+        print(f"{len(header['versions'])} program versions, one per outcome of the input-decided Ifs "
+              f"{', '.join(header['guards'])}")
+    if header.get("tuning"):
+        print(f"tuned GEMM records: {', '.join(_tuned_weights(artifact))}")
 
 
 def _tuned_weights(artifact) -> list[str]:
