@@ -327,8 +327,8 @@ def load_artifact(path: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]
         raise ArtifactError(f"{artifact.path}: its model no longer builds a program: {exc}") from None
     if "versions" in artifact.header:
         return graph, _load_versions(artifact, graph, program, tuning, num_threads, cache_dir)
-    _check_source(artifact, program.full_source())
-    library = _install_library(artifact, program, cache_dir)
+    _check_source(artifact, program.full_source(), artifact.header.get("source_sha256"))
+    library = _install_library(artifact, program, cache_dir, "library", artifact.header.get("library_key"))
     return graph, NativeExecutor(graph, num_threads=num_threads, program=program, library=library)
 
 
@@ -394,10 +394,9 @@ def _check_dynamic(artifact: Artifact, dynamic: Optional[Mapping[str, tuple[int,
                             f"not {show(given)}; omit dynamic= or recompile with the new ranges")
 
 
-def _check_source(artifact: Artifact, source: str, recorded: Optional[str] = None) -> None:
+def _check_source(artifact: Artifact, source: str, recorded: Optional[str]) -> None:
     # Equal sources mean equal programs: the steps, slots and extents the library's code
     # indexes are the ones this process just built.
-    recorded = recorded if recorded is not None else artifact.header.get("source_sha256")
     rebuilt = _sha256(source.encode())
     if rebuilt != recorded:
         raise ArtifactError(
@@ -406,8 +405,9 @@ def _check_source(artifact: Artifact, source: str, recorded: Optional[str] = Non
             f"shapeshift {artifact.header.get('shapeshift_version')}; recompile it")
 
 
-def _install_library(artifact: Artifact, program, cache_dir: Optional[PathLike], section: Optional[str] = "library",
-                     key: Optional[str] = None):
+def _install_library(artifact: Artifact, program, cache_dir: Optional[PathLike], section: Optional[str],
+                     key: Optional[str]):
+    """The library of section ``section`` (None: the program has no library), installed as ``key``."""
     from ..codegen.build import install_library
 
     data = artifact.sections.get(section) if section else None
@@ -417,7 +417,6 @@ def _install_library(artifact: Artifact, program, cache_dir: Optional[PathLike],
             raise ArtifactError(f"{artifact.path}: corrupt artifact: its program has compiled code "
                                 f"but it holds no {section or 'library'} section")
         return None
-    key = key if key is not None else artifact.header.get("library_key")
     try:
         return install_library(data, str(key), program.full_source(),
                                Path(cache_dir) if cache_dir is not None else None)

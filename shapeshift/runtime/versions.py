@@ -90,22 +90,19 @@ def find_guards(graph: Graph) -> list[Guard]:
 def _collect_guards(graph: Graph, within: tuple, inputs: set[str], value_inputs: dict[int, str],
                     guards: list[Guard]) -> None:
     for node in graph.nodes:
-        is_if = node.op_type == "If" and node.domain in ("", "ai.onnx") and bool(node.name) and bool(node.inputs)
-        if is_if:
-            # Subgraphs share the root's opset.
-            found = _predicate(node.inputs[0], node.graph.opset, inputs, value_inputs)
-            if found is not None:
-                predicate, reads = found
-                guards.append(Guard(node.name, predicate, reads, within))
-        if node.has_subgraphs():
-            for key, value in node.attrs.items():
-                if isinstance(value, Graph):
-                    inner = within + ((node.name, key == "then_branch"),) if is_if else within
-                    _collect_guards(value, inner, inputs, value_inputs, guards)
-                elif isinstance(value, list):
-                    for sub in value:
-                        if isinstance(sub, Graph):
-                            _collect_guards(sub, within, inputs, value_inputs, guards)
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            if node.name and node.inputs:
+                # Subgraphs share the root's opset.
+                found = _predicate(node.inputs[0], node.graph.opset, inputs, value_inputs)
+                if found is not None:
+                    guards.append(Guard(node.name, *found, within))
+            for key, branch in node.attrs.items():  # in the model's order, which versions are keyed by
+                if key in ("then_branch", "else_branch") and isinstance(branch, Graph):
+                    _collect_guards(branch, within + ((node.name, key == "then_branch"),), inputs, value_inputs,
+                                    guards)
+        elif node.has_subgraphs():
+            for sub in node.subgraphs():  # Loop and Scan bodies: no branch taken or not
+                _collect_guards(sub, within, inputs, value_inputs, guards)
 
 
 def _is_value_input(value: Value) -> bool:

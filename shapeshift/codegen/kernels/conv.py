@@ -44,17 +44,17 @@ Strategy of ss_conv2d:
   prepacked B, read in place, instead of its A, which ss_gemm packs at every call: on
   late-stage planes of a few pixels (yolov8n at 64x96: 2x3 pixels, 256 channels x 2304
   taps) that packing was most of the conv, and the few pixels filled a fraction of each
-  register tile's columns. col is the im2col matrix (or x itself for
-  a stride-1 unpadded 1x1), read through the GEMM's A strides, and made through a table of
-  input offsets computed once per call; the result goes through a per-call scratch, gets
-  the activation there and is transposed into y.
+  register tile's columns. col is the im2col matrix (or x itself for a stride-1 unpadded
+  1x1), read through the GEMM's A strides, and made through a table of input offsets
+  computed once per call; the result goes through a per-call scratch, gets the activation
+  there and is transposed into y.
 - k x k (grouped and 1-D too), with AVX2: the direct kernel, with no im2col matrix. Per
   (image, group) the input planes are staged once, zero-padded and split into row and
   column stride phases, so that for every tap the output pixels, taken row after row over
   a staged row's width (its few columns past OW are computed and dropped), are one run of
   memory; the weights are packed into blocks of 6 output channels, once per call. A tile
-  of 16 such pixels then accumulates 6 channels in 12 registers over all C * KH * KW taps (the
-  GEMM micro-kernel's shape, the input read straight from the staged planes where the
+  of 16 such pixels then accumulates 6 channels in 12 registers over all C * KH * KW taps
+  (the GEMM micro-kernel's shape, the input read straight from the staged planes where the
   GEMM reads a packed panel), the taps taken direct_taps at a time so that their input
   rows and a block's weights share L1 while every block of direct_block floats of
   weights passes over them; bias, activation and the store through the tile's row runs
@@ -83,8 +83,8 @@ DEPENDS = ("gemm", "vmath")
 #: Output planes of at most this many pixels take the prepacked-weights path by default.
 SMALL_PLANE = 64
 # Planes of up to this many pixels take that path too when the conv has at least as many
-# output channels as pixels (small_plane_ok, the test ss_conv2d makes). There the direct kernel's packing
-# of all the weights at every call outweighs what it saves: at 1 thread 128->128 3x3 on
+# output channels as pixels (small_plane_ok, the test ss_conv2d makes). There the direct
+# kernel's packing of all the weights at every call outweighs what it saves: at 1 thread 128->128 3x3 on
 # 10x10 ran 432 us that way against 542 direct, 256->256 on 16x16 4520 against 4996; at 2
 # threads even to 1.4x faster. With fewer channels than pixels direct stays ahead (32->32
 # on 12x12: 64 us direct, 75 the other way).
@@ -198,7 +198,9 @@ static void ss_conv_act_inplace(float* y, int64_t n, int act) {{
     }}
 }}
 
-/* col [C * KH * KW, OH * OW] from one image's C channels x [C, H, W]; padding reads as 0. */
+#if !defined(SS_GEMM_NR) || !defined(SS_GEMM_KC)
+/* col [C * KH * KW, OH * OW] from one image's C channels x [C, H, W]; padding reads as 0.
+   Only without the real gemm fragment (below: SS_CONV_PACKED builds its columns packed). */
 static void ss_conv_im2col(const float* x, float* col, int64_t C, int64_t H, int64_t W,
                            int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
                            int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
@@ -228,6 +230,7 @@ static void ss_conv_im2col(const float* x, float* col, int64_t C, int64_t H, int
         }}
     }}
 }}
+#endif
 
 #if defined(SS_GEMM_NR) && defined(SS_GEMM_KC)
 #define SS_CONV_PACKED 1
@@ -829,7 +832,7 @@ int64_t ss_conv2d_work_size(int64_t C, int64_t KH, int64_t KW, int64_t OH, int64
    through a table of input offsets, off[t * P + p] (-1: padding), made once for all channels
    and images. ss_conv_im2col spends its time per row of taps (index divisions, a libc call
    per run of a few floats): on a 2x3 plane, 2304 rows of 6 floats took 48 us of a 78 us conv. */
-static void ss_conv_small_offsets(int32_t* off, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+static void ss_conv_small_offsets(int64_t* off, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
                                   int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
     for (int64_t kh = 0; kh < KH; ++kh)
         for (int64_t kw = 0; kw < KW; ++kw)
@@ -837,11 +840,11 @@ static void ss_conv_small_offsets(int32_t* off, int64_t H, int64_t W, int64_t KH
                 for (int64_t ow = 0; ow < OW; ++ow) {{
                     int64_t ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
                     off[((kh * KW + kw) * OH + oh) * OW + ow] =
-                        ih >= 0 && ih < H && iw >= 0 && iw < W ? (int32_t)(ih * W + iw) : -1;
+                        ih >= 0 && ih < H && iw >= 0 && iw < W ? ih * W + iw : -1;
                 }}
 }}
 
-static void ss_conv_small_im2col(const float* x, float* col, const int32_t* off, int64_t C, int64_t HW, int64_t T) {{
+static void ss_conv_small_im2col(const float* x, float* col, const int64_t* off, int64_t C, int64_t HW, int64_t T) {{
     for (int64_t c = 0; c < C; ++c) {{
         const float* src = x + c * HW;
         float* dst = col + c * T;
@@ -871,22 +874,17 @@ static void ss_conv_small_plane(const float* x, const float* wpacked, const floa
                                 int64_t dh, int64_t dw, int act) {{
     const int64_t P = OH * OW, Kc = C * KH * KW, T = KH * KW * P;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
-    /* Offsets as int32: a plane too large for them (never a small output's, in practice) takes
-       the general im2col. */
-    const int table = !direct && H * W < INT32_MAX;
+    /* y^T, then (unless x is read in place) the im2col matrix and its offset table. */
     float* yt = (float*)malloc((size_t)(P * M + (direct ? 0 : Kc * P)) * sizeof(float)
-                               + (table ? (size_t)T * sizeof(int32_t) : 0));
+                               + (direct ? 0 : (size_t)T * sizeof(int64_t)));
     if (!yt) return;
     float* col = yt + P * M;
-    int32_t* off = (int32_t*)(col + (direct ? 0 : Kc * P));
-    if (table) ss_conv_small_offsets(off, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
+    int64_t* off = (int64_t*)(col + (direct ? 0 : Kc * P));
+    if (!direct) ss_conv_small_offsets(off, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
     for (int64_t n = 0; n < N; ++n) {{
         const float* a = x + n * C * H * W;
-        if (table) {{
+        if (!direct) {{
             ss_conv_small_im2col(a, col, off, C, H * W, T);
-            a = col;
-        }} else if (!direct) {{
-            ss_conv_im2col(a, col, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
             a = col;
         }}
         /* A(p, k) = a[k * P + p]: the im2col matrix read transposed. */
