@@ -37,6 +37,7 @@ from .build import CompiledLibrary, compile_library
 from .emit import emit_units
 from .fragments import dependency_order, object_sources
 from .lower import rule_for
+from .lower.attention_fusion import fusion_order
 from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsupported
 from .lower.layout import VIEW_OPS
 
@@ -173,8 +174,10 @@ class _Builder:
         self.packs: list[PackRequest] = []
         self.tuned_calls: list[str] = []
         self.steps: list[Step] = []
-        self.position = {id(n): i for i, n in enumerate(graph.nodes)}
         self.outputs = {id(v) for v in graph.outputs}
+        # The graph's order, but for attention chains gathered where they can fuse.
+        self.order = fusion_order(graph.nodes, self._escapes)
+        self.position = {id(n): i for i, n in enumerate(self.order)}
         self.absorbed: set[int] = set()
         self.current = -1  # position of the node being classified
         self.late_symbols: set[str] = set()  # bound by a fallback step before the current node
@@ -226,7 +229,7 @@ class _Builder:
         return self.input_symbols | self.late_symbols
 
     def build(self) -> Program:
-        for node in self.graph.nodes:
+        for node in self.order:
             if id(node) in self.absorbed:
                 continue
             step = self._classify(node)
@@ -315,10 +318,21 @@ class _Builder:
                 raise Unsupported("rule declined")
             if late_binds and not lowered.size_code:
                 raise Unsupported("output size depends on the data")
+            fused = {id(node), *(id(n) for n in lowered.absorbed)}
             for extra in lowered.absorbed:
                 for value in extra.outputs:
                     if id(value) not in self.slot_of:
-                        self._add_slot(ARENA, value)
+                        # The code does not name it (else it would have a slot by now): one
+                        # passed only between the fused nodes is never stored, so it takes no
+                        # arena space (attention's [heads, T, T] scores would take 4 copies).
+                        self._add_slot(DEAD if self._internal(value, fused) else ARENA, value)
+            if lowered.absorbed:
+                # The same for the node's own outputs, given storage before the rule ran:
+                # those only the fused nodes read, and that the code does not name.
+                for value in node.outputs:
+                    index = self.slot_of.get(id(value)) if value is not None else None
+                    if index is not None and self._internal(value, fused) and f"v[{index}]" not in lowered.code:
+                        self.slots[index].kind = DEAD
             work = -1
             if lowered.work_bytes != 0:
                 work = self._add_slot(WORK, nbytes=lowered.work_bytes)
@@ -391,6 +405,10 @@ class _Builder:
 
     def _escapes(self, value: Value) -> bool:
         return id(value) in self.outputs
+
+    def _internal(self, value: Value, fused: set[int]) -> bool:
+        """Whether only the nodes of one fused step (ids in ``fused``) read ``value``."""
+        return not self._escapes(value) and all(id(user) in fused for user, _ in value.users)
 
     def _defined_before(self, leader: Node):
         position = self.position[id(leader)]

@@ -160,6 +160,10 @@ class LowerContext:
         builder gives such an output storage only if its shape is plannable."""
         return value is None or (not value.users and not self._is_live_after(value))
 
+    def escapes(self, value: Value) -> bool:
+        """Whether ``value`` is read after the program (a graph output)."""
+        return self._is_live_after(value)
+
     def single_use(self, value: Value) -> bool:
         """Whether ``value`` is read by exactly one node and is not a graph output."""
         return len(value.users) == 1 and not self._is_live_after(value)

@@ -9,11 +9,13 @@ shapes fast:
   batch dims fold into M: ``[batch, seq, 768] x [768, 3072]`` is one [batch*seq, 768] GEMM;
 - epilogues: an ``Add`` of a per-column bias and a following ``Relu`` are absorbed into
   the GEMM's store (``bias``/``act``), so they cost no extra pass over the output.
+
+A MatMul that starts an attention (Q K^T, scale, mask, Softmax, P V) is lowered with the
+rest of it as one kernel call by attention_fusion.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -23,10 +25,11 @@ from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim, prove_eq
 from . import lowers
+from .attention_fusion import fused_attention
 from .context import LowerContext, Lowered, Unsupported, float_literal
 from .layout import contiguous_strides
-
-MAX_BATCH_DIMS = 2
+from .matmul_views import (MAX_BATCH_DIMS, as_matrix, batch_strides, broadcast_batch, merge_batch,
+                           operand_view, output_view)
 
 
 def _gemm_call(ctx: LowerContext, m: str, n: str, k: str, batch: Sequence[str], a: str, a_strides: Sequence[str],
@@ -77,89 +80,6 @@ def _is_column_bias(const: np.ndarray, n_dim: Dim) -> bool:
     return isinstance(n_dim, int) and const.size == n_dim and const.ndim >= 1 and const.shape[-1] == n_dim
 
 
-@dataclass
-class _View:
-    """How the GEMM reads an operand: the buffer of ``source`` through ``strides``."""
-
-    source: Value
-    shape: tuple
-    strides: list
-    cancels: tuple = ()
-
-
-def _operand(value: Value, ctx: LowerContext) -> _View:
-    """A Transpose feeding only this MatMul is read through permuted strides instead of
-    being copied (its step is dropped); anything else is read as it is."""
-    shape = tuple(ctx.shape(value))
-    producer = value.producer
-    if producer is not None and producer.op_type == "Transpose" and producer.domain in ("", "ai.onnx") \
-            and ctx.cancellable(producer):
-        source = producer.inputs[0]
-        perm = list(producer.attrs.get("perm", range(len(shape) - 1, -1, -1)))
-        base = contiguous_strides(ctx.shape(source))
-        return _View(source, shape, [base[p] for p in perm], (producer,))
-    return _View(value, shape, contiguous_strides(shape))
-
-
-def _as_matrix(view: _View, left: bool) -> _View:
-    """1-D operands as NumPy sees them: [1, K] on the left, [K, 1] on the right."""
-    if len(view.shape) >= 2:
-        return view
-    if left:
-        return _View(view.source, (1, *view.shape), [0, *view.strides], view.cancels)
-    return _View(view.source, (*view.shape, 1), [*view.strides, 0], view.cancels)
-
-
-def _batch_strides(view: _View, batch_shape: Sequence[Dim]) -> list:
-    """Per output batch dim, the operand's stride (0 where it broadcasts)."""
-    shape, strides = view.shape[:-2], view.strides[:-2]
-    pad = len(batch_shape) - len(shape)
-    result: list = []
-    for axis, od in enumerate(batch_shape):
-        k = axis - pad
-        if k < 0 or (shape[k] == 1 and not prove_eq(shape[k], od)):
-            result.append(0)
-        elif prove_eq(shape[k], od):
-            result.append(strides[k])
-        else:
-            raise Unsupported(f"cannot tell whether batch dim {shape[k]} broadcasts to {od}")
-    return result
-
-
-def _merge_batch(batch: list, *operands: list) -> tuple:
-    """Drop batch dims of extent 1, then merge adjacent ones that every operand steps
-    through uniformly, until at most MAX_BATCH_DIMS remain."""
-    keep = [i for i, d in enumerate(batch) if not (isinstance(d, int) and d == 1)]
-    batch = [batch[i] for i in keep]
-    operands = [[op[i] for i in keep] for op in operands]
-    i = len(batch) - 2
-    while len(batch) > MAX_BATCH_DIMS and i >= 0:
-        if all((op[i] == 0 and op[i + 1] == 0) or prove_eq(op[i], product([op[i + 1], batch[i + 1]]))
-               for op in operands):
-            batch[i:i + 2] = [product([batch[i], batch[i + 1]])]
-            for op in operands:
-                op[i:i + 2] = [op[i + 1]]
-        i -= 1
-    if len(batch) > MAX_BATCH_DIMS:
-        raise Unsupported("more than two batch dims that do not merge")
-    return (batch, *operands)
-
-
-def _output_view(node: Node, out_shape: tuple, ctx: LowerContext) -> tuple:
-    """Where the product goes: its own buffer, or — when its only reader is a Transpose
-    that keeps the last axis last — straight into that Transpose's output, through the
-    inverse permutation (attention's [B,H,T,D] -> [B,T,H,D] costs no copy)."""
-    y = node.outputs[0]
-    if ctx.single_use(y) and len(out_shape) >= 2:
-        user = y.users[0][0]
-        if user.op_type == "Transpose" and user.domain in ("", "ai.onnx"):
-            perm = list(user.attrs.get("perm", range(len(out_shape) - 1, -1, -1)))
-            if perm[-1] == len(out_shape) - 1:
-                target = contiguous_strides(ctx.shape(user.outputs[0]))
-                return user.outputs[0], [target[perm.index(k)] for k in range(len(out_shape))], (user,)
-    return y, contiguous_strides(out_shape), ()
-
-
 @lowers("MatMul")
 def lower_matmul(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
@@ -171,12 +91,17 @@ def lower_matmul(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     a_mat = a_shape if len(a_shape) >= 2 else (1, a_shape[0])
     b_mat = b_shape if len(b_shape) >= 2 else (b_shape[0], 1)
     k, n = a_mat[-1], b_mat[-1]
+    b_const = ctx.const(b)
+    if b_const is None:
+        # Q K^T, then scale, mask, Softmax and P V: one kernel, the scores never stored.
+        fused = fused_attention(node, ctx, opset)
+        if fused is not None:
+            return fused
     absorbed, bias, act = _epilogue(node, ctx, n)
     out = absorbed[-1].outputs[0] if absorbed else y
     bias_args = {}
     if bias is not None:
         bias_args = dict(bias=ctx.ptr(bias), beta="1.0f", bias_strides=("0", "1"))
-    b_const = ctx.const(b)
     if b_const is not None and b_const.ndim == 2:
         # A weight: fold every batch dim of A into M and use the prepacked copy.
         rows = product(list(a_mat[:-1]))
@@ -192,16 +117,16 @@ def _lower_batched(node: Node, ctx: LowerContext, a: Value, b: Value, n: Dim, ab
                    bias_args: dict) -> Lowered:
     """The general case: one ss_gemm call over up to two (merged) batch dims, operands
     and result addressed through strides."""
-    va, vb = _as_matrix(_operand(a, ctx), True), _as_matrix(_operand(b, ctx), False)
+    va, vb = as_matrix(operand_view(a, ctx), True), as_matrix(operand_view(b, ctx), False)
     m, k = va.shape[-2], va.shape[-1]
-    batch_shape = _broadcast_batch(va.shape[:-2], vb.shape[:-2])
+    batch_shape = broadcast_batch(va.shape[:-2], vb.shape[:-2])
     out_shape = (*batch_shape, m, n)
     if absorbed:
         out, c_strides, moved = absorbed[-1].outputs[0], contiguous_strides(out_shape), ()
     else:
-        out, c_strides, moved = _output_view(node, out_shape, ctx)
-    a_batch, b_batch = _batch_strides(va, batch_shape), _batch_strides(vb, batch_shape)
-    batch, a_batch, b_batch, c_batch = _merge_batch(list(batch_shape), a_batch, b_batch, c_strides[:-2])
+        out, c_strides, moved = output_view(node, out_shape, ctx)
+    a_batch, b_batch = batch_strides(va, batch_shape), batch_strides(vb, batch_shape)
+    batch, a_batch, b_batch, c_batch = merge_batch(list(batch_shape), a_batch, b_batch, c_strides[:-2])
     ones = [1] * (MAX_BATCH_DIMS - len(batch))
     zeros = [0] * (MAX_BATCH_DIMS - len(batch))
     dims = lambda xs: [ctx.dim(x) for x in xs]  # noqa: E731
@@ -214,21 +139,6 @@ def _lower_batched(node: Node, ctx: LowerContext, a: Value, b: Value, n: Dim, ab
                       ctx.ptr(vb.source), sb, ctx.ptr(out), sc, act=act, fn=fn, **bias_args)
     return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed) + moved, cancels=va.cancels + vb.cancels,
                    reads=tuple(v.source for v in (va, vb) if v.cancels))
-
-
-def _broadcast_batch(a: Sequence[Dim], b: Sequence[Dim]) -> list:
-    rank = max(len(a), len(b))
-    a = [1] * (rank - len(a)) + list(a)
-    b = [1] * (rank - len(b)) + list(b)
-    out = []
-    for x, y in zip(a, b):
-        if prove_eq(x, y) or y == 1:
-            out.append(x)
-        elif x == 1:
-            out.append(y)
-        else:
-            raise Unsupported(f"cannot broadcast batch dims {x} and {y}")
-    return out
 
 
 @lowers("Gemm")
