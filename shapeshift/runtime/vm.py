@@ -36,6 +36,7 @@ from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..ops.context import EvalContext
 from ..symbolic import evaluate, free_symbols
+from .output_buffers import OutputBuffers
 from .profile import BRANCH, StepTime
 from .reference import ReferenceExecutor, materialize
 
@@ -96,6 +97,7 @@ class NativeVM:
         self._ptrs = self._fixed.copy()
         self._ptrs_address = self._ptrs.ctypes.data
         self._lock = threading.Lock()
+        self._outputs = OutputBuffers()  # where run() copies its results (recycled)
         self._reference = ReferenceExecutor(program.graph)
         self._arena_kinds = np.array([s.kind in (ARENA, WORK) for s in program.slots], dtype=bool)
         self._view_children = _view_children(program)
@@ -199,6 +201,7 @@ class NativeVM:
     def _run(self, feeds: dict[Value, Any], binding: Mapping[str, int]) -> list:
         program = self.program
         plan = self._plan(binding)
+        self._outputs.start_run()
         if program.late_symbols:
             binding = dict(binding)  # grows with the late symbols as they are bound
         if self._arena.nbytes < plan.arena_bytes + ALIGNMENT:  # room to align the base too
@@ -426,7 +429,7 @@ class NativeVM:
     def _output(self, value: Value, env: dict, arrays: dict, plan: Plan, binding: Mapping[str, int]) -> Any:
         result = self._array(value, env, arrays, plan, binding)
         if isinstance(result, np.ndarray):
-            return np.array(result, copy=True)
+            return self._outputs.copy(result)
         return result
 
 

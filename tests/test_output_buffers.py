@@ -1,0 +1,101 @@
+"""Recycled memory for the arrays a native run returns (runtime/output_buffers.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import shapeshift
+from shapeshift.runtime.output_buffers import KEEP_RUNS, MIN_BYTES, OutputBuffers, size_class
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_size_classes_round_up_by_at_most_a_quarter():
+    for n in [1, 7, 8, 9, 1000, MIN_BYTES, MIN_BYTES + 1, 525_312, 10**7 + 3]:
+        c = size_class(n)
+        assert n <= c <= max(n + 7, int(n * 1.25) + 1), (n, c)
+        assert size_class(c) == c
+    # A cache growing by one token a step stays in one class for a while.
+    assert size_class(4 * 2 * 500 * 32 * 4) == size_class(4 * 2 * 501 * 32 * 4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_, np.float64])
+def test_copies_are_equal_owned_and_writable(dtype):
+    pool = OutputBuffers()
+    pool.start_run()
+    source = (np.arange(3 * 128 * 65) % 7).astype(dtype).reshape(3, 128, 65)
+    view = source[:, ::2]  # not contiguous
+    for array in (source, view, source[:1, :1]):
+        out = pool.copy(array)
+        assert out.dtype == array.dtype and out.shape == array.shape and out.flags.c_contiguous
+        assert out.flags.writeable and not np.shares_memory(out, source)
+        np.testing.assert_array_equal(out, array)
+
+
+def test_object_arrays_are_plain_copies():
+    pool = OutputBuffers()
+    pool.start_run()
+    strings = np.array([b"x" * 10] * 20000, dtype=object)
+    out = pool.copy(strings)
+    assert out.dtype == object and list(out) == list(strings)
+
+
+def test_a_buffer_is_reused_only_once_nothing_refers_to_it():
+    pool = OutputBuffers()
+    source = np.random.default_rng(0).standard_normal((64, 1024)).astype(np.float32)
+    pool.start_run()
+    first = pool.copy(source)
+    addresses = {_address(first)}
+    pool.start_run()
+    held_view = first[3:5]
+    del first
+    second = pool.copy(source)  # the view still holds the first buffer
+    assert not np.shares_memory(second, held_view)
+    np.testing.assert_array_equal(held_view, source[3:5])
+    addresses.add(_address(second))
+    del held_view, second
+    pool.start_run()
+    third = pool.copy(source[:, :1000])  # smaller, same size class: one of those buffers
+    assert _address(third) in addresses and len(pool._buffers) == 2
+    np.testing.assert_array_equal(third, source[:, :1000])
+
+
+def test_unused_free_buffers_are_released():
+    pool = OutputBuffers()
+    pool.start_run()
+    out = pool.copy(np.ones((MIN_BYTES // 4 * 3,), np.float32))
+    del out
+    for _ in range(KEEP_RUNS):
+        pool.start_run()
+    assert len(pool._buffers) == 1
+    pool.start_run()
+    assert len(pool._buffers) == 0
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("SHAPESHIFT_CC"),
+                    reason="no C compiler on this machine")
+def test_native_outputs_survive_later_runs_and_recycle_their_memory(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 128, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = shapeshift.InferenceSession(model, backend="native")
+    rng = np.random.default_rng(1)
+    feeds = [rng.standard_normal((n, 128, 256)).astype(np.float32) for n in (2, 2, 3, 2)]
+    results = [session.run(None, {"x": x})[0] for x in feeds]  # all held: four buffers
+    for x, y in zip(feeds, results):
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+    addresses = {_address(y) for y in results}
+    assert len(addresses) == 4
+    del results
+    again = session.run(None, {"x": feeds[0]})[0]  # the dropped results' memory comes back
+    assert _address(again) in addresses
+    np.testing.assert_array_equal(again, np.maximum(feeds[0], 0))
