@@ -114,6 +114,35 @@ def test_gelu_chain_fuses_into_one_step():
     assert len(program.steps[0].lowered.absorbed) == 4
 
 
+def test_gpt2_gelu_with_pow_3_vectorizes():
+    # GPT-2's gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Pow by a constant 2, 3
+    # or 4 is a product, so the chain has an AVX2 form (libm's powf per element had none).
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["p", "c"], ["pc"]),
+             helper.make_node("Add", ["x", "pc"], ["s"]), helper.make_node("Mul", ["s", "k"], ["sk"]),
+             helper.make_node("Tanh", ["sk"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+             helper.make_node("Mul", ["x", "half"], ["xh"]), helper.make_node("Mul", ["xh", "t1"], ["y"])]
+    inits = [_const("three", np.float32(3)), _const("c", np.float32(0.044715)), _const("k", np.float32(0.7978846)),
+             _const("one", np.float32(1)), _const("half", np.float32(0.5))]
+    model = _model(nodes, [_input("x", ["b", 37])], [_output("y")], inits)
+    session = _run_both(model, [{"x": _rand(rng, (b, 37)) * 3} for b in (1, 4, 9)])
+    steps = session._executor.program.steps
+    assert all(s.kind == "native" for s in steps)
+    pow_step = next(s for s in steps if s.node.op_type == "Pow")
+    assert "ss_tanh8" in pow_step.lowered.code and "_mm256_mul_ps" in pow_step.lowered.code
+    assert not any("powf" in s.lowered.code for s in steps)
+
+
+@pytest.mark.parametrize("exponent", [np.float32(2), np.float32(4), np.int64(3), np.float32(2.5), np.float32(-2)])
+def test_pow_by_a_constant(exponent):
+    rng = np.random.default_rng(8)
+    model = _model([helper.make_node("Pow", ["x", "e"], ["y"])], [_input("x", ["n", 19])], [_output("y")],
+                   [_const("e", exponent)])
+    x = _rand(rng, (5, 19), positive=float(exponent) != int(exponent))
+    x[0, :4] = [np.inf, -np.inf, 0.0, -0.0] if float(exponent) == int(exponent) else [np.inf, 0.0, 1.0, 2.0]
+    _run_both(model, [{"x": x}, {"x": x[:2]}])
+
+
 def test_compare_where_and_cast():
     rng = np.random.default_rng(3)
     nodes = [helper.make_node("Greater", ["a", "b"], ["g"]), helper.make_node("Where", ["g", "a", "b"], ["w"]),

@@ -92,8 +92,31 @@ def _gelu(node, args, dtypes):
 _INT_POW_SUFFIX = {INT32: "i32", INT64: "i64"}
 
 
+#: Constant exponents a float Pow computes by multiplying (as onnxruntime does for 2 and 3):
+#: libm's pow is a call per element, and a chain holding one did not vectorize.
+_POW_BY_PRODUCT = (2, 3, 4)
+
+
+def _pow_exponent(node: Node) -> Optional[int]:
+    """The exponent of a float Pow when it is a constant in _POW_BY_PRODUCT, else None."""
+    exponent = node.inputs[1] if len(node.inputs) > 1 else None
+    const = None if exponent is None or exponent.const is None else np.asarray(exponent.const)
+    if const is None or const.size != 1 or const.dtype.kind not in "fiu":
+        return None
+    value = const.reshape(()).item()
+    return int(value) if value in _POW_BY_PRODUCT else None
+
+
+def _power_product(x: str, k: int, mul: Callable[[str, str], str]) -> str:
+    square = mul(x, x)
+    return {2: square, 3: mul(square, x), 4: mul(square, square)}[k]
+
+
 def _pow(node, args, dtypes):
     base, exponent = args[0], args[1]
+    k = _pow_exponent(node) if dtypes[0] in FLOATS else None
+    if k is not None:
+        return _power_product(base, k, lambda a, b: f"({a} * {b})")
     if dtypes[0] in FLOATS:
         # An integer exponent converts to the base's type, as the reference evaluator does.
         return f"pow{'f' if dtypes[0] == FLOAT else ''}({base}, {exponent})"
@@ -328,7 +351,14 @@ _VECTOR: dict[str, Callable[[Node, Sequence[str]], str]] = {
     "Erf": lambda n, a: f"ss_erf8({a[0]})",
     "Sigmoid": lambda n, a: f"ss_sigmoid8({a[0]})",
     "Gelu": lambda n, a: f"ss_gelu{_gelu_suffix(n)}8({a[0]})",
+    "Pow": lambda n, a: _power_product(a[0], _pow_exponent(n), lambda x, y: f"_mm256_mul_ps({x}, {y})"),
 }
+# Ops with an AVX2 form only in some cases: the test for the case.
+_VECTOR_WHEN: dict[str, Callable[[Node], bool]] = {"Pow": lambda n: _pow_exponent(n) is not None}
+
+
+def _always(node: Node) -> bool:
+    return True
 # The float32 scalar forms that match the vector ones above.
 _SCALAR_TWINS = {"Exp": "ss_expf({0})", "Log": "ss_logf({0})", "Tanh": "ss_tanhf({0})", "Erf": "ss_erff({0})",
                  "Sigmoid": "ss_sigmoidf({0})"}
@@ -551,7 +581,8 @@ def _vread(op: _Operand) -> str:
 
 def _vectorizable(chain: list[Node], operands: dict, ctx: LowerContext) -> bool:
     values = [op.value for op in operands.values()] + [n.outputs[0] for n in chain]
-    return all(n.op_type in _VECTOR and len([v for v in n.inputs if v is not None]) == len(n.inputs)
+    return all(n.op_type in _VECTOR and _VECTOR_WHEN.get(n.op_type, _always)(n)
+               and len([v for v in n.inputs if v is not None]) == len(n.inputs)
                for n in chain) and all(ctx.dtype(v) == FLOAT for v in values)
 
 
