@@ -27,13 +27,19 @@ def _shared_cache(monkeypatch, tmp_path_factory):
 
 
 def _attention_model(scale=None, mask=None, guard=False, heads=2, dh=8, kv_len="t", opset=17,
-                     softmax_axis=-1, extra_output=None, scale_after_mask=False) -> onnx.ModelProto:
+                     softmax_axis=-1, extra_output=None, scale_after_mask=False, prescale=None) -> onnx.ModelProto:
     """q [b, heads, t, dh], k and v [b, heads, kv_len, dh]; the keys are transposed by a
     Transpose, the output goes through Transpose to [b, t, heads, dh]. ``scale``: None,
     ("Mul", c) or ("Div", c); ``mask``: None or the mask input's dims."""
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["scores"])]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2])]
     inits = []
+    if prescale is None:
+        nodes.append(helper.make_node("MatMul", ["q", "kt"], ["scores"]))
+    else:  # as PyTorch's exporter writes scaled_dot_product_attention: q and k^T scaled apart
+        inits.append(numpy_helper.from_array(np.array(prescale, np.float32), "root_scale"))
+        nodes += [helper.make_node("Mul", ["q", "root_scale"], ["qs"]),
+                  helper.make_node("Mul", ["root_scale", "kt"], ["ks"]),
+                  helper.make_node("MatMul", ["qs", "ks"], ["scores"])]
     last = "scores"
 
     def add_scale():
@@ -117,6 +123,8 @@ CASES = {
     # one head, a mask shared by the batch
     "one-head": dict(heads=1, mask=[1, 1, 1, "t"], dh=16),
     "opset-11": dict(opset=11, softmax_axis=3, scale=("Mul", 0.5)),
+    # q and k^T each scaled by sqrt(scale) before the product, both Muls become alpha
+    "prescaled": dict(prescale=0.59, mask=["b", 1, "t", "t"], guard=True),
 }
 
 

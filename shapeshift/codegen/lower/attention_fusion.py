@@ -199,6 +199,23 @@ class _Plan:
     strides: dict  # operand -> [batch strides..., row, column]
 
 
+def _scaled_operand(value: Value, ctx: LowerContext) -> tuple[View, float]:
+    """How the fused kernel reads Q or K, and a factor for alpha. PyTorch's exporter scales
+    both by sqrt(scale) before the product, the keys after transposing them: a Mul by a
+    constant scalar that only the product reads becomes part of alpha and the Transpose
+    under it strides, so the cached keys are not copied twice per layer to be read once."""
+    producer = value.producer
+    if producer is not None and _is_onnx(producer, "Mul") and len(producer.inputs) == 2 and ctx.cancellable(producer):
+        for k in (0, 1):
+            c = _scalar(ctx, producer.inputs[1 - k])
+            x = producer.inputs[k]
+            if c is not None and x is not None and ctx.dtype(x) == FLOAT \
+                    and _same_shape(ctx.shape(x), ctx.shape(value)):
+                view = operand_view(x, ctx)
+                return View(view.source, view.shape, view.strides, (producer, *view.cancels)), c
+    return operand_view(value, ctx), 1.0
+
+
 def _plan(first: Node, ctx: LowerContext, opset: int) -> Optional[_Plan]:
     if ctx.dtype(first.inputs[0]) != FLOAT or ctx.dtype(first.inputs[1]) != FLOAT:
         return None
@@ -208,8 +225,10 @@ def _plan(first: Node, ctx: LowerContext, opset: int) -> Optional[_Plan]:
     if chain is None:
         return None
     second = chain.second
-    vq = as_matrix(operand_view(first.inputs[0], ctx), True)
-    vk = as_matrix(operand_view(first.inputs[1], ctx), False)
+    vq, q_scale = _scaled_operand(first.inputs[0], ctx)
+    vk, k_scale = _scaled_operand(first.inputs[1], ctx)
+    vq, vk = as_matrix(vq, True), as_matrix(vk, False)
+    chain.alpha *= q_scale * k_scale
     vv = as_matrix(operand_view(second.inputs[1], ctx), False)
     m, d, n, e = vq.shape[-2], vq.shape[-1], vk.shape[-1], vv.shape[-1]
     if not prove_eq(vv.shape[-2], n):
