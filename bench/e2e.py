@@ -15,7 +15,9 @@ with ``shapeshift.examples.encoder.build_encoder`` in the TorchScript exporter's
 run at batch 1 and each sequence length (its native sessions declare batch=1:1 and
 seq=1:max, the ranges ``--tune`` tunes for); and every model in ../shared/models at the
 three feeds of ``tests/shared_models.py`` (skipped with a message when the folder is
-missing).
+missing), but for gpt2_past.ts, run as a generation loop runs it (``GPT2_STEPS``): a
+128-token prompt from an empty key/value cache, then one token after 500 cached ones at
+batch 1 and 4 (its native sessions declare past_seq=0:1024).
 
 Each (tool, model) runs in a fresh process with ``OMP_NUM_THREADS`` and
 ``OPENBLAS_NUM_THREADS`` set to ``--threads``; onnxruntime gets the same
@@ -62,6 +64,11 @@ TUNED = "native-tuned"
 SEQS = (1, 8, 32, 128, 512)
 BERT = "bert-base-encoder"
 BERT_SIZE = dict(layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
+GPT2 = "gpt2_past.ts"
+# GPT-2 with its key/value cache run as a generation loop runs it: a prompt from an empty
+# cache, then one token after 500 cached ones, at batch 1 and 4 (batch, new tokens, past).
+GPT2_STEPS = ((1, 128, 0), (1, 1, 500), (4, 1, 500))
+GPT2_RANGES = {"past_seq": (0, 1024)}
 LONG_RUN_S = 1.0
 LONG_RUN_REPEATS = 3
 # Targets from issue 4 (BERT-base-size encoder).
@@ -98,6 +105,8 @@ def _feeds(model: str, seqs) -> list[tuple[str, dict]]:
         rng = np.random.default_rng(0)
         return [(f"seq {s}", {"input_ids": rng.integers(0, 1000, (1, s)).astype(np.int64),
                               "attention_mask": np.ones((1, s), np.int64)}) for s in seqs]
+    if model == GPT2:
+        return _gpt2_feeds()
     from tests.shared_models import feeds
 
     rng_feeds = []
@@ -105,6 +114,23 @@ def _feeds(model: str, seqs) -> list[tuple[str, dict]]:
         feed = feeds(model + ".onnx", i)
         rng_feeds.append((_describe(feed), feed))
     return rng_feeds
+
+
+def _gpt2_feeds() -> list[tuple[str, dict]]:
+    import numpy as np
+    import onnx
+
+    inputs = onnx.load(str(MODELS_DIR / f"{GPT2}.onnx"), load_external_data=False).graph.input
+    rng = np.random.default_rng(0)
+    out = []
+    for batch, seq, past in GPT2_STEPS:
+        feed = {"input_ids": rng.integers(0, 1000, (batch, seq)).astype(np.int64),
+                "attention_mask": np.ones((batch, past + seq), np.int64)}
+        for value in inputs[2:]:  # past_key_values.<layer>.key / .value: [batch, heads, past, head_dim]
+            heads, head_dim = (value.type.tensor_type.shape.dim[i].dim_value for i in (1, 3))
+            feed[value.name] = rng.standard_normal((batch, heads, past, head_dim)).astype(np.float32)
+        out.append((f"b{batch} new {seq} past {past}", feed))
+    return out
 
 
 def _describe(feed: dict) -> str:
@@ -154,7 +180,7 @@ def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, t
     # The encoder's native sessions declare the ranges it is run (and tuned) at: with
     # batch left at its default range, its attention matmuls would have two dynamic dims,
     # which no batched tuning record covers.
-    dynamic = {"batch": (1, 1), "seq": (1, max(seqs))} if model == BERT else None
+    dynamic = {"batch": (1, 1), "seq": (1, max(seqs))} if model == BERT else GPT2_RANGES if model == GPT2 else None
     session = _session(tool, path, threads, tuning_db, dynamic)
     result: dict = {"load_s": time.perf_counter() - start, "latency": {}, "outputs": {}}
     if tool.startswith("native"):
