@@ -27,8 +27,8 @@ from ...ir.types import FLOAT
 from ...symbolic import Dim, prove_eq
 from .context import LowerContext, Lowered, Unsupported, float_literal
 from .layout import contiguous_strides
-from .matmul_views import (MAX_BATCH_DIMS, View, as_matrix, batch_strides, broadcast_batch, merge_batch,
-                           operand_view, output_view)
+from .matmul_views import (MAX_BATCH_DIMS, View, as_matrix, batch_strides, broadcast_batch, broadcast_strides,
+                           merge_batch, operand_view, output_view)
 
 ONNX_DOMAINS = ("", "ai.onnx")
 #: Scale and mask nodes looked through between the first MatMul and the Softmax.
@@ -160,23 +160,6 @@ def _match(first: Node, ctx: LowerContext, opset: int) -> Optional[_Chain]:
     return chain
 
 
-def _broadcast_strides(ctx: LowerContext, value: Value, target: Sequence[Dim]) -> list[Dim]:
-    """Per dim of ``target``, the stride of ``value`` broadcast to it (0 where it repeats)."""
-    shape = list(ctx.shape(value))
-    strides = contiguous_strides(shape)
-    pad = len(target) - len(shape)
-    result: list[Dim] = []
-    for axis, want in enumerate(target):
-        k = axis - pad
-        if k < 0 or (isinstance(shape[k], int) and shape[k] == 1 and not prove_eq(want, 1)):
-            result.append(0)
-        elif prove_eq(shape[k], want):
-            result.append(strides[k])
-        else:
-            raise Unsupported(f"cannot tell whether the mask's dim {shape[k]} broadcasts to {want}")
-    return result
-
-
 def fused_attention(first: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
     """The attention starting at MatMul ``first`` as one kernel call, or None."""
     try:
@@ -241,7 +224,10 @@ def _plan(first: Node, ctx: LowerContext, opset: int) -> Optional[_Plan]:
         return None  # the step runs at the first MatMul (fusion_order makes this rare)
     out, o_strides, moved = output_view(second, out_shape, ctx)
     scores = (*batch_shape, m, n)
-    mask_strides = _broadcast_strides(ctx, chain.mask, scores) if chain.mask is not None else [0] * len(scores)
+    mask_strides = [0] * len(scores)
+    if chain.mask is not None:
+        mask_shape = ctx.shape(chain.mask)
+        mask_strides = broadcast_strides(mask_shape, contiguous_strides(mask_shape), scores)
     batch, q_b, k_b, v_b, m_b, o_b = merge_batch(
         list(batch_shape), batch_strides(vq, batch_shape), batch_strides(vk, batch_shape),
         batch_strides(vv, batch_shape), mask_strides[:-2], o_strides[:-2])

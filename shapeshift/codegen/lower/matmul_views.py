@@ -56,17 +56,22 @@ def as_matrix(view: View, left: bool) -> View:
 
 def batch_strides(view: View, batch_shape: Sequence[Dim]) -> list:
     """Per output batch dim, the operand's stride (0 where it broadcasts)."""
-    shape, strides = view.shape[:-2], view.strides[:-2]
-    pad = len(batch_shape) - len(shape)
+    return broadcast_strides(view.shape[:-2], view.strides[:-2], batch_shape)
+
+
+def broadcast_strides(shape: Sequence[Dim], strides: Sequence[Dim], target: Sequence[Dim]) -> list:
+    """Per dim of ``target``, the stride of a tensor of ``shape`` and ``strides``
+    broadcast to it (0 where it repeats, NumPy's rules)."""
+    pad = len(target) - len(shape)
     result: list = []
-    for axis, od in enumerate(batch_shape):
+    for axis, od in enumerate(target):
         k = axis - pad
         if k < 0 or (shape[k] == 1 and not prove_eq(shape[k], od)):
             result.append(0)
         elif prove_eq(shape[k], od):
             result.append(strides[k])
         else:
-            raise Unsupported(f"cannot tell whether batch dim {shape[k]} broadcasts to {od}")
+            raise Unsupported(f"cannot tell whether dim {shape[k]} broadcasts to {od}")
     return result
 
 
