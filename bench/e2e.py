@@ -165,7 +165,7 @@ def _session(tool: str, path: str, threads: int, tuning_db=None, dynamic=None):
         return shapeshift.InferenceSession(path, dynamic, backend="native", num_threads=threads)
     if tool == TUNED:
         return shapeshift.InferenceSession(path, dynamic, backend="native", num_threads=threads, tuning_db=tuning_db)
-    return shapeshift.InferenceSession(path, backend="reference")
+    return shapeshift.InferenceSession(path, dynamic, backend="reference")
 
 
 def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, tuning_db=None) -> dict:
