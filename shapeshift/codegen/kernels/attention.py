@@ -33,12 +33,13 @@ fewer heads than threads. An item with at least ``pack_min_rows`` rows packs its
 K and V once into the GEMM's prepacked layout and reuses them for every row block; a
 smaller one (decoding a token against a long past) reads them in place, as ss_gemm's
 B-streaming path does. Scratch is malloc'd per thread per call. Needs the gemm fragment
-(``ss_gemm``, ``ss_gemm_prepacked``, ``ss_gemm_pack_b``) and vmath (``ss_exp8``).
+(``ss_gemm``, ``ss_gemm_prepacked``, ``ss_gemm_pack_b``) and reduce's row helpers
+(``ss_red_row_max``, ``ss_sm_row_sumexp``, the ones its Softmax uses).
 """
 
 from __future__ import annotations
 
-DEPENDS = ("gemm", "vmath")
+DEPENDS = ("gemm", "reduce", "vmath")
 
 _TEMPLATE = r"""
 /* ---- attention (shapeshift/codegen/kernels/attention.py) ---- */
@@ -55,49 +56,13 @@ static void ss_att_exp_rows(float* s, int64_t rows, int64_t n, int nan_to_zero, 
 {{
     for (int64_t r = 0; r < rows; ++r) {{
         float* x = s + r * n;
-        float m = -INFINITY;
-        int nan = 0;
-        int64_t j = 0;
-#ifdef __AVX2__
-        __m256 mv = _mm256_set1_ps(-INFINITY), unord = _mm256_setzero_ps();
-        for (; j + 8 <= n; j += 8) {{
-            __m256 v = _mm256_loadu_ps(x + j);
-            unord = _mm256_or_ps(unord, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            mv = _mm256_max_ps(mv, v);
-        }}
-        m = ss_hmax8(mv);
-        nan = _mm256_movemask_ps(unord) != 0;
-#endif
-        for (; j < n; ++j) {{
-            if (x[j] != x[j]) nan = 1;
-            else if (x[j] > m) m = x[j];
-        }}
-        if (nan) m = NAN;  /* every exp is then NaN, as ONNX's Softmax gives */
+        const float m = ss_red_row_max(x, n);  /* NaN if the row holds one */
         if (nan_to_zero && !isfinite(m)) {{
             memset(x, 0, sizeof(float) * (size_t)n);
             inv_sum[r] = 0.0f;
             continue;
         }}
-        float sum = 0.0f;
-        j = 0;
-#ifdef __AVX2__
-        const __m256 mb = _mm256_set1_ps(m);
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        for (; j + 16 <= n; j += 16) {{
-            __m256 e0 = ss_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mb));
-            __m256 e1 = ss_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), mb));
-            _mm256_storeu_ps(x + j, e0);
-            _mm256_storeu_ps(x + j + 8, e1);
-            acc0 = _mm256_add_ps(acc0, e0);
-            acc1 = _mm256_add_ps(acc1, e1);
-        }}
-        sum = ss_hsum8(_mm256_add_ps(acc0, acc1));
-#endif
-        for (; j < n; ++j) {{
-            x[j] = ss_expf(x[j] - m);
-            sum += x[j];
-        }}
-        inv_sum[r] = 1.0f / sum;
+        inv_sum[r] = 1.0f / ss_sm_row_sumexp(x, x, n, m);
     }}
 }}
 

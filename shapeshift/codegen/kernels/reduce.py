@@ -94,7 +94,8 @@ def _acc_source(acc: _Acc) -> str:
     cols1_fix = "t = _mm256_blendv_ps(t, _mm256_set1_ps(NAN), bad);" if acc.track_nan else ""
     return _sub(r"""
 /* ---- reduce: accumulator @A@ ---- */
-static float ss_red_row_@A@(const float* x, int64_t n) {
+/* inline, so that units including this fragment can call it (the fused attention does). */
+static inline float ss_red_row_@A@(const float* x, int64_t n) {
     float acc = @INIT@;
     int nan = 0;
     int64_t i = 0;
@@ -239,7 +240,8 @@ static inline float ss_red_finish(int kind, float acc, int64_t n) {
 _SOFTMAX = r"""
 /* ---- reduce: exp sums shared by log_sum_exp and softmax ---- */
 /* sum(exp(x[i] - m)), i < n; stores each exp into y unless y is NULL. */
-static float ss_sm_row_sumexp(const float* x, float* y, int64_t n, float m) {
+/* inline, so that units including this fragment can call it (the fused attention does). */
+static inline float ss_sm_row_sumexp(const float* x, float* y, int64_t n, float m) {
     int64_t i = 0;
     float s = 0.0f;
 #ifdef __AVX2__
