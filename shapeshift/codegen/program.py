@@ -318,21 +318,8 @@ class _Builder:
                 raise Unsupported("rule declined")
             if late_binds and not lowered.size_code:
                 raise Unsupported("output size depends on the data")
-            fused = {id(node), *(id(n) for n in lowered.absorbed)}
-            for extra in lowered.absorbed:
-                for value in extra.outputs:
-                    if id(value) not in self.slot_of:
-                        # The code does not name it (else it would have a slot by now): one
-                        # passed only between the fused nodes is never stored, so it takes no
-                        # arena space (attention's [heads, T, T] scores would take 4 copies).
-                        self._add_slot(DEAD if self._internal(value, fused) else ARENA, value)
             if lowered.absorbed:
-                # The same for the node's own outputs, given storage before the rule ran:
-                # those only the fused nodes read, and that the code does not name.
-                for value in node.outputs:
-                    index = self.slot_of.get(id(value)) if value is not None else None
-                    if index is not None and self._internal(value, fused) and f"v[{index}]" not in lowered.code:
-                        self.slots[index].kind = DEAD
+                self._store_fused(node, lowered)
             work = -1
             if lowered.work_bytes != 0:
                 work = self._add_slot(WORK, nbytes=lowered.work_bytes)
@@ -406,9 +393,24 @@ class _Builder:
     def _escapes(self, value: Value) -> bool:
         return id(value) in self.outputs
 
-    def _internal(self, value: Value, fused: set[int]) -> bool:
-        """Whether only the nodes of one fused step (ids in ``fused``) read ``value``."""
-        return not self._escapes(value) and all(id(user) in fused for user, _ in value.users)
+    def _store_fused(self, node: Node, lowered: Lowered) -> None:
+        """Slots for the outputs of the nodes a rule absorbed, and none for the values passed
+        only between the fused nodes that the code does not name: those are never stored
+        (attention's [heads, T, T] scores would otherwise take 4 arena copies)."""
+        fused = {id(node), *(id(n) for n in lowered.absorbed)}
+
+        def internal(value: Value) -> bool:
+            return not self._escapes(value) and all(id(user) in fused for user, _ in value.users)
+
+        for extra in lowered.absorbed:
+            for value in extra.outputs:
+                if id(value) not in self.slot_of:  # the code does not name it, else it would have one
+                    self._add_slot(DEAD if internal(value) else ARENA, value)
+        # The node's own outputs got storage before the rule ran.
+        for value in node.outputs:
+            index = self.slot_of.get(id(value)) if value is not None else None
+            if index is not None and internal(value) and f"v[{index}]" not in lowered.code:
+                self.slots[index].kind = DEAD
 
     def _defined_before(self, leader: Node):
         position = self.position[id(leader)]

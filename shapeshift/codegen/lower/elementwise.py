@@ -355,10 +355,6 @@ _VECTOR: dict[str, Callable[[Node, Sequence[str]], str]] = {
 }
 # Ops with an AVX2 form only in some cases: the test for the case.
 _VECTOR_WHEN: dict[str, Callable[[Node], bool]] = {"Pow": lambda n: _pow_exponent(n) is not None}
-
-
-def _always(node: Node) -> bool:
-    return True
 # The float32 scalar forms that match the vector ones above.
 _SCALAR_TWINS = {"Exp": "ss_expf({0})", "Log": "ss_logf({0})", "Tanh": "ss_tanhf({0})", "Erf": "ss_erff({0})",
                  "Sigmoid": "ss_sigmoidf({0})"}
@@ -581,9 +577,13 @@ def _vread(op: _Operand) -> str:
 
 def _vectorizable(chain: list[Node], operands: dict, ctx: LowerContext) -> bool:
     values = [op.value for op in operands.values()] + [n.outputs[0] for n in chain]
-    return all(n.op_type in _VECTOR and _VECTOR_WHEN.get(n.op_type, _always)(n)
-               and len([v for v in n.inputs if v is not None]) == len(n.inputs)
+    return all(_has_vector_form(n) and len([v for v in n.inputs if v is not None]) == len(n.inputs)
                for n in chain) and all(ctx.dtype(v) == FLOAT for v in values)
+
+
+def _has_vector_form(node: Node) -> bool:
+    when = _VECTOR_WHEN.get(node.op_type)
+    return node.op_type in _VECTOR and (when is None or when(node))
 
 
 def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype: str, out_ptr: str,
