@@ -304,20 +304,24 @@ def test_conv_on_small_planes_reads_prepacked_weights():
     assert sum("(const float*)v[" in s.lowered.code for s in program.steps if s.lowered) == 1
 
 
-def test_static_planes_get_prepacked_weights_where_the_small_plane_path_takes_them():
-    # A static 10x9 plane (90 pixels, over conv.SMALL_PLANE) takes the prepacked path with 96
-    # output channels, not with 8: only the first conv's weights are packed at load.
+def test_dense_convs_get_prepacked_weights_where_a_path_reads_them():
+    # Every dense k x k conv's weights are packed at load (the implicit GEMM reads them); a
+    # 1x1 conv's only where its static plane takes the small-plane path: 90 pixels with 96
+    # output channels, not with 8. A grouped conv gets none.
     from shapeshift.codegen.kernels.conv import small_plane_ok
 
     assert small_plane_ok(90, 96) and not small_plane_ok(90, 8) and not small_plane_ok(300, 512)
     rng = np.random.default_rng(22)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["c", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])]
-    inits = [_const("w", _rand(rng, (96, 4, 3, 3))), _const("w2", _rand(rng, (8, 96, 3, 3))),
-             _const("b2", _rand(rng, (8,)))]
+             helper.make_node("Conv", ["c", "w1"], ["d"]),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["e"]),
+             helper.make_node("Conv", ["e", "w3"], ["y"], pads=[1, 1, 1, 1], group=2)]
+    inits = [_const("w", _rand(rng, (12, 4, 3, 3))), _const("w1", _rand(rng, (96, 12, 1, 1))),
+             _const("w2", _rand(rng, (8, 96, 1, 1))), _const("b2", _rand(rng, (8,))),
+             _const("w3", _rand(rng, (6, 4, 3, 3)))]
     model = _model(nodes, [_input("x", [1, 4, 10, 9])], [_output("y")], inits)
     session = _run_both(model, [{"x": _rand(rng, (1, 4, 10, 9))}], rtol=1e-4, atol=1e-4)
-    assert [p.source.shape for p in session._executor.program.packs] == [(4 * 9, 96)]
+    assert [p.source.shape for p in session._executor.program.packs] == [(4 * 9, 12), (12, 96)]
 
 
 def test_gather_index_out_of_range_names_the_node():

@@ -2,8 +2,8 @@
 
 Each case runs a one-node Conv / ConvTranspose model in onnxruntime and the kernel at the
 same attributes on the same random inputs; the output extents come from onnxruntime's
-result, as the lowering would compute them. Covers the three conv paths (1x1 gemm,
-depthwise, im2col), groups, strides, dilations, asymmetric pads, 1-D, every act code,
+result, as the lowering would compute them. Covers the conv paths (implicit GEMM, direct
+kernel, 1x1 gemm, depthwise, small planes, im2col), groups, strides, dilations, asymmetric pads, 1-D, every act code,
 transposed convs with output_padding and groups, and empty batches.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from shapeshift.codegen.kernels import conv, vmath
+from shapeshift.codegen.kernels import conv, conv_igemm, vmath
 
 from .naive_gemm import build_with_gemm
 
@@ -28,12 +28,14 @@ pytestmark = pytest.mark.skipif(
     reason="no C compiler on this machine")
 
 RTOL, ATOL = 1e-4, 1e-4
+#: The fragments conv depends on besides gemm (which build_with_gemm adds).
+CONV_DEPS = vmath.source() + conv_igemm.source()
 I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cdll = build_with_gemm(vmath.source() + conv.source(), tmp_path_factory.mktemp("conv"), "test_conv").cdll
+    cdll = build_with_gemm(CONV_DEPS + conv.source(), tmp_path_factory.mktemp("conv"), "test_conv").cdll
     cdll.ss_conv2d_work_size.restype = I64
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
@@ -153,6 +155,14 @@ CONV_CASES = [
     ((1, 40, 12, 18), 20, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 360 taps
     ((1, 6, 30, 9), 8, (3, 3), (3, 2), (1, 1, 1, 1), (1, 1), 2),  # stride 3 x 2, groups
     ((1, 8, 1, 70), 12, (1, 7), (1, 2), (0, 3, 0, 3), (1, 1), 1),  # a 1-D k7 stride-2 row
+    # The implicit GEMM (dense k x k, AVX2; conv_igemm.py): 6-pixel tiles in 48-pixel blocks
+    # (110 pixels: two blocks and a part one ending in a part tile), 16-channel panels (33:
+    # a last panel of one channel), taps in slices of the GEMM's kc (630 taps: 256, 256,
+    # 118, read from the prepacked B's k blocks when packed), any stride, dilation and pads.
+    ((3, 24, 11, 10), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 70, 9, 13), 20, (3, 3), (2, 1), (2, 1, 0, 2), (1, 2), 1),
+    ((2, 17, 5, 40), 16, (5, 3), (1, 2), (2, 1, 2, 1), (1, 1), 1),
+    ((2, 30, 100), 40, (3,), (2,), (1, 1), (1,), 1),  # 1-D, stride 2
 ]
 
 
@@ -262,10 +272,10 @@ def typed_conv(cdll):
 
 @pytest.fixture(scope="module")
 def small_chunk_lib(tmp_path_factory):
-    """The fragment with the im2col path for every k x k conv (not the direct kernel) and a
+    """The fragment with the im2col path for every k x k conv (not the implicit GEMM nor the direct kernel) and a
     tiny column chunk: many packed chunks per GEMM (in parallel where OpenMP has threads), a
     last chunk narrower than the rest, then the partial panel."""
-    return typed_conv(build_with_gemm(vmath.source() + conv.source(chunk_floats=600, direct=False),
+    return typed_conv(build_with_gemm(CONV_DEPS + conv.source(chunk_floats=600, direct=False, igemm=False),
                                       tmp_path_factory.mktemp("conv_chunk"), "test_conv_chunk").cdll)
 
 
@@ -286,10 +296,10 @@ def test_conv2d_chunked_im2col(small_chunk_lib, case, act):
 
 @pytest.fixture(scope="module")
 def sliced_direct_lib(tmp_path_factory):
-    """The direct kernel taking 18 taps at a time (partial sums carried between slices) and
-    540 floats of packed weights at a time: 1 to 4 blocks of 6 channels, so the tiles pass
-    over the input several times."""
-    return typed_conv(build_with_gemm(vmath.source() + conv.source(direct_taps=18, direct_block=540),
+    """The direct kernel (dense convs too: no implicit GEMM) taking 18 taps at a time (partial
+    sums carried between slices) and 540 floats of packed weights at a time: 1 to 4 blocks
+    of 6 channels, so the tiles pass over the input several times."""
+    return typed_conv(build_with_gemm(CONV_DEPS + conv.source(direct_taps=18, direct_block=540, igemm=False),
                                       tmp_path_factory.mktemp("conv_direct"), "test_conv_direct").cdll)
 
 
@@ -304,3 +314,20 @@ SLICED_CASES = [
 @pytest.mark.parametrize("case", SLICED_CASES, ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
 def test_conv2d_direct_in_slices(sliced_direct_lib, case, act):
     check_with_bias(sliced_direct_lib, case, act)
+
+
+@pytest.fixture(scope="module")
+def direct_lib(tmp_path_factory):
+    """The fragment without the implicit GEMM: dense k x k convs take the direct kernel, as
+    grouped ones do (and as SS_CONV_USE_IGEMM 0 builds run them)."""
+    return typed_conv(build_with_gemm(CONV_DEPS + conv.source(igemm=False),
+                                      tmp_path_factory.mktemp("conv_no_igemm"), "test_conv_no_igemm").cdll)
+
+
+DENSE_KXK = [c for c in CONV_CASES if c[6] == 1 and np.prod(c[2]) > 1]
+
+
+@pytest.mark.parametrize("act", [0, 3])
+@pytest.mark.parametrize("case", DENSE_KXK, ids=_case_id)
+def test_conv2d_dense_without_the_implicit_gemm(direct_lib, case, act):
+    check_with_bias(direct_lib, case, act)

@@ -15,13 +15,15 @@ Scalar (always defined)::
     float ss_sigmoidf(float x);   1 / (1 + exp(-x)), as e / (1 + e) with e = exp(x) for x < 0
     float ss_geluf(float x);      x/2 (1 + erf(x / sqrt 2)) (ONNX Gelu)
     float ss_gelu_tanhf(float x); x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (approximate="tanh")
+    float ss_actf(float v, int act);   a kernel epilogue's activation by code: 0 none,
+                                       1 relu, 2 sigmoid, 3 silu (x * sigmoid(x))
 
 AVX2 (defined only under ``#ifdef __AVX2__``; callers guard their vector paths the same way)::
 
     __m256 ss_fmadd8(__m256 a, __m256 b, __m256 c);
     __m256 ss_exp8(__m256 x);   __m256 ss_log8(__m256 x);   __m256 ss_tanh8(__m256 x);
     __m256 ss_erf8(__m256 x);   __m256 ss_sigmoid8(__m256 x);
-    __m256 ss_gelu8(__m256 x);  __m256 ss_gelu_tanh8(__m256 x);
+    __m256 ss_gelu8(__m256 x);  __m256 ss_gelu_tanh8(__m256 x);  __m256 ss_act8(__m256 v, int act);
     float ss_hsum8(__m256 v);   float ss_hmax8(__m256 v);   float ss_hmin8(__m256 v);
         (horizontal sum / max / min of the 8 lanes; hmax/hmin ignore NaN lanes only as
         _mm256_max_ps does, so callers that must propagate NaN track it themselves)
@@ -168,6 +170,16 @@ static inline float ss_gelu_tanhf(float x) {{
     float u = ss_fmaf((0.044715f * x) * x, x, x);  /* x + 0.044715 x^3 */
     return (0.5f * x) * (1.0f + ss_tanhf(0.7978845608028654f * u));
 }}
+
+/* The activation a kernel applies before its store (conv's act codes); twin of ss_act8. */
+static inline float ss_actf(float v, int act) {{
+    switch (act) {{
+    case 1: return v > 0.0f ? v : 0.0f;
+    case 2: return ss_sigmoidf(v);
+    case 3: return v * ss_sigmoidf(v);
+    default: return v;
+    }}
+}}
 """
 
 
@@ -283,6 +295,15 @@ static inline __m256 ss_sigmoid8(__m256 x) {{
     __m256 e = ss_exp8(_mm256_sub_ps(_mm256_setzero_ps(), ss_abs8(x)));
     __m256 num = _mm256_blendv_ps(one, e, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
     return _mm256_div_ps(num, _mm256_add_ps(one, e));
+}}
+
+static inline __m256 ss_act8(__m256 v, int act) {{
+    switch (act) {{
+    case 1: return _mm256_max_ps(v, _mm256_setzero_ps());
+    case 2: return ss_sigmoid8(v);
+    case 3: return _mm256_mul_ps(v, ss_sigmoid8(v));
+    default: return v;
+    }}
 }}
 
 static inline float ss_hsum8(__m256 v) {{

@@ -242,11 +242,14 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 
 
 def _packed_conv_weight(ctx: LowerContext, w: Value, w_shape: Sequence[int], group: int, pixels: Dim) -> str:
-    """A pointer to the conv's weights packed as a GEMM's B ([C*KH*KW, M]), or NULL: only
-    ss_conv2d's path for small output planes reads them (kernels/conv.py), so a conv whose
-    plane is known to be larger, a grouped conv or one of computed weights gets none."""
+    """A pointer to the conv's weights packed as a GEMM's B ([C*KH*KW, M]), or NULL. The
+    paths of ss_conv2d that read them (kernels/conv.py) are the implicit GEMM of every
+    dense k x k conv and the small-plane GEMM, so a grouped conv, a 1 x 1 one whose plane is
+    known to be larger, or one of computed weights gets none."""
     weights = ctx.const(w)
-    if weights is None or group != 1 or (isinstance(pixels, int) and not small_plane_ok(pixels, w_shape[0])):
+    kxk = product(list(w_shape[2:])) > 1
+    if weights is None or group != 1 or (
+            not kxk and isinstance(pixels, int) and not small_plane_ok(pixels, w_shape[0])):
         return "NULL"
     slot, _ = ctx.packed_weight(weights.reshape(w_shape[0], -1).T, default_layout=True)
     return f"(const float*)v[{slot}]"

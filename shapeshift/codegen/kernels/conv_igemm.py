@@ -1,0 +1,266 @@
+"""The implicit-GEMM convolution: ss_conv2d's path for dense (group 1) k x k convs.
+
+A conv is the GEMM y^T [pixels, M] = im2col(x)^T [pixels, C*KH*KW] x w^T [C*KH*KW, M].
+This kernel runs that product with the GEMM micro-kernel's shape, SS_CONV_IGEMM_MR (6)
+output pixels x 16 output channels in 12 ymm accumulators, without making the im2col
+matrix: for tap k = (c, kh, kw), pixel i's input is one float at ``base_i + koff[k]``,
+where ``base_i`` is the pixel's window corner in a zero-padded copy of the image (made
+once per image) and ``koff`` a table of tap offsets. Each tap costs one broadcast per
+pixel and two weight loads, as a GEMM k step does; the weights are w^T in 16-channel
+panels, the GEMM's own prepacked layout when the caller has it (``wpacked``: the lowering
+packs constant weights once at load), else packed here at every call.
+
+Strides, dilations and padding only change ``base_i`` and ``koff``, so every conv runs the
+same loop: no stride phases, no output columns computed and dropped (the direct kernel's
+16-pixel tiles run over staged rows of ``OW + KW - 1`` columns), no masked stores.
+
+Work is split into blocks of SS_CONV_IGEMM_BLOCK (48) pixels x one panel, in parallel.
+A block takes the taps SS_CONV_IGEMM_KC (the GEMM's kc) at a time, all its tiles over one
+slice before the next, so the slice's weights stay in L1 while every tile reads them; the
+sums wait in a per-thread scratch of 48 x 16 floats. After the last slice the scratch is
+transposed 8 x 8 into the output planes, with the bias (added first) and the activation
+applied on whole vectors.
+
+Measured against ss_conv2d's other paths on one thread (yolov8n's shapes at batch 3, SiLU,
+weights prepacked; /tmp/s16/igb.py, same process): 64->64 3x3 on 8x8 1.44x and on 16x16
+1.29x faster, 128->64 on 8x8 1.45x, 16->32 3x3 stride 2 on 64x64 1.35x. On planes of a few
+pixels (2x3 to 4x4, 256 channels) the small-plane path's single GEMM is as fast or faster,
+so ss_conv2d keeps it below SS_CONV_IGEMM_MIN_PLANE pixels; 1x1 convs keep the GEMM on the
+NCHW data (0.5x here without an activation).
+
+A header-only fragment: under AVX2 it defines ``SS_CONV_IGEMM`` and the ``static inline``
+function below, which ss_conv2d (kernels/conv.py, which depends on this fragment) calls::
+
+    int ss_conv_igemm(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw,
+                      act, work, work_floats, wpacked);
+
+It returns 0, having written nothing, when its scratch cannot be allocated or its tap
+offsets would overflow 32 bits. ``act`` is vmath's activation code (ss_act8).
+"""
+
+from __future__ import annotations
+
+DEPENDS = ("gemm", "vmath")
+
+#: Output pixels per block of work (a multiple of the 6-pixel tile).
+BLOCK = 48
+#: Planes of at most this many pixels keep the small-plane GEMM when weights are prepacked.
+MIN_PLANE = 16
+
+_TEMPLATE = r"""
+#ifdef __AVX2__
+#define SS_CONV_IGEMM 1
+#define SS_CONV_IGEMM_MR 6
+#define SS_CONV_IGEMM_BLOCK {block}
+#define SS_CONV_IGEMM_MIN_PLANE {min_plane}
+/* Convs of fewer multiply-adds run on one thread. */
+#define SS_CONV_IGEMM_PAR_MIN {par_min}
+/* Taps per slice: the GEMM's kc, so that a slice of its prepacked B is one run of memory. */
+#if defined(SS_GEMM_KC) && defined(SS_GEMM_NR) && SS_GEMM_NR == 16
+#define SS_CONV_IGEMM_KC SS_GEMM_KC
+#define SS_CONV_IGEMM_PREPACKED 1
+#else
+#define SS_CONV_IGEMM_KC 256
+#endif
+
+/* r[j] = column j of the 8 x 8 block at src (row stride ld): r[j][i] = src[i * ld + j]. */
+static inline void ss_conv_igemm_transpose8(const float* src, int64_t ld, __m256* r) {{
+    __m256 a0 = _mm256_loadu_ps(src + 0 * ld), a1 = _mm256_loadu_ps(src + 1 * ld);
+    __m256 a2 = _mm256_loadu_ps(src + 2 * ld), a3 = _mm256_loadu_ps(src + 3 * ld);
+    __m256 a4 = _mm256_loadu_ps(src + 4 * ld), a5 = _mm256_loadu_ps(src + 5 * ld);
+    __m256 a6 = _mm256_loadu_ps(src + 6 * ld), a7 = _mm256_loadu_ps(src + 7 * ld);
+    __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+    __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+    __m256 t4 = _mm256_unpacklo_ps(a4, a5), t5 = _mm256_unpackhi_ps(a4, a5);
+    __m256 t6 = _mm256_unpacklo_ps(a6, a7), t7 = _mm256_unpackhi_ps(a6, a7);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}}
+
+/* One tile: 6 pixels (window corners base[0..5]) x 16 channels over taps koff[0, kn), with
+   wk the slice's weights (16 floats a tap). Starts from the bias (b0, b1) when `first`,
+   else from the sums in t; leaves the sums in t (pixel i's 16 channels at t + 16 i).
+   Named accumulators and a loop as plain as the GEMM's keep them all in registers. */
+static inline __attribute__((always_inline)) void ss_conv_igemm_tile(
+        const float* const* base, const int32_t* koff, const float* wk, int64_t kn,
+        __m256 b0, __m256 b1, float* t, int first) {{
+    __m256 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1;
+    __m256 c30 = b0, c31 = b1, c40 = b0, c41 = b1, c50 = b0, c51 = b1;
+    if (!first) {{
+        c00 = _mm256_loadu_ps(t + 0); c01 = _mm256_loadu_ps(t + 8);
+        c10 = _mm256_loadu_ps(t + 16); c11 = _mm256_loadu_ps(t + 24);
+        c20 = _mm256_loadu_ps(t + 32); c21 = _mm256_loadu_ps(t + 40);
+        c30 = _mm256_loadu_ps(t + 48); c31 = _mm256_loadu_ps(t + 56);
+        c40 = _mm256_loadu_ps(t + 64); c41 = _mm256_loadu_ps(t + 72);
+        c50 = _mm256_loadu_ps(t + 80); c51 = _mm256_loadu_ps(t + 88);
+    }}
+    const float *p0 = base[0], *p1 = base[1], *p2 = base[2], *p3 = base[3], *p4 = base[4], *p5 = base[5];
+    #pragma GCC unroll 4
+    for (int64_t k = 0; k < kn; ++k) {{
+        int64_t o = koff[k];
+        __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8), a;
+        a = _mm256_broadcast_ss(p0 + o); c00 = ss_fmadd8(a, w0, c00); c01 = ss_fmadd8(a, w1, c01);
+        a = _mm256_broadcast_ss(p1 + o); c10 = ss_fmadd8(a, w0, c10); c11 = ss_fmadd8(a, w1, c11);
+        a = _mm256_broadcast_ss(p2 + o); c20 = ss_fmadd8(a, w0, c20); c21 = ss_fmadd8(a, w1, c21);
+        a = _mm256_broadcast_ss(p3 + o); c30 = ss_fmadd8(a, w0, c30); c31 = ss_fmadd8(a, w1, c31);
+        a = _mm256_broadcast_ss(p4 + o); c40 = ss_fmadd8(a, w0, c40); c41 = ss_fmadd8(a, w1, c41);
+        a = _mm256_broadcast_ss(p5 + o); c50 = ss_fmadd8(a, w0, c50); c51 = ss_fmadd8(a, w1, c51);
+        wk += 16;
+    }}
+    _mm256_storeu_ps(t + 0, c00); _mm256_storeu_ps(t + 8, c01);
+    _mm256_storeu_ps(t + 16, c10); _mm256_storeu_ps(t + 24, c11);
+    _mm256_storeu_ps(t + 32, c20); _mm256_storeu_ps(t + 40, c21);
+    _mm256_storeu_ps(t + 48, c30); _mm256_storeu_ps(t + 56, c31);
+    _mm256_storeu_ps(t + 64, c40); _mm256_storeu_ps(t + 72, c41);
+    _mm256_storeu_ps(t + 80, c50); _mm256_storeu_ps(t + 88, c51);
+}}
+
+/* Copies the image's C planes into stage [C][Hp][Wp] with zeros around them: input row
+   ih, column iw at stage row ph + ih, column pw + iw. */
+static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int64_t W, int64_t ph, int64_t pw,
+                                int64_t Hp, int64_t Wp) {{
+    for (int64_t r = 0; r < Hp; ++r, d += Wp) {{
+        int64_t ih = r - ph;
+        if (ih < 0 || ih >= H) {{
+            memset(d, 0, (size_t)Wp * sizeof(float));
+            continue;
+        }}
+        memset(d, 0, (size_t)pw * sizeof(float));
+        memcpy(d + pw, xc + ih * W, (size_t)W * sizeof(float));
+        memset(d + pw + W, 0, (size_t)(Wp - pw - W) * sizeof(float));
+    }}
+}}
+
+/* Block `blk` (pixels p0 .. p0 + np) of panel q (channels q*16 ..): tiles over every slice
+   of taps, then the transposed, biased, activated store into y [M, P]. */
+static inline void ss_conv_igemm_block(const float* stage, const int32_t* koff, const float* wp, int prepacked,
+                                const float* bias, float* y, float* t, int64_t q, int64_t blk,
+                                int64_t M, int64_t K, int64_t P, int64_t OW, int64_t sh, int64_t sw,
+                                int64_t Wp, int act) {{
+    int64_t panels = (M + 15) / 16, p0 = blk * SS_CONV_IGEMM_BLOCK;
+    int64_t np = P - p0 < SS_CONV_IGEMM_BLOCK ? P - p0 : SS_CONV_IGEMM_BLOCK;
+    int64_t mv = M - q * 16 < 16 ? M - q * 16 : 16;
+    float bb[16];
+    for (int64_t j = 0; j < 16; ++j) bb[j] = bias && j < mv ? bias[q * 16 + j] : 0.0f;
+    __m256 b0 = _mm256_loadu_ps(bb), b1 = _mm256_loadu_ps(bb + 8);
+    /* Window corners; the last tile's missing pixels repeat the last one (computed, not stored). */
+    const float* base[SS_CONV_IGEMM_BLOCK];
+    int64_t tiles = (np + SS_CONV_IGEMM_MR - 1) / SS_CONV_IGEMM_MR;
+    for (int64_t i = 0, oh = p0 / OW, ow = p0 % OW; i < tiles * SS_CONV_IGEMM_MR; ++i) {{
+        base[i] = stage + oh * sh * Wp + ow * sw;
+        if (i + 1 < np && ++ow == OW) {{
+            ow = 0;
+            ++oh;
+        }}
+    }}
+    for (int64_t k0 = 0; k0 < K; k0 += SS_CONV_IGEMM_KC) {{
+        int64_t kn = K - k0 < SS_CONV_IGEMM_KC ? K - k0 : SS_CONV_IGEMM_KC;
+        /* The slice's weights: in the GEMM's layout, k block k0 holds panels * 16 columns of
+           kn rows each; packed here, each panel holds all K rows. */
+        const float* wk = prepacked ? wp + k0 * panels * 16 + q * 16 * kn : wp + (q * K + k0) * 16;
+        for (int64_t i = 0; i < tiles; ++i)
+            ss_conv_igemm_tile(base + i * SS_CONV_IGEMM_MR, koff + k0, wk, kn, b0, b1,
+                               t + i * SS_CONV_IGEMM_MR * 16, k0 == 0);
+    }}
+    float* yq = y + q * 16 * P + p0;
+    int64_t g = 0;
+    for (; g + 8 <= np; g += 8)
+        for (int64_t h = 0; h < mv; h += 8) {{
+            __m256 r[8];
+            ss_conv_igemm_transpose8(t + g * 16 + h, 16, r);
+            for (int64_t j = 0; j < 8 && h + j < mv; ++j)
+                _mm256_storeu_ps(yq + (h + j) * P + g, ss_act8(r[j], act));
+        }}
+    for (; g < np; ++g)
+        for (int64_t j = 0; j < mv; ++j) yq[j * P + g] = ss_actf(t[g * 16 + j], act);
+}}
+
+/* Dense (group 1) conv as an implicit GEMM (see conv_igemm.py). x [N, C, H, W], w [M, C,
+   KH, KW], y [N, M, OH, OW]; wpacked: NULL or w^T packed by ss_gemm_pack_b (used when
+   SS_CONV_IGEMM_PREPACKED). work: the caller's scratch of work_floats floats (else one
+   malloc). Returns 0, having written nothing, when it cannot run. */
+static inline int ss_conv_igemm(const float* x, const float* w, const float* bias, float* y,
+                         int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
+                         int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                         int64_t dh, int64_t dw, int act, float* work, int64_t work_floats,
+                         const float* wpacked) {{
+    int64_t K = C * KH * KW, P = OH * OW, panels = (M + 15) / 16;
+    /* The padded image: every window of every output pixel, and all of the input. */
+    int64_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1;
+    if (Hp < ph + H) Hp = ph + H;
+    if (Wp < pw + W) Wp = pw + W;
+    int64_t plane = Hp * Wp, blocks = (P + SS_CONV_IGEMM_BLOCK - 1) / SS_CONV_IGEMM_BLOCK;
+    if (C * plane >= INT32_MAX) return 0;  /* the tap offsets are 32-bit */
+#ifdef SS_CONV_IGEMM_PREPACKED
+    int prepacked = wpacked != NULL;
+#else
+    int prepacked = 0;
+    (void)wpacked;
+#endif
+    int threads = omp_get_max_threads();
+    /* Scratch, in floats: tap offsets (int32), packed weights unless prepacked, the padded
+       image, each thread's block sums. */
+    int64_t wfloats = prepacked ? 0 : panels * K * 16;
+    int64_t floats = K + wfloats + C * plane + (int64_t)threads * SS_CONV_IGEMM_BLOCK * 16;
+    float* own = NULL;
+    if (!work || floats > work_floats) {{
+        own = (float*)malloc((size_t)floats * sizeof(float));
+        if (!own) return 0;
+        work = own;
+    }}
+    int32_t* koff = (int32_t*)work;
+    float* wp = prepacked ? (float*)wpacked : work + K;
+    float* stage = work + K + wfloats;
+    float* sums = stage + C * plane;
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t kh = 0; kh < KH; ++kh)
+            for (int64_t kw = 0; kw < KW; ++kw)
+                koff[(c * KH + kh) * KW + kw] = (int32_t)(c * plane + kh * dh * Wp + kw * dw);
+    int par = M * P * K >= SS_CONV_IGEMM_PAR_MIN;
+    if (!prepacked) {{
+        #pragma omp parallel for schedule(static) if(par)
+        for (int64_t q = 0; q < panels; ++q)
+            for (int64_t k = 0; k < K; ++k)
+                for (int64_t j = 0; j < 16; ++j)
+                    wp[(q * K + k) * 16 + j] = q * 16 + j < M ? w[(q * 16 + j) * K + k] : 0.0f;
+    }}
+    for (int64_t n = 0; n < N; ++n) {{
+        const float* xn = x + n * C * H * W;
+        float* yn = y + n * M * P;
+        #pragma omp parallel if(par)
+        {{
+            float* t = sums + (int64_t)omp_get_thread_num() * SS_CONV_IGEMM_BLOCK * 16;
+            #pragma omp for schedule(static)
+            for (int64_t c = 0; c < C; ++c)
+                ss_conv_igemm_stage(xn + c * H * W, stage + c * plane, H, W, ph, pw, Hp, Wp);
+            #pragma omp for schedule(static) collapse(2)
+            for (int64_t q = 0; q < panels; ++q)
+                for (int64_t blk = 0; blk < blocks; ++blk)
+                    ss_conv_igemm_block(stage, koff, wp, prepacked, bias, yn, t, q, blk, M, K, P, OW,
+                                        sh, sw, Wp, act);
+        }}
+    }}
+    free(own);
+    return 1;
+}}
+#endif
+"""
+
+
+def source(block: int = BLOCK, min_plane: int = MIN_PLANE, par_min: int = 32768) -> str:
+    """The fragment's C text.
+
+    ``block``: output pixels per unit of work (a positive multiple of 6); ``min_plane``:
+    output planes of at most this many pixels keep ss_conv2d's small-plane path when the
+    caller has prepacked weights; ``par_min``: the multiply-adds below which a conv runs on
+    one thread.
+    """
+    if int(block) < 6 or int(block) % 6:
+        raise ValueError(f"block must be a positive multiple of 6, got {block}")
+    return _TEMPLATE.format(block=int(block), min_plane=int(min_plane), par_min=int(par_min))
