@@ -24,9 +24,10 @@ applied on whole vectors.
 Measured against ss_conv2d's other paths on one thread (yolov8n's shapes at batch 3, SiLU,
 weights prepacked; /tmp/s16/igb.py, same process): 64->64 3x3 on 8x8 1.44x and on 16x16
 1.29x faster, 128->64 on 8x8 1.45x, 16->32 3x3 stride 2 on 64x64 1.35x. On planes of a few
-pixels (2x3 to 4x4, 256 channels) the small-plane path's single GEMM is as fast or faster,
-so ss_conv2d keeps it below SS_CONV_IGEMM_MIN_PLANE pixels; 1x1 convs keep the GEMM on the
-NCHW data (0.5x here without an activation).
+pixels the small-plane path's single GEMM does better: with prepacked weights at batch 3,
+2x3 and 3x3 planes ran 5-10% faster there, 4x4 ones 1.11-1.26x slower (64 and 128
+channels; even with 256), so ss_conv2d keeps it up to SS_CONV_IGEMM_MIN_PLANE (9) pixels.
+1x1 convs keep the GEMM on the NCHW data (0.5x here without an activation).
 
 A header-only fragment: under AVX2 it defines ``SS_CONV_IGEMM`` and the ``static inline``
 function below, which ss_conv2d (kernels/conv.py, which depends on this fragment) calls::
@@ -45,7 +46,7 @@ DEPENDS = ("gemm", "vmath")
 #: Output pixels per block of work (a multiple of the 6-pixel tile).
 BLOCK = 48
 #: Planes of at most this many pixels keep the small-plane GEMM when weights are prepacked.
-MIN_PLANE = 16
+MIN_PLANE = 9
 
 _TEMPLATE = r"""
 #ifdef __AVX2__
