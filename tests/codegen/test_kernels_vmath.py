@@ -28,9 +28,9 @@ int ss_test_has_fma(void) {
 #endif
 }
 
-/* which: 0 exp, 1 log, 2 tanh, 3 erf, 4 sigmoid; vector: use the AVX2 helper. */
+/* which: 0 exp, 1 log, 2 tanh, 3 erf, 4 sigmoid, 5 silu; vector: use the AVX2 helper. */
 void ss_test_apply(int which, int vector, const float* x, float* y, int64_t n) {
-    static const ss_test_fn scalar[5] = {ss_expf, ss_logf, ss_tanhf, ss_erff, ss_sigmoidf};
+    static const ss_test_fn scalar[6] = {ss_expf, ss_logf, ss_tanhf, ss_erff, ss_sigmoidf, ss_siluf};
     int64_t i = 0;
 #ifdef __AVX2__
     for (; vector && i < n; i += 8) {
@@ -43,7 +43,8 @@ void ss_test_apply(int which, int vector, const float* x, float* y, int64_t n) {
             case 1: v = ss_log8(v); break;
             case 2: v = ss_tanh8(v); break;
             case 3: v = ss_erf8(v); break;
-            default: v = ss_sigmoid8(v); break;
+            case 4: v = ss_sigmoid8(v); break;
+            default: v = ss_silu8(v); break;
         }
         _mm256_storeu_ps(buf, v);
         memcpy(y + i, buf, (size_t)m * 4);
@@ -65,7 +66,7 @@ void ss_test_gelu(int tanh, int vector, const float* x, float* y, int64_t n) {
 }
 """
 
-NAMES = ("exp", "log", "tanh", "erf", "sigmoid")
+NAMES = ("exp", "log", "tanh", "erf", "sigmoid", "silu")
 RTOL = 4e-7
 # Results below the normal range are judged in absolute terms: one subnormal ulp.
 SUBNORMAL_ULP = 2.0 ** -149
@@ -81,7 +82,11 @@ def _sigmoid64(x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-x))
 
 
-REFERENCE = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": _erf64, "sigmoid": _sigmoid64}
+def _silu64(x: np.ndarray) -> np.ndarray:
+    return x * _sigmoid64(x)
+
+
+REFERENCE = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": _erf64, "sigmoid": _sigmoid64, "silu": _silu64}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +137,7 @@ def test_accuracy_over_a_dense_sweep(lib, name, vector):
     worst = np.argmax(err / allowed)
     assert err[worst] <= allowed[worst], (
         f"{name}: x={x[finite][worst]!r} got {y[finite][worst]!r} want {ref[finite][worst]!r}")
-    if name in ("exp", "sigmoid"):
+    if name in ("exp", "sigmoid", "silu"):
         assert np.all(y[(ref32 == 0) & finite] == 0)
 
 
@@ -144,6 +149,7 @@ EXPECTED = {
     "tanh": [np.nan, 1.0, -1.0, 0.0, -0.0],
     "erf": [np.nan, 1.0, -1.0, 0.0, -0.0],
     "sigmoid": [np.nan, 1.0, 0.0, 0.5, 0.5],
+    "silu": [np.nan, np.inf, np.nan, 0.0, -0.0],  # -inf * sigmoid(-inf) = -inf * 0
 }
 # Edges of the ranges: exp's overflow and underflow, subnormals, the largest floats.
 EDGES = np.array([1.0, -1.0, 88.72, 88.73, -87.3, -103.0, -104.0, 1e-45, -1e-45, 1e-38, 3.4e38, -3.4e38,

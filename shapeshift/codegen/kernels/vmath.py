@@ -13,6 +13,10 @@ Scalar (always defined)::
     float ss_tanhf(float x);
     float ss_erff(float x);
     float ss_sigmoidf(float x);   1 / (1 + exp(-x)), as e / (1 + e) with e = exp(x) for x < 0
+    float ss_expf_times(float x, float m);   m * exp(x) for |m| <= 128, rounded once
+    float ss_siluf(float x);      x * sigmoid(x), as x / (1 + exp(-x)) with one 2^n scaling
+                                  (below -87.33, where exp(x) leaves the normal range, as
+                                  x * exp(x) rounded once)
     float ss_geluf(float x);      x/2 (1 + erf(x / sqrt 2)) (ONNX Gelu)
     float ss_gelu_tanhf(float x); x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (approximate="tanh")
     float ss_actf(float v, int act);   a kernel epilogue's activation by code: 0 none,
@@ -21,14 +25,16 @@ Scalar (always defined)::
 AVX2 (defined only under ``#ifdef __AVX2__``; callers guard their vector paths the same way)::
 
     __m256 ss_fmadd8(__m256 a, __m256 b, __m256 c);
-    __m256 ss_exp8(__m256 x);   __m256 ss_log8(__m256 x);   __m256 ss_tanh8(__m256 x);
-    __m256 ss_erf8(__m256 x);   __m256 ss_sigmoid8(__m256 x);
+    __m256 ss_exp8(__m256 x);   __m256 ss_exp_times8(__m256 x, __m256 m);
+    __m256 ss_log8(__m256 x);   __m256 ss_tanh8(__m256 x);
+    __m256 ss_erf8(__m256 x);   __m256 ss_sigmoid8(__m256 x);   __m256 ss_silu8(__m256 x);
     __m256 ss_gelu8(__m256 x);  __m256 ss_gelu_tanh8(__m256 x);  __m256 ss_act8(__m256 v, int act);
     float ss_hsum8(__m256 v);   float ss_hmax8(__m256 v);   float ss_hmin8(__m256 v);
         (horizontal sum / max / min of the 8 lanes; hmax/hmin ignore NaN lanes only as
         _mm256_max_ps does, so callers that must propagate NaN track it themselves)
 
-NaN inputs give NaN and +-inf give the limits (exp: +inf, 0; tanh, erf: +-1; sigmoid: 1, 0).
+NaN inputs give NaN and +-inf give the limits (exp: +inf, 0; tanh, erf: +-1; sigmoid: 1, 0;
+silu: +inf, and NaN for -inf, as -inf * sigmoid(-inf) = -inf * 0).
 Accuracy, measured against float64 over dense sweeps (tests/codegen/test_kernels_vmath.py):
 within 4e-7 relative (about 3 float32 ulps), or 1e-7 absolute where the result is tiny.
 
@@ -90,11 +96,14 @@ static inline float ss_fmaf(float a, float b, float c) {{
 static inline float ss_bits_to_float(uint32_t u) {{ float f; memcpy(&f, &u, 4); return f; }}
 static inline uint32_t ss_float_to_bits(float f) {{ uint32_t u; memcpy(&u, &f, 4); return u; }}
 
-static inline float ss_expf(float x) {{
+/* m * exp(x) for |m| <= 128, rounded once at the end: a product in the subnormals keeps
+   the bits it would have had (SiLU's x * exp(x) far left); m = 1 is exp. */
+static inline float ss_expf_times(float x, float m) {{
     if (x != x) return x + x;
     /* Clamped so that both halves of the 2^n scale stay normal floats: the product then
-       overflows to inf or rounds once into the subnormals, as exp itself would. */
-    float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+       overflows to inf or rounds once into the subnormals, as exp itself would (below
+       -112, m * exp(x) < 128 * 2^-161 rounds to 0 either way). */
+    float xc = x < -112.0f ? -112.0f : (x > 89.0f ? 89.0f : x);
     float n = rintf(xc * 1.44269504f);
     float r = ss_fmaf(-n, 0.693145752f, xc);
     r = ss_fmaf(-n, 1.42860677e-06f, r);
@@ -104,8 +113,10 @@ static inline float ss_expf(float x) {{
     int32_t n1 = ni >> 1, n2 = ni - n1;
     float s1 = ss_bits_to_float((uint32_t)(n1 + 127) << 23);
     float s2 = ss_bits_to_float((uint32_t)(n2 + 127) << 23);
-    return (y * s1) * s2;
+    return ((y * m) * s1) * s2;
 }}
+
+static inline float ss_expf(float x) {{ return ss_expf_times(x, 1.0f); }}
 
 static inline float ss_logf(float x) {{
     if (x != x) return x + x;
@@ -161,6 +172,23 @@ static inline float ss_sigmoidf(float x) {{
     return (x < 0.0f ? e : 1.0f) / (1.0f + e);
 }}
 
+/* SiLU for an activation epilogue, about a quarter cheaper than x * sigmoid(x): exp(-x)
+   for x >= -87.33 is p(r) * 2^n with one scaling (n >= -126 stays normal), and
+   x / (1 + e) keeps its relative accuracy however large e gets. */
+static inline float ss_siluf(float x) {{
+    /* Far left sigmoid(x) is exp(x) to the last bit, and x * exp(x) is rounded once (into
+       the subnormals); -inf gives NaN, as -inf * sigmoid(-inf) = -inf * 0 does. */
+    if (x < -87.33f) return x == -INFINITY ? NAN : ss_expf_times(x, x < -128.0f ? -128.0f : x);
+    if (x != x) return x + x;
+    float u = -x < -87.33f ? -87.33f : -x;
+    float n = rintf(u * 1.44269504f);
+    float r = ss_fmaf(-n, 0.693145752f, u);
+    r = ss_fmaf(-n, 1.42860677e-06f, r);
+    {_horner("r", EXP_P, False)}
+    float y = ss_fmaf(p, r * r, r) + 1.0f;
+    return x / (1.0f + y * ss_bits_to_float((uint32_t)((int32_t)n + 127) << 23));
+}}
+
 /* ONNX Gelu: x/2 (1 + erf(x / sqrt 2)), and its tanh approximation. */
 static inline float ss_geluf(float x) {{
     return (0.5f * x) * (1.0f + ss_erff(x * 0.7071067811865476f));
@@ -176,7 +204,7 @@ static inline float ss_actf(float v, int act) {{
     switch (act) {{
     case 1: return v > 0.0f ? v : 0.0f;
     case 2: return ss_sigmoidf(v);
-    case 3: return v * ss_sigmoidf(v);
+    case 3: return ss_siluf(v);
     default: return v;
     }}
 }}
@@ -202,9 +230,10 @@ static inline __m256 ss_copysign8(__m256 mag, __m256 sign) {{
     return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
 }}
 
-static inline __m256 ss_exp8(__m256 x) {{
+/* Twin of ss_expf_times; ss_exp8 is m = 1. */
+static inline __m256 ss_exp_times8(__m256 x, __m256 m) {{
     /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
-    __m256 xc = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+    __m256 xc = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-112.0f), x));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
@@ -218,8 +247,10 @@ static inline __m256 ss_exp8(__m256 x) {{
     __m256i bias = _mm256_set1_epi32(127);
     __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
     __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(y, m), s1), s2);
 }}
+
+static inline __m256 ss_exp8(__m256 x) {{ return ss_exp_times8(x, _mm256_set1_ps(1.0f)); }}
 
 static inline __m256 ss_log8(__m256 x) {{
     __m256 sub = _mm256_cmp_ps(x, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ);
@@ -297,11 +328,33 @@ static inline __m256 ss_sigmoid8(__m256 x) {{
     return _mm256_div_ps(num, _mm256_add_ps(one, e));
 }}
 
+/* Twin of ss_siluf: lanes below -87.33 take its far-left route (computed only when a
+   vector has such a lane, which an activation's input seldom does). */
+static inline __m256 ss_silu8(__m256 x) {{
+    __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33f), _CMP_LT_OQ);
+    /* max returns its second operand when either is NaN: this order keeps a NaN -x. */
+    __m256 u = _mm256_max_ps(_mm256_set1_ps(-87.33f), _mm256_sub_ps(_mm256_setzero_ps(), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(u, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
+    __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), u);
+    r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
+    {_horner("r", EXP_P, True)}
+    __m256 y = _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                                      _mm256_set1_epi32(127)), 23));
+    __m256 f = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(y, s)));
+    if (!_mm256_movemask_ps(low)) return f;
+    __m256 far = ss_exp_times8(x, _mm256_max_ps(x, _mm256_set1_ps(-128.0f)));
+    far = _mm256_blendv_ps(far, _mm256_set1_ps(NAN), _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+    return _mm256_blendv_ps(f, far, low);
+}}
+
 static inline __m256 ss_act8(__m256 v, int act) {{
     switch (act) {{
     case 1: return _mm256_max_ps(v, _mm256_setzero_ps());
     case 2: return ss_sigmoid8(v);
-    case 3: return _mm256_mul_ps(v, ss_sigmoid8(v));
+    case 3: return ss_silu8(v);
     default: return v;
     }}
 }}
