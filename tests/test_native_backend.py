@@ -143,6 +143,36 @@ def test_pow_by_a_constant(exponent):
     _run_both(model, [{"x": x}, {"x": x[:2]}])
 
 
+PIECEWISE = [("HardSwish", {}, ()), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, ()), ("LeakyRelu", {"alpha": 0.2}, ()),
+             ("Softsign", {}, ()), ("Floor", {}, ()), ("Ceil", {}, ()), ("Round", {}, ()),
+             ("Clip", {}, ("lo", "hi")), ("Clip", {}, ("lo",)), ("Max", {}, ("b",)), ("Min", {}, ("b", "c"))]
+
+
+@pytest.mark.parametrize("op,attrs,extra", PIECEWISE, ids=lambda p: str(p) if isinstance(p, str) else "")
+def test_piecewise_activations_vectorize_and_keep_nan(op, attrs, extra):
+    # MobileNetV3's HardSwish / HardSigmoid and ReLU6's Clip had no AVX2 form: every chain holding
+    # one ran a scalar loop (SSDlite's 20 HardSwish took 17 ms of a 120 ms run). A chain after an
+    # Add, 37 floats a row (a vector tail), NaN, infinities and signed zeros among the inputs.
+    rng = np.random.default_rng(9)
+    consts = {"lo": np.float32(-0.5), "hi": np.float32(6.0), "c": np.float32(0.25)}
+    inputs = [_input("x", ["n", 37])] + [_input(name, [37]) for name in extra if name not in consts]
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node(op, ["s", *extra], ["y"], **attrs)]
+    model = _model(nodes, inputs, [_output("y")], [_const(k, v) for k, v in consts.items() if k in extra])
+    feeds = []
+    for n in (1, 3):
+        x = _rand(rng, (n, 37)) * 4
+        x[0, :8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 2.5, -2.5, 3.0]
+        feed = {"x": x}
+        if "b" in extra:
+            b = _rand(rng, (37,))
+            b[8:10] = [np.nan, 0.0]
+            feed["b"] = b
+        feeds.append(feed)
+    session = _run_both(model, feeds)
+    steps = session._executor.program.steps
+    assert len(steps) == 1 and steps[0].kind == "native" and "_mm256" in steps[0].lowered.code
+
+
 def test_compare_where_and_cast():
     rng = np.random.default_rng(3)
     nodes = [helper.make_node("Greater", ["a", "b"], ["g"]), helper.make_node("Where", ["g", "a", "b"], ["w"]),

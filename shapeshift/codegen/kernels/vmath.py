@@ -19,6 +19,9 @@ Scalar (always defined)::
                                   x * exp(x) rounded once)
     float ss_geluf(float x);      x/2 (1 + erf(x / sqrt 2)) (ONNX Gelu)
     float ss_gelu_tanhf(float x); x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (approximate="tanh")
+    float ss_maxf(a, b), ss_minf(a, b), ss_clampf(x, lo, hi);   NaN-propagating
+    float ss_hard_sigmoidf(x, alpha, beta), ss_hard_swishf(x), ss_leaky_reluf(x, alpha),
+          ss_softsignf(x);        ONNX's activations of those names
     float ss_actf(float v, int act);   a kernel epilogue's activation by code: 0 none,
                                        1 relu, 2 sigmoid, 3 silu (x * sigmoid(x))
 
@@ -29,6 +32,8 @@ AVX2 (defined only under ``#ifdef __AVX2__``; callers guard their vector paths t
     __m256 ss_log8(__m256 x);   __m256 ss_tanh8(__m256 x);
     __m256 ss_erf8(__m256 x);   __m256 ss_sigmoid8(__m256 x);   __m256 ss_silu8(__m256 x);
     __m256 ss_gelu8(__m256 x);  __m256 ss_gelu_tanh8(__m256 x);  __m256 ss_act8(__m256 v, int act);
+    ss_max8, ss_min8, ss_clamp8, ss_hard_sigmoid8, ss_hard_swish8, ss_leaky_relu8, ss_softsign8
+        (twins of the scalar helpers of those names)
     float ss_hsum8(__m256 v);   float ss_hmax8(__m256 v);   float ss_hmin8(__m256 v);
         (horizontal sum / max / min of the 8 lanes; hmax/hmin ignore NaN lanes only as
         _mm256_max_ps does, so callers that must propagate NaN track it themselves)
@@ -199,6 +204,21 @@ static inline float ss_gelu_tanhf(float x) {{
     return (0.5f * x) * (1.0f + ss_tanhf(0.7978845608028654f * u));
 }}
 
+/* Piecewise activations and NaN-propagating min / max, each the twin of its vector helper:
+   a NaN input gives NaN (as onnxruntime's do), never a clamp bound. */
+static inline float ss_maxf(float a, float b) {{ return (a != a || a > b) ? a : b; }}
+static inline float ss_minf(float a, float b) {{ return (a != a || a < b) ? a : b; }}
+static inline float ss_clampf(float x, float lo, float hi) {{
+    x = x < lo ? lo : x;
+    return x > hi ? hi : x;
+}}
+static inline float ss_hard_sigmoidf(float x, float alpha, float beta) {{
+    return ss_clampf(ss_fmaf(alpha, x, beta), 0.0f, 1.0f);
+}}
+static inline float ss_hard_swishf(float x) {{ return x * ss_hard_sigmoidf(x, 1.0f / 6.0f, 0.5f); }}
+static inline float ss_leaky_reluf(float x, float alpha) {{ return x >= 0.0f ? x : alpha * x; }}
+static inline float ss_softsignf(float x) {{ return x / (1.0f + fabsf(x)); }}
+
 /* The activation a kernel applies before its store (conv's act codes); twin of ss_act8. */
 static inline float ss_actf(float v, int act) {{
     switch (act) {{
@@ -348,6 +368,32 @@ static inline __m256 ss_silu8(__m256 x) {{
     __m256 far = ss_exp_times8(x, _mm256_max_ps(x, _mm256_set1_ps(-128.0f)));
     far = _mm256_blendv_ps(far, _mm256_set1_ps(NAN), _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
     return _mm256_blendv_ps(f, far, low);
+}}
+
+/* Twins of ss_maxf ... ss_softsignf. max_ps / min_ps return their second operand when
+   either is NaN or both are zeros, which makes ss_clamp8 the ternaries of ss_clampf. */
+static inline __m256 ss_max8(__m256 a, __m256 b) {{
+    __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(a, b, _CMP_GT_OQ));
+    return _mm256_blendv_ps(b, a, take_a);
+}}
+static inline __m256 ss_min8(__m256 a, __m256 b) {{
+    __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+    return _mm256_blendv_ps(b, a, take_a);
+}}
+static inline __m256 ss_clamp8(__m256 x, __m256 lo, __m256 hi) {{
+    return _mm256_min_ps(hi, _mm256_max_ps(lo, x));
+}}
+static inline __m256 ss_hard_sigmoid8(__m256 x, float alpha, float beta) {{
+    return ss_clamp8(ss_fmadd8(_mm256_set1_ps(alpha), x, _mm256_set1_ps(beta)), _mm256_setzero_ps(),
+                     _mm256_set1_ps(1.0f));
+}}
+static inline __m256 ss_hard_swish8(__m256 x) {{ return _mm256_mul_ps(x, ss_hard_sigmoid8(x, 1.0f / 6.0f, 0.5f)); }}
+static inline __m256 ss_leaky_relu8(__m256 x, float alpha) {{
+    __m256 keep = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
+    return _mm256_blendv_ps(_mm256_mul_ps(_mm256_set1_ps(alpha), x), x, keep);
+}}
+static inline __m256 ss_softsign8(__m256 x) {{
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ss_abs8(x)));
 }}
 
 static inline __m256 ss_act8(__m256 v, int act) {{

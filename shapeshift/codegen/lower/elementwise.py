@@ -76,6 +76,8 @@ def _selu(node, args, dtypes):
 
 def _hard_sigmoid(node, args, dtypes):
     _require_float(node, dtypes)
+    if dtypes[0] == FLOAT:  # NaN stays NaN, as in onnxruntime (fminf would clamp it to 1)
+        return f"ss_hard_sigmoidf({args[0]}, {_hard_sigmoid_params(node)})"
     alpha, beta = _attr_float(node, "alpha", 0.2), _attr_float(node, "beta", 0.5)
     return f"fmaxf(0.0f, fminf(1.0f, {alpha} * {args[0]} + {beta}))"
 
@@ -167,6 +169,11 @@ def _clip(node, args, dtypes):
         lo = _attr_float(node, "min", 0.0)
     if "max" in node.attrs:
         hi = _attr_float(node, "max", 0.0)
+    # An omitted bound is the type's largest finite value (ONNX's default): it clamps inf.
+    limit = {FLOAT: "FLT_MAX", DOUBLE: "DBL_MAX"}.get(dtypes[0])
+    if limit is not None:
+        lo = f"(-{limit})" if lo is None else lo
+        hi = limit if hi is None else hi
     out = x
     if lo is not None:
         out = f"({out} < {lo} ? {lo} : {out})"
@@ -352,20 +359,66 @@ _VECTOR: dict[str, Callable[[Node, Sequence[str]], str]] = {
     "Sigmoid": lambda n, a: f"ss_sigmoid8({a[0]})",
     "Gelu": lambda n, a: f"ss_gelu{_gelu_suffix(n)}8({a[0]})",
     "Pow": lambda n, a: _power_product(a[0], _pow_exponent(n), lambda x, y: f"_mm256_mul_ps({x}, {y})"),
+    "HardSwish": lambda n, a: f"ss_hard_swish8({a[0]})",
+    "HardSigmoid": lambda n, a: f"ss_hard_sigmoid8({a[0]}, {_hard_sigmoid_params(n)})",
+    "LeakyRelu": lambda n, a: f"ss_leaky_relu8({a[0]}, {_attr_float(n, 'alpha', 0.01)})",
+    "Softsign": lambda n, a: f"ss_softsign8({a[0]})",
+    "Max": lambda n, a: _fold(a, "ss_max8"),
+    "Min": lambda n, a: _fold(a, "ss_min8"),
+    "Clip": lambda n, a: _vector_clip(n, a),
+    "Floor": lambda n, a: f"_mm256_round_ps({a[0]}, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)",
+    "Ceil": lambda n, a: f"_mm256_round_ps({a[0]}, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)",
+    "Round": lambda n, a: f"_mm256_round_ps({a[0]}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)",
 }
 # Ops with an AVX2 form only in some cases: the test for the case.
 _VECTOR_WHEN: dict[str, Callable[[Node], bool]] = {"Pow": lambda n: _pow_exponent(n) is not None}
-# The float32 scalar forms that match the vector ones above.
-_SCALAR_TWINS = {"Exp": "ss_expf({0})", "Log": "ss_logf({0})", "Tanh": "ss_tanhf({0})", "Erf": "ss_erff({0})",
-                 "Sigmoid": "ss_sigmoidf({0})"}
+# The float32 scalar forms that match the vector ones above, where _EXPRESSIONS' differ
+# (Max, Min, Clip, Floor, Ceil and Round already compute the same thing).
+_SCALAR_TWINS: dict[str, Callable[[Node, Sequence[str]], str]] = {
+    "Exp": lambda n, a: f"ss_expf({a[0]})",
+    "Log": lambda n, a: f"ss_logf({a[0]})",
+    "Tanh": lambda n, a: f"ss_tanhf({a[0]})",
+    "Erf": lambda n, a: f"ss_erff({a[0]})",
+    "Sigmoid": lambda n, a: f"ss_sigmoidf({a[0]})",
+    "Gelu": lambda n, a: f"ss_gelu{_gelu_suffix(n)}f({a[0]})",
+    "HardSwish": lambda n, a: f"ss_hard_swishf({a[0]})",
+    "HardSigmoid": lambda n, a: f"ss_hard_sigmoidf({a[0]}, {_hard_sigmoid_params(n)})",
+    "LeakyRelu": lambda n, a: f"ss_leaky_reluf({a[0]}, {_attr_float(n, 'alpha', 0.01)})",
+    "Softsign": lambda n, a: f"ss_softsignf({a[0]})",
+}
 
 
 def _scalar_twin(node: Node, args: Sequence[str]) -> Optional[str]:
     """The scalar form matching a node's vector one, where it differs from _EXPRESSIONS'."""
-    if node.op_type == "Gelu":
-        return f"ss_gelu{_gelu_suffix(node)}f({args[0]})"
     twin = _SCALAR_TWINS.get(node.op_type)
-    return None if twin is None else twin.format(*args)
+    return None if twin is None else twin(node, args)
+
+
+def _hard_sigmoid_params(node: Node) -> str:
+    return f"{_attr_float(node, 'alpha', 0.2)}, {_attr_float(node, 'beta', 0.5)}"
+
+
+def _fold(args: Sequence[str], helper: str) -> str:
+    """Max or Min of any number of operands, pairwise from the first (as _minmax)."""
+    out = args[0]
+    for arg in args[1:]:
+        out = f"{helper}({out}, {arg})"
+    return out
+
+
+def _vector_clip(node: Node, args: Sequence[str]) -> str:
+    """Clip's bounds from its inputs, or (before opset 11) its attributes; an absent one is
+    FLT_MAX's (as in _clip). max_ps(lo, x) and min_ps(hi, x) are _clip's ternaries, NaN
+    and zeros included."""
+    lo = args[1] if len(args) > 1 and args[1] else None
+    hi = args[2] if len(args) > 2 and args[2] else None
+    if "min" in node.attrs:
+        lo = f"_mm256_set1_ps({_attr_float(node, 'min', 0.0)})"
+    if "max" in node.attrs:
+        hi = f"_mm256_set1_ps({_attr_float(node, 'max', 0.0)})"
+    lo = "_mm256_set1_ps(-FLT_MAX)" if lo is None else lo
+    hi = "_mm256_set1_ps(FLT_MAX)" if hi is None else hi
+    return f"_mm256_min_ps({hi}, _mm256_max_ps({lo}, {args[0]}))"
 
 
 def _gelu_suffix(node: Node) -> str:
@@ -513,7 +566,8 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
     fragments = ("scalar",) if "ss_pymod" in code else ()
     if "ss_ipow_" in code:
         fragments += ("intpow",)
-    if any(name in code for name in ("_mm256", "ss_expf", "ss_logf", "ss_tanhf", "ss_erff", "ss_sigmoidf", "ss_gelu")):
+    if any(name in code for name in ("_mm256", "ss_expf", "ss_logf", "ss_tanhf", "ss_erff", "ss_sigmoidf", "ss_gelu",
+                                     "ss_hard_sigmoidf")):
         fragments += ("vmath",)
     return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]), can_fail="STEP_ERROR" in code,
                    size_code=_broadcast_size_code(node, ctx))
