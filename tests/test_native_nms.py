@@ -70,6 +70,36 @@ def test_nms_with_run_time_parameters():
         np.testing.assert_array_equal(native.run(None, feeds)[0], reference.run(None, feeds)[0])
 
 
+@pytest.mark.parametrize("center", [0, 1])
+def test_nms_over_class_offset_boxes_and_odd_ones(center):
+    # torchvision's batched NMS (SSDlite's export): each class's boxes shifted along x by its
+    # own offset, one NMS over all of them, so the kernel's x buckets hold few boxes each.
+    # Mixed in: boxes as wide as everything, NaN and infinite corners, zero-area boxes.
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou"], ["selected"],
+                            center_point_box=center)
+    model = _model([node], [_input("boxes", [1, "n", 4]), _input("scores", [1, 1, "n"])],
+                   [helper.make_tensor_value_info("selected", I64, None)],
+                   [_const("max_out", np.array([100000], dtype=np.int64)), _const("iou", np.array([0.45], np.float32))],
+                   opset=11)
+    native, reference = _session_pair(model)
+    rng = np.random.default_rng(11 + center)
+    for n, classes in ((3000, 30), (400, 1), (64, 8)):
+        boxes = _boxes(rng, 1, n, center)
+        offset = 20.0 * rng.integers(0, classes, n)
+        for x in ((0,) if center else (1, 3)):  # x of the center, or both x corners
+            boxes[0, :, x] += offset
+        odd = rng.choice(n, 12, replace=False)
+        span = 20.0 * classes + 10  # boxes over every class's band
+        boxes[0, odd[:3]] = [span / 2, 5, span, 10] if center else [0, -1, 10, span]
+        boxes[0, odd[3], 0] = np.nan
+        boxes[0, odd[4], 2] = np.inf
+        boxes[0, odd[5], 1] = -np.inf
+        boxes[0, odd[6:8]] = boxes[0, odd[6:8]] * np.array([1, 1, 0, 1], np.float32)
+        scores = np.round(rng.random((1, 1, n)), 2).astype(np.float32)
+        feeds = {"boxes": boxes, "scores": scores}
+        np.testing.assert_array_equal(native.run(None, feeds)[0], reference.run(None, feeds)[0])
+
+
 @pytest.mark.parametrize("axis,largest", [(-1, 1), (0, 0), (1, 1)])
 def test_topk_with_k_given_at_run_time(axis, largest):
     node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=axis, largest=largest)
