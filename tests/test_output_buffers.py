@@ -99,3 +99,60 @@ def test_native_outputs_survive_later_runs_and_recycle_their_memory(tmp_path, mo
     again = session.run(None, {"x": feeds[0]})[0]
     assert _address(again) == last
     np.testing.assert_array_equal(again, np.maximum(feeds[0], 0))
+
+
+def _native_session(nodes, outputs, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
+    graph = helper.make_graph(nodes, "direct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 128, 256])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return shapeshift.InferenceSession(model, backend="native")
+
+
+def _pool_owned(array: np.ndarray, session) -> bool:
+    """Whether ``array`` lies in one of the native VM's pool buffers."""
+    buffers = session._executor.vm._outputs._buffers
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    if isinstance(array, memoryview):  # what np.frombuffer keeps of a bytearray
+        array = array.obj
+    return any(array is b for b in buffers)
+
+
+def test_kernels_write_large_outputs_in_place(tmp_path, monkeypatch):
+    # A native step's output goes straight into a pool buffer, which the caller gets as it is
+    # (no copy out of the arena); held results keep their memory, dropped ones come back.
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"]),
+             helper.make_node("Neg", ["x"], ["z"])]
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 256])
+    nodes.insert(0, helper.make_node("Constant", [], ["shape"], value=shape))
+    session = _native_session(nodes, ["y", "z"], tmp_path, monkeypatch)
+    direct = session._executor.vm._direct_roots
+    assert len(direct) == 2
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((n, 128, 256)).astype(np.float32) for n in (2, 3, 2)]
+    results = [session.run(None, {"x": x}) for x in xs]
+    for x, (y, z) in zip(xs, results):
+        np.testing.assert_array_equal(y, np.maximum(x, 0).reshape(-1, 256))
+        np.testing.assert_array_equal(z, -x)
+        assert _pool_owned(y, session) and _pool_owned(z, session) and not np.shares_memory(y, z)
+        assert y.flags.writeable and y.flags.c_contiguous and _address(y) % 64 == 0
+    assert len({_address(a) for pair in results for a in pair}) == 6
+    kept = _address(results[-1][1])
+    del results, y, z
+    again = session.run(None, {"x": xs[0]})
+    assert kept in {_address(a) for a in again}
+    np.testing.assert_array_equal(again[1], -xs[0])
+
+
+def test_outputs_sharing_a_buffer_are_copied(tmp_path, monkeypatch):
+    # y and Identity(y) are one buffer in the program: written in place, the two results
+    # would be one memory. Both are copied out, as every output was before.
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["y"], ["y2"])]
+    session = _native_session(nodes, ["y", "y2"], tmp_path, monkeypatch)
+    assert session._executor.vm._direct_roots == []
+    x = np.random.default_rng(3).standard_normal((2, 128, 256)).astype(np.float32)
+    a, b = session.run(None, {"x": x})
+    assert not np.shares_memory(a, b) and _pool_owned(a, session) and _pool_owned(b, session)
+    np.testing.assert_array_equal(a, np.maximum(x, 0))
+    np.testing.assert_array_equal(b, np.maximum(x, 0))
