@@ -18,7 +18,7 @@ Work is split into blocks of SS_CONV_IGEMM_BLOCK (48) pixels x one panel, in par
 A block takes the taps SS_CONV_IGEMM_KC (the GEMM's kc) at a time, all its tiles over one
 slice before the next, so the slice's weights stay in L1 while every tile reads them; the
 sums wait in a per-thread scratch of 48 x 16 floats. After the last slice the scratch is
-transposed 8 x 8 into the output planes, with the bias (added first) and the activation
+transposed 8 x 8 (the GEMM's ss_gemm_transpose8) into the output planes, with the bias (added first) and the activation
 applied on whole vectors.
 
 Measured against ss_conv2d's other paths on one thread (yolov8n's shapes at batch 3, SiLU,
@@ -29,8 +29,8 @@ pixels the small-plane path's single GEMM does better: with prepacked weights at
 channels; even with 256), so ss_conv2d keeps it up to SS_CONV_IGEMM_MIN_PLANE (9) pixels.
 1x1 convs keep the GEMM on the NCHW data (0.5x here without an activation).
 
-A header-only fragment: under AVX2 it defines ``SS_CONV_IGEMM`` and the ``static inline``
-function below, which ss_conv2d (kernels/conv.py, which depends on this fragment) calls::
+A header-only fragment: under AVX2, with the real gemm fragment (whose kc and 8 x 8
+transpose it uses), it defines ``SS_CONV_IGEMM`` and the ``static inline`` function below, which ss_conv2d (kernels/conv.py, which depends on this fragment) calls::
 
     int ss_conv_igemm(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw,
                       act, work, work_floats, wpacked);
@@ -49,7 +49,7 @@ BLOCK = 48
 MIN_PLANE = 9
 
 _TEMPLATE = r"""
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(SS_GEMM_NR)
 #define SS_CONV_IGEMM 1
 #define SS_CONV_IGEMM_MR 6
 #define SS_CONV_IGEMM_BLOCK {block}
@@ -57,32 +57,10 @@ _TEMPLATE = r"""
 /* Convs of fewer multiply-adds run on one thread. */
 #define SS_CONV_IGEMM_PAR_MIN {par_min}
 /* Taps per slice: the GEMM's kc, so that a slice of its prepacked B is one run of memory. */
-#if defined(SS_GEMM_KC) && defined(SS_GEMM_NR) && SS_GEMM_NR == 16
 #define SS_CONV_IGEMM_KC SS_GEMM_KC
+#if SS_GEMM_NR == 16
 #define SS_CONV_IGEMM_PREPACKED 1
-#else
-#define SS_CONV_IGEMM_KC 256
 #endif
-
-/* r[j] = column j of the 8 x 8 block at src (row stride ld): r[j][i] = src[i * ld + j]. */
-static inline void ss_conv_igemm_transpose8(const float* src, int64_t ld, __m256* r) {{
-    __m256 a0 = _mm256_loadu_ps(src + 0 * ld), a1 = _mm256_loadu_ps(src + 1 * ld);
-    __m256 a2 = _mm256_loadu_ps(src + 2 * ld), a3 = _mm256_loadu_ps(src + 3 * ld);
-    __m256 a4 = _mm256_loadu_ps(src + 4 * ld), a5 = _mm256_loadu_ps(src + 5 * ld);
-    __m256 a6 = _mm256_loadu_ps(src + 6 * ld), a7 = _mm256_loadu_ps(src + 7 * ld);
-    __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
-    __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
-    __m256 t4 = _mm256_unpacklo_ps(a4, a5), t5 = _mm256_unpackhi_ps(a4, a5);
-    __m256 t6 = _mm256_unpacklo_ps(a6, a7), t7 = _mm256_unpackhi_ps(a6, a7);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}}
 
 /* One tile: 6 pixels (window corners base[0..5]) x 16 channels over taps koff[0, kn), with
    wk the slice's weights (16 floats a tap). Starts from the bias (b0, b1) when `first`,
@@ -170,13 +148,13 @@ static inline void ss_conv_igemm_block(const float* stage, const int32_t* koff, 
                                t + i * SS_CONV_IGEMM_MR * 16, k0 == 0);
     }}
     float* yq = y + q * 16 * P + p0;
+    float r[64];
     int64_t g = 0;
     for (; g + 8 <= np; g += 8)
         for (int64_t h = 0; h < mv; h += 8) {{
-            __m256 r[8];
-            ss_conv_igemm_transpose8(t + g * 16 + h, 16, r);
+            ss_gemm_transpose8(t + g * 16 + h, 16, 8, r, 8);  /* r[j * 8 + i]: channel h + j, pixel g + i */
             for (int64_t j = 0; j < 8 && h + j < mv; ++j)
-                _mm256_storeu_ps(yq + (h + j) * P + g, ss_act8(r[j], act));
+                _mm256_storeu_ps(yq + (h + j) * P + g, ss_act8(_mm256_loadu_ps(r + j * 8), act));
         }}
     for (; g < np; ++g)
         for (int64_t j = 0; j < mv; ++j) yq[j * P + g] = ss_actf(t[g * 16 + j], act);

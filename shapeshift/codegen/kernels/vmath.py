@@ -101,6 +101,16 @@ static inline float ss_fmaf(float a, float b, float c) {{
 static inline float ss_bits_to_float(uint32_t u) {{ float f; memcpy(&f, &u, 4); return f; }}
 static inline uint32_t ss_float_to_bits(float f) {{ uint32_t u; memcpy(&u, &f, 4); return u; }}
 
+/* exp(x) = y * 2^n with x = n ln2 + r, |r| <= ln2/2: the part exp and SiLU share. */
+static inline float ss_expf_reduced(float x, float* n_out) {{
+    float n = rintf(x * 1.44269504f);
+    float r = ss_fmaf(-n, 0.693145752f, x);
+    r = ss_fmaf(-n, 1.42860677e-06f, r);
+    {_horner("r", EXP_P, False)}
+    *n_out = n;
+    return ss_fmaf(p, r * r, r) + 1.0f;
+}}
+
 /* m * exp(x) for |m| <= 128, rounded once at the end: a product in the subnormals keeps
    the bits it would have had (SiLU's x * exp(x) far left); m = 1 is exp. */
 static inline float ss_expf_times(float x, float m) {{
@@ -109,11 +119,8 @@ static inline float ss_expf_times(float x, float m) {{
        overflows to inf or rounds once into the subnormals, as exp itself would (below
        -112, m * exp(x) < 128 * 2^-161 rounds to 0 either way). */
     float xc = x < -112.0f ? -112.0f : (x > 89.0f ? 89.0f : x);
-    float n = rintf(xc * 1.44269504f);
-    float r = ss_fmaf(-n, 0.693145752f, xc);
-    r = ss_fmaf(-n, 1.42860677e-06f, r);
-    {_horner("r", EXP_P, False)}
-    float y = ss_fmaf(p, r * r, r) + 1.0f;
+    float n;
+    float y = ss_expf_reduced(xc, &n);
     int32_t ni = (int32_t)n;
     int32_t n1 = ni >> 1, n2 = ni - n1;
     float s1 = ss_bits_to_float((uint32_t)(n1 + 127) << 23);
@@ -186,11 +193,8 @@ static inline float ss_siluf(float x) {{
     if (x < -87.33f) return x == -INFINITY ? NAN : ss_expf_times(x, x < -128.0f ? -128.0f : x);
     if (x != x) return x + x;
     float u = -x < -87.33f ? -87.33f : -x;
-    float n = rintf(u * 1.44269504f);
-    float r = ss_fmaf(-n, 0.693145752f, u);
-    r = ss_fmaf(-n, 1.42860677e-06f, r);
-    {_horner("r", EXP_P, False)}
-    float y = ss_fmaf(p, r * r, r) + 1.0f;
+    float n;
+    float y = ss_expf_reduced(u, &n);
     return x / (1.0f + y * ss_bits_to_float((uint32_t)((int32_t)n + 127) << 23));
 }}
 
@@ -250,17 +254,24 @@ static inline __m256 ss_copysign8(__m256 mag, __m256 sign) {{
     return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
 }}
 
+/* exp(x) = y * 2^n, |r| <= ln2/2 (twin of ss_expf_reduced): exp's and SiLU's shared part. */
+static inline __m256 ss_exp_reduced8(__m256 x, __m256* n_out) {{
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
+    __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), x);
+    r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
+    {_horner("r", EXP_P, True)}
+    *n_out = n;
+    return _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+}}
+
 /* Twin of ss_expf_times; ss_exp8 is m = 1. */
 static inline __m256 ss_exp_times8(__m256 x, __m256 m) {{
     /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
     __m256 xc = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-112.0f), x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
-    __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), xc);
-    r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
-    {_horner("r", EXP_P, True)}
-    __m256 y = _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256 n;
+    __m256 y = ss_exp_reduced8(xc, &n);
     __m256i ni = _mm256_cvtps_epi32(n);
     __m256i n1 = _mm256_srai_epi32(ni, 1);
     __m256i n2 = _mm256_sub_epi32(ni, n1);
@@ -354,13 +365,8 @@ static inline __m256 ss_silu8(__m256 x) {{
     __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33f), _CMP_LT_OQ);
     /* max returns its second operand when either is NaN: this order keeps a NaN -x. */
     __m256 u = _mm256_max_ps(_mm256_set1_ps(-87.33f), _mm256_sub_ps(_mm256_setzero_ps(), x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(u, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
-    __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), u);
-    r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
-    {_horner("r", EXP_P, True)}
-    __m256 y = _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256 n;
+    __m256 y = ss_exp_reduced8(u, &n);
     __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
                                                                       _mm256_set1_epi32(127)), 23));
     __m256 f = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(y, s)));
