@@ -758,11 +758,8 @@ static int ss_conv_direct(const float* x, const float* w, const float* bias, flo
        else one malloc. */
     int64_t floats = K + Cg * cstride + group * nb * SS_CONV_MR * K + (int64_t)threads * bstep * SS_CONV_MR * 16;
     float* own = NULL;
-    if (!work || floats > work_floats) {{
-        own = (float*)malloc((size_t)floats * sizeof(float));
-        if (!own) return 0;
-        work = own;
-    }}
+    work = ss_conv_scratch(work, work_floats, floats, &own);
+    if (!work) return 0;
     int32_t* koff = (int32_t*)work;
     float* stage = work + K;
     float* wp = stage + Cg * cstride;

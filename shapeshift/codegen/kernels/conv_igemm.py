@@ -29,8 +29,10 @@ pixels the small-plane path's single GEMM does better: with prepacked weights at
 channels; even with 256), so ss_conv2d keeps it up to SS_CONV_IGEMM_MIN_PLANE (9) pixels.
 1x1 convs keep the GEMM on the NCHW data (0.5x here without an activation).
 
-A header-only fragment: under AVX2, with the real gemm fragment (whose kc and 8 x 8
-transpose it uses), it defines ``SS_CONV_IGEMM`` and the ``static inline`` function below, which ss_conv2d (kernels/conv.py, which depends on this fragment) calls::
+A header-only fragment: ``ss_conv_scratch`` (the caller's scratch, or a malloc; the direct
+conv kernel uses it too), and under AVX2, with the real gemm fragment (whose kc and 8 x 8
+transpose it uses), ``SS_CONV_IGEMM`` and the ``static inline`` function below, which
+ss_conv2d (kernels/conv.py, which depends on this fragment) calls::
 
     int ss_conv_igemm(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw,
                       act, work, work_floats, wpacked);
@@ -49,6 +51,15 @@ BLOCK = 48
 MIN_PLANE = 9
 
 _TEMPLATE = r"""
+/* `work` when it holds `floats` floats (the caller's arena scratch), else a malloc the
+   caller frees through *own (NULL when out of memory). The direct conv kernel uses it too. */
+static inline float* ss_conv_scratch(float* work, int64_t work_floats, int64_t floats, float** own) {{
+    *own = NULL;
+    if (work && floats <= work_floats) return work;
+    *own = (float*)malloc((size_t)floats * sizeof(float));
+    return *own;
+}}
+
 #if defined(__AVX2__) && defined(SS_GEMM_NR)
 #define SS_CONV_IGEMM 1
 #define SS_CONV_IGEMM_MR 6
@@ -188,11 +199,8 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
     int64_t wfloats = prepacked ? 0 : panels * K * 16;
     int64_t floats = K + wfloats + C * plane + (int64_t)threads * SS_CONV_IGEMM_BLOCK * 16;
     float* own = NULL;
-    if (!work || floats > work_floats) {{
-        own = (float*)malloc((size_t)floats * sizeof(float));
-        if (!own) return 0;
-        work = own;
-    }}
+    work = ss_conv_scratch(work, work_floats, floats, &own);
+    if (!work) return 0;
     int32_t* koff = (int32_t*)work;
     float* wp = prepacked ? (float*)wpacked : work + K;
     float* stage = work + K + wfloats;
