@@ -18,11 +18,11 @@ Work is split into blocks of SS_CONV_IGEMM_BLOCK (48) pixels x one panel, in par
 A block takes the taps SS_CONV_IGEMM_KC (the GEMM's kc) at a time, all its tiles over one
 slice before the next, so the slice's weights stay in L1 while every tile reads them; the
 sums wait in a per-thread scratch of 48 x 16 floats. After the last slice the scratch is
-transposed 8 x 8 (the GEMM's ss_gemm_transpose8) into the output planes, with the bias (added first) and the activation
-applied on whole vectors.
+transposed 8 x 8 (the GEMM's ss_gemm_transpose8) into the output planes, with the bias
+(added first) and the activation applied on whole vectors.
 
 Measured against ss_conv2d's other paths on one thread (yolov8n's shapes at batch 3, SiLU,
-weights prepacked; /tmp/s16/igb.py, same process): 64->64 3x3 on 8x8 1.44x and on 16x16
+weights prepacked; a C harness in one process): 64->64 3x3 on 8x8 1.44x and on 16x16
 1.29x faster, 128->64 on 8x8 1.45x, 16->32 3x3 stride 2 on 64x64 1.35x. On planes of a few
 pixels the small-plane path's single GEMM does better: with prepacked weights at batch 3,
 2x3 and 3x3 planes ran 5-10% faster there, 4x4 ones 1.11-1.26x slower (64 and 128
