@@ -161,19 +161,26 @@ def _div(node, args, dtypes):
     return (f"({b} == 0 ? ({ctype})0 : ({b} == -1 ? ({ctype})(0 - (uint64_t){a}) : ({ctype})({a} / {b})))")
 
 
-def _clip(node, args, dtypes):
-    x = args[0]
+def _clip_bounds(node: Node, args: Sequence[str], dtype: int, constant=lambda text: text) -> tuple:
+    """Clip's (lo, hi): its inputs, or (before opset 11) its attributes, ``constant`` making
+    a literal an operand; an omitted bound of a float type is that type's largest finite
+    value (ONNX's default: it clamps inf), of an integer type None (no clamp)."""
     lo = args[1] if len(args) > 1 and args[1] else None
     hi = args[2] if len(args) > 2 and args[2] else None
     if "min" in node.attrs:
-        lo = _attr_float(node, "min", 0.0)
+        lo = constant(_attr_float(node, "min", 0.0))
     if "max" in node.attrs:
-        hi = _attr_float(node, "max", 0.0)
-    # An omitted bound is the type's largest finite value (ONNX's default): it clamps inf.
-    limit = {FLOAT: "FLT_MAX", DOUBLE: "DBL_MAX"}.get(dtypes[0])
+        hi = constant(_attr_float(node, "max", 0.0))
+    limit = {FLOAT: "FLT_MAX", DOUBLE: "DBL_MAX"}.get(dtype)
     if limit is not None:
-        lo = f"(-{limit})" if lo is None else lo
-        hi = limit if hi is None else hi
+        lo = constant(f"(-{limit})") if lo is None else lo
+        hi = constant(limit) if hi is None else hi
+    return lo, hi
+
+
+def _clip(node, args, dtypes):
+    x = args[0]
+    lo, hi = _clip_bounds(node, args, dtypes[0])
     out = x
     if lo is not None:
         out = f"({out} < {lo} ? {lo} : {out})"
@@ -407,17 +414,9 @@ def _fold(args: Sequence[str], helper: str) -> str:
 
 
 def _vector_clip(node: Node, args: Sequence[str]) -> str:
-    """Clip's bounds from its inputs, or (before opset 11) its attributes; an absent one is
-    FLT_MAX's (as in _clip). max_ps(lo, x) and min_ps(hi, x) are _clip's ternaries, NaN
+    """Clip of float32 vectors: max_ps(lo, x) and min_ps(hi, x) are _clip's ternaries, NaN
     and zeros included."""
-    lo = args[1] if len(args) > 1 and args[1] else None
-    hi = args[2] if len(args) > 2 and args[2] else None
-    if "min" in node.attrs:
-        lo = f"_mm256_set1_ps({_attr_float(node, 'min', 0.0)})"
-    if "max" in node.attrs:
-        hi = f"_mm256_set1_ps({_attr_float(node, 'max', 0.0)})"
-    lo = "_mm256_set1_ps(-FLT_MAX)" if lo is None else lo
-    hi = "_mm256_set1_ps(FLT_MAX)" if hi is None else hi
+    lo, hi = _clip_bounds(node, args, FLOAT, lambda text: f"_mm256_set1_ps({text})")
     return f"_mm256_min_ps({hi}, _mm256_max_ps({lo}, {args[0]}))"
 
 
