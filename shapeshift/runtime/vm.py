@@ -530,20 +530,19 @@ def _direct_output_roots(program: Program) -> list[int]:
     decoding step at batch 4: 24 key/value outputs of 0.5 MB each. (The buffer keeps its
     arena block, unused, so the plan does not depend on which outputs are taken.)"""
     from_fallback = {id(v) for step in program.steps if step.kind == FALLBACK for v in step.node.outputs if v}
-    roots: dict[int, int] = {}
+    outputs: dict[int, int] = {}  # root slot -> outputs read from it
+    unfit: set[int] = set()
     for value in program.graph.outputs:
         index = program.slot_of.get(id(value))
         if index is None:
             continue
         slot = program.slots[index]
         root = program.slots[slot.root] if slot.kind == VIEW else slot
+        outputs[root.index] = outputs.get(root.index, 0) + 1
         if root.kind != ARENA or root.value is None or id(root.value) in from_fallback \
                 or not isinstance(value.type, TensorType) or to_numpy_dtype(value.type.dtype).hasobject:
-            root_index = -1
-        else:
-            root_index = root.index
-        roots[root_index] = roots.get(root_index, 0) + 1
-    return [index for index, outputs in roots.items() if index >= 0 and outputs == 1]
+            unfit.add(root.index)
+    return [index for index, count in outputs.items() if count == 1 and index not in unfit]
 
 
 def _aligned_base(arena: np.ndarray) -> int:
