@@ -179,6 +179,27 @@ def test_truncated_model_file(tmp_path, encoder_path):
         shapeshift.load(path)
 
 
+def test_empty_model_file(tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")  # a file of no bytes cannot be mapped: read the plain way, then refused
+    with pytest.raises(errors.ModelLoadError, match="empty.onnx"):
+        shapeshift.load(path)
+
+
+def test_mapped_read_equals_onnx_load_and_text_formats_still_load(tmp_path, encoder_path):
+    from shapeshift.frontend.onnx_import import read_model
+
+    expected = onnx.load(str(encoder_path))
+    assert read_model(encoder_path) == expected
+    text_path = tmp_path / "encoder.onnxtxt"  # the extension onnx.load reads as text
+    with pytest.warns(UserWarning, match="experimental"):
+        onnx.save(expected, str(text_path), format="onnxtxt")
+        from_text = read_model(text_path)
+    # The text format does not round-trip every float bit for bit: compare the structure.
+    assert [n.op_type for n in from_text.graph.node] == [n.op_type for n in expected.graph.node]
+    assert [t.name for t in from_text.graph.initializer] == [t.name for t in expected.graph.initializer]
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(errors.ModelLoadError, match="no such file"):
         shapeshift.load(tmp_path / "absent.onnx")
