@@ -60,8 +60,9 @@ TARGET_PER_OP_SPEEDUP = 20.0
 TARGET_LINEARITY = 4.5
 
 METHOD = (
-    "Time: the tool given the file's path, through returning a ModelProto (both tools read the file "
-    "themselves with `onnx.load`; shapeshift then imports, simplifies and exports), after a warm-up on a "
+    "Time: the tool given the file's path, through returning a ModelProto (each tool reads the file itself: "
+    "onnx-simplifier with `onnx.load`, shapeshift by parsing a read-only mapping of it; shapeshift then "
+    "imports, simplifies and exports), after a warm-up on a "
     "1-layer encoder file in the same process; min–max is the spread over the runs. "
     "Peak RSS: the process's peak resident set during the timed run minus its resident set just before it, "
     "so C++ allocations (onnx-simplifier, protobuf) count too; tracemalloc would not see them. Counts "

@@ -193,6 +193,27 @@ def test_dropout_whose_mask_is_unused_goes():
     check(build, ["Relu"])
 
 
+def test_a_dead_chain_goes_in_one_removal():
+    """Removing the unread Exp leaves Abs, then Neg, unread: each goes at once."""
+    def build(b):
+        x = b.input("x", "float32", ("B", 8))
+        b.Exp(b.Abs(b.Neg(x)))
+        b.output(b.Relu(x))
+
+    check(build, ["Relu"])
+
+
+def test_a_producer_with_another_output_still_read_stays():
+    """Split's first output loses its only reader; its second is still read."""
+    def build(b):
+        x = b.input("x", "float32", ("B", 8))
+        first, second = b.Split(x, axis=1, num_outputs=2, outputs=2)
+        b.Neg(first)
+        b.output(b.Relu(second))
+
+    check(build, ["Split", "Relu"], opset=18)
+
+
 @pytest.mark.parametrize("attr, value", [
     ("value", np.arange(8, dtype=np.float32).reshape(1, 1, 8)),
     ("value_float", 2.5),

@@ -470,5 +470,6 @@ def simplify_graph(graph: Graph, options: Optional[SimplifyOptions] = None) -> S
      "per-op": simplifier.run_per_op}[options.strategy]()
     simplifier.rw.compact()
     simplifier.rw.release_removed()
+    simplifier.stats.removed_dead += simplifier.rw.removed_dead
     simplifier.stats.seconds = time.perf_counter() - start
     return simplifier.stats

@@ -8,14 +8,15 @@ in the graph, so producers are (re)visited before their users and each change
 costs work proportional to what it touches, not to the graph's size.
 
 Only a node whose inputs changed is enqueued *stale* (its types re-inferred at
-its visit).  A producer enqueued because a reader of its outputs went away may
-now be dead, but its types cannot have changed: re-inferring it would be wasted
-work (on a BERT-like encoder, most of the worklist's type inference).  Nor can
-anything else its visit would try (folding, parameters, rules, merging all look
-at its inputs), so such a producer is queued for the dead check alone
-(:meth:`enqueue_for_liveness`): on a BERT-like encoder, where each static
-Reshape lets a Concat, its Unsqueezes, Gathers and Shape go one after another,
-those are a third of the visits.
+its visit).  A producer whose output lost its last reader may now be dead, but
+its types cannot have changed, nor can anything else a visit would try (folding,
+parameters, rules, merging all look at its inputs).  So when a node is removed,
+or an input of a node replaced, a producer left with no output read is removed
+at once, and so on up the chain (:meth:`_reader_gone`): on a BERT-like encoder,
+where each static Reshape lets a Concat, its Unsqueezes, Gathers and Shape go
+one after another, going through the worklist for each was a third of the
+visits.  A producer with other outputs still read is queued for a visit instead
+(:meth:`enqueue_for_liveness`): a rule may wait for one output to go unread.
 
 Removal is lazy: a removed node is detached at once (def-use lists updated)
 and dropped from its graph's node list in one sweep by :meth:`compact`.
@@ -51,6 +52,8 @@ class Rewriter:
         self._dirty_graphs: set[int] = set()
         self._removed: list[Node] = []
         self.changes = 0
+        #: Nodes removed because nothing read them any more (see _reader_gone).
+        self.removed_dead = 0
         if nodes is None:
             nodes = list(root.walk_nodes())
         # id(body) -> the node that owns it; the engine records the owners of bodies it moves.
@@ -237,19 +240,50 @@ class Rewriter:
         old = node.inputs[index]
         node.set_input(index, value)
         self.enqueue(node, stale)
-        if old is not None:
-            self.enqueue_for_liveness(old.producer)
         self.changes += 1
+        if old is not None:
+            self._reader_gone(old)
+
+    def _reader_gone(self, value: Value) -> None:
+        """``value`` lost a reader: if none is left, remove its producer once none of
+        the producer's outputs is read, and the producers that leaves unread in turn.
+
+        A value a graph still returns counts as read (is_returned may keep a value
+        that is not any more: it then stays, as the worklist's dead check keeps it).
+        """
+        pending = [value]
+        while pending:
+            value = pending.pop()
+            producer = value.producer
+            if value.users or producer is None or producer.graph is None or id(value) in self._returned_by:
+                continue
+            for out in producer.outputs:
+                if out.users or id(out) in self._returned_by:
+                    # Another output is still read: a rule may be waiting for this one to
+                    # go unread (Dropout's mask), which a visit of the producer sees.
+                    self.enqueue_for_liveness(producer)
+                    break
+            else:
+                pending.extend(self._detach(producer))
+                self.removed_dead += 1
 
     def remove_node(self, node: Node) -> None:
-        """Detach ``node`` (its outputs must be unused); swept from the list by compact()."""
+        """Detach ``node`` (its outputs must be unused); swept from the list by compact().
+        Producers it leaves with no output read go too (see _reader_gone)."""
         for out in node.outputs:
             if out.users or (self.is_returned(out) and self._still_returned(out)):
                 raise ValueError(f"cannot remove {node.describe()}: {out.name!r} is still used")
+        for value in self._detach(node):
+            self._reader_gone(value)
+
+    def _detach(self, node: Node) -> list[Value]:
+        """Remove ``node`` from the def-use lists (its outputs unread); returns the values
+        of the enclosing graphs it (or a body of it) stopped reading."""
+        unread = []
         for index, value in enumerate(node.inputs):
             if value is not None:
                 value.users.remove((node, index))
-                self.enqueue_for_liveness(value.producer)
+                unread.append(value)
         bodies = list(node.subgraphs()) if node.has_subgraphs() else []
         returned = [[v for g in _graphs(sub) for v in g.outputs] for sub in bodies]
         for sub in bodies:
@@ -259,7 +293,7 @@ class Rewriter:
                 for index, value in enumerate(inner.inputs):
                     if value is not None and value.graph is not None and _is_outside(value, sub):
                         value.users.remove((inner, index))
-                        self.enqueue_for_liveness(value.producer)
+                        unread.append(value)
             for inner in inner_nodes:
                 inner.graph = None  # gone with their owner: the worklist skips them
         self._dirty_graphs.add(id(node.graph))
@@ -268,6 +302,7 @@ class Rewriter:
         for sub, values in zip(bodies, returned):
             self.forget_returned(values, sub)
         self.changes += 1
+        return unread
 
     def add_node(self, graph: Graph, op_type: str, inputs: Sequence[Optional[Value]], num_outputs: int = 1,
                  attrs: Optional[dict[str, Any]] = None, before: Optional[Node] = None, name: str = "",
