@@ -75,6 +75,12 @@ CASES = [
     ((2, 3, 17), (3,), (2,), (1, 1), 1),  # 1-D
     ((2, 3, 6), (3,), (2,), (2, 2), 1),  # 1-D, a window starting in the end padding is dropped
     ((1, 4, 10), (4,), (3,), (0, 2), 0),
+    # Stride 1 (max pools run separably over padded planes):
+    ((2, 40, 20, 20), (5, 5), (1, 1), (2, 2, 2, 2), 0),  # YOLO's SPPF: many chunks, OpenMP
+    ((1, 3, 4, 4), (5, 5), (1, 1), (2, 2, 2, 2), 0),  # windows wider than the plane
+    ((1, 2, 9, 7), (3, 2), (1, 1), (0, 1, 2, 0), 1),  # asymmetric pads
+    ((1, 2, 50, 49), (3, 3), (1, 1), (1, 1, 1, 1), 0),  # a plane larger than the stack scratch
+    ((2, 3, 17), (4,), (1,), (1, 2), 0),  # 1-D
 ]
 
 

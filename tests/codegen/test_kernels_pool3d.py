@@ -164,6 +164,12 @@ CASES = [
     ((1, 2, 9, 10), (3, 2), (2, 2), (1, 0, 1, 1), (2, 3), 0),  # 2-D dilated
     ((2, 3, 17), (3,), (2,), (1, 1), (2,), 1),  # 1-D
     ((1, 1, 1), (2,), (1,), (1, 1), (2,), 0),  # dilated taps straddling a one-element input
+    # 2-D and 1-D max pools of stride 1 run separably over padded planes (max only):
+    ((2, 40, 20, 20), (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 0),  # YOLO's SPPF: many chunks, OpenMP
+    ((1, 3, 4, 4), (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 0),  # windows wider than the plane
+    ((1, 2, 9, 7), (3, 2), (1, 1), (0, 1, 2, 0), (2, 3), 1),  # asymmetric pads, dilated
+    ((1, 2, 50, 49), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 0),  # a plane larger than the stack scratch
+    ((2, 3, 17), (4,), (1,), (1, 2), (1,), 0),  # 1-D
 ]
 
 

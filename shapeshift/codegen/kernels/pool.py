@@ -64,6 +64,15 @@ Every pool works one output row (nc, od, oh) at a time, parallel over the NC * O
 rows; the window's planes and rows outside x are skipped up front, and each remaining
 (kd, kh, kw) tap is one pass over the output columns it reaches, which the compiler
 vectorizes for stride 1.
+
+Except a 2-D (or 1-D) max pool of stride 1, YOLO's SPPF (5 x 5, pads 2) among them: on its
+small planes each of those passes covers a few columns, and their set-up was most of the
+time (a [1, 128, 20, 20] pool took 10x onnxruntime's, a [3, 128, 4, 4] one 5x). It runs
+separably over planes copied into a scratch with a border of the lowest value: a chunk of
+planes laid end to end is one flat array, so the max over a window's columns is KW passes
+over the whole chunk (each output reads f + kw * dw), then the max over its rows KH passes
+(f + kh * dh * Wp); positions whose window would wrap into the next row or plane are
+computed and never read. The max of a window is then the same comparisons in another order.
 """
 
 from __future__ import annotations
@@ -77,6 +86,10 @@ _COMMON = r"""
 /* ---- pool ---- */
 /* Output rows * taps below which the loops stay serial. */
 #define SS_POOL_PAR_MIN {par_min}
+/* Bytes of padded planes a stride-1 max pool takes at a time (at least one plane): its
+   scratch, twice that, is on the stack up to there (a malloc'd one was freed back to the
+   system and faulted in again at every call: half of a small pool's time). */
+#define SS_POOL_CHUNK {chunk}
 /* Kernel widths up to which the per-column output ranges live on the stack. */
 #define SS_POOL_STACK_KW 64
 
@@ -210,6 +223,65 @@ _MAX_TAP = r"""
                         for (int64_t j = 0; j < n; ++j) yo[j] = yo[j] > xs[j * sw] ? yo[j] : xs[j * sw];
                     }}"""
 
+# The separable stride-1 max pool (see the module docstring). Returns 0, having written
+# nothing, when its scratch cannot be allocated.
+_MAX_STRIDE1 = r"""
+static int ss_maxpool_s1_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, int64_t H, int64_t W, int64_t OH,
+                               int64_t OW, int64_t KH, int64_t KW, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
+    enum {{ CAP = SS_POOL_CHUNK / sizeof({ctype}) }};
+    const int64_t Hp = OH + (KH - 1) * dh, Wp = OW + (KW - 1) * dw, plane = Hp * Wp;
+    int64_t chunk = CAP / plane;
+    if (chunk > NC) chunk = NC;
+    const int64_t chunks = chunk > 0 ? (NC + chunk - 1) / chunk : NC;
+    const int par = chunks > 1 && NC * OH * OW * (KH + KW) >= SS_POOL_PAR_MIN;
+    /* Planes larger than the stack scratch: one at a time, each thread's from the heap. */
+    {ctype}* heap = NULL;
+    if (chunk < 1) {{
+        chunk = 1;
+        heap = ({ctype}*)malloc((size_t)((par ? omp_get_max_threads() : 1) * 2 * plane) * sizeof({ctype}));
+        if (!heap) return 0;
+    }}
+    /* The input columns that land in the padded plane, [c0, c1). */
+    const int64_t c0 = pw < 0 ? -pw : 0, c1 = W < Wp - pw ? W : Wp - pw;
+    #pragma omp parallel for schedule(static) if(par)
+    for (int64_t c = 0; c < chunks; ++c) {{
+        {ctype} local[2 * CAP];  /* the padded planes, then their column maxima (unused with heap) */
+        {ctype}* pad = heap ? heap + (int64_t)(par ? omp_get_thread_num() : 0) * 2 * plane : local;
+        {ctype}* cols = pad + chunk * plane;
+        const int64_t n0 = c * chunk, n = NC - n0 < chunk ? NC - n0 : chunk, len = n * plane;
+        for (int64_t i = 0; i < len; ++i) pad[i] = {lowest};
+        for (int64_t q = 0; q < n; ++q)
+            for (int64_t ih = 0; ih < H; ++ih) {{
+                const int64_t r = ih + ph;
+                if (r < 0 || r >= Hp) continue;
+                const {ctype}* src = x + ((n0 + q) * H + ih) * W;
+                {ctype}* dst = pad + q * plane + r * Wp + pw;
+                for (int64_t iw = c0; iw < c1; ++iw) dst[iw] = src[iw];
+            }}
+        /* Over the columns of each window, then over its rows (into pad, no longer needed). */
+        const int64_t lw = len - (KW - 1) * dw, lh = lw - (KH - 1) * dh * Wp;
+        for (int64_t f = 0; f < lw; ++f) cols[f] = pad[f];
+        for (int64_t kw = 1; kw < KW; ++kw) {{
+            const {ctype}* src = pad + kw * dw;
+            for (int64_t f = 0; f < lw; ++f) cols[f] = cols[f] > src[f] ? cols[f] : src[f];
+        }}
+        for (int64_t f = 0; f < lh; ++f) pad[f] = cols[f];
+        for (int64_t kh = 1; kh < KH; ++kh) {{
+            const {ctype}* src = cols + kh * dh * Wp;
+            for (int64_t f = 0; f < lh; ++f) pad[f] = pad[f] > src[f] ? pad[f] : src[f];
+        }}
+        for (int64_t q = 0; q < n; ++q)
+            for (int64_t oh = 0; oh < OH; ++oh) {{
+                const {ctype}* src = pad + q * plane + oh * Wp;
+                {ctype}* dst = y + ((n0 + q) * OH + oh) * OW;
+                for (int64_t ow = 0; ow < OW; ++ow) dst[ow] = src[ow];
+            }}
+    }}
+    free(heap);
+    return 1;
+}}
+"""
+
 _MAX = r"""
 void ss_maxpool3d_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, const int64_t* in, const int64_t* out,
                         const int64_t* k, const int64_t* s, const int64_t* p, const int64_t* dil) {{
@@ -217,6 +289,10 @@ void ss_maxpool3d_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, const int64_t*
         ss_pool_no_input(y, NULL, NC * out[0] * out[1] * out[2], sizeof({ctype}));
         return;
     }}
+    if (in[0] == 1 && k[0] == 1 && out[0] == 1 && s[1] == 1 && s[2] == 1 && p[1] >= 0 && p[2] >= 0
+            && NC > 0 && out[1] > 0 && out[2] > 0
+            && ss_maxpool_s1_{sfx}(x, y, NC, in[1], in[2], out[1], out[2], k[1], k[2], p[1], p[2], dil[1], dil[2]))
+        return;
 {nest}
 }}
 """
@@ -318,7 +394,8 @@ void ss_avgpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
 def _max_kernel(sfx: str, ctype: str, lowest: str) -> str:
     init = f"        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = {lowest};"
     nest = _NEST.format(ctype=ctype, setup="", init=init, tap=_MAX_TAP.format().strip("\n"), finish="")
-    return _MAX.format(sfx=sfx, ctype=ctype, nest=nest)
+    return (_MAX_STRIDE1.format(sfx=sfx, ctype=ctype, lowest=lowest)
+            + _MAX.format(sfx=sfx, ctype=ctype, nest=nest))
 
 
 def _argmax_kernel(sfx: str, ctype: str, lowest: str) -> str:
@@ -342,9 +419,10 @@ def _average_kernel(sfx: str, ctype: str) -> str:
     return _AVERAGE.format(sfx=sfx, ctype=ctype, nest=nest)
 
 
-def source(par_min: int = 32768) -> str:
-    """The pool fragment; ``par_min`` is the work (outputs times taps) below which loops stay serial."""
-    parts = [_COMMON.format(par_min=int(par_min))]
+def source(par_min: int = 32768, chunk: int = 8192) -> str:
+    """The pool fragment; ``par_min`` is the work (outputs times taps) below which loops stay
+    serial, ``chunk`` the bytes of padded planes a stride-1 max pool takes at a time."""
+    parts = [_COMMON.format(par_min=int(par_min), chunk=int(chunk))]
     for sfx, ctype, lowest in MAX_TYPES:
         parts.append(_max_kernel(sfx, ctype, lowest))
         parts.append(_argmax_kernel(sfx, ctype, lowest))
