@@ -60,12 +60,13 @@ def gemm_fragment() -> str:
     return text if "ss_gemm(" in text else NAIVE_GEMM
 
 
-def build_with_gemm(fragment: str, cache_dir: Path, name_hint: str) -> CompiledLibrary:
-    """Compile PRELUDE + a gemm fragment + ``fragment``: the real gemm, or the naive one if it does not build."""
+def build_with_gemm(fragment: str, cache_dir: Path, name_hint: str, flags=None) -> CompiledLibrary:
+    """Compile PRELUDE + a gemm fragment + ``fragment``: the real gemm, or the naive one if it
+    does not build (``flags``: compile_library's, default its own)."""
     real = gemm_fragment()
     try:
-        return compile_library(PRELUDE + real + fragment, name_hint=name_hint, cache_dir=cache_dir)
+        return compile_library(PRELUDE + real + fragment, name_hint=name_hint, cache_dir=cache_dir, flags=flags)
     except CompileError:
         if real is NAIVE_GEMM:
             raise
-    return compile_library(PRELUDE + NAIVE_GEMM + fragment, name_hint=name_hint, cache_dir=cache_dir)
+    return compile_library(PRELUDE + NAIVE_GEMM + fragment, name_hint=name_hint, cache_dir=cache_dir, flags=flags)

@@ -155,9 +155,10 @@ CONV_CASES = [
     ((1, 40, 12, 18), 20, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 360 taps
     ((1, 6, 30, 9), 8, (3, 3), (3, 2), (1, 1, 1, 1), (1, 1), 2),  # stride 3 x 2, groups
     ((1, 8, 1, 70), 12, (1, 7), (1, 2), (0, 3, 0, 3), (1, 1), 1),  # a 1-D k7 stride-2 row
-    # The implicit GEMM (dense k x k, AVX2; conv_igemm.py): 6-pixel tiles in 48-pixel blocks
-    # (110 pixels: two blocks and a part one ending in a part tile), 16-channel panels (33:
-    # a last panel of one channel), taps in slices of the GEMM's kc (630 taps: 256, 256,
+    # The implicit GEMM (dense k x k; conv_igemm.py): 6-pixel tiles in 48-pixel blocks
+    # (110 pixels: two blocks and a part one ending in a part tile), 16-channel panels, in
+    # pairs on AVX-512 (33: a pair and a last panel of one channel; 20: a pair whose second
+    # panel holds 4 channels; 16: one panel alone), taps in slices of the GEMM's kc (630 taps: 256, 256,
     # 118, read from the prepacked B's k blocks when packed), any stride, dilation and pads.
     ((3, 24, 11, 10), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     ((1, 70, 9, 13), 20, (3, 3), (2, 1), (2, 1, 0, 2), (1, 2), 1),
@@ -250,8 +251,9 @@ def test_conv_transpose2d(lib, case, bias):
     np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
 
 
-def check_with_bias(lib, case, act):
-    """One case with a bias and act through ``lib``'s ss_conv2d against onnxruntime."""
+def check_with_bias(lib, case, act, packed=False):
+    """One case with a bias and act through ``lib``'s ss_conv2d against onnxruntime
+    (``packed``: with the weights prepacked, as the lowering passes constant ones)."""
     xshape, M, kernel, strides, pads, dilations, group = case
     rng = np.random.default_rng(hash((case, act)) % 2**32)
     x = rng.standard_normal(xshape, dtype=np.float32)
@@ -260,7 +262,8 @@ def check_with_bias(lib, case, act):
     expected = apply_act(run_ort("Conv", [x, w, b], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
                                  dilations=list(dilations), group=group), act)
     y = np.full(expected.shape, np.nan, np.float32)
-    call_conv(lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act)
+    call_conv(lib, x, w, b, y, strides, pads[:len(kernel)], dilations, group, act,
+              packed_weights(lib, w) if packed else None)
     np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
 
 
@@ -270,6 +273,10 @@ def typed_conv(cdll):
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
     cdll.ss_conv2d.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P]
+    cdll.ss_gemm_packed_b_size.restype = I64
+    cdll.ss_gemm_packed_b_size.argtypes = [I64, I64]
+    cdll.ss_gemm_pack_b.restype = None
+    cdll.ss_gemm_pack_b.argtypes = [I64, I64, F32P, I64, I64, F32P]
     return cdll
 
 
@@ -334,3 +341,20 @@ DENSE_KXK = [c for c in CONV_CASES if c[6] == 1 and np.prod(c[2]) > 1]
 @pytest.mark.parametrize("case", DENSE_KXK, ids=_case_id)
 def test_conv2d_dense_without_the_implicit_gemm(direct_lib, case, act):
     check_with_bias(direct_lib, case, act)
+
+
+@pytest.fixture(scope="module")
+def ymm_lib(tmp_path_factory):
+    """The fragment built without AVX-512 (on a machine that has it; elsewhere the default
+    build is this one already): the implicit GEMM's ymm 6 x 16 tile instead of its zmm tiles."""
+    from shapeshift.codegen.build import DEFAULT_FLAGS
+
+    return typed_conv(build_with_gemm(CONV_DEPS + conv.source(), tmp_path_factory.mktemp("conv_ymm"), "test_conv_ymm",
+                                      flags=(*DEFAULT_FLAGS, "-mno-avx512f")).cdll)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("act", [0, 3])
+@pytest.mark.parametrize("case", DENSE_KXK, ids=_case_id)
+def test_conv2d_implicit_gemm_without_avx512(ymm_lib, case, act, packed):
+    check_with_bias(ymm_lib, case, act, packed)
