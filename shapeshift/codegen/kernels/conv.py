@@ -859,25 +859,32 @@ static void ss_conv_small_plane(const float* x, const float* wpacked, const floa
                                 int64_t dh, int64_t dw, int act) {{
     const int64_t P = OH * OW, Kc = C * KH * KW, T = KH * KW * P;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
-    /* y^T, then (unless x is read in place) the im2col matrix and its offset table. */
-    float* yt = (float*)malloc((size_t)(P * M + (direct ? 0 : Kc * P)) * sizeof(float)
+    /* Every image's y^T, then (unless x is read in place) every image's im2col matrix and the
+       offset table. All images go through one batched GEMM call: a plane of a few pixels is
+       a product of a few MFLOP per image, below the GEMM's threshold for a second thread,
+       which a batch of them passes (yolov8n's P5 convs at batch 2 ran no faster on two). */
+    float* yt = (float*)malloc((size_t)(N * P * M + (direct ? 0 : N * Kc * P)) * sizeof(float)
                                + (direct ? 0 : (size_t)T * sizeof(int64_t)));
     if (!yt) return;
-    float* col = yt + P * M;
-    int64_t* off = (int64_t*)(col + (direct ? 0 : Kc * P));
-    if (!direct) ss_conv_small_offsets(off, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
+    float* col = yt + N * P * M;
+    int64_t* off = (int64_t*)(col + (direct ? 0 : N * Kc * P));
+    const float* a = x;
+    int64_t sa = C * H * W;
+    if (!direct) {{
+        ss_conv_small_offsets(off, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
+        #pragma omp parallel for if(N > 1 && N * Kc * P >= SS_CONV_PAR_MIN)
+        for (int64_t n = 0; n < N; ++n) ss_conv_small_im2col(x + n * C * H * W, col + n * Kc * P, off, C, H * W, T);
+        a = col;
+        sa = Kc * P;
+    }}
+    /* A(p, k) = a[k * P + p]: the im2col matrix read transposed. */
+    ss_gemm_prepacked(P, M, Kc, N, 1, a, sa, 0, 1, P, wpacked, yt, P * M, 0, M,
+                      1.0f, bias, 1.0f, 0, 1, act == 1 ? 1 : 0);
+    #pragma omp parallel for if(N > 1 && N * M * P >= SS_CONV_PAR_MIN / 8)
     for (int64_t n = 0; n < N; ++n) {{
-        const float* a = x + n * C * H * W;
-        if (!direct) {{
-            ss_conv_small_im2col(a, col, off, C, H * W, T);
-            a = col;
-        }}
-        /* A(p, k) = a[k * P + p]: the im2col matrix read transposed. */
-        ss_gemm_prepacked(P, M, Kc, 1, 1, a, 0, 0, 1, P, wpacked, yt, 0, 0, M,
-                          1.0f, bias, 1.0f, 0, 1, act == 1 ? 1 : 0);
         /* The activation on y^T, where its runs are contiguous, then back to planes. */
-        if (act >= 2) ss_conv_act_run(yt, M * P, act);
-        ss_conv_small_untranspose(yt, y + n * M * P, P, M);
+        if (act >= 2) ss_conv_act_run(yt + n * P * M, M * P, act);
+        ss_conv_small_untranspose(yt + n * P * M, y + n * M * P, P, M);
     }}
     free(yt);
 }}
