@@ -22,8 +22,9 @@ Zen 4). One thread, yolov8n's 3 x 3 convs at batch 3 against onnxruntime in one 
 64->64 on 16x16 1.30x -> 1.13x its time, 128->128 on 8x8 1.37x -> 1.19x, 16->32 stride 2
 on 64x64 1.20x -> 1.06x.
 
-Work is split into blocks of SS_CONV_IGEMM_BLOCK (48) pixels x one panel, in parallel, in
-the order that reads the larger of image and weights once.
+Work is split into blocks of SS_CONV_IGEMM_BLOCK (48) pixels x one panel (two on AVX-512),
+in parallel, in the order that reads the larger of image and weights once, over as many
+images at once as the caller's scratch holds the padded copies of.
 A block takes the taps SS_CONV_IGEMM_KC (the GEMM's kc) at a time, all its tiles over one
 slice before the next, so the slice's weights stay in L1 while every tile reads them; the
 sums wait in a per-thread scratch of 48 x 16 floats. After the last slice the scratch is
@@ -255,17 +256,23 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
     (void)wpacked;
 #endif
     int threads = omp_get_max_threads();
-    /* Scratch, in floats: tap offsets (int32), packed weights unless prepacked, the padded
-       image, each thread's block sums. */
+    /* Scratch, in floats: tap offsets (int32), packed weights unless prepacked, each thread's
+       block sums, the padded images. As many images as the caller's scratch holds are
+       staged at once (at least one) and run in one parallel region whose items span them:
+       image by image, a batch of small planes left threads idle at every image's last
+       block and barrier. */
     int64_t wfloats = prepacked ? 0 : panels * K * 16;
-    int64_t floats = K + wfloats + C * plane + (int64_t)threads * SS_CONV_IGEMM_BLOCK * 16 * SS_CONV_IGEMM_NP;
+    int64_t fixed = K + wfloats + (int64_t)threads * SS_CONV_IGEMM_BLOCK * 16 * SS_CONV_IGEMM_NP;
+    int64_t group = work && work_floats > fixed ? (work_floats - fixed) / (C * plane) : 1;
+    if (group > N) group = N;
+    if (group < 1) group = 1;
     float* own = NULL;
-    work = ss_conv_scratch(work, work_floats, floats, &own);
+    work = ss_conv_scratch(work, work_floats, fixed + group * C * plane, &own);
     if (!work) return 0;
     int32_t* koff = (int32_t*)work;
     float* wp = prepacked ? (float*)wpacked : work + K;
-    float* stage = work + K + wfloats;
-    float* sums = stage + C * plane;
+    float* sums = work + K + wfloats;
+    float* stage = sums + (int64_t)threads * SS_CONV_IGEMM_BLOCK * 16 * SS_CONV_IGEMM_NP;
     for (int64_t c = 0; c < C; ++c)
         for (int64_t kh = 0; kh < KH; ++kh)
             for (int64_t kw = 0; kw < KW; ++kw)
@@ -285,22 +292,22 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
                 for (int64_t j = 0; j < 16; ++j)
                     wp[(q * K + k) * 16 + j] = q * 16 + j < M ? w[(q * 16 + j) * K + k] : 0.0f;
     }}
-    for (int64_t n = 0; n < N; ++n) {{
-        const float* xn = x + n * C * H * W;
-        float* yn = y + n * M * P;
+    for (int64_t n0 = 0; n0 < N; n0 += group) {{
+        int64_t ni = N - n0 < group ? N - n0 : group, per_image = units * blocks;
         #pragma omp parallel if(par)
         {{
             float* t = sums + (int64_t)omp_get_thread_num() * SS_CONV_IGEMM_BLOCK * 16 * SS_CONV_IGEMM_NP;
             #pragma omp for schedule(static)
-            for (int64_t c = 0; c < C; ++c)
-                ss_conv_igemm_stage(xn + c * H * W, stage + c * plane, H, W, ph, pw, Hp, Wp);
+            for (int64_t ic = 0; ic < ni * C; ++ic)
+                ss_conv_igemm_stage(x + (n0 * C + ic) * H * W, stage + ic * plane, H, W, ph, pw, Hp, Wp);
             #pragma omp for schedule(static)
-            for (int64_t item = 0; item < units * blocks; ++item) {{
-                int64_t u = pixels_outer ? item % units : item / blocks;
-                int64_t blk = pixels_outer ? item / units : item % blocks;
+            for (int64_t item = 0; item < ni * per_image; ++item) {{
+                int64_t n = item / per_image, r = item % per_image;
+                int64_t u = pixels_outer ? r % units : r / blocks;
+                int64_t blk = pixels_outer ? r / units : r % blocks;
                 int64_t q = u * SS_CONV_IGEMM_NP, nq = panels - q < SS_CONV_IGEMM_NP ? panels - q : SS_CONV_IGEMM_NP;
-                ss_conv_igemm_block(stage, koff, wp, prepacked, bias, yn, t, q, nq, blk, M, K, P, OW,
-                                    sh, sw, Wp, act);
+                ss_conv_igemm_block(stage + n * C * plane, koff, wp, prepacked, bias, y + (n0 + n) * M * P, t,
+                                    q, nq, blk, M, K, P, OW, sh, sw, Wp, act);
             }}
         }}
     }}
