@@ -108,8 +108,12 @@ class GemmSchedule:
     group. With weights streamed from DRAM, 32 rows ahead made M = 6..8 about 30% faster
     (the hardware prefetcher falls behind once the loop has that much work per row), while
     at M <= 5 it measured neutral to slightly slower;
-    parallel_min_flops: calls with fewer flops (2*M*N*K*batch) run on one thread. 4 Mflop is
-    about 60 us on one core, well above the cost of waking a second thread;
+    parallel_min_flops: calls with fewer flops (2*M*N*K*batch) run on one thread. 2 Mflop is
+    about 20 us on one core with the zmm micro-kernel, still well above the cost of waking
+    a second thread (a few us while it spins between regions). Against 4 Mflop, on 2
+    threads (alternating processes, best of 4): yolov8n 1.50 -> 1.36 and 1.31 -> 1.17 x
+    onnxruntime's time at 2x3x96x64 and 3x3x128x128 (its late convs are 2-4 Mflop
+    products), GPT-2 decoding 0.76 -> 0.72 at batch 4; 1 Mflop lost that back on GPT-2;
     small_panels: at most this many packed panels of B the B-streaming path reads at once,
     one from each of as many equal parts of the columns, so that B arrives in that many
     sequential streams (1: panel after panel, one stream). A read loop on one core drew
@@ -130,7 +134,7 @@ class GemmSchedule:
     pack_rows: int = 8
     prefetch_rows: int = 32
     prefetch_min_m: int = 6
-    parallel_min_flops: int = 1 << 22
+    parallel_min_flops: int = 1 << 21
     small_panels: int = 4
 
     def __post_init__(self) -> None:
