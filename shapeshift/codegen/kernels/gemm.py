@@ -263,54 +263,7 @@ def _micro_kernel(s: GemmSchedule) -> list[str]:
 
 def _micro_kernel_avx512(s: GemmSchedule) -> str:
     """ss_gemm_ukernel of _micro_kernel_avx2, with nr / 16 zmm vectors per row."""
-    vectors = s.nr // 16
-    acc = [[f"z{i}_{v}" for v in range(vectors)] for i in range(s.mr)]
-    step = [f"        b{v} = _mm512_loadu_ps(b + {16 * v});" for v in range(vectors)]
-    for i in range(s.mr):
-        step.append(f"        av = _mm512_set1_ps(a[{i}]);")
-        step += [f"        {acc[i][v]} = _mm512_fmadd_ps(av, b{v}, {acc[i][v]});" for v in range(vectors)]
-    names = [name for row in acc for name in row]
-    out = [
-        "/* c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps (zmm).",
-        "   a: packed A micro-panel (a[k*MR + i]); b: packed B micro-panel (b[k*NR + j]). */",
-        "static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const float* restrict b,",
-        "                                   float* restrict c, int64_t ldc, int acc, const ss_gemm_epi* e)",
-        "{",
-        "    __m512 av, " + ", ".join(f"b{v}" for v in range(vectors)) + ";",
-        *(f"    __m512 {name} = _mm512_setzero_ps();" for name in names),
-        f"#pragma GCC unroll {s.unroll_k}",
-        "    for (int64_t k = 0; k < kc; ++k) {",
-        *step,
-        f"        a += {s.mr}; b += {s.nr};",
-        "    }",
-        "    if (acc) {",
-        *(f"        {acc[i][v]} = _mm512_add_ps({acc[i][v]}, _mm512_loadu_ps(c + {i} * ldc + {16 * v}));"
-          for i in range(s.mr) for v in range(vectors)),
-        "    }",
-        "    if (e) {",
-        "        const __m512 va = _mm512_set1_ps(e->alpha);",
-        *(f"        {name} = _mm512_mul_ps({name}, va);" for name in names),
-        "        if (e->bias) {",
-        "            const __m512 vb = _mm512_set1_ps(e->beta);",
-        "            if (e->bias_cols) {",
-        *(f"                {acc[i][v]} = _mm512_fmadd_ps(vb, _mm512_loadu_ps(e->bias + {i} * e->rs_bias + {16 * v}), "
-          f"{acc[i][v]});" for i in range(s.mr) for v in range(vectors)),
-        "            } else {",
-        *(line for i in range(s.mr) for line in (
-            f"                av = _mm512_set1_ps(e->bias[{i} * e->rs_bias]);",
-            *(f"                {acc[i][v]} = _mm512_fmadd_ps(vb, av, {acc[i][v]});" for v in range(vectors)))),
-        "            }",
-        "        }",
-        "        if (e->relu) {",
-        "            const __m512 zero = _mm512_setzero_ps();",
-        *(f"            {name} = _mm512_max_ps({name}, zero);" for name in names),
-        "        }",
-        "    }",
-        *(f"    _mm512_storeu_ps(c + {i} * ldc + {16 * v}, {acc[i][v]});"
-          for i in range(s.mr) for v in range(vectors)),
-        "}",
-    ]
-    return "\n".join(out)
+    return _full_tile_kernel(s, 16)
 
 
 def _micro_kernel_avx2(s: GemmSchedule) -> str:
@@ -320,40 +273,64 @@ def _micro_kernel_avx2(s: GemmSchedule) -> str:
     GCC interleaves hand-written copies and then spills accumulators (measured: about 25%
     slower at unroll 4), while its own unrolling keeps every copy in order.
     """
-    vectors = s.nr // 8
-    acc = _accumulators(s.mr, vectors)
+    return _full_tile_kernel(s, 8)
+
+
+def _full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
+    """ss_gemm_ukernel over vectors of ``lanes`` floats (8: ymm, 16: zmm)."""
+    vectors = s.nr // lanes
+    wide = lanes == 16
+    v, mm = ("__m512", "_mm512") if wide else ("__m256", "_mm256")
+    acc = [[f"z{i}_{j}" for j in range(vectors)] for i in range(s.mr)] if wide else _accumulators(s.mr, vectors)
+    cells = [(i, j) for i in range(s.mr) for j in range(vectors)]
+    if wide:
+        step = [f"        b{j} = _mm512_loadu_ps(b + {16 * j});" for j in range(vectors)]
+        for i in range(s.mr):
+            step.append(f"        av = _mm512_set1_ps(a[{i}]);")
+            step += [f"        {acc[i][j]} = _mm512_fmadd_ps(av, b{j}, {acc[i][j]});" for j in range(vectors)]
+        loop = [
+            "    __m512 av, " + ", ".join(f"b{j}" for j in range(vectors)) + ";",
+            *(f"    __m512 {acc[i][j]} = _mm512_setzero_ps();" for i, j in cells),
+            f"#pragma GCC unroll {s.unroll_k}",
+            "    for (int64_t k = 0; k < kc; ++k) {",
+            *step,
+            f"        a += {s.mr}; b += {s.nr};",
+            "    }",
+        ]
+        row_bias = "av = _mm512_set1_ps(e->bias[{i} * e->rs_bias]);"
+    else:
+        loop = _tile_loop(s, s.mr, vectors)
+        row_bias = "av = _mm256_broadcast_ss(e->bias + {i} * e->rs_bias);"
     out = [
-        "/* c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps.",
+        "/* c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps" + (" (zmm)." if wide else "."),
         "   a: packed A micro-panel (a[k*MR + i]); b: packed B micro-panel (b[k*NR + j]). */",
         "static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const float* restrict b,",
         "                                   float* restrict c, int64_t ldc, int acc, const ss_gemm_epi* e)",
         "{",
-        *_tile_loop(s, s.mr, vectors),
+        *loop,
         "    if (acc) {",
-        *(f"        {acc[i][v]} = _mm256_add_ps({acc[i][v]}, _mm256_loadu_ps(c + {i} * ldc + {8 * v}));"
-          for i in range(s.mr) for v in range(vectors)),
+        *(f"        {acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(c + {i} * ldc + {lanes * j}));" for i, j in cells),
         "    }",
         "    if (e) {",
-        "        const __m256 va = _mm256_set1_ps(e->alpha);",
-        *(f"        {acc[i][v]} = _mm256_mul_ps({acc[i][v]}, va);" for i in range(s.mr) for v in range(vectors)),
+        f"        const {v} va = {mm}_set1_ps(e->alpha);",
+        *(f"        {acc[i][j]} = {mm}_mul_ps({acc[i][j]}, va);" for i, j in cells),
         "        if (e->bias) {",
-        "            const __m256 vb = _mm256_set1_ps(e->beta);",
+        f"            const {v} vb = {mm}_set1_ps(e->beta);",
         "            if (e->bias_cols) {",
-        *(f"                {acc[i][v]} = _mm256_fmadd_ps(vb, _mm256_loadu_ps(e->bias + {i} * e->rs_bias + {8 * v}), {acc[i][v]});"
-          for i in range(s.mr) for v in range(vectors)),
+        *(f"                {acc[i][j]} = {mm}_fmadd_ps(vb, {mm}_loadu_ps(e->bias + {i} * e->rs_bias + {lanes * j}), "
+          f"{acc[i][j]});" for i, j in cells),
         "            } else {",
         *(line for i in range(s.mr) for line in (
-            f"                av = _mm256_broadcast_ss(e->bias + {i} * e->rs_bias);",
-            *(f"                {acc[i][v]} = _mm256_fmadd_ps(vb, av, {acc[i][v]});" for v in range(vectors)))),
+            "                " + row_bias.format(i=i),
+            *(f"                {acc[i][j]} = {mm}_fmadd_ps(vb, av, {acc[i][j]});" for j in range(vectors)))),
         "            }",
         "        }",
         "        if (e->relu) {",
-        "            const __m256 zero = _mm256_setzero_ps();",
-        *(f"            {acc[i][v]} = _mm256_max_ps({acc[i][v]}, zero);" for i in range(s.mr) for v in range(vectors)),
+        f"            const {v} zero = {mm}_setzero_ps();",
+        *(f"            {acc[i][j]} = {mm}_max_ps({acc[i][j]}, zero);" for i, j in cells),
         "        }",
         "    }",
-        *(f"    _mm256_storeu_ps(c + {i} * ldc + {8 * v}, {acc[i][v]});"
-          for i in range(s.mr) for v in range(vectors)),
+        *(f"    {mm}_storeu_ps(c + {i} * ldc + {lanes * j}, {acc[i][j]});" for i, j in cells),
         "}",
     ]
     return "\n".join(out)
