@@ -302,14 +302,16 @@ def _full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
         loop = _tile_loop(s, s.mr, vectors)
         row_bias = "av = _mm256_broadcast_ss(e->bias + {i} * e->rs_bias);"
     out = [
-        "/* c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps" + (" (zmm)." if wide else "."),
+        "/* c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps"
+        + (" (zmm)." if wide else "."),
         "   a: packed A micro-panel (a[k*MR + i]); b: packed B micro-panel (b[k*NR + j]). */",
         "static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const float* restrict b,",
         "                                   float* restrict c, int64_t ldc, int acc, const ss_gemm_epi* e)",
         "{",
         *loop,
         "    if (acc) {",
-        *(f"        {acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(c + {i} * ldc + {lanes * j}));" for i, j in cells),
+        *(f"        {acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(c + {i} * ldc + {lanes * j}));"
+          for i, j in cells),
         "    }",
         "    if (e) {",
         f"        const {v} va = {mm}_set1_ps(e->alpha);",
