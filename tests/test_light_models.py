@@ -21,7 +21,10 @@ MODELS = sorted(p.name for p in LIGHT_DIR.glob("light_*.onnx"))
 
 # squeezenet's weights are all equal, so its 1000 logits are all ~1.0456e10 and equal
 # in exact arithmetic; float32 GEMM rounds rows differently by a few ulps (1 ulp = 1024
-# there), and the final Softmax turns that into one-hot instead of 0.001 everywhere.
+# there), and the final Softmax turns that into one-hot instead of 0.001 everywhere. Which
+# class wins depends on each library's summation order on the CPU at hand: the outputs
+# differed on the AVX2 machines this test was written on and agree on an AVX-512 one, so
+# neither outcome can be asserted. Their probabilities are checked to be a distribution;
 # test_squeezenet_logits checks the logits themselves.
 ILL_CONDITIONED = {"light_squeezenet.onnx": "softmax of equal ~1e10 logits amplifies float32 rounding"}
 
@@ -36,9 +39,7 @@ def test_light_models_are_present():
     assert len(MODELS) >= 9, f"expected the onnx package's light models in {LIGHT_DIR}"
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=ILL_CONDITIONED[n])) if n in ILL_CONDITIONED else n
-    for n in MODELS])
+@pytest.mark.parametrize("name", MODELS)
 def test_light_model_runs_and_round_trips(name):
     import onnxruntime as ort
 
@@ -48,7 +49,11 @@ def test_light_model_runs_and_round_trips(name):
     x = np.random.default_rng(0).random(inp.shape).astype(np.float32)
     (got,) = session.run(None, {inp.name: x})
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {inp.name: x})[0]
-    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+    if name in ILL_CONDITIONED:
+        # [1, 1000, 1, 1]: a distribution over axis 1.
+        assert np.all(got >= 0) and np.allclose(got.sum(axis=1), 1.0, rtol=1e-5), ILL_CONDITIONED[name]
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
     expected = _expected_output(path)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     exported = shapeshift.to_onnx(shapeshift.load(path))
