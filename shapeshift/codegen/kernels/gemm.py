@@ -280,27 +280,11 @@ def _full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
     """ss_gemm_ukernel over vectors of ``lanes`` floats (8: ymm, 16: zmm)."""
     vectors = s.nr // lanes
     wide = lanes == 16
-    v, mm = ("__m512", "_mm512") if wide else ("__m256", "_mm256")
-    acc = [[f"z{i}_{j}" for j in range(vectors)] for i in range(s.mr)] if wide else _accumulators(s.mr, vectors)
+    v, mm = _vector_names(lanes)
+    acc = _accumulators(s.mr, vectors)
     cells = [(i, j) for i in range(s.mr) for j in range(vectors)]
-    if wide:
-        step = [f"        b{j} = _mm512_loadu_ps(b + {16 * j});" for j in range(vectors)]
-        for i in range(s.mr):
-            step.append(f"        av = _mm512_set1_ps(a[{i}]);")
-            step += [f"        {acc[i][j]} = _mm512_fmadd_ps(av, b{j}, {acc[i][j]});" for j in range(vectors)]
-        loop = [
-            "    __m512 av, " + ", ".join(f"b{j}" for j in range(vectors)) + ";",
-            *(f"    __m512 {acc[i][j]} = _mm512_setzero_ps();" for i, j in cells),
-            f"#pragma GCC unroll {s.unroll_k}",
-            "    for (int64_t k = 0; k < kc; ++k) {",
-            *step,
-            f"        a += {s.mr}; b += {s.nr};",
-            "    }",
-        ]
-        row_bias = "av = _mm512_set1_ps(e->bias[{i} * e->rs_bias]);"
-    else:
-        loop = _tile_loop(s, s.mr, vectors)
-        row_bias = "av = _mm256_broadcast_ss(e->bias + {i} * e->rs_bias);"
+    row_bias = ("av = _mm512_set1_ps(e->bias[{i} * e->rs_bias]);" if wide
+                else "av = _mm256_broadcast_ss(e->bias + {i} * e->rs_bias);")
     out = [
         "/* c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps"
         + (" (zmm)." if wide else "."),
@@ -308,7 +292,7 @@ def _full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
         "static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const float* restrict b,",
         "                                   float* restrict c, int64_t ldc, int acc, const ss_gemm_epi* e)",
         "{",
-        *loop,
+        *_tile_loop(s, s.mr, vectors, lanes),
         "    if (acc) {",
         *(f"        {acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(c + {i} * ldc + {lanes * j}));"
           for i, j in cells),
@@ -338,21 +322,29 @@ def _full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
     return "\n".join(out)
 
 
+def _vector_names(lanes: int) -> tuple[str, str]:
+    """(C vector type, intrinsic prefix) for vectors of ``lanes`` floats (8: ymm, 16: zmm)."""
+    return ("__m512", "_mm512") if lanes == 16 else ("__m256", "_mm256")
+
+
 def _accumulators(rows: int, vectors: int) -> list[list[str]]:
     return [[f"c{i}_{v}" for v in range(vectors)] for i in range(rows)]
 
 
-def _tile_loop(s: GemmSchedule, rows: int, vectors: int) -> list[str]:
-    """Declarations and k loop of a rows x (8 x vectors) tile over packed panels (whose
-    strides stay MR and NR): the accumulators end up in ``_accumulators(rows, vectors)``."""
+def _tile_loop(s: GemmSchedule, rows: int, vectors: int, lanes: int = 8) -> list[str]:
+    """Declarations and k loop of a rows x (lanes x vectors) tile over packed panels (whose
+    strides stay MR and NR), in ymm (lanes 8) or zmm (16) registers: the accumulators end
+    up in ``_accumulators(rows, vectors)``."""
     acc = _accumulators(rows, vectors)
-    step = [f"        b{v} = _mm256_loadu_ps(b + {8 * v});" for v in range(vectors)]
+    v, mm = _vector_names(lanes)
+    step = [f"        b{j} = {mm}_loadu_ps(b + {lanes * j});" for j in range(vectors)]
     for i in range(rows):
-        step.append(f"        av = _mm256_broadcast_ss(a + {i});")
-        step += [f"        {acc[i][v]} = _mm256_fmadd_ps(av, b{v}, {acc[i][v]});" for v in range(vectors)]
+        broadcast = f"_mm512_set1_ps(a[{i}])" if lanes == 16 else f"_mm256_broadcast_ss(a + {i})"
+        step.append(f"        av = {broadcast};")
+        step += [f"        {acc[i][j]} = {mm}_fmadd_ps(av, b{j}, {acc[i][j]});" for j in range(vectors)]
     return [
-        "    __m256 av, " + ", ".join(f"b{v}" for v in range(vectors)) + ";",
-        *(f"    __m256 {name} = _mm256_setzero_ps();" for row in acc for name in row),
+        f"    {v} av, " + ", ".join(f"b{j}" for j in range(vectors)) + ";",
+        *(f"    {v} {name} = {mm}_setzero_ps();" for row in acc for name in row),
         f"#pragma GCC unroll {s.unroll_k}",
         "    for (int64_t k = 0; k < kc; ++k) {",
         *step,
