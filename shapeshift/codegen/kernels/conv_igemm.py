@@ -27,8 +27,8 @@ in parallel, in the order that reads the larger of image and weights once, over 
 images at once as the caller's scratch holds the padded copies of.
 A block takes the taps SS_CONV_IGEMM_KC (the GEMM's kc) at a time, all its tiles over one
 slice before the next, so the slice's weights stay in L1 while every tile reads them; the
-sums wait in a per-thread scratch of 48 x 16 floats. After the last slice the scratch is
-transposed 8 x 8 (the GEMM's ss_gemm_transpose8) into the output planes, with the bias
+sums wait in a per-thread scratch of 48 x 16 floats a panel. After the last slice the
+scratch is transposed 8 x 8 (the GEMM's ss_gemm_transpose8) into the output planes, with the bias
 (added first) and the activation applied on whole vectors.
 
 Measured against ss_conv2d's other paths on one thread (yolov8n's shapes at batch 3, SiLU,

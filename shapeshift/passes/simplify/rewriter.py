@@ -255,10 +255,10 @@ class Rewriter:
         while pending:
             value = pending.pop()
             producer = value.producer
-            if value.users or producer is None or producer.graph is None or id(value) in self._returned_by:
+            if producer is None or producer.graph is None or self.is_used(value):
                 continue
             for out in producer.outputs:
-                if out.users or id(out) in self._returned_by:
+                if self.is_used(out):
                     # Another output is still read: a rule may be waiting for this one to
                     # go unread (Dropout's mask), which a visit of the producer sees.
                     self.enqueue_for_liveness(producer)
