@@ -129,7 +129,7 @@ class _Simplifier:
 
     def drop_if_dead(self, node: Node) -> bool:
         for out in node.outputs:
-            if out.users or self.rw.is_returned(out):
+            if self.rw.is_used(out):
                 return False
         self.rw.remove_node(node)
         self.stats.removed_dead += 1
