@@ -6,6 +6,12 @@ positions from ``Range`` over the sequence length, GELU spelled with ``Erf``,
 an attention mask turned into an additive bias.  Weights are random (seeded),
 so any size can be built without downloading anything.
 
+Not its habits: small constants (Unsqueeze axes, Gather indices, Concat parts,
+scalars) are initializers here, where the exporter writes ``Constant`` nodes,
+and no ``Identity`` aliases weights.  A real 12-layer export
+(../shared/models/bert.ts.onnx) has 417 Constant and 120 Identity nodes of its
+1,375; this builder's 12 layers have 768 nodes in all.
+
     python -m shapeshift.examples.encoder OUT.onnx [--layers 2 --hidden 64 --heads 2]
 """
 
