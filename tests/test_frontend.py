@@ -250,6 +250,67 @@ def test_a_constant_whose_tensor_does_not_fit_its_shape_is_named():
         shapeshift.load(_model(nodes, [x], [y]))
 
 
+def _constants_model():
+    """Constants of every kind simplify meets: a tensor read by an Add, a value_float, one that
+    is a graph output, and a tensor inside an If branch."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "k")]
+    branch_constant = helper.make_node("Constant", [], ["bc"], value=onnx.numpy_helper.from_array(
+        np.full(3, 2.0, np.float32), "bc_value"))
+    then = helper.make_graph([branch_constant, helper.make_node("Mul", ["s", "bc"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["s"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(
+            np.array([1.0, 2.0, 3.0], np.float32), "c_value"), name="c_node"),
+        helper.make_node("Constant", [], ["half"], value_float=0.5),
+        helper.make_node("Constant", [], ["k"], value=onnx.numpy_helper.from_array(np.ones(2, np.float32), "k")),
+        helper.make_node("Add", ["x", "c"], ["a"]),
+        helper.make_node("Mul", ["a", "half"], ["s"]),
+        helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other),
+    ]
+    return _model(nodes, [x, flag], outputs)
+
+
+def test_simplify_reads_constant_nodes_as_initializers():
+    from shapeshift.frontend.onnx_import import import_model
+
+    model = _constants_model()
+    graph = import_model(model, constants_as_initializers=True)
+    constants = [n for n in graph.walk_nodes() if n.op_type == "Constant"]
+    # The value_float one and the graph output stay nodes; the tensors are weights now.
+    assert sorted(n.outputs[0].name for n in constants) == ["half", "k"]
+    assert np.array_equal(graph.initializers["c"].const, [1.0, 2.0, 3.0])
+    branch = graph.nodes[-1].attrs["then_branch"]
+    assert np.array_equal(branch.initializers["bc"].const, [2.0, 2.0, 2.0]) and len(branch.nodes) == 1
+    # Without the option the graph has the model's nodes, as `shapeshift info` shows them.
+    assert sum(n.op_type == "Constant" for n in import_model(model).walk_nodes()) == 4
+    simplified = shapeshift.simplify(model.SerializeToString())
+    onnx.checker.check_model(simplified, full_check=True)
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    for n, flag in ((1, True), (4, False), (7, True)):
+        feed = {"x": rng.standard_normal((n, 3)).astype(np.float32), "flag": np.array(flag)}
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+        got = ort.InferenceSession(simplified.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_simplify_names_a_constant_whose_tensor_does_not_fit_its_shape():
+    value = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "v")
+    value.raw_data = value.raw_data[:-4]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Constant", [], ["c"], value=value, name="bad_constant"),
+             helper.make_node("Add", ["x", "c"], ["y"])]
+    with pytest.raises(errors.ModelLoadError, match="initializer 'c' \\(2x3\\): its data does not make"):
+        shapeshift.simplify(_model(nodes, [x], [y]).SerializeToString())
+
+
 def test_opset_99_is_refused():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     with pytest.raises(errors.UnsupportedModelError, match="opset 99"):

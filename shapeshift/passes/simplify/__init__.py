@@ -94,7 +94,7 @@ def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, c
     owned = consume or proto is not model
     # keep_tensors: export copies the weights simplify left alone straight from the model.
     graph = import_model(proto, dict(dynamic or {}), infer=not input_shapes, keep_tensors=True,
-                         label=source_label(model))
+                         label=source_label(model), constants_as_initializers=True)
     if input_shapes:
         _apply_input_shapes(graph, input_shapes)
         infer_types(graph)
