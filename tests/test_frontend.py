@@ -300,6 +300,31 @@ def test_simplify_reads_constant_nodes_as_initializers():
             np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
+def test_simplify_keeps_a_weight_shared_through_identity_as_one_tensor():
+    """The TorchScript exporter shares a weight between layers through Identity nodes; the
+    simplified model reads the one weight, not copies of it (folding the Identity made one)."""
+    weight = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "z", "w2")]
+    nodes = [helper.make_node("Identity", ["w"], ["w1"]), helper.make_node("Identity", ["w"], ["w2"]),
+             helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("MatMul", ["x", "w1"], ["z"])]
+    model = _model(nodes, [x], outputs, initializers=[onnx.numpy_helper.from_array(weight, "w")])
+    simplified = shapeshift.simplify(model.SerializeToString())
+    copies = [t for t in simplified.graph.initializer if t.raw_data == weight.tobytes() or
+              (t.float_data and list(t.float_data) == weight.ravel().tolist())]
+    assert [t.name for t in copies] == ["w"]
+    # Both products read w (and are one now); w2, a graph output, keeps its name through an Identity.
+    assert [(n.op_type, list(n.input)) for n in simplified.graph.node] == [
+        ("MatMul", ["x", "w"]), ("Identity", ["y"]), ("Identity", ["w"])]
+    assert [o.name for o in simplified.graph.output] == ["y", "z", "w2"]
+    import onnxruntime as ort
+
+    feed = {"x": np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)}
+    got = ort.InferenceSession(simplified.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    for g, w in zip(got, (feed["x"] @ weight, feed["x"] @ weight, weight)):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
 def test_simplify_names_a_constant_whose_tensor_does_not_fit_its_shape():
     value = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "v")
     value.raw_data = value.raw_data[:-4]
