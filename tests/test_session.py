@@ -77,6 +77,12 @@ def test_symbol_binding(session):
     (lambda f: f.update(input_ids=np.zeros((5, 5), np.int64), attention_mask=np.ones((5, 5), np.int64)),
      errors.SymbolRangeError, r"'batch' = 5"),
     (lambda f: f.update(input_ids=[[1.5, 2.0]]), errors.InputDtypeError, "'input_ids'.*float64"),
+    # Arrays the native kernels would read as other numbers: Python objects (a mixed pandas
+    # frame's .values) and big-endian bytes.
+    (lambda f: f.update(input_ids=f["input_ids"].astype(object)), errors.InputDtypeError,
+     "'input_ids'.*Python objects.*astype\\(np.int64\\)"),
+    (lambda f: f.update(attention_mask=f["attention_mask"].astype(">i8")), errors.InputDtypeError,
+     "'attention_mask'.*opposite byte order.*astype\\(np.int64\\)"),
 ])
 def test_bad_feeds_raise_clear_errors(session, mutate, error, pattern):
     feed = _feed(2, 5)

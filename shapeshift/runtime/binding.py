@@ -23,7 +23,7 @@ from ..errors import (
     UnknownInputError,
 )
 from ..ir.graph import Graph, Value
-from ..ir.types import TensorType, dtype_name, from_numpy_dtype
+from ..ir.types import STRING, TensorType, dtype_name, from_numpy_dtype
 from ..symbolic import Expr, evaluate, free_symbols, to_string
 
 
@@ -50,6 +50,7 @@ def check_feed(graph: Graph, feed: Mapping[str, Any]) -> tuple[dict[Value, Any],
             continue
         if not isinstance(data, np.ndarray):
             raise InputDtypeError(f"input {name!r}: expected a numpy array of {expected}, got {type(data).__name__}")
+        _check_representation(name, data, expected.dtype)
         got = from_numpy_dtype(data.dtype) if data.dtype.kind != "O" else expected.dtype
         if got != expected.dtype:
             raise InputDtypeError(
@@ -75,6 +76,24 @@ def check_feed(graph: Graph, feed: Mapping[str, Any]) -> tuple[dict[Value, Any],
             _bind(binding, where, atom.name, actual, (atom.lo, atom.hi), f"input {name!r} dimension {axis}")
     _solve_expressions(pending, binding, where)
     return values, binding
+
+
+def _check_representation(name: str, data: np.ndarray, expected: int) -> None:
+    """Refuse what the kernels would read as other values: an object array (Python objects,
+    as pandas hands over a mixed frame) for anything but strings, and bytes in the other
+    order (big-endian), where the native backend reads the array's memory as it is."""
+    kind = data.dtype.kind
+    if kind == "O" and expected != STRING:
+        raise InputDtypeError(
+            f"input {name!r}: expected dtype {dtype_name(expected)}, got an array of Python objects "
+            f"(convert with .astype(np.{np.dtype(_np_name(expected))}))")
+    if data.dtype.byteorder not in ("=", "|") and data.dtype.byteorder != _NATIVE_ORDER:
+        raise InputDtypeError(
+            f"input {name!r}: its data ({data.dtype.str}) has the opposite byte order to this machine's "
+            f"(convert with .astype(np.{data.dtype.newbyteorder('=').name}))")
+
+
+_NATIVE_ORDER = "<" if np.little_endian else ">"
 
 
 def _np_name(elem_type: int) -> str:
