@@ -39,6 +39,7 @@ from .fragments import dependency_order, object_sources
 from .lower import rule_for
 from .lower.attention_fusion import fusion_order
 from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsupported
+from .lower.contracts import agreements, c_checks
 from .lower.layout import VIEW_OPS
 
 log = logging.getLogger(__name__)
@@ -318,6 +319,7 @@ class _Builder:
                 raise Unsupported("rule declined")
             if late_binds and not lowered.size_code:
                 raise Unsupported("output size depends on the data")
+            _guard_agreements(node, lowered, ctx)
             if lowered.absorbed:
                 self._store_fused(node, lowered)
             work = -1
@@ -490,6 +492,20 @@ class _Builder:
         if current:
             segments.append(current)
         return segments
+
+
+def _guard_agreements(node: Node, lowered: Lowered, ctx: LowerContext) -> None:
+    """Put checks of the shape agreements the types could not prove (lower/contracts.py),
+    of the node and of those it absorbed, ahead of its code: ahead of its size code too, if
+    it has one, since that reads the inputs first."""
+    items = [a for n in (node, *lowered.absorbed) for a in agreements(n)]
+    if not items:
+        return
+    checks = c_checks(items, ctx.dim)
+    lowered.code = f"{checks}\n{lowered.code}"
+    if lowered.size_code:
+        lowered.size_code = f"{checks}\n{lowered.size_code}"
+    lowered.can_fail = True
 
 
 def _unread_consts(programs: list[Program]) -> list[Value]:

@@ -258,9 +258,7 @@ class NativeVM:
                 indices = program.segments[step.segment]
                 code = self._segments[step.segment](ptr_address, extents_address)
                 if code:
-                    failed = steps[code - 1].node
-                    raise ExecutionError(f"{failed.describe()}: its kernel rejected the inputs "
-                                         "(an index out of range, or shapes that do not broadcast)")
+                    raise ExecutionError(_rejection(steps[code - 1], binding))
                 last = steps[indices[-1]]
                 if last.binds:  # a size step: bind what it computed before going on
                     dims = self._dims[last.dims]
@@ -459,6 +457,24 @@ class NativeVM:
         if slot is not None and value not in env and (slot.root if slot.kind == VIEW else index) in self._direct:
             return result  # written in place into a buffer of the pool: the caller's now
         return self._outputs.copy(result)
+
+
+def _rejection(step, binding: Mapping[str, int]) -> str:
+    """Why a step's code failed: the first of its shape agreements (codegen/lower/contracts.py)
+    that the bound dims break, with their values; else what its kernel checks itself."""
+    from ..codegen.lower.contracts import agreements
+
+    nodes = (step.node, *(step.lowered.absorbed if step.lowered is not None else ()))
+    for node in nodes:
+        for agreement in agreements(node):
+            try:
+                lhs, rhs = evaluate(agreement.lhs, binding), evaluate(agreement.rhs, binding)
+            except Exception:  # noqa: BLE001 - a dim not bound yet: this one cannot be told
+                continue
+            if lhs != rhs and not (agreement.broadcast and lhs == 1):
+                return f"{node.describe()}: {agreement.what} (got {lhs} and {rhs})"
+    return (f"{step.node.describe()}: its kernel rejected the inputs "
+            "(an index out of range, or shapes that do not broadcast)")
 
 
 def _profile_counters(program: Program, library: Optional[CompiledLibrary]) -> Optional[np.ndarray]:

@@ -72,6 +72,17 @@ def _epilogue(node: Node, ctx: LowerContext, n_dim: Dim) -> tuple[list[Node], Op
     return absorbed, bias, act
 
 
+def _bias_stride(ctx: LowerContext, dim: Dim, out_dim: Dim, step: str) -> str:
+    """The stride of Gemm's C along an axis of the output: 0 where it broadcasts (its dim is 1),
+    ``step`` where it does not; decided when the code runs if only the run can tell (C [cn]
+    with cn a symbol of its own: 1 or N, as the run-time agreement checks make sure)."""
+    if prove_eq(dim, out_dim):
+        return step
+    if isinstance(dim, int):
+        return "0" if dim == 1 else step
+    return f"({ctx.dim(dim)} == 1 ? 0 : {step})"
+
+
 def _same(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
     return len(a) == len(b) and all(prove_eq(x, y) for x, y in zip(a, b))
 
@@ -160,8 +171,8 @@ def lower_gemm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         if len(c_shape) > 2:
             raise Unsupported("Gemm C of rank > 2")
         full = [1] * (2 - len(c_shape)) + list(c_shape)
-        rs = "0" if full[0] == 1 and not prove_eq(m, 1) else ctx.dim(full[1])
-        cs = "0" if full[1] == 1 and not prove_eq(n, 1) else "1"
+        rs = _bias_stride(ctx, full[0], m, ctx.dim(full[1]))
+        cs = _bias_stride(ctx, full[1], n, "1")
         bias_args = dict(bias=ctx.ptr(c), beta=float_literal(beta), bias_strides=(rs, cs))
     absorbed: list[Node] = []
     act = 0

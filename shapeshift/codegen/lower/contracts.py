@@ -1,0 +1,176 @@
+"""Shape agreements an op requires of its inputs, checked where the types cannot prove them.
+
+A type rule fails a node whose input dims provably disagree (MatMul's [m, 4] x [5, n]),
+but it lets pass dims it cannot compare: exporters give each input dim a symbol of its
+own, so MatMul's [m, k1] x [k2, n] types as [m, n] whatever k1 and k2 turn out to be.
+A native kernel then takes one of them as the extent of both and reads past the end of
+the other input: results that are wrong, and differ from run to run. (The reference
+backend runs numpy, which raises.)
+
+Each op here lists its agreements as pairs of dims that must be equal (or the first
+may be 1, where it broadcasts); the program builder turns those it cannot prove into
+run-time checks ahead of the node's kernel (``return STEP_ERROR``), and on a failed one
+the VM names the agreement, with the values it found, from the same list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from ...ir.graph import Node, Value
+from ...ir.types import TensorType
+from ...symbolic import Dim, mul, prove_eq
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """``lhs`` must equal ``rhs`` (or be 1 when ``broadcast``); ``what`` says which dims."""
+
+    lhs: Dim
+    rhs: Dim
+    what: str
+    broadcast: bool = False
+
+
+_RULES: dict[str, Callable[[Node], list[Agreement]]] = {}
+
+
+def _rule(*op_types: str):
+    def register(fn: Callable[[Node], list[Agreement]]):
+        for op in op_types:
+            _RULES[op] = fn
+        return fn
+
+    return register
+
+
+def agreements(node: Node) -> list[Agreement]:
+    """The node's agreements the types do not already prove (empty for most nodes)."""
+    rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if rule is None:
+        return []
+    return [a for a in rule(node) if not prove_eq(a.lhs, a.rhs)]
+
+
+def _shape(value: Optional[Value]) -> Optional[tuple]:
+    t = value.type if value is not None else None
+    return t.shape if isinstance(t, TensorType) and t.shape is not None else None
+
+
+def _dim(value: Value, axis: int) -> str:
+    return f"dimension {axis} of {value.name!r}"
+
+
+def _pair(a: Value, axis_a: int, b: Value, axis_b: int, broadcast: bool = False) -> list[Agreement]:
+    sa, sb = _shape(a), _shape(b)
+    if sa is None or sb is None or not -len(sa) <= axis_a < len(sa) or not -len(sb) <= axis_b < len(sb):
+        return []
+    axis_a %= len(sa)
+    axis_b %= len(sb)
+    verb = "must be 1 or equal" if broadcast else "must equal"
+    return [Agreement(sa[axis_a], sb[axis_b], f"{_dim(a, axis_a)} {verb} {_dim(b, axis_b)}", broadcast)]
+
+
+def _input(node: Node, index: int) -> Optional[Value]:
+    return node.inputs[index] if index < len(node.inputs) else None
+
+
+@_rule("MatMul")
+def _matmul(node: Node) -> list[Agreement]:
+    a, b = node.inputs[0], node.inputs[1]
+    sb = _shape(b)
+    if sb is None:
+        return []
+    return _pair(a, -1, b, -2 if len(sb) >= 2 else 0)
+
+
+@_rule("Gemm")
+def _gemm(node: Node) -> list[Agreement]:
+    a, b, c = node.inputs[0], node.inputs[1], _input(node, 2)
+    trans_a, trans_b = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
+    out = _shape(node.outputs[0])
+    found = _pair(a, 0 if trans_a else 1, b, 1 if trans_b else 0)
+    sc = _shape(c)
+    if sc is not None and out is not None and len(out) == 2:
+        for axis in range(len(sc)):  # C broadcasts to [M, N] from the right
+            found.append(Agreement(sc[axis], out[2 - len(sc) + axis],
+                                   f"{_dim(c, axis)} must be 1 or equal dimension {2 - len(sc) + axis} of the "
+                                   f"product", broadcast=True))
+    return found
+
+
+@_rule("Conv")
+def _conv(node: Node) -> list[Agreement]:
+    x, w, bias = node.inputs[0], node.inputs[1], _input(node, 2)
+    sx, sw = _shape(x), _shape(w)
+    if sx is None or sw is None or len(sx) < 2 or len(sw) < 2:
+        return []
+    group = int(node.attrs.get("group", 1))
+    found = [Agreement(sx[1], mul(sw[1], group),
+                       f"{_dim(x, 1)} (channels) must equal {_dim(w, 1)} x group {group}")]
+    if bias is not None:
+        found += _pair(bias, 0, w, 0)
+    return found
+
+
+@_rule("Concat")
+def _concat(node: Node) -> list[Agreement]:
+    inputs = [v for v in node.inputs if v is not None]
+    first = inputs[0] if inputs else None
+    s0 = _shape(first)
+    if s0 is None:
+        return []
+    axis = int(node.attrs.get("axis", 0)) % max(len(s0), 1)
+    found = []
+    for other in inputs[1:]:
+        so = _shape(other)
+        if so is None or len(so) != len(s0):
+            continue
+        for d in range(len(s0)):
+            if d != axis:
+                found += _pair(other, d, first, d)
+    return found
+
+
+@_rule("BatchNormalization", "InstanceNormalization")
+def _per_channel(node: Node) -> list[Agreement]:
+    x = node.inputs[0]
+    sx = _shape(x)
+    if sx is None or len(sx) < 2:
+        return []
+    return [a for v in node.inputs[1:] if v is not None for a in _pair(v, 0, x, 1)]
+
+
+@_rule("ScatterElements")
+def _scatter_elements(node: Node) -> list[Agreement]:
+    indices, updates = node.inputs[1], node.inputs[2]
+    si = _shape(indices)
+    return [a for d in range(len(si or ())) for a in _pair(updates, d, indices, d)]
+
+
+@_rule("LSTM", "GRU", "RNN")
+def _recurrent(node: Node) -> list[Agreement]:
+    if int(node.attrs.get("layout", 0)):
+        return []
+    x, w = node.inputs[0], node.inputs[1]
+    found = _pair(w, 2, x, 2)  # input size
+    initial = [_input(node, 5)] + ([_input(node, 6)] if node.op_type == "LSTM" else [])
+    for state in initial:
+        if state is not None:
+            found += _pair(state, 1, x, 1)  # batch
+    sequence_lens = _input(node, 4)
+    if sequence_lens is not None:
+        found += _pair(sequence_lens, 0, x, 1)
+    return found
+
+
+def c_checks(items: Sequence[Agreement], dim: Callable[[Dim], str]) -> str:
+    """C statements failing the step where an agreement does not hold (``dim``: a dim's C
+    expression, the lowering context's)."""
+    lines = []
+    for a in items:
+        lhs, rhs = dim(a.lhs), dim(a.rhs)
+        bad = f"{lhs} != {rhs}" if not a.broadcast else f"{lhs} != {rhs} && {lhs} != 1"
+        lines.append(f"if ({bad}) return STEP_ERROR;  /* {a.what.replace('*/', '* /')} */")
+    return "\n".join(lines)
