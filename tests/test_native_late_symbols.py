@@ -178,6 +178,28 @@ def test_broadcast_of_late_dims_that_disagree_is_an_error():
         session.run(None, {"s": np.array([3], dtype=np.int64), "x": np.ones(4, dtype=np.float32)})
 
 
+@pytest.mark.parametrize("op,feed,pattern", [
+    ("ConstantOfShape", {"s": np.array([-1], np.int64)}, "'cs' \\(ConstantOfShape\\): .*negative"),
+    ("Range", {"a": np.float32(0), "b": np.float32(10), "c": np.float32(0)}, "'cs' \\(Range\\): .*not a number"),
+    ("Range", {"a": np.float32(0), "b": np.float32(np.nan), "c": np.float32(1)}, "not a number"),
+    ("Range", {"a": np.float32(0), "b": np.float32(1e15), "c": np.float32(1)}, "more than this machine can allocate"),
+], ids=["negative dim", "zero delta", "NaN limit", "too large"])
+def test_sizes_from_data_that_make_no_tensor_are_errors(op, feed, pattern):
+    """They came out as empty arrays (a negative dim, a NaN bound) or as a raw MemoryError."""
+    from shapeshift.errors import ExecutionError
+
+    if op == "ConstantOfShape":
+        model = _model([helper.make_node("ConstantOfShape", ["s"], ["y"], name="cs")], [_input("s", [1], I64)],
+                       [_output("y")])
+    else:
+        model = _model([helper.make_node("Range", ["a", "b", "c"], ["y"], name="cs")],
+                       [_input(n, []) for n in "abc"], [_output("y")])
+    session = shapeshift.InferenceSession(model, backend="native")
+    assert not session._executor.program.fallback_ops()
+    with pytest.raises(ExecutionError, match=pattern):
+        session.run(None, feed)
+
+
 @pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
 @pytest.mark.parametrize("periodic", [0, 1])
 def test_window_functions_of_a_size_given_at_run_time(op, periodic):

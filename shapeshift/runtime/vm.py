@@ -389,7 +389,11 @@ class NativeVM:
             plan.extents[index] = evaluate(program.extents[index], binding)
         for slot in slots:
             nbytes = evaluate(slot.nbytes, binding)
-            buffer = np.empty(max(nbytes, 1) + ALIGNMENT, dtype=np.uint8)
+            try:
+                buffer = np.empty(max(nbytes, 1) + ALIGNMENT, dtype=np.uint8)
+            except MemoryError:
+                raise ExecutionError(f"{step.node.describe()}: its output needs {nbytes} bytes, more than this "
+                                     "machine can allocate") from None
             address = _aligned_base(buffer)
             # Kept as the raw buffer: _array views it at its aligned start.
             arrays[slot.index] = buffer[address - buffer.ctypes.data:]
@@ -474,7 +478,7 @@ def _rejection(step, binding: Mapping[str, int]) -> str:
             if lhs != rhs and not (agreement.broadcast and lhs == 1):
                 return f"{node.describe()}: {agreement.what} (got {lhs} and {rhs})"
     return (f"{step.node.describe()}: its kernel rejected the inputs "
-            "(an index out of range, or shapes that do not broadcast)")
+            "(an index out of range, a size that is negative or not a number, or shapes that do not broadcast)")
 
 
 def _profile_counters(program: Program, library: Optional[CompiledLibrary]) -> Optional[np.ndarray]:

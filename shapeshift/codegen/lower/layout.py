@@ -333,9 +333,10 @@ def lower_constant_of_shape(node: Node, ctx: LowerContext, opset: int) -> Lowere
             f"ss_fill({ctx.elem_size(y)}, {ctx.raw_ptr(y)}, {ctx.numel(ctx.shape(y))}, &value);")
     # A shape computed from data: the output's dims are the shape tensor's contents.
     shape = ctx.ptr(node.inputs[0], "int64_t") if ctx.has_late_dims() else ""
-    size = "\n".join(f"{lvalue} = {shape}[{axis}] > 0 ? {shape}[{axis}] : 0;"
+    # A negative dim is no shape (the reference backend refuses it too).
+    size = "\n".join(f"if ({shape}[{axis}] < 0) return STEP_ERROR;\n{lvalue} = {shape}[{axis}];"
                       for axis, lvalue in ctx.late_dims(y).items())
-    return Lowered(code, fragments=("layout",), size_code=size)
+    return Lowered(code, fragments=("layout",), size_code=size, can_fail=bool(size))
 
 
 @lowers("Range")
@@ -352,8 +353,12 @@ def lower_range(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         # Bounds computed from data: max(ceil((limit - start) / delta), 0) elements, as ONNX
         # defines it (in double: exact for every float32 and for integers up to 2^53).
         limit = node.inputs[1]
-        size = (f"const double span = ((double){ctx.ptr(limit)}[0] - (double){ctx.ptr(start)}[0])"
+        # A zero delta, or a NaN bound, makes no count of elements (numpy refuses them too);
+        # a count past int64 is refused here rather than cast into a negative one.
+        size = (f"if ({ctx.ptr(delta)}[0] == 0) return STEP_ERROR;\n"
+                f"const double span = ((double){ctx.ptr(limit)}[0] - (double){ctx.ptr(start)}[0])"
                 f" / (double){ctx.ptr(delta)}[0];\n"
+                f"if (span != span || span > 9.0e18) return STEP_ERROR;\n"
                 f"{late[0]} = span > 0 ? (int64_t)ceil(span) : 0;")
-    return Lowered(code, size_code=size)
+    return Lowered(code, size_code=size, can_fail=bool(size))
 
