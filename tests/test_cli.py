@@ -225,3 +225,74 @@ def test_info_native_lists_compiled_and_fallback_ops(encoder_path, capsys):
     # The bundled encoder lowers completely: attention, GELU and LayerNorm included.
     assert all(f"{op} x" in compiled for op in ("MatMul", "Softmax", "LayerNormalization", "Erf"))
     assert fallback == "  reference fallback: none"
+
+
+@pytest.mark.parametrize("command", ["simplify", "compile"])
+@pytest.mark.parametrize("kind", ["directory", "fifo", "empty"])
+def test_an_output_that_is_no_regular_file_is_refused_untouched(encoder_path, tmp_path, command, kind):
+    """The write goes through a rename: over a device (run as root, /dev/null) or a pipe it
+    would have put a regular file in its place. Refused before any work, left as it was."""
+    import os
+    import stat
+
+    target = tmp_path / "out"
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(target)
+    spec = "" if kind == "empty" else str(target)
+    args = [command, str(encoder_path), spec] if command == "simplify" else [command, str(encoder_path), "-o", spec]
+    result = _cli(*args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("path is empty" in result.stderr if kind == "empty" else "name a file to write" in
+            result.stderr)
+    if kind == "fifo":
+        assert stat.S_ISFIFO(os.lstat(target).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if kind == "empty" else ["out"])
+
+
+def test_outputs_through_a_symlink_and_into_new_folders(encoder_path, tmp_path):
+    """A symlinked OUT keeps its link (the file it points to gets the model), and compile
+    makes missing folders, as simplify does."""
+    real = tmp_path / "real.onnx"
+    link = tmp_path / "link.onnx"
+    link.symlink_to(real)
+    assert _cli("simplify", str(encoder_path), str(link)).returncode == 0
+    assert link.is_symlink() and onnx.load(str(real)).graph.node
+    artifact = tmp_path / "new" / "folder" / "model.ss"
+    result = _cli("compile", str(encoder_path), "-o", str(artifact))
+    assert result.returncode == 0, result.stderr
+    assert artifact.is_file()
+
+
+def test_compile_refuses_to_write_over_its_model(encoder_path, tmp_path):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(encoder_path.read_bytes())
+    result = _cli("compile", str(model), "-o", str(model))
+    assert result.returncode == 2 and "is the model being compiled" in result.stderr
+    assert model.read_bytes() == encoder_path.read_bytes()
+
+
+def test_simplify_writes_its_output_even_when_the_reader_of_its_table_stops(encoder_path, tmp_path):
+    """`shapeshift simplify IN OUT | head -1`: the table was printed before OUT was written,
+    and the closed pipe ended the command with a traceback and no OUT."""
+    out = tmp_path / "out.onnx"
+    command = f"{sys.executable} -m shapeshift.cli.main simplify {encoder_path} {out} | head -c 1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert onnx.load(str(out)).graph.node
+
+
+def test_run_profile_takes_the_default_backend(encoder_path, capsys):
+    assert main(["run", str(encoder_path), "--random", "--profile", "--dynamic", "seq=4:4",
+                 "--dynamic", "batch=1:1"]) == 0
+    assert "native" in capsys.readouterr().out
+
+
+def test_a_file_the_command_cannot_write_is_named_without_a_traceback(encoder_path, tmp_path):
+    """An OSError (here: --save under a path whose parent is a file) is a one-line error."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = _cli("run", str(encoder_path), "--random", "--save", str(blocker / "outputs"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(blocker) in result.stderr

@@ -11,12 +11,13 @@ import numpy as np
 import onnx
 
 from ..errors import InputError, ShapeshiftError
+from ..files import output_target
 from ..frontend.onnx_import import import_model, read_model, unsupported_ops
 from ..ir.graph import Graph
 from ..ir.types import dtype_name
 from ..ops.registry import REGISTRY
 from ..runtime.profile import format_profile
-from ..runtime.session import InferenceSession
+from ..runtime.session import DEFAULT_BACKEND, InferenceSession
 from .feeds import random_feed
 
 
@@ -131,8 +132,10 @@ def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
 def cmd_run(args) -> int:
     if args.repeat < 1:
         raise InputError(f"--repeat must be at least 1, got {args.repeat}")
-    if args.profile and args.backend != "native":
+    if args.profile and (args.backend or DEFAULT_BACKEND) != "native":
         raise InputError("--profile times the native backend's steps: add --backend native")
+    if args.save and Path(args.save).exists() and not Path(args.save).is_dir():
+        raise InputError(f"--save {args.save}: is a file, not a folder for the outputs")
     session = InferenceSession(args.model, dynamic=args.dynamic, backend=args.backend, profile=args.profile)
     feed = _load_inputs(args.input)
     missing = [v for v in session.graph.inputs if v.name not in feed]
@@ -170,8 +173,11 @@ def cmd_compile(args) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise ShapeshiftError(f"--threads must be a positive integer, got {args.threads}")
+    output = output_target(args.output, "artifact")
+    if Path(args.model).exists() and output == Path(os.path.realpath(args.model)):
+        raise ShapeshiftError(f"{args.output}: is the model being compiled; name another file for the artifact")
     tuning = load_tuning(args.db, args.threads)
-    artifact = write_artifact(args.model, args.output, args.dynamic, tuning=tuning)
+    artifact = write_artifact(args.model, output, args.dynamic, tuning=tuning)
     print(f"wrote {artifact.path}: {artifact.size} bytes")
     _print_artifact_header(artifact)
     if tuning is not None:

@@ -131,17 +131,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _PipeSafeOutput:
+    """stdout that drops what it cannot write once its reader has gone (``| head``), so
+    that the command goes on and finishes its work (writes its output file) instead of
+    dying on a BrokenPipeError."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._closed = False
+
+    def write(self, text: str) -> int:
+        if not self._closed:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._closed = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._closed = True
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _PipeSafeOutput(stdout)
     try:
         args.dynamic = dict(parse_range(t) for t in args.dynamic)
         return args.handler(args) or 0
     except ShapeshiftError as exc:
         print(f"shapeshift {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except OSError as exc:  # a file that cannot be written or read: its name and the reason
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"shapeshift {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from ..errors import ShapeshiftError
-from ..files import publish
+from ..files import output_target, publish
 from ..frontend.onnx_import import read_model, read_model_sized
 from ..passes.simplify import simplify_model
 from ..passes.simplify.report import count_model
@@ -101,9 +101,10 @@ def _session(model: bytes, which: str):
         raise CheckFailed(f"onnxruntime cannot load the {which} model: {str(exc).splitlines()[0][:300]}") from None
 
 
-def check_outputs(original: bytes, simplified: bytes, graph, dynamic, count: int) -> None:
+def check_outputs(original: bytes, simplified: bytes, graph, dynamic, count: int) -> list[str]:
     """Run the original and the simplified model on ``count`` random feeds in the
-    declared ranges; CheckFailed on the first difference."""
+    declared ranges; CheckFailed on the first difference, else a line per feed."""
+    lines = []
     reference = _session(original, "original")
     candidate = _session(simplified, "simplified")
     rng = np.random.default_rng(0)
@@ -133,7 +134,8 @@ def check_outputs(original: bytes, simplified: bytes, graph, dynamic, count: int
                 worst = max(worst, diff)
             elif not np.array_equal(w, g):
                 raise CheckFailed(f"check {trial + 1}: output {name!r} differs (inputs {shapes})")
-        print(f"  check {trial + 1}/{count}: inputs {shapes}: outputs equal (max abs diff {worst:.2g})")
+        lines.append(f"  check {trial + 1}/{count}: inputs {shapes}: outputs equal (max abs diff {worst:.2g})")
+    return lines
 
 
 def _shapes_text(feed: dict) -> str:
@@ -142,6 +144,7 @@ def _shapes_text(feed: dict) -> str:
 
 
 def cmd_simplify(args) -> int:
+    output = output_target(args.output)  # before the work: a bad OUT is refused at once
     original, stored_bytes = read_model_sized(args.input)
     before = count_model(original, stored_bytes)
     input_shapes = dict(parse_input_shape(t) for t in args.input_shape)
@@ -154,12 +157,18 @@ def cmd_simplify(args) -> int:
     del original
     # Serialized once: for the table's size, for --check and for the file.
     data = serialized(simplified)
+    after = count_model(simplified, None if data is None else len(data))
+    checks = []
+    if args.check:
+        checks = check_outputs(model_bytes(Path(args.input), stored_bytes),
+                               simplified.SerializeToString() if data is None else data, graph, args.dynamic,
+                               args.check)
+    # Written before anything is printed: a reader that stops early (| head) loses nothing.
+    save_atomically(simplified, output, data)
     print(f"{args.input} -> {args.output} (strategy {args.strategy})")
-    print_table(before, count_model(simplified, None if data is None else len(data)), seconds)
+    print_table(before, after, seconds)
     for warning in stats.warnings[:5]:
         print(f"  warning: {warning}")
-    if args.check:
-        check_outputs(model_bytes(Path(args.input), stored_bytes),
-                      simplified.SerializeToString() if data is None else data, graph, args.dynamic, args.check)
-    save_atomically(simplified, Path(args.output), data)
+    for line in checks:
+        print(line)
     return 0

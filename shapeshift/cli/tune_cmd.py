@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..files import output_target
 from ..errors import ShapeshiftError
 from ..tune import dispatch
 from ..tune.database import Database
@@ -122,6 +123,8 @@ def read_shape_weights(spec: Optional[str]) -> Optional[tuple[str, dict[int, flo
 
 def cmd_tune(args) -> int:
     _check_args(args)
+    if args.plot:
+        output_target(args.plot, "plot")  # refused now, not after the tuning
     db_path = Path(args.db)
     cache_dir = Path(args.cache_dir) if args.cache_dir else db_path.with_name(db_path.name + ".cache")
     if args.model is not None:
