@@ -539,3 +539,25 @@ def test_model_local_functions_are_inlined(backend, tmp_path):
     simplified = shapeshift.simplify(model)
     assert [n.op_type for n in simplified.graph.node] == ["Add", "Mul"] and not simplified.functions
     assert shapeshift.simplify(path).SerializeToString() == simplified.SerializeToString()
+
+
+@pytest.mark.parametrize("dynamic,pattern", [
+    ({"btach": (1, 4)}, "no input dim is named 'btach'; the inputs' symbols are: batch, seq"),
+    ({"batch": "1:4"}, "dynamic range of 'batch': expected \\(lo, hi\\) integers or one integer, got '1:4'"),
+    ({"batch": (1, 2, 3)}, "expected \\(lo, hi\\) integers"),
+    ({"batch": (1.5, 2)}, "expected \\(lo, hi\\) integers"),
+    ({"batch": (4, 1)}, "expected 0 <= lo <= hi, got \\(4, 1\\)"),
+], ids=["typo", "text", "three", "float", "reversed"])
+def test_a_dynamic_range_that_cannot_apply_is_refused(encoder_path, dynamic, pattern):
+    """A range for a symbol no input has (a typo) was dropped without a word, and a range
+    that was not two integers failed with a raw TypeError or ValueError."""
+    with pytest.raises(errors.InputError, match=pattern):
+        shapeshift.load(encoder_path, dynamic=dynamic)
+    with pytest.raises(errors.InputError, match=pattern):
+        shapeshift.simplify(str(encoder_path), dynamic=dynamic)
+
+
+def test_one_integer_fixes_a_symbol(encoder_path):
+    graph = shapeshift.load(encoder_path, dynamic={"batch": 3, "seq": (1, 64)})
+    batch, seq = graph.inputs[0].type.shape
+    assert (batch.lo, batch.hi) == (3, 3) and (seq.lo, seq.hi) == (1, 64)

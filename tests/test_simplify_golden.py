@@ -193,6 +193,10 @@ def simplify_and_check(model: onnx.ModelProto, dynamic: Optional[dict] = None,
     """Simplify; check no Shape op is left, the checker accepts the export, and the export
     computes what onnxruntime computes on the original (values and, for every output,
     the shape the simplified graph's type gives under the binding)."""
+    # The cases share their ranges: each model gets those of its inputs' symbols (a range
+    # for a symbol no input has is refused, as a user's typo would be).
+    named = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim}
+    dynamic = {name: r for name, r in (dynamic or {}).items() if name in named} or None
     exported, graph, _ = simplify_model(model, dynamic=dynamic, strategy=strategy, fold_limit=fold_limit,
                                         check=True)
     assert all(n.op_type != "Shape" for n in graph.walk_nodes()), str(graph)

@@ -15,14 +15,15 @@ import mmap
 import os
 import re
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Mapping, Optional, Union
 
+import numpy as np
 import onnx
 import onnx.inliner  # noqa: F401 - a submodule plain `import onnx` does not load
 import onnx.serialization  # noqa: F401 - likewise
 from onnx import external_data_helper, numpy_helper
 
-from ..errors import ExpressionError, ModelLoadError, UnsupportedModelError
+from ..errors import ExpressionError, InputError, ModelLoadError, UnsupportedModelError
 from ..ir.graph import Graph, SymbolTable, Value
 from ..ir.types import TensorType
 from ..ops import lookup
@@ -473,7 +474,8 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"{label}: cannot inline model-local functions ({exc})") from None
     check_opset(model, label)
-    symbols = SymbolTable({k: (int(lo), int(hi)) for k, (lo, hi) in (dynamic or {}).items()})
+    ranges = symbol_ranges(dynamic)
+    symbols = SymbolTable(ranges)
     support = _SupportCheck(_default_opset(model)) if check else None
     importer = _Importer(model, symbols, keep_tensors, support, constants_as_initializers)
     try:
@@ -499,7 +501,46 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
         source=label,
         output_names=[v.name for v in graph.outputs],
     )
+    _check_ranges_name_input_dims(ranges, graph, label)
     if infer:
         infer_types(graph)
     importer.settle_declared()
     return graph
+
+
+def symbol_ranges(dynamic) -> dict[str, tuple[int, int]]:
+    """``dynamic`` as {symbol: (lo, hi)}: a range is a (lo, hi) pair, or an int that fixes
+    the symbol (as ``--dynamic seq=8`` does); 0 <= lo <= hi. ModelLoadError naming the
+    symbol otherwise (a raw TypeError or ValueError from unpacking it, before)."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for name, spec in (dynamic or {}).items():
+        try:
+            lo, hi = (spec, spec) if isinstance(spec, (int, np.integer)) else spec
+            if isinstance(lo, bool) or isinstance(hi, bool) or lo != int(lo) or hi != int(hi):
+                raise ValueError
+            lo, hi = int(lo), int(hi)
+        except (TypeError, ValueError):
+            raise InputError(f"dynamic range of {name!r}: expected (lo, hi) integers or one integer, "
+                                 f"got {spec!r}") from None
+        if not 0 <= lo <= hi:
+            raise InputError(f"dynamic range of {name!r}: expected 0 <= lo <= hi, got ({lo}, {hi})")
+        ranges[str(name)] = (lo, hi)
+    return ranges
+
+
+def _check_ranges_name_input_dims(ranges: Mapping[str, tuple[int, int]], graph: Graph, label: str) -> None:
+    """A range for a symbol no input dim uses would be dropped without a word (a typo:
+    ``btach=1:4``): refused, with the symbols the inputs do use."""
+    if not ranges:
+        return
+    used: set[str] = set()
+    for value in graph.inputs:
+        t = value.type
+        if isinstance(t, TensorType) and t.shape is not None:
+            for d in t.shape:
+                used |= free_symbols(d)
+    unknown = sorted(name for name in ranges if name not in used)
+    if unknown:
+        known = ", ".join(sorted(used)) or "none (every input dim is static)"
+        raise InputError(f"{label}: no input dim is named {', '.join(map(repr, unknown))}; "
+                             f"the inputs' symbols are: {known}")

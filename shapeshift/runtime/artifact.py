@@ -382,7 +382,9 @@ def _tuning(artifact: Artifact):
 
 
 def _normalize_dynamic(dynamic: Optional[Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
-    return {str(name): (int(lo), int(hi)) for name, (lo, hi) in (dynamic or {}).items()}
+    from ..frontend.onnx_import import symbol_ranges
+
+    return symbol_ranges(dynamic)
 
 
 def _check_dynamic(artifact: Artifact, dynamic: Optional[Mapping[str, tuple[int, int]]]) -> None:
