@@ -296,3 +296,11 @@ def test_a_file_the_command_cannot_write_is_named_without_a_traceback(encoder_pa
     result = _cli("run", str(encoder_path), "--random", "--save", str(blocker / "outputs"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert str(blocker) in result.stderr
+
+
+def test_an_npz_archive_as_an_input_is_named(encoder_path, tmp_path):
+    archive = tmp_path / "ids.npz"
+    np.savez(archive, input_ids=np.zeros((1, 3), np.int64))
+    result = _cli("run", str(encoder_path), "--random", "--input", f"input_ids={archive}")
+    assert result.returncode == 2 and "an .npz archive, not one .npy array" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -83,6 +83,7 @@ def test_symbol_binding(session):
      "'input_ids'.*Python objects.*astype\\(np.int64\\)"),
     (lambda f: f.update(attention_mask=f["attention_mask"].astype(">i8")), errors.InputDtypeError,
      "'attention_mask'.*opposite byte order.*astype\\(np.int64\\)"),
+    (lambda f: f.update(input_ids=[[1, 2], [3]]), errors.InputError, "'input_ids': not a rectangular array"),
 ])
 def test_bad_feeds_raise_clear_errors(session, mutate, error, pattern):
     feed = _feed(2, 5)
@@ -151,3 +152,8 @@ def test_native_runs_read_only_feeds_and_return_outputs_of_their_own(encoder_pat
         np.testing.assert_array_equal(got, at_return)
     for _, at_return, want in kept:
         np.testing.assert_allclose(at_return, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_feed_that_is_no_mapping_is_refused(session):
+    with pytest.raises(errors.InputError, match="must map input names to arrays .* got a list"):
+        session.run(None, [np.zeros((1, 3), np.int64)])

@@ -123,9 +123,14 @@ def _load_inputs(specs: list[str]) -> dict[str, np.ndarray]:
         if not os.path.exists(path):
             raise InputError(f"--input {name}: {path}: no such file")
         try:
-            feed[name] = np.load(path, allow_pickle=False)
+            array = np.load(path, allow_pickle=False)
         except Exception as exc:  # noqa: BLE001 - numpy raises several kinds
             raise InputError(f"--input {name}: {path}: not a .npy array ({type(exc).__name__}: {exc})") from None
+        if not isinstance(array, np.ndarray):  # an .npz archive loads as a mapping of arrays
+            array.close()
+            raise InputError(f"--input {name}: {path}: an .npz archive, not one .npy array "
+                             f"(save the input with np.save)")
+        feed[name] = array
     return feed
 
 

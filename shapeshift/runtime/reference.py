@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from ..errors import ExecutionError, ShapeshiftError
+from ..errors import ExecutionError, InputError, ShapeshiftError
 from ..ir.graph import Graph, Node, StaticParam, Value, values_read
 from ..ir.types import to_numpy_dtype
 from ..ops import lookup
@@ -116,10 +116,14 @@ def materialize(param: StaticParam, binding: Mapping[str, int], node: Node) -> n
     return np.array(values, dtype=to_numpy_dtype(param.dtype)).reshape(param.shape)
 
 
-def as_feed_array(value: Any) -> Any:
-    """Turn Python scalars/lists into arrays; leave arrays, lists of arrays and None."""
+def as_feed_array(value: Any, name: str = "") -> Any:
+    """Turn Python scalars/lists into arrays; leave arrays, lists of arrays and None
+    (``name``: the input's, for the error on a ragged list)."""
     if isinstance(value, np.ndarray) or value is None:
         return value
     if isinstance(value, list) and all(isinstance(v, np.ndarray) for v in value):
         return value
-    return np.asarray(value)
+    try:
+        return np.asarray(value)
+    except ValueError as exc:  # a ragged nested list
+        raise InputError(f"input {name!r}: not a rectangular array ({exc})") from None

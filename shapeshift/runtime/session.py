@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ArtifactError, ShapeshiftError, UnknownOutputError
+from ..errors import ArtifactError, InputError, ShapeshiftError, UnknownOutputError
 from ..frontend.onnx_import import ModelSource, import_model
 from ..ir.graph import Graph, Value
 from ..ir.types import OptionalType, SequenceType, TensorType, ort_type_name
@@ -137,7 +137,7 @@ class InferenceSession:
 
     def bind(self, feed: Mapping[str, Any]) -> dict[str, int]:
         """The value of every input symbol for this feed (after checking it)."""
-        return check_feed(self.graph, {k: as_feed_array(v) for k, v in feed.items()})[1]
+        return check_feed(self.graph, {k: as_feed_array(v, k) for k, v in feed.items()})[1]
 
     def run(self, output_names: Optional[Sequence[str]], feed: Mapping[str, Any], run_options: Any = None) -> list:
         wanted = list(output_names) if output_names else list(self._outputs)
@@ -146,6 +146,10 @@ class InferenceSession:
             raise UnknownOutputError(
                 f"unknown output name(s) {', '.join(map(repr, unknown))}; the model's outputs are "
                 f"{', '.join(map(repr, self._outputs))}")
+        if not isinstance(feed, Mapping):
+            raise InputError(f"the feed must map input names to arrays (a dict, as onnxruntime takes), "
+                             f"got a {type(feed).__name__}; the model's inputs are "
+                             f"{', '.join(map(repr, self._input_values))}")
         values, binding = self._check(feed)
         results = self._executor.run(values, binding)
         return [results[self._outputs[n]] for n in wanted]
@@ -154,7 +158,7 @@ class InferenceSession:
         """check_feed, remembered per (name, shape, dtype) signature: for array feeds its
         verdict and binding depend on nothing else, and at small shapes checking again
         would cost more than running the model."""
-        arrays = {k: as_feed_array(v) for k, v in feed.items()}
+        arrays = {k: as_feed_array(v, k) for k, v in feed.items()}
         key = None
         if all(isinstance(a, np.ndarray) and a.dtype.kind != "O" for a in arrays.values()):
             key = tuple((k, a.shape, a.dtype.str) for k, a in arrays.items())
