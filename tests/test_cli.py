@@ -304,3 +304,13 @@ def test_an_npz_archive_as_an_input_is_named(encoder_path, tmp_path):
     result = _cli("run", str(encoder_path), "--random", "--input", f"input_ids={archive}")
     assert result.returncode == 2 and "an .npz archive, not one .npy array" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_simplify_names_an_artifact_and_refuses_a_negative_input_shape(encoder_path, tmp_path):
+    artifact = tmp_path / "model.ss"
+    assert _cli("compile", str(encoder_path), "-o", str(artifact)).returncode == 0
+    result = _cli("simplify", str(artifact), str(tmp_path / "out.onnx"))
+    assert result.returncode == 2 and "a compiled artifact (shapeshift compile), not an ONNX model" in result.stderr
+    result = _cli("simplify", str(encoder_path), str(tmp_path / "out.onnx"), "--input-shape", "input_ids=-1,8")
+    assert result.returncode == 2 and "dimension -1 is negative" in result.stderr
+    assert not (tmp_path / "out.onnx").exists()

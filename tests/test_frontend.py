@@ -561,3 +561,18 @@ def test_one_integer_fixes_a_symbol(encoder_path):
     graph = shapeshift.load(encoder_path, dynamic={"batch": 3, "seq": (1, 64)})
     batch, seq = graph.inputs[0].type.shape
     assert (batch.lo, batch.hi) == (3, 3) and (seq.lo, seq.hi) == (1, 64)
+
+
+def test_a_negative_dim_value_reads_as_an_unknown_dim():
+    """Some converters write -1 for "unknown": it became a dim of -1 that random feeds and
+    buffer sizes could not use."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 8])
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y])
+    graph = shapeshift.load(model)
+    first, eight = graph.inputs[0].type.shape
+    assert isinstance(first, Expr) and eight == 8
+    feed = {"x": np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)}
+    for backend in ("native", "reference"):
+        got = shapeshift.InferenceSession(model, backend=backend).run(None, feed)[0]
+        np.testing.assert_array_equal(got, np.maximum(feed["x"], 0))

@@ -87,10 +87,19 @@ def read_model_sized(source: ModelSource) -> tuple[onnx.ModelProto, int]:
     except FileNotFoundError as exc:
         raise ModelLoadError(f"{path}: external data file missing ({exc.filename or exc})") from None
     except Exception as exc:  # noqa: BLE001
+        if _is_artifact(path):
+            raise ModelLoadError(f"{path}: a compiled artifact (shapeshift compile), not an ONNX model; give the "
+                                 "model it was compiled from, or run the artifact itself") from None
         raise ModelLoadError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not model.graph.node and not model.graph.output and not model.opset_import:
         raise ModelLoadError(f"{path}: not an ONNX model (no graph, no opset)")
     return model, size
+
+
+def _is_artifact(path: Path) -> bool:
+    from ..runtime.artifact import is_artifact  # only on this error path: the runtime is not import's
+
+    return is_artifact(path)
 
 
 def _parse_file(path: Path) -> onnx.ModelProto:
@@ -260,8 +269,8 @@ class _Importer:
 
     # -- dims and types ------------------------------------------------------
     def dim(self, d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> Dim:
-        if d.HasField("dim_value"):
-            return int(d.dim_value)
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            return int(d.dim_value)  # a negative one (some converters write -1) is unknown, below
         if d.dim_param:
             if not isinstance(d.dim_param, str):  # not valid UTF-8: protobuf hands the bytes over
                 raise ModelLoadError(f"{owner!r}: dim_param {d.dim_param!r} of axis {axis} is not valid UTF-8")

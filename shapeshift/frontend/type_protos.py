@@ -43,7 +43,7 @@ def type_from_proto(proto: onnx.TypeProto, dim_of=None) -> Optional[ValueType]:
             return TensorType(tt.elem_type, None)
         dims = []
         for d in tt.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:  # some converters write -1 for "unknown"
                 dims.append(int(d.dim_value))
             elif dim_of is not None:
                 dims.append(dim_of(d))

@@ -44,6 +44,9 @@ def _apply_input_shapes(graph: Graph, input_shapes: Mapping[str, Sequence[DimSpe
         shape = []
         for d in dims:
             if isinstance(d, int) or (isinstance(d, str) and d.strip().lstrip("-").isdigit()):
+                if int(d) < 0:  # -1 may mean "dynamic" to the user: that is a symbol's name here
+                    raise ShapeshiftError(f"input {name!r}: dimension {d} is negative; give a size or a symbol "
+                                          f"name (a new name makes that dim dynamic)")
                 shape.append(int(d))
                 continue
             try:
