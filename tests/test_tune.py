@@ -18,6 +18,7 @@ from shapeshift.cli.main import main
 from shapeshift.codegen.build import compile_library
 from shapeshift.codegen.kernels import gemm
 from shapeshift.codegen.kernels.gemm import GemmSchedule
+from shapeshift.errors import ShapeshiftError
 from shapeshift.tune import dispatch, space
 from shapeshift.tune.builder import build_one
 from shapeshift.tune.cost_model import CostModel, spearman
@@ -169,7 +170,7 @@ def test_tuning_goes_on_past_broken_candidates(tmp_path, cache):
                       source_fn=sometimes_wrong, log=lambda s: None)
         try:
             result = tuner.run()
-        except RuntimeError:
+        except ShapeshiftError:
             pytest.skip("every sampled candidate happened to be broken")
         assert all(k.kc not in (64, 192, 384) for k in result.kernels)
         failed = db.failed_candidates(tuner.wid, 1)
@@ -177,6 +178,19 @@ def test_tuning_goes_on_past_broken_candidates(tmp_path, cache):
 
 
 # ---- database --------------------------------------------------------------------------
+
+def test_tuning_with_every_candidate_failing_says_why(tmp_path, cache):
+    """No compiler that works (here every build fails): an error with the first failure, not
+    an IndexError from choosing among no candidates."""
+    def broken(schedule):
+        return gemm.source(schedule) + "\n#error this build fails\n"
+
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(WORKLOAD, db, cache, TuneConfig(trials=2, batch=2, samples=3, runner=FAST),
+                      source_fn=broken, log=lambda s: None)
+        with pytest.raises(ShapeshiftError, match="no candidate could be built and measured; the first failure: "):
+            tuner.run()
+
 
 def test_db_round_trip_and_no_overwrite(tmp_path):
     with Database(tmp_path / "t.db") as db:
@@ -353,6 +367,29 @@ def test_cli_tune_refuses_a_corrupt_database_and_leaves_it_as_it_was(tmp_path, c
     err = capsys.readouterr().err
     assert err.startswith("shapeshift tune: error: tuning database") and str(db) in err
     assert db.read_bytes() == junk and sorted(p.name for p in tmp_path.iterdir()) == ["t.db"]
+
+
+def test_cli_tune_names_a_database_of_other_tables(tmp_path, capsys):
+    """A database with a `workloads` table of another layout: a one-line error naming it
+    (an sqlite3.OperationalError traceback before)."""
+    db = tmp_path / "t.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE workloads (something TEXT)")
+    assert main(["tune", "--gemm", "64", "64", "--dynamic", "M=1:8", "--db", str(db), "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shapeshift tune: error: tuning database {db}") and len(err.strip().splitlines()) == 1
+
+
+def test_tuning_records_are_read_from_a_path_with_uri_characters(tmp_path):
+    """The read-only open goes through an SQLite URI: a '#' or '?' in the path cut it short
+    ("no such table", and an empty file made under the cut name)."""
+    from shapeshift.tune.records import GemmTuning
+
+    db = tmp_path / "we#ird?%.db"
+    with Database(db):
+        pass
+    assert list(GemmTuning.from_db(db, 1)) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("we#ird?%.db")) == []
 
 
 # ---- shape weights ---------------------------------------------------------------------

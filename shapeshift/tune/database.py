@@ -75,9 +75,16 @@ class Database:
     def _tx(self) -> Iterator[None]:
         """BEGIN IMMEDIATE ... COMMIT: takes the write lock up front, so two writers queue
         on the busy timeout instead of one failing at commit."""
-        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:  # locked past the timeout, read-only, ...
+            raise ShapeshiftError(f"tuning database {self.path} cannot be written: {exc}") from None
         try:
             yield
+        except sqlite3.Error as exc:  # a table of another layout, a read-only file, a full disk
+            self.conn.execute("ROLLBACK")
+            raise ShapeshiftError(f"tuning database {self.path}: {exc} (a database of other tables than "
+                                  f"shapeshift tune's, or one it cannot write)") from None
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise

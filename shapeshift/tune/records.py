@@ -165,7 +165,8 @@ class GemmTuning:
             raise ShapeshiftError(f"tuning database {path} does not exist (run `shapeshift tune` to make one)")
         try:
             # Read-only: loading a session never writes to (or creates) the database.
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+            # As a URI, percent-encoded: a '#', '?' or '%' in the path would end or mangle it.
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
             try:
                 rows = conn.execute(
                     "SELECT w.key, w.k, w.n, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy FROM selections s "

@@ -47,6 +47,7 @@ import numpy as np
 
 from ..codegen.kernels import gemm
 from ..codegen.kernels.gemm import GemmSchedule
+from ..errors import ShapeshiftError
 from . import dispatch, space
 from .builder import SourceFn, build_many
 from .cost_model import CostModel
@@ -221,6 +222,7 @@ class Tuner:
         self.schedules: dict[int, GemmSchedule] = {}
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
         self.failed: set[int] = set()
+        self.first_error: Optional[str] = None  # what the first failed candidate said
         # Times taken together with other kernels, in one process (``_time_together``): candidate -> M -> s.
         self.together: dict[int, dict[int, float]] = {}
         self.trials = 0
@@ -264,6 +266,7 @@ class Tuner:
             self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
             if result.error:
                 self.failed.add(cid)
+                self.first_error = self.first_error or result.error
                 self.log(f"  candidate {cid} failed: {result.error}")
             else:
                 self.times.setdefault(cid, {}).update(result.seconds)
@@ -363,7 +366,7 @@ class Tuner:
         cids = [c for c in (self.times if among is None else among) if c not in self.failed
                 and (not validated or all(m in self.times[c] for m in self.select_ms))]
         if not cids:
-            raise RuntimeError("no candidate was measured successfully")
+            raise ShapeshiftError("no candidate was measured successfully")
         max_k = 1 if self.cfg.strategy == "pad-max" else self.cfg.max_kernels
         if self.cfg.strategy == "pad-max":
             hi = self.w.hi
@@ -529,6 +532,10 @@ class Tuner:
                 self.evolve([m], each, time.monotonic() + share)
         else:
             self.evolve([self.w.hi], self.cfg.trials, deadline)
+        if not any(c not in self.failed for c in self.times):
+            # Nothing to choose from: no compiler, say, and every candidate failed to build.
+            raise ShapeshiftError(f"tuning {self.w.describe()}: no candidate could be built and measured; "
+                                  f"the first failure: {self.first_error or 'none measured'}")
         if self.cfg.strategy == "dietcode" and self.cfg.probes:
             self._probe()
         if self.cfg.strategy == "dietcode":
