@@ -17,6 +17,7 @@ antialias, keep_aspect_ratio_policy).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Optional, Sequence
@@ -388,12 +389,27 @@ def _cast_back(result: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _run(ctx: EvalContext, x: np.ndarray, roi, scales, sizes) -> list:
     spec = _spec(ctx)
     plan = _plan(ctx, spec, x.shape, roi, scales, sizes)
+    _check_output_fits(plan.out_shape, x.dtype.itemsize)
     # Nearest only gathers, so it works on any dtype; the filters run in float64.
     data = x if spec.mode == "nearest" else x.astype(np.float64)
     for axis in plan.axes:
         if not _is_identity(plan, spec, axis, data.shape[axis]):
             data = _resize_axis(data, axis, plan, spec)
     return [_cast_back(data, x.dtype)]
+
+
+def _check_output_fits(out_shape: Sequence[int], itemsize: int) -> None:
+    """Refuse an output larger than the machine's memory before any of it is made: a
+    scale of 1e9 built index arrays of 15 GiB per axis first, and without a memory limit
+    the process was killed for memory rather than told."""
+    nbytes = math.prod(int(d) for d in out_shape) * itemsize
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf here: nothing to compare with
+        return
+    if nbytes > physical:
+        raise ValueError(f"the output {list(out_shape)} would take {nbytes} bytes, more than this machine's "
+                         f"memory ({physical} bytes)")
 
 
 def _resize_eval(ctx: EvalContext, x, *params) -> list:

@@ -253,3 +253,12 @@ def test_integer_linear_rounds_like_the_reference():
 def test_unknown_attribute_values_fail(attrs):
     with pytest.raises(ShapeInferenceError):
         infer_op("Resize", [IMAGE, None, scales(1, 1, 2, 2)], attrs, 19, const_inputs=[2])
+
+
+def test_an_output_larger_than_memory_is_refused_before_any_is_made():
+    """A scale of 1e9 built index arrays of 15 GiB per axis before the output, and a
+    process without a memory limit was killed for memory instead of told."""
+    x = np.ones((1, 1, 4, 4), np.float32)
+    with pytest.raises(ValueError, match=r"the output \[1, 1, 4000000000, 4000000000\] would take .* more than "
+                                         r"this machine's memory"):
+        apply_op("Resize", [x, EMPTY, scales(1, 1, 1e9, 1e9)], {"mode": "nearest"}, opset=19)
