@@ -314,3 +314,13 @@ def test_simplify_names_an_artifact_and_refuses_a_negative_input_shape(encoder_p
     result = _cli("simplify", str(encoder_path), str(tmp_path / "out.onnx"), "--input-shape", "input_ids=-1,8")
     assert result.returncode == 2 and "dimension -1 is negative" in result.stderr
     assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["run", "{model}", "--random", "--seed", "-1"], "--seed: must be a non-negative integer"),
+    (["run", "{model}", "--random", "--dynamic", "seq=1:99999999999999999999"], "past the largest dim"),
+    (["simplify", "{model}", "{out}", "--input-shape", "input_ids=99999999999999999999999,8"], "past the largest"),
+], ids=["seed", "range", "input shape"])
+def test_numbers_out_of_range_are_one_line_errors(encoder_path, tmp_path, args, pattern):
+    result = _cli(*[a.format(model=encoder_path, out=tmp_path / "out.onnx") for a in args])
+    assert result.returncode == 2 and pattern in result.stderr and "Traceback" not in result.stderr

@@ -12,6 +12,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..errors import ShapeshiftError
+from ..frontend.onnx_import import MAX_DIM
 from ..passes.simplify.engine import STRATEGIES
 from ..runtime.session import BACKENDS
 from ..tune.search import MEASURE_CAP
@@ -37,7 +38,16 @@ def parse_range(text: str) -> tuple[str, tuple[int, int]]:
         raise UsageError(f"--dynamic {text!r}: expected SYMBOL=LO:HI with integer bounds") from None
     if not sep or not name or lo > hi or lo < 0:
         raise UsageError(f"--dynamic {text!r}: expected SYMBOL=LO:HI with 0 <= LO <= HI")
+    if hi > MAX_DIM:
+        raise UsageError(f"--dynamic {text!r}: {hi} is past the largest dim there is room for ({MAX_DIM})")
     return name, (lo, hi)
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     run.add_argument("--random", action="store_true", help="feed random inputs for any input not given")
     run.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=_seed, default=0)
     run.add_argument("--save", metavar="DIR", help="write each output as DIR/NAME.npy")
     run.add_argument("--backend", choices=BACKENDS, default=None,
                      help="native (the default): the model lowered to C, built once with the system compiler "

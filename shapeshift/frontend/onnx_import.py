@@ -517,6 +517,11 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
     return graph
 
 
+#: The largest dim a range or a given shape may name: extents are int64, and products of
+#: a few dims must still fit.
+MAX_DIM = 2 ** 40
+
+
 def symbol_ranges(dynamic) -> dict[str, tuple[int, int]]:
     """``dynamic`` as {symbol: (lo, hi)}: a range is a (lo, hi) pair, or an int that fixes
     the symbol (as ``--dynamic seq=8`` does); 0 <= lo <= hi. ModelLoadError naming the
@@ -531,8 +536,8 @@ def symbol_ranges(dynamic) -> dict[str, tuple[int, int]]:
         except (TypeError, ValueError):
             raise InputError(f"dynamic range of {name!r}: expected (lo, hi) integers or one integer, "
                                  f"got {spec!r}") from None
-        if not 0 <= lo <= hi:
-            raise InputError(f"dynamic range of {name!r}: expected 0 <= lo <= hi, got ({lo}, {hi})")
+        if not 0 <= lo <= hi <= MAX_DIM:
+            raise InputError(f"dynamic range of {name!r}: expected 0 <= lo <= hi <= {MAX_DIM}, got ({lo}, {hi})")
         ranges[str(name)] = (lo, hi)
     return ranges
 

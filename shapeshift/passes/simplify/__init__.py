@@ -14,7 +14,7 @@ import onnx
 
 from ...errors import ExpressionError, ShapeshiftError
 from ...frontend.onnx_export import export_model
-from ...frontend.onnx_import import ModelSource, import_model, read_model, source_label
+from ...frontend.onnx_import import MAX_DIM, ModelSource, import_model, read_model, source_label
 from ...ir.graph import Graph
 from ...ir.types import TensorType
 from ...ir.verifier import verify
@@ -47,6 +47,9 @@ def _apply_input_shapes(graph: Graph, input_shapes: Mapping[str, Sequence[DimSpe
                 if int(d) < 0:  # -1 may mean "dynamic" to the user: that is a symbol's name here
                     raise ShapeshiftError(f"input {name!r}: dimension {d} is negative; give a size or a symbol "
                                           f"name (a new name makes that dim dynamic)")
+                if int(d) > MAX_DIM:
+                    raise ShapeshiftError(f"input {name!r}: dimension {d} is past the largest there is room for "
+                                          f"({MAX_DIM})")
                 shape.append(int(d))
                 continue
             try:
