@@ -108,6 +108,16 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch, compiles):
     assert build.default_cache_dir() == Path.home() / ".cache" / "shapeshift"
 
 
+def test_a_cache_folder_that_cannot_be_used_is_named(tmp_path, monkeypatch):
+    """A file where the cache folder should be (or a read-only home): an error naming the
+    cache and SHAPESHIFT_CACHE_DIR, not a NotADirectoryError from deep in the build."""
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(blocker))
+    with pytest.raises(ShapeshiftError, match=f"the build cache {blocker} cannot be used .*SHAPESHIFT_CACHE_DIR"):
+        compile_library(ADD_SOURCE)
+
+
 def test_flags_and_source_change_the_key(tmp_path, compiles):
     base = compile_library(ADD_SOURCE, cache_dir=tmp_path)
     flagged = compile_library(ADD_SOURCE, flags=[*DEFAULT_FLAGS, "-DUNUSED=1"], cache_dir=tmp_path)

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from ..errors import CompileError, CompilerNotFoundError
+from ..errors import CompileError, CompilerNotFoundError, ShapeshiftError
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +174,22 @@ def _object_flags(flags: Sequence[str]) -> tuple[str, ...]:
     return (*[f for f in flags if f != "-shared"], "-c")
 
 
+def _cache_folder(cache_dir: Optional[Path], *parts: str) -> Path:
+    """The folder ``parts`` under the build cache, made if missing; an error naming the cache
+    (and how to move it) where it cannot be: a read-only home in a container, a file where
+    the folder should be."""
+    base = Path(cache_dir if cache_dir is not None else default_cache_dir())
+    directory = base.joinpath(*parts)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ShapeshiftError(f"the build cache {base} cannot be used ({exc.strerror}: {exc.filename}); "
+                              "set SHAPESHIFT_CACHE_DIR to a folder this process can write") from None
+    return directory
+
+
 def _entry(cache_dir: Optional[Path], key: str, suffix: str) -> "_Entry":
-    directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key[:2]
-    directory.mkdir(parents=True, exist_ok=True)
-    return _Entry(directory, key, suffix)
+    return _Entry(_cache_folder(cache_dir, key[:2]), key, suffix)
 
 
 def _cached_object(name: str, source: str, key: str, flags: tuple[str, ...], cc: str, version: str,
@@ -209,12 +221,11 @@ def install_library(data: bytes, key: str, source: str, cache_dir: Optional[Path
     own sha256 so that one name always holds the same bytes (two processes installing it race
     harmlessly), next to the ``source`` it was built from. They are kept apart from the build
     entries: ``key`` names the build that made them elsewhere, not one made on this machine.
-    The caller checks ``data`` against its own record; raises OSError if it cannot be written
-    or loaded.
+    The caller checks ``data`` against its own record; raises ShapeshiftError if the cache
+    folder cannot be made, OSError if the library cannot be written or loaded.
     """
     digest = hashlib.sha256(data).hexdigest()
-    directory = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "artifacts" / digest[:2]
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = _cache_folder(cache_dir, "artifacts", digest[:2])
     so, c_file = directory / f"{digest}.so", directory / f"{digest}.c"
     if not c_file.exists() or c_file.read_text() != source:
         _write_atomic(c_file, source.encode())
@@ -377,7 +388,12 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as f:
+    try:
+        f = open(path, "a+b")
+    except OSError as exc:
+        raise ShapeshiftError(f"the build cache's lock file {path} cannot be opened ({exc.strerror}); "
+                              "set SHAPESHIFT_CACHE_DIR to a folder this process can write") from None
+    with f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
