@@ -324,3 +324,19 @@ def test_simplify_names_an_artifact_and_refuses_a_negative_input_shape(encoder_p
 def test_numbers_out_of_range_are_one_line_errors(encoder_path, tmp_path, args, pattern):
     result = _cli(*[a.format(model=encoder_path, out=tmp_path / "out.onnx") for a in args])
     assert result.returncode == 2 and pattern in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_save_keeps_outputs_whose_safe_names_collide(tmp_path):
+    """Outputs 'a/b' and 'a_b' both make a_b.npy: the second one overwrote the first."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("a/b", "a_b")]
+    nodes = [helper.make_node("Relu", ["x"], ["a/b"]), helper.make_node("Neg", ["x"], ["a_b"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outputs), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    np.save(tmp_path / "x.npy", np.array([-1.0, 2.0], np.float32))
+    assert main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--save", str(tmp_path / "out")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "a_b.npy"), [0.0, 2.0])
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "a_b_1.npy"), [1.0, -2.0])

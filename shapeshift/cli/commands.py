@@ -167,9 +167,26 @@ def cmd_run(args) -> int:
     if args.save:
         out_dir = Path(args.save)
         out_dir.mkdir(parents=True, exist_ok=True)
-        for value, array in zip(session.graph.outputs, outputs):
-            np.save(out_dir / f"{_safe(value.name)}.npy", np.asarray(array))
+        for name, array in zip(_file_names([v.name for v in session.graph.outputs]), outputs):
+            np.save(out_dir / f"{name}.npy", np.asarray(array))
+            print(f"saved  {out_dir / name}.npy")
     return 0
+
+
+def _file_names(names: list[str]) -> list[str]:
+    """A file name per output: its name made safe, with a number after any that two share
+    (``a/b`` and ``a_b`` both make ``a_b``: the second file overwrote the first)."""
+    taken: set[str] = set()
+    result = []
+    for name in names:
+        base = candidate = _safe(name)
+        count = 1
+        while candidate in taken:
+            candidate = f"{base}_{count}"
+            count += 1
+        taken.add(candidate)
+        result.append(candidate)
+    return result
 
 
 def cmd_compile(args) -> int:
