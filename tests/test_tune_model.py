@@ -124,7 +124,8 @@ def test_dispatcher_packs_one_copy_per_layout(tmp_path):
 
 def test_records_of_another_thread_count_are_not_used(files):
     model, db, _ = files
-    session = InferenceSession(model, RANGES, backend="native", num_threads=2, tuning_db=db)
+    with pytest.warns(UserWarning, match="holds selections for 1 thread\\(s\\), none for 2: its records are not used"):
+        session = InferenceSession(model, RANGES, backend="native", num_threads=2, tuning_db=db)
     assert {p.prefix for p in session._executor.program.packs} == {"ss_gemm_"}
     _check(session, model)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -172,8 +173,17 @@ class GemmTuning:
                     "SELECT w.key, w.k, w.n, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy FROM selections s "
                     "JOIN workloads w ON w.id = s.workload_id WHERE s.threads = ? ORDER BY s.id",
                     (threads,)).fetchall()
+                others = [] if rows else [t for (t,) in conn.execute(
+                    "SELECT DISTINCT threads FROM selections ORDER BY threads")]
             finally:
                 conn.close()
+            if others:
+                # Records that exist but go unused were dropped without a word: tune defaults
+                # to one thread, sessions to every core. Still not an error: the defaults run.
+                counts = ", ".join(map(str, others))
+                warnings.warn(f"tuning database {path} holds selections for {counts} thread(s), none for "
+                              f"{threads}: its records are not used (run on {counts} thread(s) with num_threads= "
+                              f"or --threads, or tune with --threads {threads})", stacklevel=3)
             entries: dict = {}
             for key, k, n, kernels, tree, t, lo, hi, strategy in rows:  # later rows replace earlier ones
                 schedules = tuple(space.from_json(kern["schedule"]) for kern in json.loads(kernels))
