@@ -136,9 +136,10 @@ def test_profile_is_refused_where_there_are_no_timers(tmp_path):
 
 def test_cli_run_profile(tmp_path, capsys):
     path = _mlp_with_unique(tmp_path)
-    assert main(["run", path, "--random", "--dynamic", "n=1:32", "--profile"]) != 0
+    assert main(["run", path, "--random", "--dynamic", "n=1:32", "--backend", "reference", "--profile"]) != 0
     assert "--backend native" in capsys.readouterr().err
-    assert main(["run", path, "--random", "--dynamic", "n=1:32", "--backend", "native", "--profile",
-                 "--repeat", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "(2 run(s))" in out and "Unique" in out and "slowest" in out
+    # Native is the default backend: --profile needs no --backend (it asked for one before).
+    for backend in (["--backend", "native"], []):
+        assert main(["run", path, "--random", "--dynamic", "n=1:32", *backend, "--profile", "--repeat", "3"]) == 0
+        out = capsys.readouterr().out
+        assert "(2 run(s))" in out and "Unique" in out and "slowest" in out
