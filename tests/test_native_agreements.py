@@ -113,3 +113,13 @@ def test_silero_vad_with_a_state_of_another_batch_is_refused():
         session.run(None, feed)
     feed["state"] = np.zeros((2, 2, 128), np.float32)
     assert [o.shape for o in session.run(None, feed)] == [(2, 1), (2, 2, 128)]
+
+
+def test_yolov8n_at_a_size_its_concats_cannot_take_is_refused_as_onnxruntime_does():
+    """At 100 x 100 the upsampled P5 map (2 x 4 = 8 rows) meets P4's 7 at a Concat:
+    onnxruntime refuses it there, and native ran on, past the end of the smaller one."""
+    session = shapeshift.InferenceSession(shared_model("yolov8n_nudenet.320n.onnx"), backend="native")
+    with pytest.raises(errors.ExecutionError, match=r"'/model.11/Concat' \(Concat\): dimension 2 of .* must equal "
+                                                    r"dimension 2 of .* \(got 7 and 8\)"):
+        session.run(None, {"images": np.zeros((1, 3, 100, 100), np.float32)})
+    assert session.run(None, {"images": np.zeros((1, 3, 96, 128), np.float32)})[0].shape == (1, 22, 252)
