@@ -65,6 +65,11 @@ CASES = [
      {"a": _f(2, 3), "b": _f(2, 4)}, r"'cat' \(Concat\): dimension 1 of 'b' must equal dimension 1 of 'a' "
                                      r"\(got 4 and 3\)",
      {"a": _f(2, 3), "b": _f(5, 3)}),
+    ("split", _model([helper.make_node("Split", ["x", "sp"], ["y", "rest"], name="split", axis=0)],
+                     [("x", F, ["n", 2])], [("sp", np.array([2, 3], np.int64))]),
+     {"x": _f(3, 2)}, r"'split' \(Split\): the parts' sizes along axis 0 must add up to dimension 0 of 'x' "
+                      r"\(got 5 and 3\)",
+     {"x": _f(5, 2)}),
     ("batchnorm", _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")],
                          [("x", F, ["n", "c", "h"]), ("s", F, ["c1"]), ("b", F, ["c2"]), ("m", F, ["c3"]),
                           ("v", F, ["c4"])]),

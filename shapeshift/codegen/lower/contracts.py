@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from ...ir.graph import Node, Value
 from ...ir.types import TensorType
-from ...symbolic import Dim, mul, prove_eq
+from ...symbolic import Dim, add, mul, prove_eq
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,20 @@ def _concat(node: Node) -> list[Agreement]:
             if d != axis:
                 found += _pair(other, d, first, d)
     return found
+
+
+@_rule("Split")
+def _split(node: Node) -> list[Agreement]:
+    x = node.inputs[0]
+    sx = _shape(x)
+    outs = [_shape(v) for v in node.outputs]
+    if sx is None or any(o is None or len(o) != len(sx) for o in outs) or not sx:
+        return []
+    axis = int(node.attrs.get("axis", 0)) % len(sx)
+    total = outs[0][axis]
+    for o in outs[1:]:
+        total = add(total, o[axis])
+    return [Agreement(total, sx[axis], f"the parts' sizes along axis {axis} must add up to {_dim(x, axis)}")]
 
 
 @_rule("BatchNormalization", "InstanceNormalization")
