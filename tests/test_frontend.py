@@ -546,7 +546,7 @@ def test_model_local_functions_are_inlined(backend, tmp_path):
     ({"batch": "1:4"}, "dynamic range of 'batch': expected \\(lo, hi\\) integers or one integer, got '1:4'"),
     ({"batch": (1, 2, 3)}, "expected \\(lo, hi\\) integers"),
     ({"batch": (1.5, 2)}, "expected \\(lo, hi\\) integers"),
-    ({"batch": (4, 1)}, "expected 0 <= lo <= hi, got \\(4, 1\\)"),
+    ({"batch": (4, 1)}, "expected 0 <= lo <= hi <= [0-9]+, got \\(4, 1\\)"),
 ], ids=["typo", "text", "three", "float", "reversed"])
 def test_a_dynamic_range_that_cannot_apply_is_refused(encoder_path, dynamic, pattern):
     """A range for a symbol no input has (a typo) was dropped without a word, and a range

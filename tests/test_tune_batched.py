@@ -241,7 +241,8 @@ def test_session_runs_the_tuned_batched_dispatchers(files):
 
 def test_batched_records_of_another_thread_count_are_not_used(files):
     model, db, _ = files
-    session = InferenceSession(model, RANGES, backend="native", num_threads=2, tuning_db=db)
+    with pytest.warns(UserWarning, match="holds selections for 1 thread\\(s\\), none for 2: its records are not used"):
+        session = InferenceSession(model, RANGES, backend="native", num_threads=2, tuning_db=db)
     assert "ss_tuned_bmm_" not in session._executor.program.source
     _check(session, model)
 
