@@ -239,15 +239,20 @@ def test_unsupported_ops_are_counted_inside_bodies_and_in_unimported_domains():
         shapeshift.load(_model(unreadable, [x], [y]))
 
 
-def test_a_constant_whose_tensor_does_not_fit_its_shape_is_named():
+def _bad_constant_model() -> onnx.ModelProto:
+    """Add(x, c) with c a Constant whose tensor is 4 bytes short of its 2 x 3 shape."""
     value = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "v")
     value.raw_data = value.raw_data[:-4]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
     nodes = [helper.make_node("Constant", [], ["c"], value=value, name="bad_constant"),
              helper.make_node("Add", ["x", "c"], ["y"])]
+    return _model(nodes, [x], [y])
+
+
+def test_a_constant_whose_tensor_does_not_fit_its_shape_is_named():
     with pytest.raises(errors.ModelLoadError, match="node 'bad_constant' \\(Constant\\): attribute 'value'"):
-        shapeshift.load(_model(nodes, [x], [y]))
+        shapeshift.load(_bad_constant_model())
 
 
 def _constants_model():
@@ -326,14 +331,8 @@ def test_simplify_keeps_a_weight_shared_through_identity_as_one_tensor():
 
 
 def test_simplify_names_a_constant_whose_tensor_does_not_fit_its_shape():
-    value = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "v")
-    value.raw_data = value.raw_data[:-4]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
-    nodes = [helper.make_node("Constant", [], ["c"], value=value, name="bad_constant"),
-             helper.make_node("Add", ["x", "c"], ["y"])]
     with pytest.raises(errors.ModelLoadError, match="initializer 'c' \\(2x3\\): its data does not make"):
-        shapeshift.simplify(_model(nodes, [x], [y]).SerializeToString())
+        shapeshift.simplify(_bad_constant_model().SerializeToString())
 
 
 def test_opset_99_is_refused():
