@@ -340,3 +340,22 @@ def test_run_save_keeps_outputs_whose_safe_names_collide(tmp_path):
     assert main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--save", str(tmp_path / "out")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "a_b.npy"), [0.0, 2.0])
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "a_b_1.npy"), [1.0, -2.0])
+
+
+def test_run_random_makes_bfloat16_inputs_and_names_an_untyped_one(tmp_path, capsys):
+    """--random fed bfloat16 inputs Python objects (then refused), and an input without a
+    type was called missing."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.BFLOAT16, None)
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "bf16.onnx")
+    assert main(["run", str(tmp_path / "bf16.onnx"), "--random"]) == 0
+    assert "output y: bfloat16[" in capsys.readouterr().out
+    del model.graph.input[:]
+    model.graph.input.append(onnx.ValueInfoProto(name="x"))
+    onnx.save(model, tmp_path / "untyped.onnx")
+    assert main(["run", str(tmp_path / "untyped.onnx"), "--random"]) == 2
+    assert "input(s) 'x' have no tensor type in the model" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from ..errors import InputError, ShapeshiftError
 from ..files import output_target
 from ..frontend.onnx_import import import_model, read_model, unsupported_ops
 from ..ir.graph import Graph
-from ..ir.types import dtype_name
+from ..ir.types import TensorType, dtype_name
 from ..ops.registry import REGISTRY
 from ..runtime.profile import format_profile
 from ..runtime.session import DEFAULT_BACKEND, InferenceSession
@@ -147,6 +147,10 @@ def cmd_run(args) -> int:
     if missing and not args.random:
         raise InputError(f"no value for input(s) {', '.join(repr(v.name) for v in missing)}; "
                          f"pass --input NAME=FILE.npy or --random")
+    untyped = [v.name for v in missing if not isinstance(v.type, TensorType)]
+    if untyped:  # random_feed cannot make them, and check_feed would call them missing
+        raise InputError(f"input(s) {', '.join(map(repr, untyped))} have no tensor type in the model: give them "
+                         f"with --input NAME=FILE.npy")
     if missing:
         feed.update(random_feed(session.graph, missing, args.dynamic, np.random.default_rng(args.seed), given=feed))
     for name, array in feed.items():

@@ -43,7 +43,7 @@ def pick_binding(graph: Graph, values: list[Value], dynamic: Mapping[str, tuple[
 def random_array(t: TensorType, binding: Mapping[str, int], rng: np.random.Generator) -> np.ndarray:
     shape = tuple(evaluate(d, binding) for d in (t.shape or ()))
     dtype = to_numpy_dtype(t.dtype)
-    if dtype.kind == "f":
+    if dtype.kind == "f" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):  # ml_dtypes' floats
         return rng.standard_normal(shape).astype(dtype)
     if dtype.kind in "iu":
         # 0 and 1 only: integer inputs are mostly ids, masks and types, which index

@@ -55,7 +55,7 @@ def check_feed(graph: Graph, feed: Mapping[str, Any]) -> tuple[dict[Value, Any],
         if got != expected.dtype:
             raise InputDtypeError(
                 f"input {name!r}: expected dtype {dtype_name(expected.dtype)}, got {data.dtype} "
-                f"(cast with .astype(np.{np.dtype(_np_name(expected.dtype))}))")
+                f"(cast with .astype({_dtype_expr(expected.dtype)}))")
         if expected.shape is None:
             continue
         if data.ndim != len(expected.shape):
@@ -86,7 +86,7 @@ def _check_representation(name: str, data: np.ndarray, expected: int) -> None:
     if kind == "O" and expected != STRING:
         raise InputDtypeError(
             f"input {name!r}: expected dtype {dtype_name(expected)}, got an array of Python objects "
-            f"(convert with .astype(np.{np.dtype(_np_name(expected))}))")
+            f"(convert with .astype({_dtype_expr(expected)}))")
     if data.dtype.byteorder not in ("=", "|") and data.dtype.byteorder != _NATIVE_ORDER:
         raise InputDtypeError(
             f"input {name!r}: its data ({data.dtype.str}) has the opposite byte order to this machine's "
@@ -94,6 +94,13 @@ def _check_representation(name: str, data: np.ndarray, expected: int) -> None:
 
 
 _NATIVE_ORDER = "<" if np.little_endian else ">"
+
+
+def _dtype_expr(elem_type: int) -> str:
+    """How the user names the element type's NumPy dtype: ``np.float32``, or
+    ``ml_dtypes.bfloat16`` for the types NumPy itself lacks."""
+    name = np.dtype(_np_name(elem_type)).name
+    return f"np.{name}" if hasattr(np, name) else f"ml_dtypes.{name}"
 
 
 def _np_name(elem_type: int) -> str:
