@@ -359,3 +359,11 @@ def test_run_random_makes_bfloat16_inputs_and_names_an_untyped_one(tmp_path, cap
     onnx.save(model, tmp_path / "untyped.onnx")
     assert main(["run", str(tmp_path / "untyped.onnx"), "--random"]) == 2
     assert "input(s) 'x' have no tensor type in the model" in capsys.readouterr().err
+
+
+def test_simplify_api_names_an_input_shape_that_is_no_list(encoder_path):
+    import shapeshift
+    from shapeshift.errors import ShapeshiftError
+
+    with pytest.raises(ShapeshiftError, match="input 'input_ids': the shape given for it is 3, not a list of dims"):
+        shapeshift.simplify(str(encoder_path), input_shapes={"input_ids": 3})

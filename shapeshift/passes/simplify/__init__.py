@@ -33,10 +33,13 @@ def _apply_input_shapes(graph: Graph, input_shapes: Mapping[str, Sequence[DimSpe
     for name, dims in input_shapes.items():
         value = by_name.get(name)
         if value is None:
-            raise ShapeshiftError(f"--input-shape names {name!r}, which is not a graph input "
+            raise ShapeshiftError(f"the input shapes name {name!r}, which is not a graph input "
                                   f"(inputs: {', '.join(map(repr, by_name))})")
         if not isinstance(value.type, TensorType):
             raise ShapeshiftError(f"input {name!r} is not a tensor; its shape cannot be set")
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
+            raise ShapeshiftError(f"input {name!r}: the shape given for it is {dims!r}, not a list of dims "
+                                  f"(sizes or symbol names)")
         declared = value.type.shape
         if declared is not None and len(declared) != len(dims):
             raise ShapeshiftError(f"input {name!r} has rank {len(declared)}; the shape given for it has "
