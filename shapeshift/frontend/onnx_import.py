@@ -524,8 +524,8 @@ MAX_DIM = 2 ** 40
 
 def symbol_ranges(dynamic) -> dict[str, tuple[int, int]]:
     """``dynamic`` as {symbol: (lo, hi)}: a range is a (lo, hi) pair, or an int that fixes
-    the symbol (as ``--dynamic seq=8`` does); 0 <= lo <= hi. ModelLoadError naming the
-    symbol otherwise (a raw TypeError or ValueError from unpacking it, before)."""
+    the symbol (as ``--dynamic seq=8`` does); 0 <= lo <= hi <= MAX_DIM. InputError naming
+    the symbol otherwise (a raw TypeError or ValueError from unpacking it, before)."""
     ranges: dict[str, tuple[int, int]] = {}
     for name, spec in (dynamic or {}).items():
         try:
@@ -535,7 +535,7 @@ def symbol_ranges(dynamic) -> dict[str, tuple[int, int]]:
             lo, hi = int(lo), int(hi)
         except (TypeError, ValueError):
             raise InputError(f"dynamic range of {name!r}: expected (lo, hi) integers or one integer, "
-                                 f"got {spec!r}") from None
+                             f"got {spec!r}") from None
         if not 0 <= lo <= hi <= MAX_DIM:
             raise InputError(f"dynamic range of {name!r}: expected 0 <= lo <= hi <= {MAX_DIM}, got ({lo}, {hi})")
         ranges[str(name)] = (lo, hi)
@@ -547,14 +547,9 @@ def _check_ranges_name_input_dims(ranges: Mapping[str, tuple[int, int]], graph: 
     ``btach=1:4``): refused, with the symbols the inputs do use."""
     if not ranges:
         return
-    used: set[str] = set()
-    for value in graph.inputs:
-        t = value.type
-        if isinstance(t, TensorType) and t.shape is not None:
-            for d in t.shape:
-                used |= free_symbols(d)
+    used = graph.input_symbols()
     unknown = sorted(name for name in ranges if name not in used)
     if unknown:
         known = ", ".join(sorted(used)) or "none (every input dim is static)"
         raise InputError(f"{label}: no input dim is named {', '.join(map(repr, unknown))}; "
-                             f"the inputs' symbols are: {known}")
+                         f"the inputs' symbols are: {known}")

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..symbolic import DEFAULT_HI, DEFAULT_LO, Expr, symbol
-from .types import ValueType, tensor_type_of
+from ..symbolic import DEFAULT_HI, DEFAULT_LO, Expr, free_symbols, symbol
+from .types import TensorType, ValueType, tensor_type_of
 
 
 class Value:
@@ -362,6 +362,16 @@ class Graph:
             if node.has_subgraphs():
                 for sub in node.subgraphs():
                     yield from sub.walk_nodes()
+
+    def input_symbols(self) -> set[str]:
+        """The names of the symbols the dims of this graph's inputs use."""
+        names: set[str] = set()
+        for value in self.inputs:
+            t = value.type
+            if isinstance(t, TensorType) and t.shape is not None:
+                for d in t.shape:
+                    names |= free_symbols(d)
+        return names
 
     def values(self) -> Iterable[Value]:
         yield from self.inputs

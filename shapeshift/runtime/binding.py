@@ -87,13 +87,10 @@ def _check_representation(name: str, data: np.ndarray, expected: int) -> None:
         raise InputDtypeError(
             f"input {name!r}: expected dtype {dtype_name(expected)}, got an array of Python objects "
             f"(convert with .astype({_dtype_expr(expected)}))")
-    if data.dtype.byteorder not in ("=", "|") and data.dtype.byteorder != _NATIVE_ORDER:
+    if data.dtype.byteorder not in ("=", "|"):  # NumPy writes this machine's order as "="
         raise InputDtypeError(
             f"input {name!r}: its data ({data.dtype.str}) has the opposite byte order to this machine's "
             f"(convert with .astype(np.{data.dtype.newbyteorder('=').name}))")
-
-
-_NATIVE_ORDER = "<" if np.little_endian else ">"
 
 
 def _dtype_expr(elem_type: int) -> str:

@@ -86,7 +86,7 @@ class _Simplifier:
         self.stats = SimplifyStats()
         self.nodes = list(graph.walk_nodes())  # the walk the rewriter, owners and worklist start from
         self.rw = Rewriter(graph, self.nodes)
-        self.input_symbols = _input_symbols(graph)
+        self.input_symbols = graph.input_symbols()
         # Expr -> whether all its symbols are input symbols (Exprs are interned, so
         # identity is equality); asked of every dim of every candidate parameter.
         self._bindable: dict[Expr, bool] = {}
@@ -426,15 +426,6 @@ def _has_dynamic_params(node: Node) -> bool:
     rule = lookup(node.domain, node.op_type, node.graph.opset.get(node.domain or "", 1))
     return rule is not None and any(
         i < len(node.inputs) and node.inputs[i] is not None and node.inputs[i].const is None for i in rule.params)
-
-
-def _input_symbols(graph: Graph) -> set[str]:
-    names: set[str] = set()
-    for value in graph.inputs:
-        if isinstance(value.type, TensorType) and value.type.shape is not None:
-            for d in value.type.shape:
-                names |= free_symbols(d)
-    return names
 
 
 def _freeze(value):
