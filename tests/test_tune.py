@@ -19,6 +19,7 @@ from shapeshift.codegen.build import compile_library
 from shapeshift.codegen.kernels import gemm
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.errors import ShapeshiftError
+from shapeshift.target import host_target
 from shapeshift.tune import dispatch, space
 from shapeshift.tune.builder import build_one
 from shapeshift.tune.cost_model import CostModel, spearman
@@ -222,9 +223,39 @@ def test_a_schedule_recorded_before_small_panels_reloads_as_it_ran():
     for schedule in (SMALL, GemmSchedule(), GemmSchedule(small_panels=2)):
         assert space.from_json(space.to_json(schedule)) == schedule
     rng = random.Random(3)
-    drawn = {space.random_schedule(rng).small_panels for _ in range(60)}
-    drawn |= {space.mutate(GemmSchedule(), rng).small_panels for _ in range(200)}
+    drawn = {space.random_schedule(rng, host_target()).small_panels for _ in range(60)}
+    drawn |= {space.mutate(GemmSchedule(), rng, host_target()).small_panels for _ in range(200)}
     assert drawn == set(space.SMALL_PANELS_CHOICES)
+
+
+def test_a_schedule_recorded_before_widths_reloads_as_ymm_on_16_registers():
+    """Records made before lanes, registers and prefetch_c existed reload as the AVX2 tile
+    they were drawn as, without the C prefetch."""
+    old = json.loads(space.to_json(SMALL))
+    for name in ("lanes", "registers", "prefetch_c"):
+        del old[name]
+    assert space.from_json(json.dumps(old)) == dataclasses.replace(SMALL, lanes=8, registers=16, prefetch_c=0)
+
+
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])
+def test_the_space_draws_tiles_that_fit_the_targets_registers(level):
+    """Every tile the space offers fits the target's register file in its width; zmm tiles
+    only where the target has AVX-512; the default is among them; random and mutated
+    schedules are valid for the target."""
+    from shapeshift.codegen.defaults import default_schedule
+    from shapeshift.codegen.kernels.gemm import tile_registers
+    from shapeshift.target import named_target
+
+    target = named_target(level)
+    tiles = space.tile_choices(target)
+    assert all(tile_registers(mr, nr, lanes) <= target.vector_registers for mr, nr, lanes in tiles)
+    assert {lanes for _, _, lanes in tiles} == ({8, 16} if level == "x86-64-v4" else {8})
+    default = default_schedule(target)
+    assert (default.mr, default.nr, default.lanes) in tiles
+    rng = random.Random(5)
+    for _ in range(100):
+        s = space.mutate(space.random_schedule(rng, target), rng, target)
+        assert s.registers == target.vector_registers and (s.mr, s.nr, s.lanes) in tiles
 
 
 def _writer(path: str, offset: int) -> None:
@@ -277,7 +308,7 @@ def test_cost_model_learns_a_ranking():
     import random
 
     rng = random.Random(0)
-    rows = [(space.random_schedule(rng), m) for m in range(1, 65, 3) for _ in range(3)]
+    rows = [(space.random_schedule(rng, host_target()), m) for m in range(1, 65, 3) for _ in range(3)]
     y = [math.log(s.mr * s.nr) - math.log(math.ceil(m / s.mr) * s.mr / m) for s, m in rows]
     model = CostModel(WORKLOAD, 1)
     model.fit(rows, y)
@@ -548,7 +579,7 @@ def test_dietcode_measures_the_chosen_kernels_at_the_probes_too(tmp_path, cache)
     with Database(tmp_path / "t.db") as db:
         tuner = Tuner(WORKLOAD, db, cache, config, log=lambda s: None)
         result = tuner.run()
-    default = next(c for c, s in tuner.schedules.items() if s == GemmSchedule())
+    default = next(c for c, s in tuner.schedules.items() if s == tuner.default)
     assert {2, 4, 16, 32} <= set(tuner.times[default])
     assert tuner.select_ms == [1, 2, 4, 8, 16, 32, 64]
     for kernel in result.kernels:
@@ -569,7 +600,7 @@ def test_dietcode_keeps_the_default_unless_another_kernel_is_clearly_faster(tmp_
     w = GemmWorkload(K, N, 1, 8)
     with Database(tmp_path / "t.db") as db:
         tuner = Tuner(w, db, cache, TuneConfig(samples=8, one_layout=False, runner=FAST), log=lambda s: None)
-        tuner.schedules = {1: GemmSchedule(), 2: SMALL}
+        tuner.schedules = {1: tuner.default, 2: SMALL}
         slightly = 1.0 - DEFAULT_MARGIN / 2
         tuner.times = {1: {m: 1.0 for m in range(1, 9)}, 2: {m: slightly for m in range(1, 9)}}
         chosen = tuner._select(validated=True)
@@ -594,7 +625,7 @@ def test_dietcode_shortlists_the_best_per_m_and_chooses_on_the_times_taken_toget
     with Database(tmp_path / "t.db") as db:
         tuner = Tuner(w, db, cache, TuneConfig(sample_ms=(1, 8), probes=False, one_layout=False, runner=FAST),
                       log=lambda s: None)
-        tuner.schedules = {1: GemmSchedule(), 2: SMALL, 3: other, 4: dataclasses.replace(other, kc=32)}
+        tuner.schedules = {1: tuner.default, 2: SMALL, 3: other, 4: dataclasses.replace(other, kc=32)}
         tuner.times = {1: {1: 9.0, 8: 9.0}, 2: {1: 1.0, 8: 5.0}, 3: {1: 5.0, 8: 1.0}, 4: {1: 4.0, 8: 4.0}}
         short = tuner._shortlist(elapsed_s=1e6)
         assert short[:2] == [2, 3] and set(short) == {1, 2, 3, 4}  # bests, then second bests, the default

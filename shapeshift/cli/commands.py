@@ -45,6 +45,17 @@ def _op_histogram(graph: Graph) -> collections.Counter:
 def cmd_info(args) -> int:
     from ..runtime.artifact import is_artifact, read_artifact
 
+    if args.machine:
+        from ..target import host_target, measure_fma
+        from ..target.report import describe
+
+        target = host_target()
+        print("\n".join(describe(target, measure_fma(target))))
+        if args.model is None:
+            return 0
+        print()
+    if args.model is None:
+        raise InputError("info needs a MODEL (or --machine for this machine's description)")
     source, dynamic = args.model, args.dynamic
     if is_artifact(args.model):
         # A compiled artifact: what it holds and needs, then the model inside it.

@@ -54,8 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shapeshift", description="A compiler for dynamic-shape neural networks.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    info = sub.add_parser("info", help="describe a model: opset, inputs, outputs, op histogram")
-    info.add_argument("model")
+    info = sub.add_parser("info", help="describe a model: opset, inputs, outputs, op histogram "
+                                       "(or, with --machine, this machine's target description)")
+    info.add_argument("model", nargs="?")
+    info.add_argument("--machine", action="store_true",
+                      help="print the target description: ISA, registers, caches, measured FMA peak and "
+                           "latency per width (measured once per CPU, cached), default GEMM tile")
     info.add_argument("--dynamic", action="append", default=[], metavar="SYM=LO:HI")
     info.add_argument("--backend", choices=BACKENDS, default="reference",
                       help="native: also count the nodes that would run as C kernels and those left to fallback")

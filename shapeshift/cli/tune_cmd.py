@@ -24,7 +24,6 @@ from ..tune.extract import BatchedTask, ModelTask, model_tasks
 from ..tune.runner import RunnerConfig
 from ..tune.search import TuneConfig, Tuner, TuneResult
 from ..tune.workload import GemmWorkload
-from ..codegen.kernels.gemm import GemmSchedule
 
 
 class TuneError(ShapeshiftError):
@@ -248,7 +247,7 @@ def _progress(i: int, count: int, start: float, done: Callable[[], int], trials:
 
 def _speedup_over_default(tuner: Tuner, result: TuneResult) -> Optional[float]:
     """Geomean over the sampled M of default-schedule time / tuned time, where both were measured."""
-    default = next((c for c, s in tuner.schedules.items() if s == GemmSchedule()), None)
+    default = next((c for c, s in tuner.schedules.items() if s == tuner.default), None)
     # The same source as the dispatcher's times: for dietcode, both timed in one process.
     times = {m: t for m in result.seconds if (t := tuner.measured(default, m))} if default is not None else {}
     ratios = [times[m] / s for m, s in result.seconds.items() if m in times and s > 0 and not math.isnan(s)]

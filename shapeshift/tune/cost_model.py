@@ -34,13 +34,13 @@ def _cdiv(a: int, b: int) -> int:
 
 def work_ratio(s: GemmSchedule, m: int, n: int) -> float:
     """Multiply-adds the kernels compute over the useful ones: the last partial panel of N
-    runs whole vectors of 8 (packed path: edge kernels) or whole passes of 8 x width (the
-    B-streaming path, per row group); rows are never padded."""
+    runs whole vectors of the tile's width (packed path: edge kernels) or whole passes of
+    8 x width (the ymm B-streaming path, per row group); rows are never padded."""
     def columns(step: int) -> int:
         return (n // s.nr) * s.nr + _cdiv(n % s.nr, step) * step
 
     if m > s.small_m:
-        return columns(8) / n
+        return columns(s.lanes) / n
     groups = gemm._small_row_groups(s, m)
     return sum(rows * columns(8 * gemm._small_shape(s, rows)[0]) for rows in groups) / (m * n)
 
@@ -71,14 +71,15 @@ def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int =
     return [s.mr, s.nr, s.kc, s.mc, s.nc, s.unroll_k, s.small_m, s.small_nc, s.pack_rows, s.prefetch_rows,
             prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), math.log2(n), math.log2(k), float(small),
             pad_m, pad_n, work, n % s.nr, m % s.mr, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
-            m_panels * n_panels, balance, parts, s.small_panels, in_flight]
+            m_panels * n_panels, balance, parts, s.small_panels, in_flight, s.lanes, s.prefetch_c]
 
 
 def prior_log_gflops(s: GemmSchedule, m: int, n: int) -> float:
     """Before any data: bigger tiles are faster; rows of a partial tile (a slower edge
     kernel) and columns past N in the last vector cost as if wasted."""
     pad = (_cdiv(m, s.mr) * s.mr / m) * work_ratio(s, m, n)
-    tile = min(s.mr, m) * s.nr / (s.mr + s.nr / 8)
+    # FMAs per load of a k step (broadcasts of A plus vectors of B), in vectors of the width.
+    tile = min(s.mr, m) * s.nr / (s.mr + s.nr / s.lanes)
     return math.log(tile) - math.log(pad)
 
 

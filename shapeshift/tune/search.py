@@ -45,9 +45,11 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..codegen.defaults import default_schedule
 from ..codegen.kernels import gemm
 from ..codegen.kernels.gemm import GemmSchedule
 from ..errors import ShapeshiftError
+from ..target import host_target
 from . import dispatch, space
 from .builder import SourceFn, build_many
 from .cost_model import CostModel
@@ -205,6 +207,9 @@ class Tuner:
             config.runner, cold_bytes=(config.runner.cold_bytes or COLD_BYTES) if workload.cold else 0)
         self.source_fn, self.log = source_fn, log
         self.rng = random.Random(config.seed)
+        # The machine the candidates are drawn for and measured on, and its untuned schedule.
+        self.target = host_target()
+        self.default = default_schedule(self.target)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
         # dietcode measures Ms up to ``top`` only (``measure_cap``); the others, the whole range.
@@ -285,8 +290,8 @@ class Tuner:
         rel = (scores - scores.max(axis=0)) @ self._weights_of(ms) / len(ms)
         ranked = [pool[i] for i in np.argsort(-rel)]
         keep = ranked[: self.cfg.population // 2]
-        mutants = [space.mutate(self.rng.choice(keep[:8]), self.rng) for _ in range(self.cfg.population // 3)]
-        fresh = [space.random_schedule(self.rng) for _ in range(self.cfg.population - len(keep) - len(mutants))]
+        mutants = [space.mutate(self.rng.choice(keep[:8]), self.rng, self.target) for _ in range(self.cfg.population // 3)]
+        fresh = [space.random_schedule(self.rng, self.target) for _ in range(self.cfg.population - len(keep) - len(mutants))]
         return list(dict.fromkeys(keep + mutants + fresh))
 
     def _weights_of(self, ms: list[int]) -> np.ndarray:
@@ -325,8 +330,8 @@ class Tuner:
         return [(pool[i], sorted(m for m in targets[i] if not self._measured_at(pool[i], m))) for i in picks]
 
     def evolve(self, ms: list[int], trials: int, deadline: float) -> None:
-        # The hand-tuned default seeds the pool: the search starts from what ships today.
-        pool = [GemmSchedule()] + [space.random_schedule(self.rng) for _ in range(self.cfg.population - 1)]
+        # The target's default seeds the pool: the search starts from what ships today.
+        pool = [self.default] + [space.random_schedule(self.rng, self.target) for _ in range(self.cfg.population - 1)]
         done, rnd = 0, 0
         while done < trials and time.monotonic() < deadline:
             pool = self._next_pool(pool, ms)
@@ -380,14 +385,14 @@ class Tuner:
         default = self._default_cid()
         if (self.cfg.strategy == "dietcode" and default is not None and default not in chosen
                 and default in cids and len(chosen) < max_k
-                and (not one_layout or dispatch.layout(GemmSchedule()) == layouts[cids.index(chosen[0])])):
+                and (not one_layout or dispatch.layout(self.default) == layouts[cids.index(chosen[0])])):
             chosen.append(default)
         return chosen
 
     def _default_cid(self) -> Optional[int]:
         """The hand-tuned default's candidate id, if it was measured and did not fail."""
         return next((c for c, s in self.schedules.items()
-                     if s == GemmSchedule() and c in self.times and c not in self.failed), None)
+                     if s == self.default and c in self.times and c not in self.failed), None)
 
     def _probe(self) -> None:
         """Measure at each unsampled power of two of the range the PROBE_PICKS candidates
@@ -398,14 +403,14 @@ class Tuner:
         if not probes or not cids:
             return
         pool = [self.schedules[c] for c in cids]
-        if GemmSchedule() not in pool:
-            pool.append(GemmSchedule())
+        if self.default not in pool:
+            pool.append(self.default)
         scores = self._scores(pool, probes)
         targets: dict[int, set[int]] = {}
         for j, m in enumerate(probes):
             for i in np.argsort(-scores[:, j])[:PROBE_PICKS]:
                 targets.setdefault(int(i), set()).add(m)
-        targets.setdefault(pool.index(GemmSchedule()), set()).update(probes)
+        targets.setdefault(pool.index(self.default), set()).update(probes)
         self._measure([(pool[i], sorted(ms)) for i, ms in targets.items()])
         self.log(f"  probed M {' '.join(map(str, probes))} ({len(targets)} candidates)")
         self.select_ms = sorted(set(self.ms) | set(probes))

@@ -1,8 +1,10 @@
-"""The schedule space: valid ``GemmSchedule`` values, sampled at random and mutated.
+"""The schedule space: valid ``GemmSchedule`` values for a target, sampled at random and mutated.
 
 Every candidate is shape-generic (it runs any M), which is what lets one kernel serve a
-range of M. Register tiles come in the (mr, nr) pairs whose accumulators fit the 16 ymm
-registers; blocking sizes are drawn from lists around the hand-tuned defaults.
+range of M. The space is drawn from the target description: the vector width is a field
+(ymm, and zmm where the target has AVX-512), register tiles are the (mr, nr) whose
+accumulators, B vectors and A broadcast fit the target's register file at that width,
+and blocking sizes come from lists around the defaults (codegen/defaults.py).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import dataclasses
 import json
 import random
 
-from ..codegen.kernels.gemm import MAX_SMALL_M, YMM_REGISTERS, GemmSchedule
+from ..codegen.kernels.gemm import MAX_SMALL_M, GemmSchedule, tile_registers
+from ..target import Target
 
-NR_CHOICES = (8, 16, 24, 32)
+# Columns of a tile, in vectors of the width (nr = lanes x vectors).
+NR_VECTORS = (1, 2, 3, 4)
 KC_CHOICES = (64, 128, 192, 256, 384, 512)
 MC_PANELS = (2, 4, 6, 8, 12, 16, 24)  # mc = mr * panels
 NC_PANELS = (4, 8, 16, 32, 64, 192)  # nc = nr * panels
@@ -26,27 +30,37 @@ PREFETCH_MIN_M_CHOICES = (1, 4, 6, 8)
 PAR_MIN_FLOPS_CHOICES = (1 << 20, 1 << 22, 1 << 24)
 SMALL_PANELS_CHOICES = (1, 2, 4)  # packed panels of B the B-streaming path reads at once
 FIELDS = ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-          "prefetch_min_m", "parallel_min_flops", "small_panels")
-# Fields a mutation may change ("tile" is mr and nr together).
+          "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers", "prefetch_c")
+# Fields a mutation may change ("tile" is mr, nr and the width together).
 MUTABLE = ("tile", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-           "prefetch_min_m", "parallel_min_flops", "small_panels")
-# Schedules recorded before a field existed ran as this value of it (from_json).
-BEFORE_FIELD = {"small_panels": 1}
+           "prefetch_min_m", "parallel_min_flops", "small_panels", "prefetch_c")
+# Schedules recorded before a field existed ran as this value of it (from_json): before
+# the width was a field, every tile ran in ymm registers on AVX2's 16 but the full tile of
+# an nr multiple of 16 on AVX-512 builds, which lanes = 8 does not reproduce exactly (the
+# tile then runs in ymm); such records came from before target descriptions.
+BEFORE_FIELD = {"small_panels": 1, "lanes": 8, "registers": 16, "prefetch_c": 0}
 
 
-def max_mr(nr: int) -> int:
+def max_mr(nr: int, lanes: int, registers: int) -> int:
     """The tallest tile whose accumulators, B loads and A broadcast fit the registers."""
-    vectors = nr // 8
-    return (YMM_REGISTERS - vectors - 1) // vectors
+    vectors = nr // lanes
+    return (registers - vectors - 1) // vectors
 
 
-def tile_pairs() -> list[tuple[int, int]]:
-    return [(mr, nr) for nr in NR_CHOICES for mr in range(1, max_mr(nr) + 1) if mr >= 2 or nr >= 16]
+def tile_choices(target: Target) -> list[tuple[int, int, int]]:
+    """(mr, nr, lanes) of every register tile the target's register file holds, in each width."""
+    out = []
+    for lanes in (8, 16) if target.avx512 else (8,):
+        for vectors in NR_VECTORS:
+            nr = lanes * vectors
+            out += [(mr, nr, lanes) for mr in range(1, max_mr(nr, lanes, target.vector_registers) + 1)
+                    if (mr >= 2 or vectors >= 2) and tile_registers(mr, nr, lanes) <= target.vector_registers]
+    return out
 
 
-def random_schedule(rng: random.Random) -> GemmSchedule:
-    mr, nr = rng.choice(tile_pairs())
-    return _make(rng, mr=mr, nr=nr)
+def random_schedule(rng: random.Random, target: Target) -> GemmSchedule:
+    mr, nr, lanes = rng.choice(tile_choices(target))
+    return _make(rng, mr=mr, nr=nr, lanes=lanes, registers=target.vector_registers)
 
 
 def _make(rng: random.Random, **fixed) -> GemmSchedule:
@@ -57,20 +71,22 @@ def _make(rng: random.Random, **fixed) -> GemmSchedule:
         unroll_k=rng.choice(UNROLL_CHOICES), small_m=rng.choice(SMALL_M_CHOICES),
         small_nc=nr * rng.choice(SMALL_NC_PANELS), pack_rows=rng.choice(PACK_ROWS_CHOICES),
         prefetch_rows=rng.choice(PREFETCH_ROWS_CHOICES), prefetch_min_m=rng.choice(PREFETCH_MIN_M_CHOICES),
-        parallel_min_flops=rng.choice(PAR_MIN_FLOPS_CHOICES), small_panels=rng.choice(SMALL_PANELS_CHOICES))
+        parallel_min_flops=rng.choice(PAR_MIN_FLOPS_CHOICES), small_panels=rng.choice(SMALL_PANELS_CHOICES),
+        prefetch_c=rng.choice((0, 1)))
     values.update(fixed)
     values["small_m"] = min(values["small_m"], MAX_SMALL_M)
     return GemmSchedule(**values)
 
 
-def mutate(schedule: GemmSchedule, rng: random.Random) -> GemmSchedule:
+def mutate(schedule: GemmSchedule, rng: random.Random, target: Target) -> GemmSchedule:
     """Change one or two fields; a tile change rescales mc, nc and small_nc to stay valid."""
     fields = dataclasses.asdict(schedule)
     for _ in range(rng.choice((1, 2))):
         name = rng.choice(MUTABLE)
         if name == "tile":
-            mr, nr = rng.choice(tile_pairs())
-            fields.update(mr=mr, nr=nr, mc=mr * max(1, fields["mc"] // fields["mr"]),
+            mr, nr, lanes = rng.choice(tile_choices(target))
+            fields.update(mr=mr, nr=nr, lanes=lanes, registers=target.vector_registers,
+                          mc=mr * max(1, fields["mc"] // fields["mr"]),
                           nc=nr * max(1, fields["nc"] // fields["nr"]),
                           small_nc=nr * max(1, fields["small_nc"] // fields["nr"]))
         elif name == "kc":
@@ -93,6 +109,8 @@ def mutate(schedule: GemmSchedule, rng: random.Random) -> GemmSchedule:
             fields["prefetch_min_m"] = rng.choice(PREFETCH_MIN_M_CHOICES)
         elif name == "small_panels":
             fields["small_panels"] = rng.choice(SMALL_PANELS_CHOICES)
+        elif name == "prefetch_c":
+            fields["prefetch_c"] = 1 - fields["prefetch_c"]
         else:
             fields["parallel_min_flops"] = rng.choice(PAR_MIN_FLOPS_CHOICES)
     return GemmSchedule(**fields)

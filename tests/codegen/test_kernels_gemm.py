@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from shapeshift.codegen.build import DEFAULT_FLAGS, compile_library
+from shapeshift.codegen.defaults import default_schedule
 from shapeshift.codegen.kernels import gemm
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.codegen.kernels.prelude import PRELUDE
+from shapeshift.target import named_target
 
 TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2, prefetch_min_m=2,
                     parallel_min_flops=0)
@@ -35,6 +37,9 @@ EDGE_WIDE = GemmSchedule(mr=4, nr=24, kc=7, mc=8, nc=48, unroll_k=2, small_m=5, 
 PANELS3 = GemmSchedule(kc=40, small_m=4, small_panels=3, parallel_min_flops=0)
 # nr = 32: M = 1 reads three panels at once (four vectors each), M = 2 one.
 PANELS_WIDE = GemmSchedule(mr=2, nr=32, mc=8, nc=64, small_m=2, small_nc=64, small_panels=8, parallel_min_flops=0)
+# The untuned schedules of the two psABI levels: ymm 6x16 and the zmm tile of the AVX-512 class.
+AVX2_DEFAULT = default_schedule(named_target("x86-64-v3"))
+AVX512_DEFAULT = default_schedule(named_target("x86-64-v4"))
 SCALAR_FLAGS = tuple(f for f in DEFAULT_FLAGS if f != "-march=native")
 
 i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -66,11 +71,15 @@ def _load(source: str, schedule: GemmSchedule, cache_dir, flags=None) -> Lib:
 def libs(tmp_path_factory) -> dict[str, Lib]:
     cache = tmp_path_factory.mktemp("gemm_cache")
     return {
-        "default": _load(PRELUDE + gemm.source(), GemmSchedule(), cache),
+        "default": _load(PRELUDE + gemm.source(), default_schedule(), cache),
         "tiny": _load(PRELUDE + gemm.source(TINY), TINY, cache),
-        "scalar": _load(PRELUDE + gemm.source(), GemmSchedule(), cache, flags=SCALAR_FLAGS),
-        # The default schedule's ymm micro-kernel, which AVX-512 builds replace with a zmm one.
-        "ymm": _load(PRELUDE + gemm.source(), GemmSchedule(), cache, flags=(*DEFAULT_FLAGS, "-mno-avx512f")),
+        "scalar": _load(PRELUDE + gemm.source(), default_schedule(), cache, flags=SCALAR_FLAGS),
+        # The AVX2 target's default, in a build without AVX-512 (an x86-64-v3 machine).
+        "ymm": _load(PRELUDE + gemm.source(AVX2_DEFAULT), AVX2_DEFAULT, cache, flags=(*DEFAULT_FLAGS, "-mno-avx512f")),
+        # A zmm schedule built without AVX-512: its tiles fall back to ymm vectors.
+        "zmm_as_ymm": _load(PRELUDE + gemm.source(AVX512_DEFAULT), AVX512_DEFAULT, cache,
+                            flags=(*DEFAULT_FLAGS, "-mno-avx512f")),
+        "zmm": _load(PRELUDE + gemm.source(AVX512_DEFAULT), AVX512_DEFAULT, cache),
         "grouped": _load(PRELUDE + gemm.source(GROUPED), GROUPED, cache),
         "grouped_wide": _load(PRELUDE + gemm.source(GROUPED_WIDE), GROUPED_WIDE, cache),
         "edge_wide": _load(PRELUDE + gemm.source(EDGE_WIDE), EDGE_WIDE, cache),
@@ -203,7 +212,7 @@ CASES = _cases()
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("build", ["default", "tiny", "ymm"])
+@pytest.mark.parametrize("build", ["default", "tiny", "ymm", "zmm", "zmm_as_ymm"])
 def test_gemm_matches_numpy(libs, build, case):
     run_case(libs[build], case)
 
@@ -216,7 +225,7 @@ def test_small_path_row_groups(libs, build, m, prepacked, b_t):
     run_case(libs[build], Case(m, 70, 300, b_t=b_t, bias="col", act=1, prepacked=prepacked))
 
 
-@pytest.mark.parametrize("build", ["edge_wide", "grouped_wide", "default", "ymm"])
+@pytest.mark.parametrize("build", ["edge_wide", "grouped_wide", "default", "ymm", "zmm", "zmm_as_ymm"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 13])
 def test_edge_tiles_every_width(libs, build, m):
     """Every N remainder of the last panel, at M remainders of both paths: the edge kernels
@@ -309,8 +318,9 @@ def test_several_panels_threads_agree(libs, build, m):
 
 
 def test_edge_tile_shapes():
-    assert gemm._edge_shapes(GemmSchedule(mr=2, nr=16)) == [(1, 1), (1, 2), (2, 1)]
-    assert len(gemm._edge_shapes(EDGE_WIDE)) == 4 * 3 - 1
+    assert gemm._edge_shapes(GemmSchedule(mr=2, nr=16), 8) == [(1, 1), (1, 2), (2, 1)]
+    assert len(gemm._edge_shapes(EDGE_WIDE, 8)) == 4 * 3 - 1
+    assert gemm._edge_shapes(AVX512_DEFAULT, 16) == [(r, v) for r in range(1, 9) for v in (1, 2, 3) if (r, v) != (8, 3)]
 
 
 def test_small_row_groups_keep_full_width():
@@ -404,7 +414,12 @@ def test_threads_agree(libs, build, case):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(nr=12), "multiple of 8"),
+    (dict(nr=12), "multiple of lanes=8"),
+    (dict(nr=24, lanes=16, registers=32), "multiple of lanes=16"),
+    (dict(lanes=16), "needs registers=32"),
+    (dict(lanes=4), "lanes must be 8"),
+    (dict(registers=24), "registers must be 16"),
+    (dict(mr=15, nr=32, lanes=16, registers=32), "needs 33 zmm registers"),
     (dict(mr=7, nr=16), "ymm registers"),
     (dict(mr=2, nr=48), "ymm registers"),
     (dict(mc=70), "multiple of mr"),
@@ -442,7 +457,7 @@ def test_source_reflects_schedule():
     # TINY prefetches from 2 rows on: the 2- and 3-row kernels exist in both variants.
     assert "ss_gemm_small_3_pf(" in text and "ss_gemm_small_1(" in text and "ss_gemm_small_4" not in text
     assert "ss_gemm_small_1_pf(" not in text and "_mm_prefetch" in text
-    assert "_mm_prefetch" not in gemm.source(GemmSchedule(prefetch_rows=0))
+    assert "_mm_prefetch" not in gemm.source(GemmSchedule(prefetch_rows=0, prefetch_c=0))
 
 
 def test_packed_b_size_python_matches_c(libs):
@@ -452,17 +467,18 @@ def test_packed_b_size_python_matches_c(libs):
             assert lib.cdll.ss_gemm_packed_b_size(k, n) == gemm.packed_b_size(k, n, lib.schedule)
 
 
-# sha256 of gemm.source() for the default schedule: the prefix parameter must leave the
-# default text alone. Update it deliberately when the generated kernels change (last: the
-# zmm micro-kernel for AVX-512 builds, and parallel_min_flops 2 Mflop; its k loop from _tile_loop).
-DEFAULT_SOURCE_SHA256 = "27d44830c792a94023e2b1550fea824ae7609f439b9b1638fb1be8defa015fd2"
+# sha256 of gemm.source() for the x86-64-v3 target's default schedule (the host's depends on
+# the machine): the prefix parameter must leave the default text alone. Update it
+# deliberately when the generated kernels change (last: kernels by width, lanes and
+# registers fields, the C-tile prefetch, and the x86-64-v3 default's mc from its caches).
+DEFAULT_SOURCE_SHA256 = "9873bb9c29152f33c1a0baec2a9bc77b8ee2c3575b779427813359770ce77088"
 
 
 def test_default_prefix_source_unchanged():
     import hashlib
 
-    assert gemm.source() == gemm.source(GemmSchedule(), prefix="ss_")
-    assert hashlib.sha256(gemm.source().encode()).hexdigest() == DEFAULT_SOURCE_SHA256
+    assert gemm.source() == gemm.source(default_schedule(), prefix="ss_")
+    assert hashlib.sha256(gemm.source(AVX2_DEFAULT).encode()).hexdigest() == DEFAULT_SOURCE_SHA256
 
 
 def test_prefix_renames_everything():

@@ -73,13 +73,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 DEPENDS: tuple[str, ...] = ()
 
-# x86-64 with AVX2 has 16 ymm registers.
-YMM_REGISTERS = 16
+# The register names of a vector of this many floats (the schedule's ``lanes``).
+VECTOR_REGISTERS = {8: "ymm", 16: "zmm"}
 # Independent FMA chains needed to hide FMA latency (latency 4-5 cycles x 2 ports).
 FMA_CHAINS = 8
 # Above this many rows the B-streaming kernel would need more than 16 registers.
@@ -94,7 +95,7 @@ MAX_SMALL_PANELS = 8
 class GemmSchedule:
     """Tuning parameters of the GEMM fragment.
 
-    mr x nr: the register tile of the micro-kernel (nr floats = nr/8 ymm vectors per row);
+    mr x nr: the register tile of the micro-kernel (nr floats = nr/lanes vectors per row);
     kc: rows of B (columns of A) per packed block; mc: rows of A per packed block
     (multiple of mr); nc: columns of B per packed block (multiple of nr);
     unroll_k: k steps per iteration of the micro-kernel loop (``#pragma GCC unroll``);
@@ -120,7 +121,12 @@ class GemmSchedule:
     about 15 GB/s from DRAM in one stream and 24 in four; M = 1 on a cold 768x3072 B ran
     16-47% faster with four panels than with one (same process, this default schedule
     against small_panels = 1). Only row groups whose accumulators for that many panels fit
-    the registers use it (with nr = 16: M = 1 four panels, M = 2 two).
+    the registers use it (with nr = 16: M = 1 four panels, M = 2 two);
+    lanes: floats per vector of the full-tile and edge kernels, 8 (ymm) or 16 (zmm, on
+    AVX-512 builds; others run the tile in ymm vectors);
+    registers: the vector register file the tile and the B-streaming kernels are drawn for,
+    16 (AVX2) or 32 (AVX-512, ymm16-31 included): the target's, see codegen/defaults.py;
+    prefetch_c: 1 to prefetch a full tile's lines of C as its k loop starts.
     """
 
     mr: int = 6
@@ -136,25 +142,32 @@ class GemmSchedule:
     prefetch_min_m: int = 6
     parallel_min_flops: int = 1 << 21
     small_panels: int = 4
+    lanes: int = 8
+    registers: int = 16
+    prefetch_c: int = 1
 
     def __post_init__(self) -> None:
         for name in ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-                     "prefetch_min_m", "parallel_min_flops", "small_panels"):
+                     "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers", "prefetch_c"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"GemmSchedule.{name} must be an int, got {value!r}")
         for name in ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_nc", "pack_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GemmSchedule.{name} must be >= 1, got {getattr(self, name)}")
-        if self.nr % 8:
-            raise ValueError(f"GemmSchedule.nr must be a multiple of 8 (one ymm = 8 floats), got {self.nr}")
-        vectors = self.nr // 8
-        # Accumulators, one register per B vector and one for the broadcast A value.
-        needed = self.mr * vectors + vectors + 1
-        if needed > YMM_REGISTERS:
-            raise ValueError(f"GemmSchedule mr={self.mr}, nr={self.nr} needs {needed} ymm registers "
-                             f"({self.mr * vectors} accumulators + {vectors} B loads + 1 A broadcast), "
-                             f"more than the {YMM_REGISTERS} there are")
+        if self.lanes not in VECTOR_REGISTERS:
+            raise ValueError(f"GemmSchedule.lanes must be 8 (ymm) or 16 (zmm), got {self.lanes}")
+        if self.registers not in (16, 32):
+            raise ValueError(f"GemmSchedule.registers must be 16 (AVX2) or 32 (AVX-512), got {self.registers}")
+        if self.lanes == 16 and self.registers != 32:
+            raise ValueError("GemmSchedule.lanes=16 (zmm) needs registers=32: AVX-512 has 32 vector registers")
+        if self.nr % self.lanes:
+            raise ValueError(f"GemmSchedule.nr must be a multiple of lanes={self.lanes} (one vector), got {self.nr}")
+        needed = tile_registers(self.mr, self.nr, self.lanes)
+        if needed > self.registers:
+            raise ValueError(f"GemmSchedule mr={self.mr}, nr={self.nr} needs {needed} {VECTOR_REGISTERS[self.lanes]} "
+                             f"registers ({self.mr * (self.nr // self.lanes)} accumulators + {self.nr // self.lanes} "
+                             f"B loads + 1 A broadcast), more than the {self.registers} there are")
         if self.mc % self.mr:
             raise ValueError(f"GemmSchedule.mc={self.mc} must be a multiple of mr={self.mr}")
         for name in ("nc", "small_nc"):
@@ -169,8 +182,17 @@ class GemmSchedule:
                 raise ValueError(f"GemmSchedule.{name} must be >= 0, got {getattr(self, name)}")
         if not 1 <= self.small_panels <= MAX_SMALL_PANELS:
             raise ValueError(f"GemmSchedule.small_panels must be in 1..{MAX_SMALL_PANELS}, got {self.small_panels}")
+        if self.prefetch_c not in (0, 1):
+            raise ValueError(f"GemmSchedule.prefetch_c must be 0 or 1, got {self.prefetch_c}")
         if self.parallel_min_flops < 0:
             raise ValueError(f"GemmSchedule.parallel_min_flops must be >= 0, got {self.parallel_min_flops}")
+
+
+def tile_registers(mr: int, nr: int, lanes: int) -> int:
+    """Vector registers an mr x nr tile in vectors of ``lanes`` floats holds: the
+    accumulators, one per B vector of a k step, and one A broadcast."""
+    vectors = nr // lanes
+    return mr * vectors + vectors + 1
 
 
 # Names in the default fragment start with this; ``source(prefix=...)`` swaps it.
@@ -178,13 +200,15 @@ DEFAULT_PREFIX = "ss_"
 _PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*_")
 
 
-def packed_b_size(k: int, n: int, schedule: GemmSchedule = GemmSchedule()) -> int:
+def packed_b_size(k: int, n: int, schedule: Optional[GemmSchedule] = None) -> int:
     """Floats in the prepacked B of a K x N matrix (what ``ss_gemm_packed_b_size`` returns)."""
+    schedule = schedule or _default()
     return k * (-(-n // schedule.nr)) * schedule.nr
 
 
-def pack_b_reference(b: np.ndarray, schedule: GemmSchedule = GemmSchedule()) -> np.ndarray:
+def pack_b_reference(b: np.ndarray, schedule: Optional[GemmSchedule] = None) -> np.ndarray:
     """The prepacked layout of a K x N matrix, computed with NumPy (the layout's specification)."""
+    schedule = schedule or _default()
     k, n = b.shape
     nr, kc = schedule.nr, schedule.kc
     padded_n = -(-n // nr) * nr
@@ -198,8 +222,16 @@ def pack_b_reference(b: np.ndarray, schedule: GemmSchedule = GemmSchedule()) -> 
     return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
 
 
-def source(schedule: GemmSchedule = GemmSchedule(), prefix: str = DEFAULT_PREFIX) -> str:
-    """The C fragment: ``#define``s of the schedule, generated kernels, then the drivers.
+def _default() -> GemmSchedule:
+    """This machine's untuned schedule (codegen/defaults.py: from the target description)."""
+    from ..defaults import default_schedule  # it imports GemmSchedule from here
+
+    return default_schedule()
+
+
+def source(schedule: Optional[GemmSchedule] = None, prefix: str = DEFAULT_PREFIX) -> str:
+    """The C fragment: ``#define``s of the schedule (this machine's default when None),
+    generated kernels, then the drivers.
 
     ``prefix`` replaces the ``ss_`` of every function and type name (``ss_gemm`` becomes
     ``<prefix>gemm``) and, upper-cased, the ``SS_`` of every ``SS_GEMM_*`` macro, so that
@@ -207,7 +239,7 @@ def source(schedule: GemmSchedule = GemmSchedule(), prefix: str = DEFAULT_PREFIX
     The default prefix returns the text unchanged, byte for byte, so existing
     callers and their build-cache keys are unaffected.
     """
-    text = _source(schedule)
+    text = _source(schedule or _default())
     if prefix == DEFAULT_PREFIX:
         return text
     if not _PREFIX_RE.fullmatch(prefix):
@@ -232,7 +264,7 @@ def _source(s: GemmSchedule) -> str:
         _COMMON,
         "#ifdef __AVX2__",
         *_micro_kernel(s),
-        _edge_kernels_avx2(s),
+        *_edge_kernels(s),
         *(_small_kernel_avx2(s, m, prefetch) for m, prefetch in _small_kernels(s)),
         *(_small_multi_kernel_avx2(s, m, panels, sets) for m, panels, sets in _small_multi_kernels(s)),
         "#else",
@@ -248,32 +280,19 @@ def _source(s: GemmSchedule) -> str:
 
 
 def _micro_kernel(s: GemmSchedule) -> list[str]:
-    """The full-tile micro-kernel: in zmm registers where the compiler targets AVX-512 and a
-    row of the tile is whole zmm vectors, else in ymm ones.
+    """The full-tile micro-kernel in vectors of the schedule's ``lanes``: zmm (16) where the
+    compiler targets AVX-512, else ymm (a build without AVX-512 of a zmm schedule runs the
+    same tile in twice as many ymm vectors: correct, but the tile was not drawn for it).
 
-    On a core that runs both widths at the same peak FLOPs (AMD Zen 4: 112 GFLOPS, a zmm
-    FMA issued as two halves), the ymm kernel's 6 x 16 tile ran at 84-92 GFLOPS on large
-    products, held back by issuing two FMAs per row and k step; OpenBLAS's AVX-512 kernel
-    ran at 95-102. The zmm one issues one. Edge tiles and the B-streaming kernels keep ymm.
+    On AMD Zen 4 (both widths peak at 112 GFLOPS a core, a zmm FMA issued as two halves)
+    the ymm 6 x 16 tile ran at 84-92 GFLOPS on large products, held back by issuing two FMAs
+    per row and k step; in zmm it issues one. On a core with two 512-bit FMA ports a zmm
+    tile needs ports x latency (8) accumulators at least; codegen/gemm_defaults.py draws
+    the tile from the target description.
     """
-    if s.nr % 16:
-        return [_micro_kernel_avx2(s)]
-    return ["#ifdef __AVX512F__", _micro_kernel_avx512(s), "#else", _micro_kernel_avx2(s), "#endif"]
-
-
-def _micro_kernel_avx512(s: GemmSchedule) -> str:
-    """ss_gemm_ukernel of _micro_kernel_avx2, with nr / 16 zmm vectors per row."""
-    return _full_tile_kernel(s, 16)
-
-
-def _micro_kernel_avx2(s: GemmSchedule) -> str:
-    """The mr x nr register-tiled kernel over packed panels.
-
-    The k loop is unrolled by ``#pragma GCC unroll`` rather than by writing out copies:
-    GCC interleaves hand-written copies and then spills accumulators (measured: about 25%
-    slower at unroll 4), while its own unrolling keeps every copy in order.
-    """
-    return _full_tile_kernel(s, 8)
+    if s.lanes == 8:
+        return [_full_tile_kernel(s, 8)]
+    return ["#ifdef __AVX512F__", _full_tile_kernel(s, 16), "#else", _full_tile_kernel(s, 8), "#endif"]
 
 
 def _full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
@@ -292,6 +311,10 @@ def _full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
         "static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const float* restrict b,",
         "                                   float* restrict c, int64_t ldc, int acc, const ss_gemm_epi* e)",
         "{",
+        # The tile's lines of c are fetched while the k loop runs: its stores (and loads
+        # when acc) otherwise wait on lines that left the caches since the last K block.
+        *(f"    _mm_prefetch((const char*)(c + {i} * ldc + {line}), _MM_HINT_T0);"
+          for i in range(s.mr) for line in range(0, s.nr, 16) if s.prefetch_c),
         *_tile_loop(s, s.mr, vectors, lanes),
         "    if (acc) {",
         *(f"        {acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(c + {i} * ldc + {lanes * j}));"
@@ -353,38 +376,49 @@ def _tile_loop(s: GemmSchedule, rows: int, vectors: int, lanes: int = 8) -> list
     ]
 
 
-def _edge_shapes(s: GemmSchedule) -> list[tuple[int, int]]:
+def _edge_shapes(s: GemmSchedule, lanes: int) -> list[tuple[int, int]]:
     """(rows, vectors) of every edge tile smaller than the full mr x nr one."""
-    return [(r, v) for r in range(1, s.mr + 1) for v in range(1, s.nr // 8 + 1) if (r, v) != (s.mr, s.nr // 8)]
+    full = s.nr // lanes
+    return [(r, v) for r in range(1, s.mr + 1) for v in range(1, full + 1) if (r, v) != (s.mr, full)]
 
 
-def _edge_kernels_avx2(s: GemmSchedule) -> str:
+def _edge_kernels(s: GemmSchedule) -> list[str]:
+    """The edge kernels in the full tile's vectors (see _micro_kernel)."""
+    if s.lanes == 8:
+        return [_edge_kernels_of(s, 8)]
+    return ["#ifdef __AVX512F__", _edge_kernels_of(s, 16), "#else", _edge_kernels_of(s, 8), "#endif"]
+
+
+def _edge_kernels_of(s: GemmSchedule, lanes: int) -> str:
     """A kernel per edge tile shape, and ``ss_gemm_edge_tile`` choosing among them.
 
     An edge tile (the last rows of M or columns of N) used to run the full mr x nr kernel
     on zero padding: with nr = 24 and N = 25 that is 48 columns computed for 25. These
-    compute only the valid rows and ceil(nv / 8) vectors, into a local tile of row stride NR.
+    compute only the valid rows and ceil(nv / lanes) vectors, into a local tile of row
+    stride NR.
     """
+    _, mm = _vector_names(lanes)
+    full = s.nr // lanes
     out = []
-    for rows, vectors in _edge_shapes(s):
+    for rows, vectors in _edge_shapes(s, lanes):
         acc = _accumulators(rows, vectors)
         out += [
             f"static void ss_gemm_edge_{rows}x{vectors}(int64_t kc, const float* restrict a, const float* restrict b,",
             "                               float* restrict t)",
             "{",
-            *_tile_loop(s, rows, vectors),
-            *(f"    _mm256_storeu_ps(t + {i} * SS_GEMM_NR + {8 * v}, {acc[i][v]});"
+            *_tile_loop(s, rows, vectors, lanes),
+            *(f"    {mm}_storeu_ps(t + {i} * SS_GEMM_NR + {lanes * v}, {acc[i][v]});"
               for i in range(rows) for v in range(vectors)),
             "}",
         ]
-    cases = [f"    case {rows * 8 + vectors}: ss_gemm_edge_{rows}x{vectors}(kc, a, b, t); break;"
-             for rows, vectors in _edge_shapes(s)]
+    cases = [f"    case {rows * (full + 1) + vectors}: ss_gemm_edge_{rows}x{vectors}(kc, a, b, t); break;"
+             for rows, vectors in _edge_shapes(s, lanes)]
     out += [
         "/* t (row stride NR) = the mv x nv corner (mv <= MR, nv <= NR) of a_panel * b_panel; the",
-        "   columns past nv up to a multiple of 8 hold products of B's zero padding. */",
+        f"   columns past nv up to a multiple of {lanes} hold products of B's zero padding. */",
         "static void ss_gemm_edge_tile(int64_t mv, int64_t nv, int64_t kc, const float* a, const float* b, float* t)",
         "{",
-        "    switch (mv * 8 + (nv + 7) / 8) {",
+        f"    switch (mv * {full + 1} + (nv + {lanes - 1}) / {lanes}) {{",
         *cases,
         "    default: ss_gemm_ukernel(kc, a, b, t, SS_GEMM_NR, 0, NULL); break;",
         "    }",
@@ -400,9 +434,9 @@ def _small_shape(s: GemmSchedule, m: int) -> tuple[int, int]:
     accumulator copies (alternate k steps) so that at least FMA_CHAINS FMAs are in flight.
     """
     vectors = s.nr // 8
-    width = max(w for w in range(1, vectors + 1) if vectors % w == 0 and m * w + w + 1 <= YMM_REGISTERS)
+    width = max(w for w in range(1, vectors + 1) if vectors % w == 0 and m * w + w + 1 <= s.registers)
     sets = 1
-    while m * width * sets < FMA_CHAINS and m * width * (sets + 1) + width + 1 <= YMM_REGISTERS:
+    while m * width * sets < FMA_CHAINS and m * width * (sets + 1) + width + 1 <= s.registers:
         sets += 1
     return width, sets
 
@@ -474,7 +508,7 @@ def _small_panels(s: GemmSchedule, m: int, prefetch: bool) -> int:
     """
     if prefetch or _small_shape(s, m)[0] != s.nr // 8:
         return 1
-    return max(p for p in range(1, s.small_panels + 1) if p == 1 or _multi_registers(s, m, p, 1) <= YMM_REGISTERS)
+    return max(p for p in range(1, s.small_panels + 1) if p == 1 or _multi_registers(s, m, p, 1) <= s.registers)
 
 
 def _multi_registers(s: GemmSchedule, m: int, panels: int, sets: int) -> int:
@@ -493,7 +527,7 @@ def _small_multi_sets(s: GemmSchedule, m: int, panels: int) -> int:
     """Accumulator sets (alternate k steps) of the m-row kernel over ``panels`` panels at once."""
     sets = 1
     while (m * (s.nr // 8) * panels * sets < FMA_CHAINS
-           and _multi_registers(s, m, panels, sets + 1) <= YMM_REGISTERS):
+           and _multi_registers(s, m, panels, sets + 1) <= s.registers):
         sets += 1
     return sets
 
@@ -646,7 +680,7 @@ def _small_row_groups(s: GemmSchedule, m: int) -> list[int]:
     group re-reads the same kc x nr panel of B, which is in L1 by then.
     """
     vectors = s.nr // 8
-    widest = (YMM_REGISTERS - vectors - 1) // vectors
+    widest = (s.registers - vectors - 1) // vectors
     if m <= widest or widest < 1:
         return [m]
     count = -(-m // widest)
@@ -783,11 +817,16 @@ static void ss_gemm_pack_a(int64_t mc, int64_t kc, const float* a, int64_t rsa, 
                 for (int i = 0; i < SS_GEMM_MR; ++i) dst[k * SS_GEMM_MR + i] = ap[k * csa + i];
         } else if (mv == SS_GEMM_MR) {
             int64_t k = 0;
-#if defined(__AVX2__) && SS_GEMM_MR <= 8
-            /* Rows of A contiguous: 8 k at a time through a transpose. A store's lanes past MR
-               land on the next k's entries, which are written after it (or in the slack). */
+#ifdef __AVX2__
+            /* Rows of A contiguous: 8 k at a time through transposes of up to 8 rows each. A
+               store's lanes past its rows land on the next rows' entries (or the next k's, or
+               the slack), so the groups go from the last to the first: every entry is
+               written last by the group it belongs to. */
             if (csa == 1)
-                for (; k + 8 <= kc; k += 8) ss_gemm_transpose8(ap + k, rsa, SS_GEMM_MR, dst + k * SS_GEMM_MR, SS_GEMM_MR);
+                for (; k + 8 <= kc; k += 8)
+                    for (int g = (SS_GEMM_MR - 1) / 8 * 8; g >= 0; g -= 8)
+                        ss_gemm_transpose8(ap + g * rsa + k, rsa, (int)ss_gemm_min(8, SS_GEMM_MR - g),
+                                           dst + k * SS_GEMM_MR + g, SS_GEMM_MR);
 #endif
             for (; k < kc; ++k)
                 for (int i = 0; i < SS_GEMM_MR; ++i) dst[k * SS_GEMM_MR + i] = ap[i * rsa + k * csa];

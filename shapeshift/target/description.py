@@ -1,0 +1,127 @@
+"""The target description: the one place that knows the machine code is built for.
+
+``Target`` holds the instruction sets (AVX2, FMA, AVX-512 F/BW/VL/DQ, VNNI, AMX), the
+vector widths and register file they give, the cache sizes, the microarchitecture class
+(target/microarch.py) and the ``-march`` the C compiler gets. ``host_target()`` describes
+this machine (-march=native); ``named_target("x86-64-v3")`` and ``"x86-64-v4"`` describe
+the psABI levels, for code that must run on any CPU of that level. Measured facts (FMA
+throughput and latency per width) come from target/calibrate.py, on the host only.
+
+Kernels, schedule spaces, default schedules and cost-model features read what they need
+from here; no kernel file knows a register count of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import ShapeshiftError
+from .cpu import Caches, CpuIdentity, read_host
+from .microarch import MicroarchClass, classify
+
+# The x86-64 psABI levels, as /proc/cpuinfo spells their features (lzcnt is "abm" there).
+X86_64_V2 = frozenset("cx16 lahf_lm popcnt pni sse sse2 sse4_1 sse4_2 ssse3".split())
+X86_64_V3 = X86_64_V2 | frozenset("avx avx2 bmi1 bmi2 f16c fma abm movbe xsave".split())
+X86_64_V4 = X86_64_V3 | frozenset("avx512f avx512bw avx512cd avx512dq avx512vl".split())
+LEVELS = {"x86-64-v3": X86_64_V3, "x86-64-v4": X86_64_V4}
+# Where a named target cannot know the caches of the CPU it will run on: sizes most x86
+# cores of the last decade have at least.
+GENERIC_CACHES = Caches(l1d=32 << 10, l2=1 << 20, l3=8 << 20)
+# Features the native backend needs whatever the target.
+REQUIRED = frozenset({"avx2", "fma"})
+
+
+@dataclass(frozen=True)
+class Target:
+    """A CPU to generate code for."""
+
+    name: str  # "native" (this machine) or a psABI level
+    flags: frozenset[str]  # instruction-set extensions as /proc/cpuinfo names them
+    caches: Caches
+    march: str  # the compiler's -march value
+    cpu: Optional[CpuIdentity] = field(default=None, compare=False)  # the host's identity; None when named
+
+    @property
+    def cpu_model(self) -> str:
+        """The CPU model name (the host's), or the level's name for a named target."""
+        return self.cpu.model_name if self.cpu is not None else self.name
+
+    @property
+    def microarch(self) -> MicroarchClass:
+        return classify(self.cpu, self.flags)
+
+    def has(self, *features: str) -> bool:
+        return all(f in self.flags for f in features)
+
+    @property
+    def avx512(self) -> bool:
+        """AVX-512 F, BW, CD, DQ and VL: what -march=x86-64-v4 and the zmm kernels use."""
+        return self.has("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+
+    @property
+    def vnni(self) -> bool:
+        return self.has("avx512_vnni") or self.has("avx_vnni")
+
+    @property
+    def amx(self) -> bool:
+        return self.has("amx_tile")
+
+    @property
+    def vector_registers(self) -> int:
+        """Vector registers the compiler may use: 32 with AVX-512 (ymm16-31 too, with VL), else 16."""
+        return 32 if self.has("avx512f") else 16
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Vector widths in bits that the kernels may use."""
+        return (256, 512) if self.has("avx512f") else (256,)
+
+    @property
+    def isa(self) -> list[str]:
+        """The extensions that matter here, in a fixed order, for printing."""
+        names = [("AVX2", self.has("avx2")), ("FMA", self.has("fma")),
+                 ("AVX-512F", self.has("avx512f")), ("AVX-512BW", self.has("avx512bw")),
+                 ("AVX-512VL", self.has("avx512vl")), ("AVX-512DQ", self.has("avx512dq")),
+                 ("VNNI", self.vnni), ("AVX-512-BF16", self.has("avx512_bf16")),
+                 ("AVX-512-FP16", self.has("avx512_fp16")), ("AMX", self.amx)]
+        return [name for name, present in names if present]
+
+    @property
+    def key(self) -> str:
+        """A short hash of the CPU model and flags: what measured facts and tuning records
+        are keyed by (a change of either makes them stale)."""
+        text = self.cpu_model + "\0" + " ".join(sorted(self.flags))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def missing(self, features) -> list[str]:
+        """``features`` this target lacks, sorted."""
+        return sorted(set(features) - self.flags)
+
+
+def target_from_cpu(cpu: CpuIdentity, caches: Caches) -> Target:
+    """The description of a machine with this identity and caches, built with -march=native."""
+    filled = Caches(l1d=caches.l1d or GENERIC_CACHES.l1d, l2=caches.l2 or GENERIC_CACHES.l2,
+                    l3=caches.l3 or GENERIC_CACHES.l3)
+    return Target(name="native", flags=cpu.flags, caches=filled, march="native", cpu=cpu)
+
+
+@functools.cache
+def host_target() -> Target:
+    """This machine, as /proc/cpuinfo and sysfs describe it (read once per process)."""
+    cpu, caches = read_host()
+    if cpu is None:
+        # Not Linux, or no /proc: assume the level every supported machine has.
+        return named_target("x86-64-v3")
+    return target_from_cpu(cpu, caches)
+
+
+def named_target(name: str) -> Target:
+    """``native`` (this machine) or a psABI level, x86-64-v3 or x86-64-v4."""
+    if name == "native":
+        return host_target()
+    if name not in LEVELS:
+        raise ShapeshiftError(f"unknown target {name!r}: use native, " + ", ".join(sorted(LEVELS)))
+    return Target(name=name, flags=LEVELS[name], caches=GENERIC_CACHES, march=name)
