@@ -1,7 +1,7 @@
 """End-to-end latency and memory: shapeshift native vs onnxruntime vs the reference backend.
 
     python bench/e2e.py [--threads 1] [--seqs 1 8 32 128 512] [--models NAME ...]
-                        [--tools native onnxruntime reference] [--no-bert] [--runs 10] [--rounds 2]
+                        [--tools native onnxruntime reference] [--no-bert] [--runs 10] [--rounds 2] [--load N]
                         [--tuning-db FILE [--tune TRIALS]]
 
 ``--tuning-db FILE`` adds the tool "native-tuned": the native backend with the tuned GEMM
@@ -36,6 +36,12 @@ round, and each shape's latency is the fastest of its rounds' medians. This mach
 bursty and one-sided (other work only ever adds time): with one round, a burst during one
 tool's process moved a geomean ratio by 10%. Each round's own geomean ratios are reported too.
 
+``--load N`` keeps N busy processes (a Python loop each) running beside every worker: with
+one per core, each tool's threads share their cores with other work, as on a loaded server.
+
+The report starts with the CPU, its flags and its measured FMA peak (bench/machine.py), and
+gives native's rate on the encoder as GFLOPS over its matmul FLOPs and as % of that peak.
+
 Outputs are compared with onnxruntime's in the same bench (max abs difference reported).
 Prints the tables and writes bench/results/e2e.md and bench/results/e2e.png.
 """
@@ -56,6 +62,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import machine  # noqa: E402
 
 MODELS_DIR = ROOT.parent / "shared" / "models"
 RESULTS = ROOT / "bench" / "results"
@@ -64,6 +73,15 @@ TUNED = "native-tuned"
 SEQS = (1, 8, 32, 128, 512)
 BERT = "bert-base-encoder"
 BERT_SIZE = dict(layers=12, hidden=768, heads=12, vocab=30522, max_positions=512)
+# Issue 27's end-to-end target: native / onnxruntime latency geomean over the sequence lengths.
+TARGET_GEOMEAN_27 = 0.8
+
+
+def BERT_GFLOP(seq: int) -> float:  # noqa: N802 - a table of the encoder, named as one
+    """Matmul GFLOP of one batch-1 run of the encoder: per layer Q, K, V, output and the two
+    FFN products, 2 x seq x (4 h^2 + 2 h f), and attention's two, 2 x 2 x seq^2 x h."""
+    h, f, layers = BERT_SIZE["hidden"], 4 * BERT_SIZE["hidden"], BERT_SIZE["layers"]
+    return layers * (2 * seq * (4 * h * h + 2 * h * f) + 4 * seq * seq * h) / 1e9
 GPT2 = "gpt2_past.ts"
 # GPT-2 with its key/value cache run as a generation loop runs it: a prompt from an empty
 # cache, then one token after 500 cached ones, at batch 1 and 4 (batch, new tokens, past).
@@ -311,6 +329,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2,
                         help="run every worker this many times; each shape keeps its fastest round median")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="keep N busy processes (one per core: a loaded machine) running during every worker")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--output", default=str(RESULTS / "e2e.md"))
     parser.add_argument("--worker", nargs=2, metavar=("TOOL", "MODEL"), help=argparse.SUPPRESS)
@@ -333,14 +353,12 @@ def main(argv=None) -> int:
         if args.tune:
             args.tune_s = _tune_bert(args, workdir)
         rounds = []
-        for index in range(max(1, args.rounds)):
-            tools = args.tools if index % 2 == 0 else args.tools[::-1]
-            results = {}
-            for model in models:
-                for tool in tools:
-                    print(f"round {index + 1}: {model} / {tool} ...", flush=True)
-                    results[(model, tool)] = _run_worker(tool, model, args, workdir)
-            rounds.append(results)
+        load = _start_load(args.load)
+        try:
+            rounds = _rounds(args, models, workdir)
+        finally:
+            for proc in load:
+                proc.kill()
         results = merge_rounds(rounds)
         report = _report(results, args)
     print(report)
@@ -349,6 +367,24 @@ def main(argv=None) -> int:
     output.write_text(report)
     _plot(results, args, output.with_suffix(".png"))
     return 0
+
+
+def _start_load(count: int) -> list:
+    """``count`` processes that each keep a core busy (a loop in Python), until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def _rounds(args, models: list[str], workdir: str) -> list[dict]:
+    rounds = []
+    for index in range(max(1, args.rounds)):
+            tools = args.tools if index % 2 == 0 else args.tools[::-1]
+            results = {}
+            for model in models:
+                for tool in tools:
+                    print(f"round {index + 1}: {model} / {tool} ...", flush=True)
+                    results[(model, tool)] = _run_worker(tool, model, args, workdir)
+            rounds.append(results)
+    return rounds
 
 
 def merge_rounds(rounds: list[dict]) -> dict:
@@ -390,7 +426,9 @@ def _report(results: dict, args) -> str:
     import numpy as np
     import onnxruntime
 
-    lines = ["# End-to-end latency: shapeshift native vs onnxruntime vs reference", "",
+    lines = ["# End-to-end latency: shapeshift native vs onnxruntime vs reference", "", machine.describe(), "",
+             (f"Loaded machine: {args.load} busy process(es) (a Python loop each) ran beside every worker. "
+              if args.load else "") +
              f"Python {platform.python_version()}, numpy {np.__version__}, onnxruntime {onnxruntime.__version__}; "
              f"{platform.machine()}, {os.cpu_count()} CPUs; {args.threads} thread(s) for every tool. "
              f"Latency: in each of {args.rounds} round(s) (every tool in turn, the order reversed each round), "
@@ -466,6 +504,15 @@ def _targets(results: dict, labels: list[str]) -> list[str]:
            f"- native / onnxruntime latency, geomean over the sequence lengths: {geo:.2f} "
            f"(target <= {TARGET_GEOMEAN}) {'met' if geo <= TARGET_GEOMEAN else 'NOT met'}"
            f"{_per_round(round_geomeans(native, ort_r, labels))}"]
+    slow = [l for l in labels if ratios[l] > 1.0]
+    out.append(f"- issue 27: geomean <= {TARGET_GEOMEAN_27} {'met' if geo <= TARGET_GEOMEAN_27 else 'NOT met'}; "
+               f"no sequence length above 1.0: {'met' if not slow else 'NOT met (' + ', '.join(slow) + ')'}")
+    peak = machine.peak_gflops() * args.threads
+    rates = [f"{l} {BERT_GFLOP(int(l.split()[-1])) / (native['latency'][l] / 1e3):.0f} GFLOPS "
+             f"({100 * BERT_GFLOP(int(l.split()[-1])) / (native['latency'][l] / 1e3) / peak:.0f}% of peak)"
+             for l in labels if l.startswith("seq ")]
+    if rates:
+        out.append("- native's rate over the encoder's matmul FLOPs: " + ", ".join(rates))
     first = labels[0]
     out.append(f"- at {first}: {ratios[first]:.2f} (target <= {TARGET_SEQ1}) "
                f"{'met' if ratios[first] <= TARGET_SEQ1 else 'NOT met'}")
