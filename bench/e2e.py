@@ -470,7 +470,7 @@ def _report(results: dict, args) -> str:
                          + f" | {_geomean(ratios):.2f} | {max(diffs) if diffs else 0:.2e} | {fallback} |")
         lines.append("")
         if model == BERT:
-            lines += _targets(results, labels) + _tuned_targets(results, labels, args)
+            lines += _targets(results, labels, args) + _tuned_targets(results, labels, args)
     return "\n".join(lines) + "\n"
 
 
@@ -494,7 +494,7 @@ def _tuned_targets(results: dict, labels: list[str], args) -> list[str]:
     return out + [""]
 
 
-def _targets(results: dict, labels: list[str]) -> list[str]:
+def _targets(results: dict, labels: list[str], args) -> list[str]:
     native, ort_r, ref = (results.get((BERT, t), {}) for t in TOOLS)
     if "latency" not in native or "latency" not in ort_r:
         return []
@@ -508,8 +508,9 @@ def _targets(results: dict, labels: list[str]) -> list[str]:
     out.append(f"- issue 27: geomean <= {TARGET_GEOMEAN_27} {'met' if geo <= TARGET_GEOMEAN_27 else 'NOT met'}; "
                f"no sequence length above 1.0: {'met' if not slow else 'NOT met (' + ', '.join(slow) + ')'}")
     peak = machine.peak_gflops() * args.threads
-    rates = [f"{l} {BERT_GFLOP(int(l.split()[-1])) / (native['latency'][l] / 1e3):.0f} GFLOPS "
-             f"({100 * BERT_GFLOP(int(l.split()[-1])) / (native['latency'][l] / 1e3) / peak:.0f}% of peak)"
+    # Latencies are in seconds.
+    rates = [f"{l} {BERT_GFLOP(int(l.split()[-1])) / native['latency'][l]:.0f} GFLOPS "
+             f"({100 * BERT_GFLOP(int(l.split()[-1])) / native['latency'][l] / peak:.0f}% of peak)"
              for l in labels if l.startswith("seq ")]
     if rates:
         out.append("- native's rate over the encoder's matmul FLOPs: " + ", ".join(rates))

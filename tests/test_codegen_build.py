@@ -353,3 +353,21 @@ def test_two_processes_share_an_object_they_both_lack(tmp_path):
     assert sum(r[1] for r in got) == 5  # two own objects, two links, one shared object
     assert len(_objects(tmp_path)) == 1
     assert not [p for p in tmp_path.rglob(".*")]
+
+
+def test_openmp_wait_policy_defaults_only_where_the_user_set_none(monkeypatch):
+    """libgomp's spin count is lowered before a library loads, unless the user chose a wait
+    policy or a spin count of their own."""
+    from shapeshift.codegen.build import OPENMP_SPINCOUNT, use_openmp_defaults
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    use_openmp_defaults()
+    assert os.environ["GOMP_SPINCOUNT"] == OPENMP_SPINCOUNT
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5")
+    use_openmp_defaults()
+    assert os.environ["GOMP_SPINCOUNT"] == "5"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    use_openmp_defaults()
+    assert "GOMP_SPINCOUNT" not in os.environ

@@ -232,9 +232,10 @@ def test_a_schedule_recorded_before_widths_reloads_as_ymm_on_16_registers():
     """Records made before lanes, registers and prefetch_c existed reload as the AVX2 tile
     they were drawn as, without the C prefetch."""
     old = json.loads(space.to_json(SMALL))
-    for name in ("lanes", "registers", "prefetch_c"):
+    for name in ("lanes", "registers", "prefetch_c", "a_in_l1"):
         del old[name]
-    assert space.from_json(json.dumps(old)) == dataclasses.replace(SMALL, lanes=8, registers=16, prefetch_c=0)
+    assert space.from_json(json.dumps(old)) == dataclasses.replace(SMALL, lanes=8, registers=16, prefetch_c=0,
+                                                                   a_in_l1=0)
 
 
 @pytest.mark.parametrize("level", ["x86-64-v3", "x86-64-v4"])

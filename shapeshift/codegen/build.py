@@ -77,6 +77,23 @@ class CompiledLibrary:
     cdll: ctypes.CDLL = field(repr=False, compare=False)
 
 
+# How long a libgomp thread spins waiting for work before it sleeps, unless the user set
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT: libgomp's own default, about 300,000 spins, keeps an
+# idle thread on its core between parallel regions. With another busy process per core,
+# those spins took the time the other thread of the region needed, and every region waited
+# for it: the BERT-base-size encoder at 2 threads slowed 2.5-3.5x against onnxruntime's
+# 1.7-2.4x; with 10,000 it slowed 2.0-2.3x (bench/results/e2e_bert_2t_load*.md).
+OPENMP_SPINCOUNT = "10000"
+
+
+def use_openmp_defaults() -> None:
+    """Set the OpenMP wait policy the libraries run best under, where the user has not:
+    libgomp reads it once, when the first OpenMP library loads into the process, so this
+    runs before every load."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPINCOUNT)
+
+
 def default_cache_dir() -> Path:
     """``$SHAPESHIFT_CACHE_DIR`` if set, else ``~/.cache/shapeshift``."""
     env = os.environ.get("SHAPESHIFT_CACHE_DIR")
@@ -231,6 +248,7 @@ def install_library(data: bytes, key: str, source: str, cache_dir: Optional[Path
         _write_atomic(c_file, source.encode())
     if not so.exists() or hashlib.sha256(so.read_bytes()).hexdigest() != digest:
         _write_atomic(so, data)
+    use_openmp_defaults()
     return CompiledLibrary(path=so, source_path=c_file, key=key, cdll=ctypes.CDLL(str(so)))
 
 
@@ -292,6 +310,7 @@ def _check(entry: _Entry) -> Optional[str]:
 
 def _load(entry: _Entry) -> CompiledLibrary:
     """The entry's library, loaded; OSError (the loader's message) if it does not load."""
+    use_openmp_defaults()
     return CompiledLibrary(path=entry.output, source_path=entry.source, key=entry.key,
                            cdll=ctypes.CDLL(str(entry.output)))
 

@@ -30,15 +30,15 @@ PREFETCH_MIN_M_CHOICES = (1, 4, 6, 8)
 PAR_MIN_FLOPS_CHOICES = (1 << 20, 1 << 22, 1 << 24)
 SMALL_PANELS_CHOICES = (1, 2, 4)  # packed panels of B the B-streaming path reads at once
 FIELDS = ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-          "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers", "prefetch_c")
+          "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers", "prefetch_c", "a_in_l1")
 # Fields a mutation may change ("tile" is mr, nr and the width together).
 MUTABLE = ("tile", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-           "prefetch_min_m", "parallel_min_flops", "small_panels", "prefetch_c")
+           "prefetch_min_m", "parallel_min_flops", "small_panels", "prefetch_c", "a_in_l1")
 # Schedules recorded before a field existed ran as this value of it (from_json): before
 # the width was a field, every tile ran in ymm registers on AVX2's 16 but the full tile of
 # an nr multiple of 16 on AVX-512 builds, which lanes = 8 does not reproduce exactly (the
 # tile then runs in ymm); such records came from before target descriptions.
-BEFORE_FIELD = {"small_panels": 1, "lanes": 8, "registers": 16, "prefetch_c": 0}
+BEFORE_FIELD = {"small_panels": 1, "lanes": 8, "registers": 16, "prefetch_c": 0, "a_in_l1": 0}
 
 
 def max_mr(nr: int, lanes: int, registers: int) -> int:
@@ -72,7 +72,7 @@ def _make(rng: random.Random, **fixed) -> GemmSchedule:
         small_nc=nr * rng.choice(SMALL_NC_PANELS), pack_rows=rng.choice(PACK_ROWS_CHOICES),
         prefetch_rows=rng.choice(PREFETCH_ROWS_CHOICES), prefetch_min_m=rng.choice(PREFETCH_MIN_M_CHOICES),
         parallel_min_flops=rng.choice(PAR_MIN_FLOPS_CHOICES), small_panels=rng.choice(SMALL_PANELS_CHOICES),
-        prefetch_c=rng.choice((0, 1)))
+        prefetch_c=rng.choice((0, 1)), a_in_l1=rng.choice((0, 1)))
     values.update(fixed)
     values["small_m"] = min(values["small_m"], MAX_SMALL_M)
     return GemmSchedule(**values)
@@ -109,8 +109,8 @@ def mutate(schedule: GemmSchedule, rng: random.Random, target: Target) -> GemmSc
             fields["prefetch_min_m"] = rng.choice(PREFETCH_MIN_M_CHOICES)
         elif name == "small_panels":
             fields["small_panels"] = rng.choice(SMALL_PANELS_CHOICES)
-        elif name == "prefetch_c":
-            fields["prefetch_c"] = 1 - fields["prefetch_c"]
+        elif name in ("prefetch_c", "a_in_l1"):
+            fields[name] = 1 - fields[name]
         else:
             fields["parallel_min_flops"] = rng.choice(PAR_MIN_FLOPS_CHOICES)
     return GemmSchedule(**fields)

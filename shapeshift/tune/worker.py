@@ -36,10 +36,12 @@ import sys
 
 import numpy as np
 
+from ..codegen.build import use_openmp_defaults
 from .workload import BatchedGemmWorkload
 
 
 def _load(path: str) -> ctypes.CDLL:
+    use_openmp_defaults()  # measured under the wait policy sessions run with
     lib = ctypes.CDLL(path)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tune_bench.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr]

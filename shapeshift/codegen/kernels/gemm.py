@@ -126,7 +126,11 @@ class GemmSchedule:
     AVX-512 builds; others run the tile in ymm vectors);
     registers: the vector register file the tile and the B-streaming kernels are drawn for,
     16 (AVX2) or 32 (AVX-512, ymm16-31 included): the target's, see codegen/defaults.py;
-    prefetch_c: 1 to prefetch a full tile's lines of C as its k loop starts.
+    prefetch_c: 1 to prefetch a full tile's lines of C as its k loop starts;
+    a_in_l1: the order of the tile loops in a block: 0 keeps a kc x nr micro-panel of B in
+    L1 while A's micro-panels stream past (kc bounded by L1 / nr), 1 keeps a kc x mr one of
+    A there while B's stream from L2 (kc bounded by L1 / mr, nc by L2 / kc: fewer K blocks,
+    so fewer passes over C).
     """
 
     mr: int = 6
@@ -145,10 +149,11 @@ class GemmSchedule:
     lanes: int = 8
     registers: int = 16
     prefetch_c: int = 1
+    a_in_l1: int = 0
 
     def __post_init__(self) -> None:
         for name in ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
-                     "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers", "prefetch_c"):
+                     "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers", "prefetch_c", "a_in_l1"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"GemmSchedule.{name} must be an int, got {value!r}")
@@ -182,8 +187,9 @@ class GemmSchedule:
                 raise ValueError(f"GemmSchedule.{name} must be >= 0, got {getattr(self, name)}")
         if not 1 <= self.small_panels <= MAX_SMALL_PANELS:
             raise ValueError(f"GemmSchedule.small_panels must be in 1..{MAX_SMALL_PANELS}, got {self.small_panels}")
-        if self.prefetch_c not in (0, 1):
-            raise ValueError(f"GemmSchedule.prefetch_c must be 0 or 1, got {self.prefetch_c}")
+        for name in ("prefetch_c", "a_in_l1"):
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"GemmSchedule.{name} must be 0 or 1, got {getattr(self, name)}")
         if self.parallel_min_flops < 0:
             raise ValueError(f"GemmSchedule.parallel_min_flops must be >= 0, got {self.parallel_min_flops}")
 
@@ -274,7 +280,7 @@ def _source(s: GemmSchedule) -> str:
         "#endif",
         _small_dispatch(s),
         _small_span_dispatch(s),
-        _DRIVER,
+        _DRIVER.replace("@TILE_LOOPS@", _TILE_LOOPS[s.a_in_l1]),
     ]
     return "\n".join(parts) + "\n"
 
@@ -959,6 +965,16 @@ static void* ss_gemm_alloc(int64_t floats)
 """
 
 
+# The two loops over an mc x nc block's tiles (ss_gemm_macro), by the schedule's a_in_l1.
+_TILE_LOOPS = {
+    0: """    /* jr outside ir: one B micro-panel stays in L1 while the A panels stream from L2. */
+    for (int64_t jr = 0; jr < nc; jr += SS_GEMM_NR) {
+        for (int64_t ir = 0; ir < mc; ir += SS_GEMM_MR) {""",
+    1: """    /* ir outside jr: one A micro-panel stays in L1 while the B panels stream from L2. */
+    for (int64_t ir = 0; ir < mc; ir += SS_GEMM_MR) {
+        for (int64_t jr = 0; jr < nc; jr += SS_GEMM_NR) {""",
+}
+
 _DRIVER = r"""
 /* Every tile of an mc x nc block: packed A (mc x kc) times packed B (kc x nc) into c. */
 static void ss_gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float* pa, const float* pb,
@@ -970,10 +986,8 @@ static void ss_gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float* pa, c
        be waiting for its cache line), unless the bias has a column stride other than 0 or 1. */
     const int in_kernel = epilogue && (!P->bias || P->cs_bias == 0 || P->cs_bias == 1);
     ss_gemm_epi e = {P->alpha, P->beta, NULL, P->rs_bias, P->cs_bias == 1, P->act == 1};
-    /* jr outside ir: one B micro-panel stays in L1 while the A panels stream from L2. */
-    for (int64_t jr = 0; jr < nc; jr += SS_GEMM_NR) {
-        const int64_t nv = ss_gemm_min(SS_GEMM_NR, nc - jr);
-        for (int64_t ir = 0; ir < mc; ir += SS_GEMM_MR) {
+@TILE_LOOPS@
+            const int64_t nv = ss_gemm_min(SS_GEMM_NR, nc - jr);
             const int64_t mv = ss_gemm_min(SS_GEMM_MR, mc - ir);
             float* ct = c + ir * ldc + jr;
             if (mv == SS_GEMM_MR && nv == SS_GEMM_NR) {
