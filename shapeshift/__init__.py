@@ -36,16 +36,20 @@ def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]
 
 
 def compile(model: ModelSource, out, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-            tuning_db=None, threads: Optional[int] = None):
+            tuning_db=None, threads: Optional[int] = None, target: str = "native"):
     """Compile ``model`` for the native backend into the artifact file ``out``, which
     ``InferenceSession(out)`` runs without a C compiler; returns the written Artifact
     (its header says what it holds). ``tuning_db``: a ``shapeshift tune`` database whose
     records for ``threads`` threads (default: every core) are built in. See docs/native.md,
-    "Compiled artifacts", and docs/tune.md."""
+    "Compiled artifacts", and docs/tune.md. ``target``: native (this machine, every
+    feature it has) or a psABI level, x86-64-v3 or x86-64-v4 (docs/target.md): the
+    artifact then runs on any CPU of that level."""
     from .runtime.artifact import write_artifact
     from .runtime.session import load_tuning
+    from .target import named_target
 
-    return write_artifact(model, out, dynamic, tuning=load_tuning(tuning_db, threads))
+    built_for = None if target == "native" else named_target(target)
+    return write_artifact(model, out, dynamic, tuning=load_tuning(tuning_db, threads), target=built_for)
 
 
 __all__ = ["Graph", "InferenceSession", "ShapeshiftError", "compile", "load", "simplify", "to_onnx", "__version__"]

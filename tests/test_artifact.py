@@ -5,6 +5,7 @@ ArtifactError naming the file."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -308,3 +309,49 @@ def test_a_model_in_program_versions_compiles_to_one_artifact(tmp_path, build_ca
     write_container(edited, header, sections)
     with pytest.raises(ArtifactError, match="holds no library.2 section"):
         shapeshift.InferenceSession(edited)
+
+
+AVX2_ONLY_CPUINFO = Path(__file__).parent / "target_samples" / "skylake_client.cpuinfo"
+
+
+def test_an_artifact_for_x86_64_v3_runs_where_only_avx2_is_allowed(encoder_path, build_cache, tmp_path,
+                                                                   monkeypatch):
+    """compile --target x86-64-v3 on any machine (AVX-512 here, if it has it): the header needs
+    only that level's features and names the target, the library has no zmm instruction, and
+    it loads and matches onnxruntime on a machine that reports an AVX2-only CPU (the
+    Skylake sample as this machine's /proc/cpuinfo). A --target native artifact is refused
+    there, naming the features the sample lacks, whenever the host has any such feature."""
+    from shapeshift.target.description import X86_64_V3
+
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(build_cache))
+    v3 = shapeshift.compile(encoder_path, tmp_path / "v3.ssa", dynamic=DYNAMIC, target="x86-64-v3")
+    native = shapeshift.compile(encoder_path, tmp_path / "native.ssa", dynamic=DYNAMIC)
+    assert v3.header["target"]["name"] == "x86-64-v3" and "-march=x86-64-v3" in v3.header["flags"]
+    assert set(v3.header["cpu_features"]) <= X86_64_V3 and "avx512f" not in v3.header["cpu_features"]
+    assert native.header["target"]["name"] == "native"
+    objdump = shutil.which("objdump")
+    if objdump is not None:  # no zmm register anywhere in the library's code
+        library = tmp_path / "v3.so"
+        library.write_bytes(v3.sections["library"])
+        listing = subprocess.run([objdump, "-d", str(library)], capture_output=True, text=True, check=True).stdout
+        assert "%zmm" not in listing
+
+    sample = artifact_mod.host_cpu_features(AVX2_ONLY_CPUINFO)
+    monkeypatch.setattr(artifact_mod, "host_cpu_features", lambda *args: sample)
+    session = shapeshift.InferenceSession(str(v3.path))
+    for seq in SEQ_LENGTHS:
+        feed = _feed(2, seq)
+        np.testing.assert_allclose(session.run(None, feed)[0], _expected(encoder_path, feed), rtol=1e-4, atol=1e-4)
+    missing = sorted(set(native.header["cpu_features"]) - set(sample))
+    if missing:
+        with pytest.raises(ArtifactError, match="needs CPU feature.*" + missing[0]):
+            shapeshift.InferenceSession(str(native.path))
+    else:  # this machine has nothing the sample lacks: the native artifact runs there too
+        shapeshift.InferenceSession(str(native.path))
+
+
+def test_compile_refuses_an_unknown_target(encoder_path, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "shapeshift.cli.main", "compile", str(encoder_path), "-o",
+                             str(tmp_path / "x.ssa"), "--target", "pentium4"], capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown target 'pentium4'" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "x.ssa").exists()

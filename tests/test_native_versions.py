@@ -98,11 +98,11 @@ def test_a_version_that_fails_to_build_leaves_the_plain_program(tmp_path, compil
     real = native.prepare_program
     calls = []
 
-    def second_fails(graph, tuning=None, profile=False):
+    def second_fails(graph, tuning=None, profile=False, target=None):
         calls.append(graph)
         if len(calls) == 2:  # the first version (the plain program is the first call)
             raise ValueError("simulated lowering bug")
-        return real(graph, tuning, profile)
+        return real(graph, tuning, profile, target)
 
     monkeypatch.setattr(native, "prepare_program", second_fails)
     session = shapeshift.InferenceSession(path, {"B": (1, 8), "T": (1, 16)}, backend="native")

@@ -207,14 +207,17 @@ def _file_names(names: list[str]) -> list[str]:
 def cmd_compile(args) -> int:
     from ..runtime.artifact import write_artifact
     from ..runtime.session import load_tuning
+    from ..target import named_target
 
     if args.threads is not None and args.threads < 1:
         raise ShapeshiftError(f"--threads must be a positive integer, got {args.threads}")
     output = output_target(args.output, "artifact")
     if Path(args.model).exists() and output == Path(os.path.realpath(args.model)):
         raise ShapeshiftError(f"{args.output}: is the model being compiled; name another file for the artifact")
+    target = named_target(args.target)  # an unknown name is refused before any work
     tuning = load_tuning(args.db, args.threads)
-    artifact = write_artifact(args.model, output, args.dynamic, tuning=tuning)
+    artifact = write_artifact(args.model, output, args.dynamic, tuning=tuning,
+                              target=None if args.target == "native" else target)
     print(f"wrote {artifact.path}: {artifact.size} bytes")
     _print_artifact_header(artifact)
     if tuning is not None:
@@ -230,6 +233,9 @@ def _print_artifact_header(artifact) -> None:
     ranges = ", ".join(f"{k}={lo}:{hi}" for k, (lo, hi) in sorted(artifact.dynamic.items())) or "as declared"
     print(f"sections: {parts}")
     print(f"shapeshift {header['shapeshift_version']}, dynamic ranges: {ranges}")
+    built_for = header.get("target") or {}
+    if built_for:
+        print(f"target: {built_for.get('name')} (-march={built_for.get('march')})")
     print(f"needs CPU features ({header['machine']}): {', '.join(header['cpu_features']) or 'none'}")
     if "versions" in header:
         print(f"{len(header['versions'])} program versions, one per outcome of the input-decided Ifs "

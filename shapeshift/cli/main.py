@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="use the tuned GEMM kernels of this `shapeshift tune` database")
     compile_.add_argument("--threads", type=int, default=None,
                           help="with --db: use the records tuned for this many threads (default: every core)")
+    compile_.add_argument("--target", default="native", metavar="native|x86-64-v3|x86-64-v4",
+                          help="the CPUs the artifact must run on: native (this machine, every feature it has; "
+                               "the default) or a psABI level (x86-64-v3: any AVX2 machine)")
     compile_.set_defaults(handler=cmd_compile)
 
     tune = sub.add_parser(

@@ -94,6 +94,13 @@ def use_openmp_defaults() -> None:
         os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPINCOUNT)
 
 
+def target_flags(target=None) -> tuple[str, ...]:
+    """``DEFAULT_FLAGS`` for a target description (shapeshift.target.Target; None: this
+    machine): its -march in place of -march=native."""
+    march = f"-march={target.march if target is not None else 'native'}"
+    return tuple(march if flag == "-march=native" else flag for flag in DEFAULT_FLAGS)
+
+
 def default_cache_dir() -> Path:
     """``$SHAPESHIFT_CACHE_DIR`` if set, else ``~/.cache/shapeshift``."""
     env = os.environ.get("SHAPESHIFT_CACHE_DIR")

@@ -17,8 +17,9 @@ dispatchers are private to the unit that defines them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
+from ..target import Target
 from .fragments import declarations
 from .kernels.prelude import HEADER, PRELUDE
 
@@ -32,13 +33,14 @@ MAX_UNITS = 8
 _SIGNATURE = "(void* const* v, const int64_t* e)"
 
 
-def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Sequence[str] = ()) -> list[str]:
+def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Sequence[str] = (),
+               target: Optional[Target] = None) -> list[str]:
     """The translation units of ``programs`` (a root and its branch programs): the first
     starts with the prelude and defines every segment function; the others define parts."""
     blocks = {(id(p), k): _step_blocks(p, indices) for p in programs for k, indices in enumerate(p.segments)}
     total = sum(len(b) for bs in blocks.values() for b in bs)
     count = 1 if tuned or any(p.profiled for p in programs) else max(1, min(MAX_UNITS, round(total / UNIT_CHARS)))
-    head = declarations(fragments)
+    head = declarations(fragments, target)
     if count == 1:
         return [PRELUDE + head + "".join(tuned) + "".join(
             _profile_counters(p) + "".join(_function(p.segment_name(k), blocks[id(p), k])

@@ -25,8 +25,9 @@ import functools
 import importlib
 import pkgutil
 import re
-from typing import Iterable
+from typing import Iterable, Optional
 
+from ..target import Target
 from .kernels.prelude import HEADER
 
 # The head of a function definition at the start of a line: a return type, the name, the
@@ -42,17 +43,22 @@ def _module(name: str):
 
 
 @functools.cache
-def text(name: str) -> str:
-    """The fragment's C text, with its default parameters."""
+def text(name: str, target: Optional[Target] = None) -> str:
+    """The fragment's C text, with the default parameters of ``target`` (this machine's
+    when None): the GEMM's schedule is the target's (codegen/defaults.py)."""
+    if name == "gemm":
+        from .defaults import default_schedule
+
+        return _module(name).source(default_schedule(target))
     return _module(name).source()
 
 
 @functools.cache
-def declared(name: str) -> str:
+def declared(name: str, target: Optional[Target] = None) -> str:
     """The fragment's text with the body of each entry point replaced by ``;`` and the
     private helpers (static, not inline) that only those bodies called left out, so that
     the units that include it do not even parse them."""
-    source = _cut(text(name), _ENTRY_POINT_HEAD, name)
+    source = _cut(text(name, target), _ENTRY_POINT_HEAD, name)
     # Every private helper definition: (name, start, end). A name may be defined twice,
     # once under #ifdef __AVX2__ and once under #else.
     helpers = [(m.group(1), m.start(), _end_of_block(source, m.end() - 1, name))
@@ -123,19 +129,19 @@ def dependency_order(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(ordered)
 
 
-def declarations(fragments: Iterable[str]) -> str:
+def declarations(fragments: Iterable[str], target: Optional[Target] = None) -> str:
     """What a translation unit that calls ``fragments`` (in dependency order) includes."""
-    return "".join(f"/* ---- kernels: {name} ---- */\n{declared(name)}" for name in fragments)
+    return "".join(f"/* ---- kernels: {name} ---- */\n{declared(name, target)}" for name in fragments)
 
 
-def object_sources(fragments: Iterable[str]) -> list[tuple[str, str]]:
+def object_sources(fragments: Iterable[str], target: Optional[Target] = None) -> list[tuple[str, str]]:
     """(name, translation unit) of each fragment's object, for those that have one."""
     units = []
     for name in fragments:
         if has_object(name):
             deps = dependency_order(getattr(_module(name), "DEPENDS", ()))
-            units.append((f"kernels.{name}", HEADER + declarations(deps) + f"/* ---- kernels: {name} ---- */\n"
-                          + text(name)))
+            units.append((f"kernels.{name}", HEADER + declarations(deps, target) + f"/* ---- kernels: {name} ---- */\n"
+                          + text(name, target)))
     return units
 
 

@@ -33,7 +33,8 @@ from typing import Optional, Sequence
 from ..ir.graph import Graph, Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..symbolic import Dim, Expr, free_symbols
-from .build import CompiledLibrary, compile_library
+from ..target import Target
+from .build import CompiledLibrary, compile_library, target_flags
 from .emit import emit_units
 from .fragments import dependency_order, object_sources
 from .lower import rule_for
@@ -109,6 +110,9 @@ class Program:
     # Built with per-step timers (see codegen/emit.py): its library exports
     # ``profile_symbol()``, two doubles per step (seconds, calls) that the VM reads.
     profiled: bool = False
+    # The target description it is built for (None: this machine): the kernels' default
+    # schedules and the compiler's -march.
+    target: Optional[Target] = None
     # The other translation units of a large program, compiled in parallel with ``source``.
     parts: list[str] = field(default_factory=list)
 
@@ -116,7 +120,7 @@ class Program:
         """(name, source) of the objects its library links: the kernel fragments it calls
         (codegen/fragments.py) and its own other units."""
         own = [(f"{self.graph.name} program, unit {u + 2}", text) for u, text in enumerate(self.parts)]
-        return object_sources(self.fragments) + own
+        return object_sources(self.fragments, self.target) + own
 
     def has_code(self) -> bool:
         """Whether it or a branch program has compiled code (and so a library)."""
@@ -158,8 +162,10 @@ class Program:
 
 class _Builder:
     def __init__(self, graph: Graph, prefix: str = "", outer_inputs: Sequence[Value] = (),
-                 input_symbols: Optional[frozenset] = None, tuning=None, profile: bool = False):
+                 input_symbols: Optional[frozenset] = None, tuning=None, profile: bool = False,
+                 target: Optional[Target] = None):
         self.graph = graph
+        self.target = target
         self.tuning = tuning
         self.profile = profile
         self.prefix = prefix
@@ -252,7 +258,9 @@ class _Builder:
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
             for each in programs:
                 each.profiled = self.profile
-            program.source, *program.parts = emit_units(programs, program.fragments, self._tuned_sources(program))
+                each.target = self.target
+            program.source, *program.parts = emit_units(programs, program.fragments, self._tuned_sources(program),
+                                                        self.target)
             program.unread_consts = _unread_consts(programs)
         return program
 
@@ -561,14 +569,15 @@ def compile_program(program: Program, cache_dir=None) -> CompiledLibrary:
     """The library of ``program`` (a root): its units and the kernel objects they call, built
     or taken from the cache (codegen/build.py)."""
     return compile_library(program.source, name_hint=f"{program.graph.name} program", cache_dir=cache_dir,
-                           objects=program.objects())
+                           objects=program.objects(), flags=target_flags(program.target))
 
 
-def build_program(graph: Graph, tuning=None, profile: bool = False) -> Program:
+def build_program(graph: Graph, tuning=None, profile: bool = False, target: Optional[Target] = None) -> Program:
     """The native program of a simplified, typed graph. ``tuning``: tuned GEMM
     dispatchers by weight shape (shapeshift/tune/records.py ``GemmTuning``), or None.
-    ``profile``: time every native step (see ``Program.profiled``)."""
-    program = _Builder(graph, tuning=tuning, profile=profile).build()
+    ``profile``: time every native step (see ``Program.profiled``). ``target``: the
+    target description to build for (None: this machine; shapeshift.target.named_target)."""
+    program = _Builder(graph, tuning=tuning, profile=profile, target=target).build()
     fallback = program.fallback_ops()
     if fallback:
         log.info("native program for %s: %d steps, fallback ops: %s", graph.name, len(program.steps),

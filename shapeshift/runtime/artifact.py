@@ -19,8 +19,11 @@ when the program has no compiled code) and ``shapeshift_version``, ``graph`` (it
 ``dynamic`` (``{symbol: [lo, hi]}``, the ranges it was compiled for), ``source_sha256``
 (of the generated C source), ``library_key`` (the build cache key), ``flags``,
 ``compiler``, ``compiler_version``, ``machine`` (``platform.machine()``) and
-``cpu_features`` (the build host's instruction set extensions, from /proc/cpuinfo: the
-library is built with ``-march=native`` and may use any of them), and ``tuning`` (the tuned
+``target`` (the target description it was built for, shapeshift.target: name, -march,
+flags, caches and CPU identity; loading rebuilds the program for it, so the same default
+schedules), ``cpu_features`` (what the library may use: the build host's instruction set
+extensions, from /proc/cpuinfo, for ``--target native``, built with ``-march=native``; a
+psABI level's features for ``--target x86-64-v3`` or ``x86-64-v4``), and ``tuning`` (the tuned
 GEMM records the program was built with and uses, as ``TunedGemm.to_json()``; absent without any), so
 that loading rebuilds the same program without the tuning database.
 
@@ -244,8 +247,10 @@ def read_artifact(path: PathLike) -> Artifact:
 
 
 def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-                   cache_dir: Optional[PathLike] = None, tuning=None) -> Artifact:
+                   cache_dir: Optional[PathLike] = None, tuning=None, target=None) -> Artifact:
     """Compile ``model`` for the native backend and write the artifact ``out``; returns it.
+    ``target``: the shapeshift.target.Target to build for (None: this machine); the
+    artifact then needs only that target's CPU features.
 
     The model is stored serialized as imported (external data included), and the program
     is built from exactly those bytes, so that loading rebuilds the same source.
@@ -261,11 +266,17 @@ def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[
         label = model if isinstance(model, (str, os.PathLike)) else "the model"
         raise ArtifactError(f"{label}: cannot serialize the model into an artifact ({exc})") from None
     graph = import_model(model_bytes, ranges)
-    executor = create_executor(graph, lambda: import_model(model_bytes, ranges), cache_dir=cache_dir, tuning=tuning)
+    from ..target import host_target
+    from ..target.description import target_to_json
+
+    built_for = target or host_target()
+    executor = create_executor(graph, lambda: import_model(model_bytes, ranges), cache_dir=cache_dir, tuning=tuning,
+                               target=built_for)
     header = {
         "shapeshift_version": __version__, "graph": graph.name,
         "dynamic": {name: list(bounds) for name, bounds in sorted(ranges.items())},
-        "machine": platform.machine(), "cpu_features": host_cpu_features() or [],
+        "machine": platform.machine(), "target": target_to_json(built_for),
+        "cpu_features": sorted(built_for.flags & X86_FEATURES) if target is not None else host_cpu_features() or [],
     }
     sections = {"model": model_bytes}
     if isinstance(executor, VersionedExecutor):
@@ -322,17 +333,25 @@ def load_artifact(path: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]
     tuning = _tuning(artifact)
     try:
         graph = import_model(artifact.sections["model"], artifact.dynamic)
-        program = prepare_program(graph, tuning)
+        program = prepare_program(graph, tuning, target=_target(artifact))
     except ShapeshiftError as exc:
         raise ArtifactError(f"{artifact.path}: its model no longer builds a program: {exc}") from None
     if "versions" in artifact.header:
-        return graph, _load_versions(artifact, graph, program, tuning, num_threads, cache_dir)
+        return graph, _load_versions(artifact, graph, program, tuning, num_threads, cache_dir, _target(artifact))
     _check_source(artifact, program.full_source(), artifact.header.get("source_sha256"))
     library = _install_library(artifact, program, cache_dir, "library", artifact.header.get("library_key"))
     return graph, NativeExecutor(graph, num_threads=num_threads, program=program, library=library)
 
 
-def _load_versions(artifact: Artifact, graph, program, tuning, num_threads, cache_dir):
+def _target(artifact: Artifact):
+    """The target the artifact was built for (its default schedules and -march)."""
+    from ..target.description import target_from_json
+
+    data = artifact.header.get("target")
+    return target_from_json(data) if data is not None else None
+
+
+def _load_versions(artifact: Artifact, graph, program, tuning, num_threads, cache_dir, target):
     """The VersionedExecutor the artifact's versions make: built again from its model the way
     compiling built them, each version's source checked and its library installed."""
     from .native import NativeExecutor, prepare_program
@@ -358,7 +377,7 @@ def _load_versions(artifact: Artifact, graph, program, tuning, num_threads, cach
 
     try:
         versioned = build_versions(graph, sum(program.fallback_ops().values()), reimport,
-                                   lambda g: prepare_program(g, tuning), make_executors)
+                                   lambda g: prepare_program(g, tuning, target=target), make_executors)
     except ArtifactError:
         raise
     except ShapeshiftError as exc:

@@ -27,22 +27,22 @@ from .vm import NativeVM
 NATIVE_FOLD_ANY_SIZE = frozenset({"DequantizeLinear"})
 
 
-def prepare_program(graph: Graph, tuning=None, profile: bool = False) -> Program:
+def prepare_program(graph: Graph, tuning=None, profile: bool = False, target=None) -> Program:
     """Simplify ``graph`` in place and build its native program (with the tuned GEMM
     dispatchers of ``tuning``, a shapeshift.tune.records.GemmTuning, where it has them;
     with step timers when ``profile``)."""
     simplify_graph(graph, SimplifyOptions(fold_any_size=NATIVE_FOLD_ANY_SIZE))
     restore_output_names(graph)
-    return build_program(graph, tuning, profile)
+    return build_program(graph, tuning, profile, target)
 
 
 def create_executor(graph: Graph, reimport: Optional[Callable[[], Graph]] = None, num_threads: Optional[int] = None,
-                    cache_dir=None, tuning=None, profile: bool = False):
+                    cache_dir=None, tuning=None, profile: bool = False, target=None):
     """The native executor of ``graph``: simplified and lowered, or, when Ifs decided by
     the input shapes or by small inputs' values keep part of it on the fallback or run as
     branch programs, and ``reimport`` can give fresh imports of the model, one program
     version per outcome of those Ifs (versions.py)."""
-    program = prepare_program(graph, tuning, profile)
+    program = prepare_program(graph, tuning, profile, target)
     fallback = sum(program.fallback_ops().values())
     if (fallback or program.branches) and reimport is not None:
         def make_executors(versions: list) -> list:
@@ -50,7 +50,7 @@ def create_executor(graph: Graph, reimport: Optional[Callable[[], Graph]] = None
             return [NativeExecutor(g, num_threads=num_threads, cache_dir=cache_dir, program=p, library=lib,
                                    tuning=tuning) for (g, p), lib in zip(versions, libraries)]
 
-        versioned = build_versions(graph, fallback, reimport, lambda g: prepare_program(g, tuning, profile),
+        versioned = build_versions(graph, fallback, reimport, lambda g: prepare_program(g, tuning, profile, target),
                                    make_executors)
         if versioned is not None:
             return versioned

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ShapeshiftError
@@ -42,7 +42,7 @@ class Target:
     flags: frozenset[str]  # instruction-set extensions as /proc/cpuinfo names them
     caches: Caches
     march: str  # the compiler's -march value
-    cpu: Optional[CpuIdentity] = field(default=None, compare=False)  # the host's identity; None when named
+    cpu: Optional[CpuIdentity] = None  # the host's identity; None when named
 
     @property
     def cpu_model(self) -> str:
@@ -99,6 +99,26 @@ class Target:
     def missing(self, features) -> list[str]:
         """``features`` this target lacks, sorted."""
         return sorted(set(features) - self.flags)
+
+
+def target_to_json(target: Target) -> dict:
+    """What a compiled artifact records of the target it was built for."""
+    cpu = target.cpu
+    return {"name": target.name, "march": target.march, "flags": sorted(target.flags),
+            "caches": [target.caches.l1d, target.caches.l2, target.caches.l3],
+            "cpu": None if cpu is None else {"vendor": cpu.vendor, "model_name": cpu.model_name,
+                                             "family": cpu.family, "model": cpu.model}}
+
+
+def target_from_json(data: dict) -> Target:
+    """The target ``target_to_json`` recorded: the same default schedules and -march."""
+    flags = frozenset(data["flags"])
+    cpu = data.get("cpu")
+    identity = None if cpu is None else CpuIdentity(vendor=cpu["vendor"], model_name=cpu["model_name"],
+                                                    family=int(cpu["family"]), model=int(cpu["model"]),
+                                                    flags=flags, logical_cpus=1)
+    return Target(name=str(data["name"]), flags=flags, caches=Caches(*map(int, data["caches"])),
+                  march=str(data["march"]), cpu=identity)
 
 
 def target_from_cpu(cpu: CpuIdentity, caches: Caches) -> Target:
