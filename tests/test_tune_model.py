@@ -9,6 +9,8 @@ Outputs are compared with onnxruntime at several values of each dynamic dim.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -204,3 +206,50 @@ def test_cli_tune_model_needs_declared_ranges(files, tmp_path, capsys):
 def test_cli_tune_needs_model_or_gemm(tmp_path, capsys):
     assert main(["tune", "--dynamic", "M=1:8", "--db", str(tmp_path / "t.db")]) != 0
     assert "give either a MODEL or --gemm K N" in capsys.readouterr().err
+
+
+def test_records_tuned_on_another_cpu_are_refused_with_a_warning(files, tmp_path):
+    """A selection records the CPU it was tuned on; a session applies only this machine's:
+    one tuned on another CPU model (the Zen 4 sample's description) is not used, and a
+    warning names both CPUs. A selection from before the column existed (NULL: an old
+    database, migrated when a tuner opens it) is used as it is, with a warning."""
+    import sqlite3
+
+    from shapeshift.target.cpu import Caches, parse_cpuinfo
+    from shapeshift.target.description import target_from_cpu
+
+    model, _, _ = files
+    samples = Path(__file__).parent / "target_samples"
+    zen4 = target_from_cpu(parse_cpuinfo((samples / "zen4.cpuinfo").read_text()), Caches(32768, 1 << 20, 32 << 20))
+    out = str(tmp_path / "zen4.db")
+    with Database(out) as db:
+        for k, n in ((64, 96), (96, 48)):
+            wid = db.workload_id(GemmWorkload(k, n, 1, 256))
+            db.add_selection(wid, 1, 256, 1, "dietcode",
+                             [{"candidate": i, "schedule": space.to_json(s)} for i, s in enumerate(KERNELS)], TREE,
+                             target=zen4)
+    with pytest.warns(UserWarning, match="tuned on another CPU are not used: AMD EPYC 9R14.*this machine is"):
+        session = InferenceSession(model, RANGES, backend="native", num_threads=1, tuning_db=out)
+    assert {p.prefix for p in session._executor.program.packs} == {"ss_gemm_"}
+    _check(session, model)
+
+    # An old database: no target column. Opening it for tuning adds the column (old rows NULL).
+    old = str(tmp_path / "old.db")
+    _records(tmp_path)  # records.db, made with this machine's target
+    conn = sqlite3.connect(str(tmp_path / "records.db"))
+    conn.execute("CREATE TABLE legacy AS SELECT id, workload_id, lo, hi, threads, strategy, kernels, tree, created "
+                 "FROM selections")
+    conn.close()
+    src = sqlite3.connect(str(tmp_path / "records.db"))
+    dst = sqlite3.connect(old)
+    src.backup(dst)
+    src.close()
+    dst.execute("DROP TABLE selections")
+    dst.execute("ALTER TABLE legacy RENAME TO selections")
+    dst.commit()
+    dst.close()
+    with pytest.warns(UserWarning, match="2 selection\\(s\\) recorded before tuning records named their CPU"):
+        session = InferenceSession(model, RANGES, backend="native", num_threads=1, tuning_db=old)
+    assert sorted(p.prefix for p in session._executor.program.packs) == ["ss_tuned_64x96_", "ss_tuned_96x48_"]
+    with Database(old) as db:
+        assert "target" in [row[1] for row in db.conn.execute("PRAGMA table_info(selections)")]

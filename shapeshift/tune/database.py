@@ -3,7 +3,8 @@
 Tables: ``workloads`` (structural hash, key, K, N; K and N are 0 for a batched GEMM, whose
 key holds its sizes), ``candidates`` (a schedule as canonical JSON), ``measurements``
 (workload, candidate, M, thread count -> seconds or an error) and ``selections`` (a
-strategy's kernel set and decision tree, as JSON). WAL mode lets readers run beside a
+strategy's kernel set and decision tree, as JSON, with the CPU model and target key it was
+measured on; NULL in rows from before that column existed). WAL mode lets readers run beside a
 writer; every write is one short transaction, and SQLite's busy timeout makes a second
 writer wait instead of failing. Measurements are keyed by (workload, candidate, M,
 threads) and inserted with ``OR IGNORE``: a pair already measured is never measured again,
@@ -21,6 +22,7 @@ from typing import Iterator, Optional
 
 from ..codegen.kernels.gemm import GemmSchedule
 from ..errors import ShapeshiftError
+from ..target import Target, host_target
 from . import space
 from .workload import BatchedGemmWorkload, GemmWorkload
 
@@ -40,8 +42,13 @@ CREATE TABLE IF NOT EXISTS measurements (
 CREATE TABLE IF NOT EXISTS selections (
     id INTEGER PRIMARY KEY, workload_id INTEGER NOT NULL REFERENCES workloads(id),
     lo INTEGER NOT NULL, hi INTEGER NOT NULL, threads INTEGER NOT NULL, strategy TEXT NOT NULL,
-    kernels TEXT NOT NULL, tree TEXT NOT NULL, created REAL NOT NULL);
+    kernels TEXT NOT NULL, tree TEXT NOT NULL, created REAL NOT NULL, target TEXT);
 """
+
+
+def has_target_column(conn: sqlite3.Connection) -> bool:
+    """Whether the selections table records the CPU of each selection."""
+    return any(row[1] == "target" for row in conn.execute("PRAGMA table_info(selections)"))
 
 
 class Database:
@@ -56,6 +63,10 @@ class Database:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         self.conn.execute(statement)
+                if not has_target_column(self.conn):
+                    # A database from before selections recorded their CPU: its rows keep
+                    # NULL (an unknown CPU, see records.py), new ones record theirs.
+                    self.conn.execute("ALTER TABLE selections ADD COLUMN target TEXT")
         except sqlite3.Error as exc:
             # A file that is not a database (or not ours) is left exactly as it was.
             if self.conn is not None:
@@ -132,12 +143,16 @@ class Database:
         return {r[0] for r in rows}
 
     def add_selection(self, workload_id: int, lo: int, hi: int, threads: int, strategy: str,
-                      kernels: list[dict], tree: dict) -> int:
+                      kernels: list[dict], tree: dict, target: Optional[Target] = None) -> int:
+        """Record a kernel set and tree, with the CPU it was measured on (``target``, this
+        machine by default): sessions apply it only on the same CPU model and flags."""
+        measured_on = target or host_target()
         with self._tx():
             cur = self.conn.execute(
-                "INSERT INTO selections (workload_id, lo, hi, threads, strategy, kernels, tree, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (workload_id, lo, hi, threads, strategy, json.dumps(kernels), json.dumps(tree), time.time()))
+                "INSERT INTO selections (workload_id, lo, hi, threads, strategy, kernels, tree, created, target) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (workload_id, lo, hi, threads, strategy, json.dumps(kernels), json.dumps(tree), time.time(),
+                 json.dumps({"key": measured_on.key, "cpu_model": measured_on.cpu_model})))
             return cur.lastrowid
 
     def latest_selection(self, workload_id: int, lo: int, hi: int, threads: int, strategy: str) -> Optional[dict]:

@@ -33,7 +33,9 @@ from typing import Iterator, Optional
 
 from ..codegen.kernels.gemm import GemmSchedule
 from ..errors import ShapeshiftError
+from ..target import host_target
 from . import dispatch, space
+from .database import has_target_column
 from .workload import BatchedGemmWorkload, batched_workload, poly_str
 
 
@@ -119,6 +121,32 @@ class TunedBatchedGemm:
 Record = TunedGemm | TunedBatchedGemm
 
 
+def _for_this_cpu(rows: list, path: Path) -> list:
+    """The selections measured on this machine's CPU model and flags (or on an unknown CPU,
+    from before selections recorded theirs); the others are not applied, with a warning
+    naming the CPUs they were tuned on."""
+    here = host_target()
+    kept, foreign, unknown = [], {}, 0
+    for row in rows:
+        measured_on = json.loads(row[-1]) if row[-1] else None
+        if measured_on is None:
+            unknown += 1
+            kept.append(row)
+        elif measured_on.get("key") == here.key:
+            kept.append(row)
+        else:
+            foreign[measured_on.get("key")] = measured_on.get("cpu_model", "?")
+    if foreign:
+        cpus = "; ".join(f"{model} (target key {key})" for key, model in sorted(foreign.items()))
+        warnings.warn(f"tuning database {path}: selections tuned on another CPU are not used: {cpus}; this "
+                      f"machine is {here.cpu_model} (target key {here.key}): run `shapeshift tune` here",
+                      stacklevel=4)
+    if unknown:
+        warnings.warn(f"tuning database {path}: {unknown} selection(s) recorded before tuning records named "
+                      "their CPU are used as they are; retune to record this machine", stacklevel=4)
+    return kept
+
+
 class GemmTuning:
     """Read-only map (K, N) -> TunedGemm, and batched workload key -> TunedBatchedGemm."""
 
@@ -169,8 +197,10 @@ class GemmTuning:
             # As a URI, percent-encoded: a '#', '?' or '%' in the path would end or mangle it.
             conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
             try:
+                target_column = "s.target" if has_target_column(conn) else "NULL"
                 rows = conn.execute(
-                    "SELECT w.key, w.k, w.n, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy FROM selections s "
+                    "SELECT w.key, w.k, w.n, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy, "
+                    f"{target_column} FROM selections s "
                     "JOIN workloads w ON w.id = s.workload_id WHERE s.threads = ? ORDER BY s.id",
                     (threads,)).fetchall()
                 others = [] if rows else [t for (t,) in conn.execute(
@@ -184,8 +214,9 @@ class GemmTuning:
                 warnings.warn(f"tuning database {path} holds selections for {counts} thread(s), none for "
                               f"{threads}: its records are not used (run on {counts} thread(s) with num_threads= "
                               f"or --threads, or tune with --threads {threads})", stacklevel=3)
+            rows = _for_this_cpu(rows, path)
             entries: dict = {}
-            for key, k, n, kernels, tree, t, lo, hi, strategy in rows:  # later rows replace earlier ones
+            for key, k, n, kernels, tree, t, lo, hi, strategy, _ in rows:  # later rows replace earlier ones
                 schedules = tuple(space.from_json(kern["schedule"]) for kern in json.loads(kernels))
                 common = (schedules, json.loads(tree), int(t), int(lo), int(hi), str(strategy))
                 if str(key).startswith("bmm:"):

@@ -559,7 +559,8 @@ class Tuner:
         # Reported as chosen: the times taken together where there are some.
         seconds = {m: self.measured(chosen[dispatch.choose(tree, m)], m) or math.nan for m in self.ms}
         self.db.add_selection(self.wid, self.w.lo, self.w.hi, self.cfg.threads, self.cfg.strategy,
-                              [{"candidate": c, "schedule": space.to_json(self.schedules[c])} for c in chosen], tree)
+                              [{"candidate": c, "schedule": space.to_json(self.schedules[c])} for c in chosen], tree,
+                              self.target)
         return TuneResult(self.w, self.cfg.strategy, self.ms, kernels, tree, seconds, self.trials - trials0,
                           len(self.failed), time.monotonic() - start, self.model.holdout_spearman,
                           [{m: t for m in self.ms if (t := self.measured(c, m))} for c in chosen])
