@@ -77,7 +77,7 @@ BERT_SIZE = dict(layers=12, hidden=768, heads=12, vocab=30522, max_positions=512
 TARGET_GEOMEAN_27 = 0.8
 
 
-def BERT_GFLOP(seq: int) -> float:  # noqa: N802 - a table of the encoder, named as one
+def bert_gflop(seq: int) -> float:
     """Matmul GFLOP of one batch-1 run of the encoder: per layer Q, K, V, output and the two
     FFN products, 2 x seq x (4 h^2 + 2 h f), and attention's two, 2 x 2 x seq^2 x h."""
     h, f, layers = BERT_SIZE["hidden"], 4 * BERT_SIZE["hidden"], BERT_SIZE["layers"]
@@ -509,8 +509,8 @@ def _targets(results: dict, labels: list[str], args) -> list[str]:
                f"no sequence length above 1.0: {'met' if not slow else 'NOT met (' + ', '.join(slow) + ')'}")
     peak = machine.peak_gflops() * args.threads
     # Latencies are in seconds.
-    rates = [f"{l} {BERT_GFLOP(int(l.split()[-1])) / native['latency'][l]:.0f} GFLOPS "
-             f"({100 * BERT_GFLOP(int(l.split()[-1])) / native['latency'][l] / peak:.0f}% of peak)"
+    rates = [f"{l} {bert_gflop(int(l.split()[-1])) / native['latency'][l]:.0f} GFLOPS "
+             f"({100 * bert_gflop(int(l.split()[-1])) / native['latency'][l] / peak:.0f}% of peak)"
              for l in labels if l.startswith("seq ")]
     if rates:
         out.append("- native's rate over the encoder's matmul FLOPs: " + ", ".join(rates))

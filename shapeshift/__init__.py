@@ -48,8 +48,7 @@ def compile(model: ModelSource, out, dynamic: Optional[Mapping[str, tuple[int, i
     from .runtime.session import load_tuning
     from .target import named_target
 
-    built_for = None if target == "native" else named_target(target)
-    return write_artifact(model, out, dynamic, tuning=load_tuning(tuning_db, threads), target=built_for)
+    return write_artifact(model, out, dynamic, tuning=load_tuning(tuning_db, threads), target=named_target(target))
 
 
 __all__ = ["Graph", "InferenceSession", "ShapeshiftError", "compile", "load", "simplify", "to_onnx", "__version__"]

@@ -216,8 +216,7 @@ def cmd_compile(args) -> int:
         raise ShapeshiftError(f"{args.output}: is the model being compiled; name another file for the artifact")
     target = named_target(args.target)  # an unknown name is refused before any work
     tuning = load_tuning(args.db, args.threads)
-    artifact = write_artifact(args.model, output, args.dynamic, tuning=tuning,
-                              target=None if args.target == "native" else target)
+    artifact = write_artifact(args.model, output, args.dynamic, tuning=tuning, target=target)
     print(f"wrote {artifact.path}: {artifact.size} bytes")
     _print_artifact_header(artifact)
     if tuning is not None:

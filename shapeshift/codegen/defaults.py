@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..target import Target, host_target
+from ..target.microarch import AVX2
 from .kernels.gemm import GemmSchedule
 
 MC_PANELS = (2, 24)
@@ -30,7 +31,8 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
     target = target or host_target()
     klass = target.microarch
     lanes = 16 if target.avx512 and klass.lanes == 16 else 8
-    mr, nr = klass.tile if lanes == klass.lanes else _AVX2_TILE
+    # A class whose tile is zmm, on a target without the full AVX-512 set: the AVX2 tile.
+    mr, nr = klass.tile if lanes == klass.lanes else AVX2.tile
     floats_l1 = target.caches.l1d // 4
     kc = max(KC_RANGE[0], min(KC_RANGE[1], (floats_l1 * 3 // 4) // (mr + nr) // 32 * 32))
     panels = (target.caches.l2 // 4 // 4) // (kc * mr)
@@ -39,7 +41,3 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
     small_nc = -(-256 // nr) * nr
     return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, small_nc=small_nc, lanes=lanes,
                         registers=target.vector_registers)
-
-
-# A class whose tile is zmm, on a target without the full AVX-512 set, falls back to this.
-_AVX2_TILE = (6, 16)

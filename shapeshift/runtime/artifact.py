@@ -249,8 +249,8 @@ def read_artifact(path: PathLike) -> Artifact:
 def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
                    cache_dir: Optional[PathLike] = None, tuning=None, target=None) -> Artifact:
     """Compile ``model`` for the native backend and write the artifact ``out``; returns it.
-    ``target``: the shapeshift.target.Target to build for (None: this machine); the
-    artifact then needs only that target's CPU features.
+    ``target``: the shapeshift.target.Target to build for (None: this machine); an
+    artifact for a named level needs only that level's CPU features.
 
     The model is stored serialized as imported (external data included), and the program
     is built from exactly those bytes, so that loading rebuilds the same source.
@@ -276,7 +276,8 @@ def write_artifact(model: ModelSource, out: PathLike, dynamic: Optional[Mapping[
         "shapeshift_version": __version__, "graph": graph.name,
         "dynamic": {name: list(bounds) for name, bounds in sorted(ranges.items())},
         "machine": platform.machine(), "target": target_to_json(built_for),
-        "cpu_features": sorted(built_for.flags & X86_FEATURES) if target is not None else host_cpu_features() or [],
+        "cpu_features": (host_cpu_features() or []) if built_for.name == "native"
+        else sorted(built_for.flags & X86_FEATURES),
     }
     sections = {"model": model_bytes}
     if isinstance(executor, VersionedExecutor):

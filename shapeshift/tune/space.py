@@ -13,7 +13,7 @@ import dataclasses
 import json
 import random
 
-from ..codegen.kernels.gemm import MAX_SMALL_M, GemmSchedule, tile_registers
+from ..codegen.kernels.gemm import MAX_SMALL_M, GemmSchedule, max_rows
 from ..target import Target
 
 # Columns of a tile, in vectors of the width (nr = lanes x vectors).
@@ -41,20 +41,14 @@ MUTABLE = ("tile", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_ro
 BEFORE_FIELD = {"small_panels": 1, "lanes": 8, "registers": 16, "prefetch_c": 0, "a_in_l1": 0}
 
 
-def max_mr(nr: int, lanes: int, registers: int) -> int:
-    """The tallest tile whose accumulators, B loads and A broadcast fit the registers."""
-    vectors = nr // lanes
-    return (registers - vectors - 1) // vectors
-
-
 def tile_choices(target: Target) -> list[tuple[int, int, int]]:
     """(mr, nr, lanes) of every register tile the target's register file holds, in each width."""
     out = []
     for lanes in (8, 16) if target.avx512 else (8,):
         for vectors in NR_VECTORS:
             nr = lanes * vectors
-            out += [(mr, nr, lanes) for mr in range(1, max_mr(nr, lanes, target.vector_registers) + 1)
-                    if (mr >= 2 or vectors >= 2) and tile_registers(mr, nr, lanes) <= target.vector_registers]
+            out += [(mr, nr, lanes) for mr in range(1, max_rows(nr, lanes, target.vector_registers) + 1)
+                    if mr >= 2 or vectors >= 2]
     return out
 
 
