@@ -35,6 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import machine  # noqa: E402
 
 MODELS_DIR = ROOT.parent / "shared" / "models"
 RESULTS = ROOT / "bench" / "results"
@@ -108,7 +111,7 @@ def measure(models: dict[str, str], runs: int, timeout: float, workdir: Path) ->
 
 def report(times: dict[tuple[str, str], list[float]], models: list[str], runs: int) -> str:
     median = {key: statistics.median(values) for key, values in times.items()}
-    lines = ["# Session creation: native backend by cache state, against onnxruntime", "",
+    lines = ["# Session creation: native backend by cache state, against onnxruntime", "", machine.describe(), "",
              f"`python bench/build_time.py --runs {runs}` on {platform.machine()}, {os.cpu_count()} CPUs; "
              f"Python {platform.python_version()}. Seconds, median of {runs} fresh processes per cell "
              "(native: import + simplify + lowering + build or cache lookup; see the docstring for the states). "
