@@ -551,13 +551,17 @@ def test_dietcode_times_the_kernel_set_together_densely_within_its_budget(tmp_pa
             assert everywhere <= set(tuner.times[cid])  # new points are kept as measurements too
         if len(chosen) > 1:
             # The tree follows the best kernel timed together (the default's times less
-            # DEFAULT_MARGIN); it may merge a few Ms into a neighbour's leaf.
+            # DEFAULT_MARGIN). With its leaves limited it may merge a few Ms into a neighbour's
+            # leaf, and near-ties flip from run to run (tiny GEMMs, a shared machine), so what is
+            # held is the cost: the kernels it picks take at most 5% longer in all than the best
+            # kernel at every M would.
             default = tuner._default_cid()
-            agree = []
+            picked = best = 0.0
             for m in sorted(everywhere):
                 t = [tuner.together[c][m] * (1 - DEFAULT_MARGIN if c == default else 1) for c in chosen]
-                agree.append(int(np.argmin(t)) == dispatch.choose(result.tree, m))
-            assert np.mean(agree) >= 0.8
+                picked += t[dispatch.choose(result.tree, m)]
+                best += min(t)
+            assert picked <= 1.05 * best
         # A one-kernel set is never timed densely.
         before = {c: dict(t) for c, t in tuner.together.items()}
         tuner._time_dense(chosen[:1], elapsed_s=1e6)
