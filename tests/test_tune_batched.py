@@ -158,7 +158,8 @@ def test_cost_model_predicts_the_padding_between_aligned_samples():
     pytest.importorskip("sklearn")
     import math
 
-    from shapeshift.tune.cost_model import CostModel, work_ratio
+    from shapeshift.tune.cost_model import CostModel
+    from shapeshift.tune.gemm_family import work_ratio
 
     schedules = [GemmSchedule(), SMALL, GemmSchedule(mr=4, nr=24, mc=48, nc=96, small_nc=96)]
     # A made-up rate per schedule, the useful fraction of the work done at each T.

@@ -63,7 +63,7 @@ def print_summary(result: TuneResult, show: bool) -> None:
         for i, s in enumerate(result.kernels):
             fields = " ".join(f"{name}={value}" for name, value in dataclasses.asdict(s).items())
             print(f"  {dispatch.prefix(i)}gemm: {fields}")
-        var = "M" if w.prepacked else "T"
+        var = w.variable
         print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice(int64_t {var})\n{{\n"
               f"{dispatch.tree_c(result.tree, var=var)}\n}}")
 

@@ -4,7 +4,8 @@ One tuning run covers a whole range of M: shape-generic GEMM schedules are measu
 few sampled M values, a learned cost model fills in the rest, a small kernel set is chosen
 by greedy cover, and a decision tree over M dispatches each call to one of them.
 
-Modules, one job each (after TVM MetaSchedule): ``workload`` (what is tuned), ``space``
+Modules, one job each (after TVM MetaSchedule): ``task`` (the protocol every kernel family
+and task follows), ``gemm_family`` (the GEMM family), ``workload`` (the GEMM tasks), ``space``
 (the schedules), ``builder`` (C sources and compiled libraries), ``runner`` (measurement in
 worker processes), ``database`` (SQLite), ``cost_model``, ``search`` (the strategies) and
 ``dispatch`` (kernel set, decision tree, the dispatcher's C), plus ``extract`` (a model's

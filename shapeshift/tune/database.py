@@ -1,14 +1,22 @@
 """The tuning database: SQLite, safe for several processes on one file, resumable.
 
-Tables: ``workloads`` (structural hash, key, K, N; K and N are 0 for a batched GEMM, whose
-key holds its sizes), ``candidates`` (a schedule as canonical JSON), ``measurements``
-(workload, candidate, M, thread count -> seconds or an error) and ``selections`` (a
+Tables: ``workloads`` (a tuning task's structural hash, key and kernel family; tune/task.py),
+``candidates`` (a schedule as its family's canonical JSON, and the family), ``measurements``
+(workload, candidate, M, thread count, CPU -> seconds or an error) and ``selections`` (a
 strategy's kernel set and decision tree, as JSON, with the CPU model and target key it was
-measured on; NULL in rows from before that column existed). WAL mode lets readers run beside a
-writer; every write is one short transaction, and SQLite's busy timeout makes a second
-writer wait instead of failing. Measurements are keyed by (workload, candidate, M,
-threads) and inserted with ``OR IGNORE``: a pair already measured is never measured again,
-so a killed tuning run resumes where it stopped.
+measured on). WAL mode lets readers run beside a writer; every write is one short
+transaction, and SQLite's busy timeout makes a second writer wait instead of failing.
+Measurements are keyed by (workload, candidate, M, threads, CPU target key) and inserted
+with ``OR IGNORE``: a pair already measured on this CPU is never measured again, so a
+killed tuning run resumes where it stopped, and measurements from another CPU model never
+mix with this one's.
+
+Databases from before: ``workloads`` had K and N columns (0 for a batched GEMM) in place of
+the family, candidates had no family (all were GEMM schedules), measurements and
+selections did not record their CPU. Opening one for writing migrates it in one
+transaction: the K and N columns go (the key holds them), the family is ``gemm``, and
+measurements and selections of an unknown CPU keep an empty target (measurements) or NULL
+(selections); both are used as this machine's, with a warning (records.py, search.py).
 """
 
 from __future__ import annotations
@@ -20,40 +28,71 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from ..codegen.kernels.gemm import GemmSchedule
 from ..errors import ShapeshiftError
 from ..target import Target, host_target
-from . import space
-from .workload import BatchedGemmWorkload, GemmWorkload
+from .gemm_family import GEMM
+from .task import KernelFamily
 
 DEFAULT_DB = "shapeshift_tuning.db"
 
+# The target key of measurements made before measurements recorded their CPU.
+UNKNOWN_TARGET = ""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS workloads (
-    id INTEGER PRIMARY KEY, hash TEXT UNIQUE NOT NULL, key TEXT NOT NULL, k INTEGER NOT NULL, n INTEGER NOT NULL);
+    id INTEGER PRIMARY KEY, hash TEXT UNIQUE NOT NULL, key TEXT NOT NULL, family TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS candidates (
-    id INTEGER PRIMARY KEY, schedule TEXT UNIQUE NOT NULL);
+    id INTEGER PRIMARY KEY, schedule TEXT UNIQUE NOT NULL, family TEXT NOT NULL DEFAULT 'gemm');
 CREATE TABLE IF NOT EXISTS measurements (
     workload_id INTEGER NOT NULL REFERENCES workloads(id),
     candidate_id INTEGER NOT NULL REFERENCES candidates(id),
     m INTEGER NOT NULL, threads INTEGER NOT NULL,
-    seconds REAL, error TEXT, created REAL NOT NULL,
-    PRIMARY KEY (workload_id, candidate_id, m, threads));
+    seconds REAL, error TEXT, created REAL NOT NULL, target TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (workload_id, candidate_id, m, threads, target));
 CREATE TABLE IF NOT EXISTS selections (
     id INTEGER PRIMARY KEY, workload_id INTEGER NOT NULL REFERENCES workloads(id),
     lo INTEGER NOT NULL, hi INTEGER NOT NULL, threads INTEGER NOT NULL, strategy TEXT NOT NULL,
     kernels TEXT NOT NULL, tree TEXT NOT NULL, created REAL NOT NULL, target TEXT);
 """
 
+# Each migration: (is it needed, given the table's columns), then its statements.
+_MIGRATIONS = (
+    ("workloads", lambda cols: "family" not in cols, (
+        "CREATE TABLE workloads_new (id INTEGER PRIMARY KEY, hash TEXT UNIQUE NOT NULL, key TEXT NOT NULL, "
+        "family TEXT NOT NULL)",
+        "INSERT INTO workloads_new (id, hash, key, family) SELECT id, hash, key, 'gemm' FROM workloads",
+        "DROP TABLE workloads",
+        "ALTER TABLE workloads_new RENAME TO workloads")),
+    ("candidates", lambda cols: "family" not in cols, (
+        "ALTER TABLE candidates ADD COLUMN family TEXT NOT NULL DEFAULT 'gemm'",)),
+    ("measurements", lambda cols: "target" not in cols, (
+        "CREATE TABLE measurements_new (workload_id INTEGER NOT NULL REFERENCES workloads(id), "
+        "candidate_id INTEGER NOT NULL REFERENCES candidates(id), m INTEGER NOT NULL, threads INTEGER NOT NULL, "
+        "seconds REAL, error TEXT, created REAL NOT NULL, target TEXT NOT NULL DEFAULT '', "
+        "PRIMARY KEY (workload_id, candidate_id, m, threads, target))",
+        "INSERT INTO measurements_new SELECT workload_id, candidate_id, m, threads, seconds, error, created, '' "
+        "FROM measurements",
+        "DROP TABLE measurements",
+        "ALTER TABLE measurements_new RENAME TO measurements")),
+    ("selections", lambda cols: "target" not in cols, (
+        "ALTER TABLE selections ADD COLUMN target TEXT",)),
+)
+
+
+def columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
 
 def has_target_column(conn: sqlite3.Connection) -> bool:
     """Whether the selections table records the CPU of each selection."""
-    return any(row[1] == "target" for row in conn.execute("PRAGMA table_info(selections)"))
+    return "target" in columns(conn, "selections")
 
 
 class Database:
     def __init__(self, path: Path | str = DEFAULT_DB, timeout_s: float = 60.0):
         self.path = Path(path)
+        # Measurements are made, and kept, for this machine's CPU model and flags.
+        self.target_key = host_target().key
         self.conn = None
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
@@ -63,10 +102,11 @@ class Database:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         self.conn.execute(statement)
-                if not has_target_column(self.conn):
-                    # A database from before selections recorded their CPU: its rows keep
-                    # NULL (an unknown CPU, see records.py), new ones record theirs.
-                    self.conn.execute("ALTER TABLE selections ADD COLUMN target TEXT")
+                # A database from before (the module's docstring): migrated in place, ids kept.
+                for table, needed, statements in _MIGRATIONS:
+                    if needed(columns(self.conn, table)):
+                        for statement in statements:
+                            self.conn.execute(statement)
         except sqlite3.Error as exc:
             # A file that is not a database (or not ours) is left exactly as it was.
             if self.conn is not None:
@@ -101,45 +141,62 @@ class Database:
             raise
         self.conn.execute("COMMIT")
 
-    def workload_id(self, workload: GemmWorkload | BatchedGemmWorkload) -> int:
+    def workload_id(self, workload) -> int:
+        """The id of a tuning task (tune/task.py), added if new."""
         with self._tx():
-            self.conn.execute("INSERT OR IGNORE INTO workloads (hash, key, k, n) VALUES (?, ?, ?, ?)",
-                              (workload.hash, workload.key, *workload.db_kn))
+            self.conn.execute("INSERT OR IGNORE INTO workloads (hash, key, family) VALUES (?, ?, ?)",
+                              (workload.hash, workload.key, workload.family.name))
             return self.conn.execute("SELECT id FROM workloads WHERE hash = ?", (workload.hash,)).fetchone()[0]
 
-    def candidate_id(self, schedule: GemmSchedule) -> int:
-        text = space.to_json(schedule)
+    def candidate_id(self, schedule, family: KernelFamily = GEMM) -> int:
+        text = family.to_json(schedule)
         with self._tx():
-            self.conn.execute("INSERT OR IGNORE INTO candidates (schedule) VALUES (?)", (text,))
+            self.conn.execute("INSERT OR IGNORE INTO candidates (schedule, family) VALUES (?, ?)", (text, family.name))
             return self.conn.execute("SELECT id FROM candidates WHERE schedule = ?", (text,)).fetchone()[0]
 
-    def schedule(self, candidate_id: int) -> GemmSchedule:
-        row = self.conn.execute("SELECT schedule FROM candidates WHERE id = ?", (candidate_id,)).fetchone()
-        return space.from_json(row[0])
+    def schedule(self, candidate_id: int, family: KernelFamily = GEMM):
+        row = self.conn.execute("SELECT schedule, family FROM candidates WHERE id = ?", (candidate_id,)).fetchone()
+        if row[1] != family.name:
+            raise ShapeshiftError(f"tuning database {self.path}: candidate {candidate_id} is a {row[1]!r} schedule, "
+                                  f"measured for a {family.name!r} task (a damaged database)")
+        return family.from_json(row[0])
+
+    def _here(self) -> tuple[str, str]:
+        """This CPU's target key, and the key of measurements from an unknown CPU."""
+        return self.target_key, UNKNOWN_TARGET
 
     def add_measurements(self, workload_id: int, candidate_id: int, threads: int,
                          seconds: dict[int, float], error: Optional[str] = None, ms=()) -> None:
-        """Seconds per M, or (with ``error``) a failure recorded at every M of ``ms``."""
-        now = time.time()
-        rows = ([(workload_id, candidate_id, m, threads, None, error, now) for m in ms] if error else
-                [(workload_id, candidate_id, m, threads, s, None, now) for m, s in seconds.items()])
+        """Seconds per M, or (with ``error``) a failure recorded at every M of ``ms``, made on this CPU."""
+        now, here = time.time(), self.target_key
+        rows = ([(workload_id, candidate_id, m, threads, None, error, now, here) for m in ms] if error else
+                [(workload_id, candidate_id, m, threads, s, None, now, here) for m, s in seconds.items()])
         with self._tx():
-            self.conn.executemany("INSERT OR IGNORE INTO measurements VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self.conn.executemany("INSERT OR IGNORE INTO measurements (workload_id, candidate_id, m, threads, "
+                                  "seconds, error, created, target) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
     def measurements(self, workload_id: int, threads: int) -> list[tuple[int, int, Optional[float], Optional[str]]]:
-        """(candidate_id, M, seconds, error) of every measurement of the workload."""
+        """(candidate_id, M, seconds, error) of every measurement of the workload made on this
+        CPU (or on an unknown one, listed first so that this CPU's own replace them)."""
         return self.conn.execute(
             "SELECT candidate_id, m, seconds, error FROM measurements WHERE workload_id = ? AND threads = ? "
-            "ORDER BY candidate_id, m", (workload_id, threads)).fetchall()
+            "AND target IN (?, ?) ORDER BY target = ? DESC, candidate_id, m",
+            (workload_id, threads, *self._here(), UNKNOWN_TARGET)).fetchall()
+
+    def unknown_cpu_measurements(self, workload_id: int, threads: int) -> int:
+        """How many of the workload's measurements were made before measurements named their CPU."""
+        return self.conn.execute("SELECT COUNT(*) FROM measurements WHERE workload_id = ? AND threads = ? "
+                                 "AND target = ?", (workload_id, threads, UNKNOWN_TARGET)).fetchone()[0]
 
     def measured_ms(self, workload_id: int, candidate_id: int, threads: int) -> set[int]:
-        rows = self.conn.execute("SELECT m FROM measurements WHERE workload_id = ? AND candidate_id = ? AND threads = ?",
-                                 (workload_id, candidate_id, threads)).fetchall()
+        rows = self.conn.execute("SELECT m FROM measurements WHERE workload_id = ? AND candidate_id = ? AND threads = ? "
+                                 "AND target IN (?, ?)", (workload_id, candidate_id, threads, *self._here())).fetchall()
         return {r[0] for r in rows}
 
     def failed_candidates(self, workload_id: int, threads: int) -> set[int]:
         rows = self.conn.execute("SELECT DISTINCT candidate_id FROM measurements WHERE workload_id = ? "
-                                 "AND threads = ? AND error IS NOT NULL", (workload_id, threads)).fetchall()
+                                 "AND threads = ? AND error IS NOT NULL AND target IN (?, ?)",
+                                 (workload_id, threads, *self._here())).fetchall()
         return {r[0] for r in rows}
 
     def add_selection(self, workload_id: int, lo: int, hi: int, threads: int, strategy: str,

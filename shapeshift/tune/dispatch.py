@@ -23,7 +23,7 @@ import numpy as np
 from ..codegen.kernels import gemm
 from ..codegen.kernels.gemm import GemmSchedule
 from ..codegen.kernels.prelude import PRELUDE
-from .builder import batched_bench_c
+from .gemm_family import batched_bench_c, layout
 
 # Stop adding kernels when one more saves less than this fraction of the summed time.
 MIN_GAIN = 0.005
@@ -112,12 +112,6 @@ def tree_c(tree: dict, indent: str = "    ", var: str = "M") -> str:
 
 def prefix(i: int) -> str:
     return f"k{i}_"
-
-
-def layout(schedule: GemmSchedule) -> tuple[int, int]:
-    """What the prepacked B layout depends on (kernels/gemm.py): kernels with equal
-    layouts read one packed copy of a weight."""
-    return schedule.nr, schedule.kc
 
 
 def _layouts(kernels: Sequence[GemmSchedule]) -> list[int]:

@@ -36,7 +36,7 @@ from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch, space
 from .database import has_target_column
-from .workload import BatchedGemmWorkload, batched_workload, poly_str
+from .workload import BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,7 +199,7 @@ class GemmTuning:
             try:
                 target_column = "s.target" if has_target_column(conn) else "NULL"
                 rows = conn.execute(
-                    "SELECT w.key, w.k, w.n, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy, "
+                    "SELECT w.key, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy, "
                     f"{target_column} FROM selections s "
                     "JOIN workloads w ON w.id = s.workload_id WHERE s.threads = ? ORDER BY s.id",
                     (threads,)).fetchall()
@@ -216,13 +216,14 @@ class GemmTuning:
                               f"or --threads, or tune with --threads {threads})", stacklevel=3)
             rows = _for_this_cpu(rows, path)
             entries: dict = {}
-            for key, k, n, kernels, tree, t, lo, hi, strategy, _ in rows:  # later rows replace earlier ones
+            for key, kernels, tree, t, lo, hi, strategy, _ in rows:  # later rows replace earlier ones
                 schedules = tuple(space.from_json(kern["schedule"]) for kern in json.loads(kernels))
                 common = (schedules, json.loads(tree), int(t), int(lo), int(hi), str(strategy))
                 if str(key).startswith("bmm:"):
                     entries[key] = TunedBatchedGemm(str(key), *common)
                 else:
-                    entries[(k, n)] = TunedGemm(int(k), int(n), *common)
+                    dense = GemmWorkload.from_key(str(key), 1, 1)  # its K and N
+                    entries[(dense.k, dense.n)] = TunedGemm(dense.k, dense.n, *common)
         except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
             raise ShapeshiftError(f"tuning database {path} cannot be read: {exc}") from None
         return cls(list(entries.values()), str(path))

@@ -45,19 +45,15 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..codegen.defaults import default_schedule
-from ..codegen.kernels import gemm
-from ..codegen.kernels.gemm import GemmSchedule
 from ..errors import ShapeshiftError
 from ..target import host_target
-from . import dispatch, space
+from . import dispatch
 from .builder import SourceFn, build_many
 from .cost_model import CostModel
 from .database import Database
 from .runner import COLD_BYTES, RunnerConfig, measure, measure_together
-from .workload import BatchedGemmWorkload, GemmWorkload, uniform_samples
-
-Workload = GemmWorkload | BatchedGemmWorkload
+from .task import Schedule, TuningTask
+from .workload import uniform_samples
 
 STRATEGIES = ("dietcode", "per-shape", "pad-max")
 # Points of the range the decision tree is trained on (all of them when the range is smaller).
@@ -179,10 +175,10 @@ class TuneConfig:
 
 @dataclass
 class TuneResult:
-    workload: Workload
+    workload: TuningTask
     strategy: str
     sampled_ms: list[int]
-    kernels: list[GemmSchedule]
+    kernels: list[Schedule]
     tree: dict
     seconds: dict[int, float]  # the dispatcher's kernel at each sampled M (Tuner.measured)
     trials: int
@@ -197,8 +193,8 @@ class TuneResult:
 
 
 class Tuner:
-    def __init__(self, workload: Workload, db: Database, cache_dir: Path, config: TuneConfig = TuneConfig(),
-                 source_fn: SourceFn = gemm.source, log: Callable[[str], None] = print):
+    def __init__(self, workload: TuningTask, db: Database, cache_dir: Path, config: TuneConfig = TuneConfig(),
+                 source_fn: Optional[SourceFn] = None, log: Callable[[str], None] = print):
         if config.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
         self.w, self.db, self.cache_dir, self.cfg = workload, db, cache_dir, config
@@ -206,10 +202,11 @@ class Tuner:
         self.runner = dataclasses.replace(
             config.runner, cold_bytes=(config.runner.cold_bytes or COLD_BYTES) if workload.cold else 0)
         self.source_fn, self.log = source_fn, log
+        self.family = workload.family
         self.rng = random.Random(config.seed)
         # The machine the candidates are drawn for and measured on, and its untuned schedule.
         self.target = host_target()
-        self.default = default_schedule(self.target)
+        self.default = self.family.default(self.target)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
         # dietcode measures Ms up to ``top`` only (``measure_cap``); the others, the whole range.
@@ -224,7 +221,7 @@ class Tuner:
         # The Ms the kernel set is chosen over, and their weights: the sampled Ms, plus the
         # probed ones once probed (each with the smallest sample weight).
         self.select_ms, self.select_weights = list(self.ms), self.weights
-        self.schedules: dict[int, GemmSchedule] = {}
+        self.schedules: dict[int, Schedule] = {}
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
         self.failed: set[int] = set()
         self.first_error: Optional[str] = None  # what the first failed candidate said
@@ -235,9 +232,13 @@ class Tuner:
 
     # ---- state -------------------------------------------------------------------------
     def _load(self) -> None:
-        """Everything already in the database for this workload (resuming a run)."""
+        """Everything already in the database for this workload and CPU (resuming a run)."""
+        unknown = self.db.unknown_cpu_measurements(self.wid, self.cfg.threads)
+        if unknown:
+            self.log(f"  {unknown} measurement(s) stored before measurements named their CPU are used as this "
+                     f"machine's")
         for cid, m, seconds, error in self.db.measurements(self.wid, self.cfg.threads):
-            self.schedules.setdefault(cid, self.db.schedule(cid))
+            self.schedules.setdefault(cid, self.db.schedule(cid, self.family))
             if error is not None:
                 self.failed.add(cid)
             else:
@@ -259,10 +260,10 @@ class Tuner:
         vals = [by_m[m] for cid, by_m in self.times.items() if m in by_m and cid not in self.failed]
         return math.log(self.w.flops(m) / min(vals) / 1e9) if vals else -math.inf
 
-    def _measure(self, picks: list[tuple[GemmSchedule, list[int]]]) -> None:
-        built = build_many([s for s, _ in picks], self.cache_dir, self.cfg.jobs, self.source_fn)
+    def _measure(self, picks: list[tuple[Schedule, list[int]]]) -> None:
+        built = build_many([s for s, _ in picks], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
         for (schedule, ms), b in zip(picks, built):
-            cid = self.db.candidate_id(schedule)
+            cid = self.db.candidate_id(schedule, self.family)
             self.schedules[cid] = schedule
             todo = [m for m in ms if m not in self.db.measured_ms(self.wid, cid, self.cfg.threads)]
             if not todo:
@@ -278,11 +279,11 @@ class Tuner:
         self._fit()
 
     # ---- the evolutionary loop ----------------------------------------------------------
-    def _scores(self, pool: list[GemmSchedule], ms: list[int]) -> np.ndarray:
+    def _scores(self, pool: list[Schedule], ms: list[int]) -> np.ndarray:
         pred = self.model.predict([(s, m) for s in pool for m in ms])
         return pred.reshape(len(pool), len(ms))
 
-    def _next_pool(self, pool: list[GemmSchedule], ms: list[int]) -> list[GemmSchedule]:
+    def _next_pool(self, pool: list[Schedule], ms: list[int]) -> list[Schedule]:
         """Keep the best half by weighted score (log ratio to each M's predicted optimum,
         averaged over M), add mutants of the best and fresh random schedules."""
         pool = list(dict.fromkeys(pool + list(self.schedules.values())))
@@ -290,8 +291,10 @@ class Tuner:
         rel = (scores - scores.max(axis=0)) @ self._weights_of(ms) / len(ms)
         ranked = [pool[i] for i in np.argsort(-rel)]
         keep = ranked[: self.cfg.population // 2]
-        mutants = [space.mutate(self.rng.choice(keep[:8]), self.rng, self.target) for _ in range(self.cfg.population // 3)]
-        fresh = [space.random_schedule(self.rng, self.target) for _ in range(self.cfg.population - len(keep) - len(mutants))]
+        mutants = [self.family.mutate(self.rng.choice(keep[:8]), self.rng, self.target)
+                   for _ in range(self.cfg.population // 3)]
+        fresh = [self.family.random(self.rng, self.target)
+                 for _ in range(self.cfg.population - len(keep) - len(mutants))]
         return list(dict.fromkeys(keep + mutants + fresh))
 
     def _weights_of(self, ms: list[int]) -> np.ndarray:
@@ -299,11 +302,11 @@ class Tuner:
         w = np.array([self.weights[self.ms.index(m)] if m in self.ms else 1.0 for m in ms])
         return w / w.mean()
 
-    def _measured_at(self, schedule: GemmSchedule, m: int) -> bool:
+    def _measured_at(self, schedule: Schedule, m: int) -> bool:
         cid = next((c for c, s in self.schedules.items() if s == schedule), None)
         return cid is not None and (cid in self.failed or m in self.times.get(cid, {}))
 
-    def _pick(self, pool: list[GemmSchedule], ms: list[int], count: int) -> list[tuple[GemmSchedule, list[int]]]:
+    def _pick(self, pool: list[Schedule], ms: list[int], count: int) -> list[tuple[Schedule, list[int]]]:
         scores = self._scores(pool, ms)
         w = self._weights_of(ms)
         regret = [w[j] * (scores[:, j].max() - self._best_measured(m)) for j, m in enumerate(ms)]
@@ -331,7 +334,7 @@ class Tuner:
 
     def evolve(self, ms: list[int], trials: int, deadline: float) -> None:
         # The target's default seeds the pool: the search starts from what ships today.
-        pool = [self.default] + [space.random_schedule(self.rng, self.target) for _ in range(self.cfg.population - 1)]
+        pool = [self.default] + [self.family.random(self.rng, self.target) for _ in range(self.cfg.population - 1)]
         done, rnd = 0, 0
         while done < trials and time.monotonic() < deadline:
             pool = self._next_pool(pool, ms)
@@ -377,15 +380,15 @@ class Tuner:
             hi = self.w.hi
             at_hi = [c for c in cids if hi in self.times[c]]
             return [min(at_hi or cids, key=lambda c: self.times[c].get(hi, math.inf))]
-        layouts = [dispatch.layout(self.schedules[c]) for c in cids]
-        # Only a prepacked weight has a layout to share; a batched GEMM packs per call.
-        one_layout = self.cfg.one_layout and self.w.prepacked
+        layouts = [self.family.layout(self.schedules[c]) for c in cids]
+        # Only a constant operand packed once has a layout to share; a batched GEMM packs per call.
+        one_layout = self.cfg.one_layout and self.w.shares_layout
         chosen = [cids[i] for i in dispatch.layout_cover(self._time_matrix(cids, self.select_ms), layouts, max_k,
                                                         one_layout, self.select_weights)]
         default = self._default_cid()
         if (self.cfg.strategy == "dietcode" and default is not None and default not in chosen
                 and default in cids and len(chosen) < max_k
-                and (not one_layout or dispatch.layout(self.default) == layouts[cids.index(chosen[0])])):
+                and (not one_layout or self.family.layout(self.default) == layouts[cids.index(chosen[0])])):
             chosen.append(default)
         return chosen
 
@@ -458,7 +461,7 @@ class Tuner:
         estimate = self._time_matrix(cids, ms)
         # A generous limit: one process times every kernel at every M.
         timeout = max(self.runner.timeout_s, 4 * sum(self._cost_s(estimate[:, j], m) for j, m in enumerate(ms)))
-        built = build_many([self.schedules[c] for c in cids], self.cache_dir, self.cfg.jobs, self.source_fn)
+        built = build_many([self.schedules[c] for c in cids], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
         results = measure_together(built, self.w, ms, self.runner, timeout_s=timeout)
         if results[0].error:
             self.log(f"  timing {len(cids)} kernels together failed ({results[0].error})")
@@ -559,7 +562,7 @@ class Tuner:
         # Reported as chosen: the times taken together where there are some.
         seconds = {m: self.measured(chosen[dispatch.choose(tree, m)], m) or math.nan for m in self.ms}
         self.db.add_selection(self.wid, self.w.lo, self.w.hi, self.cfg.threads, self.cfg.strategy,
-                              [{"candidate": c, "schedule": space.to_json(self.schedules[c])} for c in chosen], tree,
+                              [{"candidate": c, "schedule": self.family.to_json(self.schedules[c])} for c in chosen], tree,
                               self.target)
         return TuneResult(self.w, self.cfg.strategy, self.ms, kernels, tree, seconds, self.trials - trials0,
                           len(self.failed), time.monotonic() - start, self.model.holdout_spearman,

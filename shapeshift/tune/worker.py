@@ -192,13 +192,18 @@ def measure_batched(libs: list[ctypes.CDLL], req: dict) -> dict:
     return _results(_time(timed, req), len(libs), req["ms"], req)
 
 
+# The measurement routine of each kind of request (a task's ``request()["kind"]``, tune/task.py).
+MEASURES = {"prepacked": measure_prepacked, "batched": measure_batched}
+
+
 def measure(req: dict) -> dict:
+    kind = req["workload"]["kind"]
+    if kind not in MEASURES:
+        return {"error": f"the worker cannot measure a {kind!r} task (known: {', '.join(sorted(MEASURES))})"}
     libs = [_load(path) for path in req.get("libraries") or [req["library"]]]
     for lib in libs:
         lib.ss_set_num_threads(int(req.get("threads", 1)))
-    if req["workload"]["kind"] == "batched":
-        return measure_batched(libs, req)
-    return measure_prepacked(libs, req)
+    return MEASURES[kind](libs, req)
 
 
 def main() -> None:

@@ -9,10 +9,11 @@ operand (``ss_gemm``), such as attention's Q K^T ([H,T,64] x [H,64,T]) and P V (
 [H,T,64]): M, N, K and every stride are polynomials of degree <= 2 in one dynamic dim T in
 [lo, hi] (a [H,T,T] tensor's batch stride is T^2), and one of M, N, K is T itself.
 
-The structural hash names the computation, not the range, so measurements made for one
-range serve every other range. Both kinds give the tuner the same interface: the dynamic
-value is called M there (it is T for a batched workload), ``shape(M)`` is the (M, K, N,
-batch) of one call, ``flops(M)`` its work and ``request()`` what the worker needs.
+Both are tuning tasks of the ``gemm`` family (tune/task.py, tune/gemm_family.py). The
+structural key names the computation, not the range, so measurements made for one range
+serve every other range. The search calls the dynamic value M (it is T for a batched
+workload); ``shape(M)`` is the (M, K, N, batch) of one call, which the family's cost-model
+features read.
 
 ``cold``: measured as in a model whose weights do not fit the caches, every call reading
 its B from DRAM (the runner rotates over enough packed copies). At small M that is a
@@ -29,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from ..symbolic import Expr, bounds, evaluate, free_symbols
+from .gemm_family import GEMM
 
 # Sampled M values: this many uniformly spaced points of [lo, hi], both ends included.
 DEFAULT_SAMPLES = 10
@@ -84,22 +86,26 @@ class GemmWorkload(_Sampled):
         if not 1 <= self.lo <= self.hi:
             raise ValueError(f"dynamic M range must satisfy 1 <= LO <= HI, got {self.lo}:{self.hi}")
 
+    family = GEMM
+    variable = "M"
     # The B operand is a constant, packed once: kernels of one set should share its layout.
-    prepacked = True
+    shares_layout = True
 
     @property
     def key(self) -> str:
         """The computation's structure, independent of the M range."""
         return f"gemm-prepacked{'-cold' if self.cold else ''}:{self.k}:{self.n}"
 
+    @classmethod
+    def from_key(cls, key: str, lo: int, hi: int) -> "GemmWorkload":
+        kind, k, n = key.split(":")
+        if kind not in ("gemm-prepacked", "gemm-prepacked-cold"):
+            raise ValueError(f"not a dense GEMM workload key: {key!r}")
+        return cls(int(k), int(n), lo, hi, cold=kind.endswith("-cold"))
+
     @property
     def hash(self) -> str:
         return hashlib.sha256(self.key.encode()).hexdigest()
-
-    @property
-    def db_kn(self) -> tuple[int, int]:
-        """The K and N the database's workloads table records."""
-        return self.k, self.n
 
     def shape(self, m: int) -> tuple[int, int, int, int]:
         """(M, K, N, batch) of one call."""
@@ -170,8 +176,10 @@ class BatchedGemmWorkload(_Sampled):
     lo: int
     hi: int
 
+    family = GEMM
+    variable = "T"
     cold = False  # nothing is constant: every operand was just computed, warm in cache
-    prepacked = False
+    shares_layout = False  # packs both operands per call
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -209,10 +217,6 @@ class BatchedGemmWorkload(_Sampled):
     @property
     def hash(self) -> str:
         return hashlib.sha256(self.key.encode()).hexdigest()
-
-    @property
-    def db_kn(self) -> tuple[int, int]:
-        return 0, 0  # they depend on T: the key holds them
 
     def shape(self, t: int) -> tuple[int, int, int, int]:
         return poly_at(self.m, t), poly_at(self.k, t), poly_at(self.n, t), self.batch
