@@ -13,6 +13,12 @@ class ModelLoadError(ShapeshiftError):
     """The model file or bytes could not be read or parsed as ONNX."""
 
 
+class InvalidModelError(ModelLoadError):
+    """The model parses but breaks the ONNX spec (frontend/validate.py): a node with the wrong
+    number of inputs, an attribute of the wrong type, negative pads, ...; the message names
+    the node and the attribute or input at fault."""
+
+
 class UnsupportedModelError(ShapeshiftError):
     """The model uses ops, domains or opsets shapeshift does not handle."""
 

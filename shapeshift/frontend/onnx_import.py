@@ -3,9 +3,12 @@
 Accepts a path, serialized bytes or a ModelProto.  Named dynamic dims
 (``dim_param``) become symbols (a dim_param that reads as an expression, such
 as ``past_seq+seq``, becomes that expression); unnamed dynamic dims get fresh
-symbols.  Model-local functions are inlined.  Every op of every (sub)graph is
-checked against the registry first, so an unsupported model fails with one
-error naming all of its unsupported ops.
+symbols, and so do the placeholders exporters write for "unknown" (``?``: see
+PLACEHOLDER_DIMS), each a symbol of its own.  Model-local functions are inlined.
+The model is validated first (validate.py): a malformed one is refused before
+anything is built from it.  Every op of every (sub)graph is checked against the
+registry first, so an unsupported model fails with one error naming all of its
+unsupported ops.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import onnx.inliner  # noqa: F401 - a submodule plain `import onnx` does not loa
 import onnx.serialization  # noqa: F401 - likewise
 from onnx import external_data_helper, numpy_helper
 
-from ..errors import ExpressionError, InputError, ModelLoadError, UnsupportedModelError
+from ..errors import ExpressionError, InputError, InvalidModelError, ModelLoadError, UnsupportedModelError
 from ..ir.graph import Graph, SymbolTable, Value
 from ..ir.types import TensorType
 from ..ops import lookup
@@ -31,6 +34,7 @@ from ..passes.infer_types import infer_types
 from ..symbolic import Dim, free_symbols, parse_dim, substitute
 from .attributes import attribute_value, raw_array, raw_dtype, tensor_array
 from .type_protos import type_from_proto
+from .validate import validate_model
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 
@@ -38,6 +42,12 @@ ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 MIN_OPSET = 1
 #: What _sanitize replaces: ``\W`` is exactly "neither isalnum() nor '_'".
 _NON_WORD = re.compile(r"\W")
+#: dim_param texts exporters write for "unknown", not names: paddle2onnx writes "?" on every
+#: unknown dim, and converters that print a shape write Python's None or -1. Read as names,
+#: all the unknown dims of a model were one symbol (an image fed 48x192 was a SymbolConflictError);
+#: each is a fresh symbol of its own, as a dim with no dim_param is. (onnx's own "unk__N" names
+#: are unique already, and kept.)
+PLACEHOLDER_DIMS = frozenset({"?", "-1", "None", "none", "null", "unknown", "*"})
 #: Attribute types whose ``graphs`` field may be filled (an untyped attribute may hold anything).
 _MAY_HOLD_GRAPHS = (onnx.AttributeProto.GRAPHS, onnx.AttributeProto.UNDEFINED)
 #: Element type codes a declared tensor type may hold (UNDEFINED: not said).
@@ -271,10 +281,11 @@ class _Importer:
     def dim(self, d: onnx.TensorShapeProto.Dimension, owner: str, axis: int) -> Dim:
         if d.HasField("dim_value") and d.dim_value >= 0:
             return int(d.dim_value)  # a negative one (some converters write -1) is unknown, below
-        if d.dim_param:
-            if not isinstance(d.dim_param, str):  # not valid UTF-8: protobuf hands the bytes over
-                raise ModelLoadError(f"{owner!r}: dim_param {d.dim_param!r} of axis {axis} is not valid UTF-8")
-            return self.named_dim(d.dim_param)
+        name = d.dim_param
+        if name and not is_placeholder(name):
+            if not isinstance(name, str):  # not valid UTF-8: protobuf hands the bytes over
+                raise ModelLoadError(f"{owner!r}: dim_param {name!r} of axis {axis} is not valid UTF-8")
+            return self.named_dim(name)
         return self.symbols.fresh(f"{_sanitize(owner)}_dim{axis}", 1)
 
     def named_dim(self, name: str) -> Dim:
@@ -419,6 +430,15 @@ class _Importer:
         return named
 
 
+def is_placeholder(dim_param) -> bool:
+    """Whether a dim_param says "unknown" rather than naming a dim (see PLACEHOLDER_DIMS);
+    blank text says so too."""
+    if not isinstance(dim_param, str):
+        return False  # bytes that are not UTF-8: the caller names them in an error
+    text = dim_param.strip()
+    return not text or text in PLACEHOLDER_DIMS
+
+
 def _initializer_array(tensor: onnx.TensorProto, dtype=None, label: Optional[str] = None):
     """The array of an initializer (``dtype``: its raw_dtype, if known); a ModelLoadError
     naming it (``label``, else the tensor's name) when its data does not make a tensor of
@@ -483,6 +503,16 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"{label}: cannot inline model-local functions ({exc})") from None
     check_opset(model, label)
+    # Before anything is built from it: a malformed model is refused here, naming the
+    # node at fault, never later inside a pass or a kernel.
+    try:
+        validate_model(model, _default_opset(model), label)
+    except InvalidModelError:
+        # A node may read what an op we could not have read anyway defines, or have the
+        # arity of another version of it: unsupported ops are named first, as below.
+        if check:
+            check_supported(model, label)
+        raise
     ranges = symbol_ranges(dynamic)
     symbols = SymbolTable(ranges)
     support = _SupportCheck(_default_opset(model)) if check else None

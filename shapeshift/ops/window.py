@@ -80,7 +80,10 @@ def read_window(ctx, rank: int, kernel: Optional[Sequence[Dim]], pool: bool = Fa
     """
     attr_kernel = ctx.attr("kernel_shape")
     if attr_kernel is not None:
-        kernel = [int(k) for k in attr_kernel]
+        attr_kernel = [int(k) for k in attr_kernel]
+        if kernel is not None:
+            _check_kernel_fits_weight(ctx, attr_kernel, kernel)
+        kernel = attr_kernel
     if kernel is not None and len(kernel) != rank:
         ctx.fail(f"kernel has {len(kernel)} spatial dims, the input has {rank}")
     auto_pad = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
@@ -91,8 +94,18 @@ def read_window(ctx, rank: int, kernel: Optional[Sequence[Dim]], pool: bool = Fa
     pads = _int_list(ctx, "pads", [0] * (2 * rank), 2 * rank)
     if any(s < 1 for s in strides) or any(d < 1 for d in dilations):
         ctx.fail("strides and dilations must be positive")
+    if any(p < 0 for p in pads):  # kernels index the padded input with them: never below its start
+        ctx.fail(f"pads must not be negative, got {list(pads)}")
     ceil_mode = bool(pool and ctx.attr("ceil_mode", 0))
     return Window(None if kernel is None else tuple(kernel), strides, dilations, pads, auto_pad, ceil_mode)
+
+
+def _check_kernel_fits_weight(ctx, kernel: list[int], weight: Sequence[Dim]) -> None:
+    """A ``kernel_shape`` that is not the weight's spatial size made the native kernel read
+    past the weight; the import check sees constant weights, this one any weight whose
+    dims are known when typed (or, evaluating, its real shape)."""
+    if len(weight) == len(kernel) and any(isinstance(w, int) and w != k for w, k in zip(weight, kernel)):
+        ctx.fail(f"kernel_shape {kernel} differs from the weight's spatial dims {list(weight)}")
 
 
 def output_dim(window: Window, axis: int, size: Dim) -> Optional[Dim]:
