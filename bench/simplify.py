@@ -1,12 +1,17 @@
 """Time import + simplify + export: shapeshift's three strategies against onnx-simplifier.
 
     python bench/simplify.py [--runs 3] [--models NAME ...] [--layers 12 24 48]
+                             [--built dynamo-encoder conv-bn]
                              [--tools incremental per-op fixpoint onnxsim] [--timeout 1800]
 
 Models: every ``*.onnx`` in ../shared/models (skipped with a message when the
-folder is missing) and BERT-like encoders of 12, 24 and 48 layers built with
+folder is missing), BERT-like encoders of 12, 24 and 48 layers built with
 ``shapeshift.examples.encoder.build_encoder`` (hidden 64, 2 heads: small files,
-the node structure of the full-size model).
+the node structure of the full-size model), and two models built here for the
+graph fusions (``--built``): a 2-layer encoder written the way PyTorch's dynamo
+exporter writes one (separate Q, K, V MatMuls with bias Adds) and a
+MobileNetV3-style conv net with a BatchNormalization after every Conv.  Only
+the built models, quickly: ``--models --layers --runs 1``.
 
 Each run happens in a fresh process (multiprocessing "spawn"), so the peak
 memory of both tools is measured the same way: the process's peak resident
@@ -19,8 +24,10 @@ ModelProto.
 
 Node counts, Shape ops and "dynamic ops" (ops whose parameter input — Reshape
 shape, Slice starts, Unsqueeze axes, ... — is not an initializer or Constant)
-are counted on the output ModelProto, subgraphs included.  Prints the tables
-and writes bench/results/simplify.md with derived ratios.
+are counted on the output ModelProto, subgraphs included; a table per model puts
+shapeshift's counts (incremental) beside onnx-simplifier's, with the ops whose
+counts differ.  Prints the tables and writes bench/results/simplify.md with
+derived ratios.
 """
 
 from __future__ import annotations
@@ -43,7 +50,9 @@ from typing import Iterator, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import onnx  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
 
 MODELS_DIR = ROOT.parent / "shared" / "models"
 RESULTS = ROOT / "bench" / "results" / "simplify.md"
@@ -51,6 +60,7 @@ STRATEGIES = ("incremental", "per-op", "fixpoint")
 TOOLS = STRATEGIES + ("onnxsim",)
 ENCODER_LAYERS = (12, 24, 48)
 ENCODER_SIZE = {"hidden": 64, "heads": 2}
+BUILT_MODELS = ("dynamo-encoder", "conv-bn")
 # Measurements run once whatever --runs says (known to be slow by design).
 SINGLE_RUN = frozenset({("per-op", "encoder-48")})
 # A measurement whose first run takes longer than this is not repeated.
@@ -108,6 +118,7 @@ def _graph_stats(graph: onnx.GraphProto, outer_constants: frozenset[str], stats:
     constants.update(t.values.name for t in graph.sparse_initializer)
     for node in graph.node:
         stats["nodes"] += 1
+        stats["ops"][node.op_type] = stats["ops"].get(node.op_type, 0) + 1
         stats["shape_ops"] += node.op_type == "Shape" and node.domain in ("", "ai.onnx")
         stats["dynamic_ops"] += _is_dynamic(node, constants)
         for sub in _subgraphs(node):
@@ -117,8 +128,8 @@ def _graph_stats(graph: onnx.GraphProto, outer_constants: frozenset[str], stats:
 
 
 def model_stats(model: onnx.ModelProto) -> dict[str, int]:
-    """Nodes, Shape ops and dynamic ops of a model, subgraphs included."""
-    stats = {"nodes": 0, "shape_ops": 0, "dynamic_ops": 0}
+    """Nodes, Shape ops, dynamic ops and nodes per op type ("ops") of a model, subgraphs included."""
+    stats = {"nodes": 0, "shape_ops": 0, "dynamic_ops": 0, "ops": {}}
     _graph_stats(model.graph, frozenset(), stats)
     return stats
 
@@ -340,6 +351,130 @@ def encoder_cases(layers: list[int], workdir: Path) -> list[Case]:
     return cases
 
 
+class _Builder:
+    """Nodes and initializers of a model under construction, with unique names."""
+
+    def __init__(self, seed: int):
+        self.nodes: list = []
+        self.initializers: list = []
+        self.rng = np.random.default_rng(seed)
+        self.count = 0
+
+    def name(self, hint: str) -> str:
+        self.count += 1
+        return f"{hint}_{self.count}"
+
+    def const(self, array, hint: str = "const") -> str:
+        name = self.name(hint)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weight(self, *shape: int, hint: str = "w", scale: float = 0.1) -> str:
+        return self.const((self.rng.standard_normal(shape) * scale).astype(np.float32), hint)
+
+    def op(self, op_type: str, inputs: list, hint: str = "", **attrs) -> str:
+        out = self.name(hint or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
+        return out
+
+    def model(self, name: str, input_shape: list, output: str, output_shape: list, opset: int = 18) -> onnx.ModelProto:
+        float32 = onnx.TensorProto.FLOAT
+        graph = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", float32, input_shape)],
+                                  [helper.make_tensor_value_info(output, float32, output_shape)], self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="bench")
+        model.ir_version = 8
+        return model
+
+
+def build_dynamo_encoder(layers: int = 2, hidden: int = 64, heads: int = 2, seed: int = 0) -> onnx.ModelProto:
+    """Encoder layers as PyTorch's dynamo exporter writes them (ViT, Whisper, BERT with
+    dynamo=True): Q, K and V each a MatMul by a transposed weight and an Add of its bias,
+    heads split by Reshape(x, Concat(Shape(x, start, end)..., [heads, dim])), the attention
+    scale applied to q and to k apart (scaled_dot_product_attention's decomposition).
+    Input x [batch, seq, hidden]."""
+    b = _Builder(seed)
+    head_dim = hidden // heads
+    x = "x"
+
+    def linear(v: str, n_in: int, n_out: int) -> str:
+        return b.op("Add", [b.op("MatMul", [v, b.weight(n_in, n_out)]), b.weight(n_out, hint="bias")])
+
+    def norm(v: str) -> str:
+        return b.op("LayerNormalization", [v, b.const(np.ones(hidden, np.float32)),
+                                           b.const(np.zeros(hidden, np.float32))], axis=-1, epsilon=1e-5)
+
+    root_scale = b.const(np.array(head_dim ** -0.25, np.float32), "scale")
+    for _ in range(layers):
+        h = norm(x)
+        batch = b.op("Shape", [h], start=0, end=1)
+        seq = b.op("Shape", [h], start=1, end=2)
+        target = b.op("Concat", [batch, seq, b.const(np.array([heads, head_dim], np.int64))], axis=0)
+        q, k, v = [b.op("Transpose", [b.op("Reshape", [linear(h, hidden, hidden), target])], perm=[0, 2, 1, 3])
+                   for _ in range(3)]
+        q = b.op("Mul", [q, root_scale])
+        k = b.op("Mul", [b.op("Transpose", [k], perm=[0, 1, 3, 2]), root_scale])
+        probs = b.op("Softmax", [b.op("MatMul", [q, k])], axis=-1)
+        context = b.op("Transpose", [b.op("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+        merged = b.op("Reshape", [context, b.op("Concat", [batch, seq, b.const(np.array([hidden], np.int64))], axis=0)])
+        x = b.op("Add", [x, linear(merged, hidden, hidden)])
+        ffn = b.op("Relu", [linear(norm(x), hidden, 2 * hidden)])
+        x = b.op("Add", [x, linear(ffn, 2 * hidden, hidden)])
+    return b.model("dynamo_encoder", ["batch", "seq", hidden], x, ["batch", "seq", hidden])
+
+
+def build_conv_bn_net(seed: int = 0) -> onnx.ModelProto:
+    """A MobileNetV3-style net as exported from eval mode without fusing: a BatchNormalization
+    after every Conv, depthwise convolutions, HardSwish, squeeze-excite, a zero Pad before
+    each strided conv (TF-converted nets write one), residual Adds, and a GlobalAveragePool,
+    Flatten, Gemm head. Input [batch, 3, h, w]."""
+    b = _Builder(seed)
+
+    def conv_bn(v: str, c_in: int, c_out: int, kernel: int = 1, stride: int = 1, group: int = 1,
+                act: Optional[str] = "HardSwish") -> str:
+        if stride > 1:  # explicit padding, then a conv with none
+            v = b.op("Pad", [v, b.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], mode="constant")
+            pads = [0, 0, 0, 0]
+        else:
+            pads = [kernel // 2] * 4
+        y = b.op("Conv", [v, b.weight(c_out, c_in // group, kernel, kernel)], kernel_shape=[kernel, kernel],
+                 strides=[stride, stride], pads=pads, group=group)
+        y = b.op("BatchNormalization", [y, b.const(b.rng.uniform(0.5, 1.5, c_out).astype(np.float32)),
+                                        b.weight(c_out, hint="bn_bias"), b.weight(c_out, hint="bn_mean"),
+                                        b.const(b.rng.uniform(0.5, 1.5, c_out).astype(np.float32))], epsilon=1e-3)
+        return y if act is None else b.op(act, [y])
+
+    def squeeze_excite(v: str, c: int) -> str:
+        s = b.op("GlobalAveragePool", [v])
+        s = b.op("Relu", [b.op("Conv", [s, b.weight(c // 4, c, 1, 1), b.weight(c // 4, hint="se_bias")])])
+        s = b.op("HardSigmoid", [b.op("Conv", [s, b.weight(c, c // 4, 1, 1), b.weight(c, hint="se_bias")])])
+        return b.op("Mul", [v, s])
+
+    x = conv_bn("x", 3, 16, 3, stride=2)
+    channels = 16
+    for expand, c_out, stride in [(32, 16, 1), (48, 24, 2), (72, 24, 1), (96, 40, 2), (120, 40, 1)]:
+        y = conv_bn(x, channels, expand)
+        y = conv_bn(y, expand, expand, 3, stride, group=expand)
+        y = conv_bn(squeeze_excite(y, expand), expand, c_out, act=None)
+        x = b.op("Add", [x, y]) if stride == 1 and c_out == channels else y
+        channels = c_out
+    x = conv_bn(x, channels, 96)
+    pooled = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
+    logits = b.op("Gemm", [pooled, b.weight(10, 96), b.weight(10, hint="fc_bias")], transB=1)
+    return b.model("conv_bn_net", ["batch", 3, "h", "w"], logits, ["batch", 10])
+
+
+BUILDERS = {"dynamo-encoder": build_dynamo_encoder, "conv-bn": build_conv_bn_net}
+
+
+def built_cases(names: list[str], workdir: Path) -> list[Case]:
+    cases = []
+    for name in names:
+        path = workdir / f"{name}.onnx"
+        onnx.save(BUILDERS[name](), str(path))
+        cases.append(_case(name, path, "built"))
+    return cases
+
+
 def shapeshift_available() -> bool:
     try:
         import shapeshift
@@ -382,6 +517,30 @@ TABLE_HEADER = ("| model | tool | time s (median) | min–max | runs | peak RSS 
 
 def results_table(measurements: list[Measurement]) -> list[str]:
     return [TABLE_HEADER, "|---|---|---|---|---|---|---|---|---|---|"] + [_row(m) for m in measurements]
+
+
+def _op_differences(ours: dict[str, int], theirs: dict[str, int]) -> str:
+    ops = sorted(op for op in set(ours) | set(theirs) if ours.get(op, 0) != theirs.get(op, 0))
+    return ", ".join(f"{op} {ours.get(op, 0)}/{theirs.get(op, 0)}" for op in ops) or "same"
+
+
+def against_onnxsim_lines(measurements: list[Measurement], cases: list[Case]) -> list[str]:
+    """Per model: shapeshift's (incremental) node and Shape-op counts beside onnx-simplifier's,
+    and the ops whose counts differ (ours/theirs), subgraphs included in both."""
+    after = {(m.case.name, m.tool): m.after for m in measurements if m.after}
+    lines = ["| model | nodes: shapeshift | nodes: onnxsim | Shape ops: shapeshift | Shape ops: onnxsim "
+             "| no more of either? | ops that differ (shapeshift/onnxsim) |", "|---|---|---|---|---|---|---|"]
+    for case in cases:
+        ours, theirs = after.get((case.name, "incremental")), after.get((case.name, "onnxsim"))
+        if ours is None or theirs is None:
+            lines.append(f"| {case.name} | {ours['nodes'] if ours else '—'} | {theirs['nodes'] if theirs else '—'} "
+                         f"| {ours['shape_ops'] if ours else '—'} | {theirs['shape_ops'] if theirs else '—'} | — | — |")
+            continue
+        verdict = "yes" if ours["nodes"] <= theirs["nodes"] and ours["shape_ops"] <= theirs["shape_ops"] else "**no**"
+        differences = _op_differences(ours.get("ops", {}), theirs.get("ops", {}))
+        lines.append(f"| {case.name} | {ours['nodes']} | {theirs['nodes']} | {ours['shape_ops']} | "
+                     f"{theirs['shape_ops']} | {verdict} | {differences} |")
+    return lines
 
 
 def _lookup(measurements: list[Measurement]) -> dict[tuple[str, str], float]:
@@ -429,6 +588,7 @@ def report(measurements: list[Measurement], cases: list[Case], tools: list[str],
            notes: list[str]) -> str:
     shared = [m for m in measurements if m.case.group == "shared"]
     encoders = [m for m in measurements if m.case.group == "encoder"]
+    built = [m for m in measurements if m.case.group == "built"]
     lines = ["# Simplify benchmark", "", f"{_versions()}. Median of {runs} runs, each in a fresh process "
              f"(per-op on encoder-48 and any run over {LONG_RUN_S:g} s: 1 run); on each model the tools' runs "
              "alternate (round r starts with the r-th tool), so a drift of the machine's speed falls on all "
@@ -439,6 +599,10 @@ def report(measurements: list[Measurement], cases: list[Case], tools: list[str],
     if encoders:
         lines += [f"## BERT-like encoders (build_encoder, hidden {ENCODER_SIZE['hidden']}, "
                   f"{ENCODER_SIZE['heads']} heads)", ""] + results_table(encoders) + [""]
+    if built:
+        lines += ["## Built models (the fusion patterns: Q/K/V MatMuls with biases, Conv + BatchNormalization)", ""]
+        lines += results_table(built) + [""]
+    lines += ["## Nodes and Shape ops against onnx-simplifier", ""] + against_onnxsim_lines(measurements, cases) + [""]
     lines += ["## Ratios", "", "Incremental against onnx-simplifier (> 1: incremental is faster):", ""]
     lines += speedup_lines(measurements, cases) + [""] + scaling_lines(measurements, tools)
     return "\n".join(lines) + "\n"
@@ -453,6 +617,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--models-dir", type=Path, default=MODELS_DIR)
     parser.add_argument("--layers", type=int, nargs="*", default=list(ENCODER_LAYERS),
                         help="encoder sizes to build (none: skip the encoders)")
+    parser.add_argument("--built", nargs="*", choices=BUILT_MODELS, default=list(BUILT_MODELS),
+                        help="models built here for the fusions (none: skip them)")
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -483,7 +649,8 @@ def main() -> None:
     notes = [] if available else ["`shapeshift.simplify` is not available in this checkout: only onnx-simplifier "
                                   "was measured."]
     with tempfile.TemporaryDirectory(prefix="shapeshift-bench-") as workdir:
-        cases = shared_cases(args.models_dir, args.models) + encoder_cases(args.layers, Path(workdir))
+        cases = (shared_cases(args.models_dir, args.models) + encoder_cases(args.layers, Path(workdir))
+                 + built_cases(args.built, Path(workdir)))
         if not args.models_dir.is_dir():
             notes.append(f"{args.models_dir} does not exist: shared models skipped.")
         measurements = run_all(cases, args.tools, args.runs, args.timeout, available)

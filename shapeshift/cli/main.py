@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     simplify.add_argument("--check", type=int, default=0, metavar="N",
                           help="compare outputs with onnxruntime on N random inputs")
     simplify.add_argument("--strategy", choices=STRATEGIES, default="incremental")
+    simplify.add_argument("--no-merge-matmuls", dest="merge_matmuls", action="store_false",
+                          help="keep MatMuls that share their input apart (default: merged into one MatMul "
+                               "and a Split, with their bias Adds)")
     simplify.set_defaults(handler=cmd_simplify)
 
     compile_ = sub.add_parser("compile", help="compile a model for the native backend into one file OUT "

@@ -152,7 +152,7 @@ def cmd_simplify(args) -> int:
     # The model read becomes the output (its unchanged weights are not copied: half the
     # peak memory on a large model); --check reads the input file again.
     simplified, graph, stats = simplify_model(original, args.dynamic, input_shapes or None, args.strategy,
-                                              consume=True)
+                                              consume=True, merge_matmuls=args.merge_matmuls)
     seconds = time.perf_counter() - start
     del original
     # Serialized once: for the table's size, for --check and for the file.

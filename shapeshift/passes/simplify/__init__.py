@@ -1,7 +1,8 @@
 """Simplify: incremental type inference, constant folding and dynamic-to-static in one worklist.
 
 ``simplify_model`` is the whole job (import, simplify, export); the engine lives
-in engine.py, the clean-up rules in rules.py.
+in engine.py, the clean-up rules in rules.py, the graph fusions in fusions.py
+(on for ``simplify_model``; ``merge_matmuls=False`` keeps MatMuls of one input apart).
 """
 
 from __future__ import annotations
@@ -67,15 +68,20 @@ def _apply_input_shapes(graph: Graph, input_shapes: Mapping[str, Sequence[DimSpe
 def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
                    input_shapes: Optional[Mapping[str, Sequence[DimSpec]]] = None,
                    strategy: str = "incremental", fold_limit: Optional[int] = None,
-                   check: bool = False, consume: bool = False) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
+                   check: bool = False, consume: bool = False, fusions: bool = True,
+                   merge_matmuls: bool = True) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
     """Import, simplify and export; returns the model, the simplified graph and statistics.
+
+    ``fusions``: run the graph fusions (fusions.py); ``merge_matmuls``: among them, merge
+    MatMuls that share their input into one MatMul and a Split.
 
     A model given as a path or bytes is read here and becomes the result: the weights
     simplification left alone stay in it, not copied (the graph still refers to them).
     A ModelProto passed in is not modified, unless ``consume`` gives it up the same way.
     """
     with _cyclic_gc_paused():
-        return _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume)
+        return _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume,
+                               SimplifyOptions(strategy=strategy, fusions=fusions, merge_matmuls=merge_matmuls))
 
 
 @contextlib.contextmanager
@@ -96,7 +102,7 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume=False):
+def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume=False, options=None):
     proto = read_model(model)
     # A model read here is ours: export leaves the weights simplify did not change in
     # it rather than copying them (a model the caller passed is its, unless consumed).
@@ -107,7 +113,7 @@ def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, c
     if input_shapes:
         _apply_input_shapes(graph, input_shapes)
         infer_types(graph)
-    options = SimplifyOptions(strategy=strategy)
+    options = options or SimplifyOptions(strategy=strategy, fusions=True)
     if fold_limit is not None:
         options.fold_limit = fold_limit
     stats = simplify_graph(graph, options)
@@ -120,9 +126,10 @@ def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, c
 
 def simplify(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
              input_shapes: Optional[Mapping[str, Sequence[DimSpec]]] = None,
-             strategy: str = "incremental") -> onnx.ModelProto:
+             strategy: str = "incremental", merge_matmuls: bool = True) -> onnx.ModelProto:
     """The simplified ONNX model (see simplify_model for the details)."""
+    options = SimplifyOptions(strategy=strategy, fusions=True, merge_matmuls=merge_matmuls)
     with _cyclic_gc_paused():
-        simplified, graph, _ = _simplify_model(model, dynamic, input_shapes, strategy, None, False)
+        simplified, graph, _ = _simplify_model(model, dynamic, input_shapes, strategy, None, False, options=options)
         graph.release()  # nobody else holds it: freed here, not by a collector pass later
     return simplified

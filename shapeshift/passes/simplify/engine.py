@@ -12,7 +12,8 @@ Each node popped from the worklist goes through the same steps:
 5. turn each parameter input whose contents are known into a node parameter
    (a constant, or a StaticParam over the model's input symbols): the op becomes
    static, and the Shape chain that computed the parameter becomes dead;
-6. run the clean-up rules registered for its op type;
+6. run the clean-up rules registered for its op type (rules.py), and the fusions
+   (fusions.py) when the options ask for them;
 7. merge it with an earlier identical node (common subexpressions).
 
 The strategies differ only in scheduling (see :func:`simplify_graph`):
@@ -41,8 +42,9 @@ from ..infer_types import infer_node
 from ...ops.symbolic_tensor import DOMAIN as SYMBOLIC_DOMAIN
 from ...ops.symbolic_tensor import OP_TYPE as SYMBOLIC_OP
 from .control_flow import inline_if, known_condition
+from . import fusions  # noqa: F401 - registers the fusion rules in the same table
 from .rewriter import Rewriter
-from .rules import RULES
+from .rules import rules_for
 
 STRATEGIES = ("incremental", "per-op", "fixpoint")
 #: Ops never folded: their outputs are random or their bodies run subgraphs.
@@ -62,6 +64,14 @@ class SimplifyOptions:
     fold_any_size: frozenset = frozenset()
     #: The worklist stops after this many visits per node of the input (with a warning).
     max_visits_per_node: int = 40
+    #: Graph fusions (fusions.py: BatchNormalization into Conv/MatMul, MatMul+Add into Gemm,
+    #: Pad into Conv, constant chains...). `shapeshift simplify` turns them on; off here so
+    #: that the compiler's own callers (native lowering, tuning) see the graph they were
+    #: written against until they opt in.
+    fusions: bool = False
+    #: With ``fusions``: MatMuls of one input and constant weights merged into one MatMul
+    #: and a Split (fewer, wider GEMMs; a deployment may want the separate ones).
+    merge_matmuls: bool = True
 
 
 @dataclass
@@ -91,6 +101,7 @@ class _Simplifier:
         # identity is equality); asked of every dim of every candidate parameter.
         self._bindable: dict[Expr, bool] = {}
         self.cse: dict[tuple, Node] = {}
+        self.rules = rules_for(options)
 
     # -- the per-node steps ------------------------------------------------------------
     def visit(self, node: Node, rules: bool = True) -> None:
@@ -311,7 +322,7 @@ class _Simplifier:
         return known
 
     def apply_rules(self, node: Node) -> bool:
-        for rule in RULES.get(node.op_type, ()):
+        for rule in self.rules.get(node.op_type, ()):
             if node.graph is not None and rule(node, self.rw):
                 self.stats.rules_fired += 1
                 return True

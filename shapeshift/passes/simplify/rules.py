@@ -39,11 +39,13 @@ Rule = Callable[[Node, Rewriter], bool]
 RULES: dict[str, list[Rule]] = {}
 
 
-def rewrite(*op_types: str):
+def rewrite(*op_types: str, options: Sequence[str] = ()):
     """Register the decorated function as a rule for ``op_types`` of the ONNX domain.
 
     The registered rule skips nodes of other domains (a custom ``Identity`` is
     not ONNX's); the decorated function itself is returned unchanged.
+    ``options`` names SimplifyOptions fields that must all be true for the engine
+    to run the rule (the fusions of fusions.py: see :func:`rules_for`).
     """
 
     def register(fn: Rule) -> Rule:
@@ -53,11 +55,19 @@ def rewrite(*op_types: str):
                 return False
             return fn(node, rw)
 
+        rule.options = tuple(options)
         for op in op_types:
             RULES.setdefault(op, []).append(rule)
         return fn
 
     return register
+
+
+def rules_for(options) -> dict[str, list[Rule]]:
+    """RULES less the rules whose ``options`` are not all set in ``options`` (a
+    SimplifyOptions): the table is filtered once per run, not asked per visit."""
+    return {op: kept for op, rules in RULES.items()
+            if (kept := [r for r in rules if all(getattr(options, name) for name in r.options)])}
 
 
 def forward(node: Node, rw: Rewriter, index: int = 0) -> bool:
