@@ -28,6 +28,7 @@ import re
 from typing import Iterable, Optional
 
 from ..target import Target
+from .cwriter import Fragment
 from .kernels.prelude import HEADER
 
 # The head of a function definition at the start of a line: a return type, the name, the
@@ -43,21 +44,37 @@ def _module(name: str):
 
 
 @functools.cache
-def text(name: str, target: Optional[Target] = None) -> str:
-    """The fragment's C text, with the default parameters of ``target`` (this machine's
-    when None): the GEMM's schedule is the target's (codegen/defaults.py)."""
+def _fragment(name: str, target: Optional[Target] = None) -> Optional[Fragment]:
+    """The fragment's parts, for a module written with the C writer (``fragment()``); None
+    for one that is still plain text (``source()``)."""
+    module = _module(name)
+    if not hasattr(module, "fragment"):
+        return None
     if name == "gemm":
         from .defaults import default_schedule
 
-        return _module(name).source(default_schedule(target))
-    return _module(name).source()
+        return module.fragment(default_schedule(target))
+    return module.fragment()
+
+
+@functools.cache
+def text(name: str, target: Optional[Target] = None) -> str:
+    """The fragment's C text, with the default parameters of ``target`` (this machine's
+    when None): the GEMM's schedule is the target's (codegen/defaults.py)."""
+    parts = _fragment(name, target)
+    return parts.text() if parts is not None else _module(name).source()
 
 
 @functools.cache
 def declared(name: str, target: Optional[Target] = None) -> str:
-    """The fragment's text with the body of each entry point replaced by ``;`` and the
-    private helpers (static, not inline) that only those bodies called left out, so that
-    the units that include it do not even parse them."""
+    """What units that call the fragment include. A fragment written with the C writer
+    says which of its parts those are (``Fragment.declared``). Of a plain-text one, its
+    text with the body of each entry point replaced by ``;`` and the private helpers
+    (static, not inline) that only those bodies called left out, so that the units that
+    include it do not even parse them."""
+    parts = _fragment(name, target)
+    if parts is not None:
+        return parts.declared()
     source = _cut(text(name, target), _ENTRY_POINT_HEAD, name)
     # Every private helper definition: (name, start, end). A name may be defined twice,
     # once under #ifdef __AVX2__ and once under #else.
@@ -105,11 +122,16 @@ def names() -> tuple[str, ...]:
     """Every kernel fragment (the modules of codegen/kernels/ but the prelude)."""
     from . import kernels
 
-    return tuple(sorted(m.name for m in pkgutil.iter_modules(kernels.__path__) if m.name != "prelude"))
+    # A fragment module has a source(); the others there (gemm_tiles, gemm_driver) are parts of one.
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(kernels.__path__)
+                        if m.name != "prelude" and hasattr(_module(m.name), "source")))
 
 
 def has_object(name: str) -> bool:
     """Whether the fragment defines entry points (and so is compiled as an object)."""
+    parts = _fragment(name)
+    if parts is not None:
+        return bool(parts.entries)
     return _ENTRY_POINT_HEAD.search(text(name)) is not None
 
 

@@ -20,7 +20,7 @@ import random
 from typing import Optional
 
 from ..codegen.defaults import default_schedule
-from ..codegen.kernels import gemm
+from ..codegen.kernels import gemm, gemm_tiles
 from ..codegen.kernels.gemm import GemmSchedule
 from ..target import Target
 from . import space
@@ -87,8 +87,8 @@ def work_ratio(s: GemmSchedule, m: int, n: int) -> float:
 
     if m > s.small_m:
         return columns(s.lanes) / n
-    groups = gemm._small_row_groups(s, m)
-    return sum(rows * columns(8 * gemm._small_shape(s, rows)[0]) for rows in groups) / (m * n)
+    groups = gemm_tiles.small_row_groups(s, m)
+    return sum(rows * columns(8 * gemm_tiles.small_shape(s, rows)[0]) for rows in groups) / (m * n)
 
 
 def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int = 1,
@@ -113,7 +113,7 @@ def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int =
     balance = items / (parts * _cdiv(items, parts))
     prefetching = float(small and s.prefetch_rows > 0 and m >= s.prefetch_min_m)
     # Packed panels of B the first row group reads at once (read streams), 0 off the B-streaming path.
-    in_flight = gemm._small_panels(s, *gemm._small_calls(s, m)[0]) if small else 0
+    in_flight = gemm_tiles.small_panels(s, *gemm_tiles.small_calls(s, m)[0]) if small else 0
     return [s.mr, s.nr, s.kc, s.mc, s.nc, s.unroll_k, s.small_m, s.small_nc, s.pack_rows, s.prefetch_rows,
             prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), math.log2(n), math.log2(k), float(small),
             pad_m, pad_n, work, n % s.nr, m % s.mr, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),

@@ -18,7 +18,7 @@ import pytest
 
 from shapeshift.codegen.build import DEFAULT_FLAGS, compile_library
 from shapeshift.codegen.defaults import default_schedule
-from shapeshift.codegen.kernels import gemm
+from shapeshift.codegen.kernels import gemm, gemm_tiles
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.codegen.kernels.prelude import PRELUDE
 from shapeshift.target import named_target
@@ -285,7 +285,7 @@ def test_equal_columns_of_b_give_equal_results(libs, build, m, prepacked, b_t):
 def test_small_panels_per_row_count():
     """Panels in flight: as many as small_panels allows where the accumulators fit; one for
     prefetching kernels and for row counts that need narrower passes."""
-    panels = gemm._small_panels
+    panels = gemm_tiles.small_panels
     assert [panels(GemmSchedule(), m, False) for m in (1, 2, 3, 6)] == [4, 2, 1, 1]
     assert panels(GemmSchedule(small_panels=1), 1, False) == 1
     assert panels(GemmSchedule(), 1, True) == 1
@@ -321,13 +321,13 @@ def test_several_panels_threads_agree(libs, build, m):
 
 
 def test_edge_tile_shapes():
-    assert gemm._edge_shapes(GemmSchedule(mr=2, nr=16), 8) == [(1, 1), (1, 2), (2, 1)]
-    assert len(gemm._edge_shapes(EDGE_WIDE, 8)) == 4 * 3 - 1
-    assert gemm._edge_shapes(AVX512_DEFAULT, 16) == [(r, v) for r in range(1, 9) for v in (1, 2, 3) if (r, v) != (8, 3)]
+    assert gemm_tiles.edge_shapes(GemmSchedule(mr=2, nr=16), 8) == [(1, 1), (1, 2), (2, 1)]
+    assert len(gemm_tiles.edge_shapes(EDGE_WIDE, 8)) == 4 * 3 - 1
+    assert gemm_tiles.edge_shapes(AVX512_DEFAULT, 16) == [(r, v) for r in range(1, 9) for v in (1, 2, 3) if (r, v) != (8, 3)]
 
 
 def test_small_row_groups_keep_full_width():
-    groups = gemm._small_row_groups
+    groups = gemm_tiles.small_row_groups
     assert groups(GemmSchedule(), 6) == [6]
     assert groups(GemmSchedule(), 8) == [4, 4]
     assert groups(GemmSchedule(), 13) == [5, 4, 4]
@@ -474,8 +474,9 @@ def test_packed_b_size_python_matches_c(libs):
 # the machine): the prefix parameter must leave the default text alone. Update it
 # deliberately when the generated kernels change (last: kernels by width, lanes and
 # registers fields, the C-tile prefetch, the x86-64-v3 default's mc from its caches, and
-# the tile loops as one block for either order, a_in_l1).
-DEFAULT_SOURCE_SHA256 = "cb9ec4258310e60004d709fabc125a7fc56967dceb062480ca91db275b2b31be"
+# the tile loops as one block for either order, a_in_l1; then the fragment written with the
+# C writer, token for token the same C as before, laid out and commented by the writer).
+DEFAULT_SOURCE_SHA256 = "7090802fcfb4794b177ab030acdcc54c0135b27cc36499fd35b07299031bb767"
 
 
 def test_default_prefix_source_unchanged():

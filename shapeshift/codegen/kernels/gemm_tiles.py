@@ -1,0 +1,402 @@
+"""The GEMM fragment's generated register-tile kernels (kernels/gemm.py), written with the C
+writer (codegen/cwriter.py): the full mr x nr micro-kernel and its edge tiles in the
+schedule's width, the B-streaming kernels of the small-M path and their dispatchers.
+
+Not a fragment of its own: gemm.py assembles these with its driver (gemm_driver.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..cwriter import CWriter, Function
+from .gemm import FMA_CHAINS, GemmSchedule, max_rows
+
+# Every kernel here is private to the GEMM object: units call the drivers' entry points.
+TILE_PARAMS = ("int64_t kc", "const float* restrict a", "const float* restrict b", "float* restrict c",
+               "int64_t ldc", "int acc", "const ss_gemm_epi* e")
+
+
+def vector_names(lanes: int) -> tuple[str, str]:
+    """(C vector type, intrinsic prefix) for vectors of ``lanes`` floats (8: ymm, 16: zmm)."""
+    return ("__m512", "_mm512") if lanes == 16 else ("__m256", "_mm256")
+
+
+def accumulators(rows: int, vectors: int) -> list[list[str]]:
+    return [[f"c{i}_{v}" for v in range(vectors)] for i in range(rows)]
+
+
+def in_lanes(s: GemmSchedule, make: Callable[[GemmSchedule, int], str]) -> str:
+    """``make(s, lanes)`` in the schedule's width: a zmm schedule's code under
+    ``#ifdef __AVX512F__``, with its ymm form (twice the vectors) for other builds."""
+    if s.lanes == 8:
+        return make(s, 8)
+    w = CWriter()
+    with w.guard("__AVX512F__"):
+        w.raw(make(s, 16))
+        w.orelse()
+        w.raw(make(s, 8))
+    return w.text()
+
+
+def tile_loop(w: CWriter, s: GemmSchedule, rows: int, vectors: int, lanes: int = 8) -> None:
+    """Declarations and k loop of a rows x (lanes x vectors) tile over packed panels (whose
+    strides stay MR and NR), in ymm (lanes 8) or zmm (16) registers: the accumulators end
+    up in ``accumulators(rows, vectors)``.
+
+    The k loop is unrolled by ``#pragma GCC unroll`` rather than by writing out copies:
+    GCC interleaves hand-written copies and then spills accumulators (measured: about 25%
+    slower at unroll 4), while its own unrolling keeps every copy in order."""
+    acc = accumulators(rows, vectors)
+    v, mm = vector_names(lanes)
+    w.line(f"{v} av, " + ", ".join(f"b{j}" for j in range(vectors)) + ";")
+    w.lines(f"{v} {name} = {mm}_setzero_ps();" for row in acc for name in row)
+    w.raw(f"#pragma GCC unroll {s.unroll_k}")
+    with w.block("for (int64_t k = 0; k < kc; ++k)"):
+        w.lines(f"b{j} = {mm}_loadu_ps(b + {lanes * j});" for j in range(vectors))
+        for i in range(rows):
+            w.line(f"av = _mm512_set1_ps(a[{i}]);" if lanes == 16 else f"av = _mm256_broadcast_ss(a + {i});")
+            w.lines(f"{acc[i][j]} = {mm}_fmadd_ps(av, b{j}, {acc[i][j]});" for j in range(vectors))
+        w.line(f"a += {s.mr}; b += {s.nr};")
+
+
+def full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
+    """ss_gemm_ukernel over vectors of ``lanes`` floats (8: ymm, 16: zmm)."""
+    vectors = s.nr // lanes
+    wide = lanes == 16
+    v, mm = vector_names(lanes)
+    acc = accumulators(s.mr, vectors)
+    cells = [(i, j) for i in range(s.mr) for j in range(vectors)]
+    w = CWriter(level=1)
+    if s.prefetch_c:
+        # The tile's lines of c are fetched while the k loop runs: its stores (and loads
+        # when acc) otherwise wait on lines that left the caches since the last K block.
+        w.lines(f"_mm_prefetch((const char*)(c + {i} * ldc + {line}), _MM_HINT_T0);"
+                for i in range(s.mr) for line in range(0, s.nr, 16))
+    tile_loop(w, s, s.mr, vectors, lanes)
+    with w.block("if (acc)"):
+        w.lines(f"{acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(c + {i} * ldc + {lanes * j}));"
+                for i, j in cells)
+    with w.block("if (e)"):
+        w.line(f"const {v} va = {mm}_set1_ps(e->alpha);")
+        w.lines(f"{acc[i][j]} = {mm}_mul_ps({acc[i][j]}, va);" for i, j in cells)
+        with w.block("if (e->bias)"):
+            w.line(f"const {v} vb = {mm}_set1_ps(e->beta);")
+            with w.block("if (e->bias_cols)"):
+                w.lines(f"{acc[i][j]} = {mm}_fmadd_ps(vb, {mm}_loadu_ps(e->bias + {i} * e->rs_bias + {lanes * j}), "
+                        f"{acc[i][j]});" for i, j in cells)
+            with w.block("else"):
+                for i in range(s.mr):
+                    w.line(f"av = _mm512_set1_ps(e->bias[{i} * e->rs_bias]);" if wide
+                           else f"av = _mm256_broadcast_ss(e->bias + {i} * e->rs_bias);")
+                    w.lines(f"{acc[i][j]} = {mm}_fmadd_ps(vb, av, {acc[i][j]});" for j in range(vectors))
+        with w.block("if (e->relu)"):
+            w.line(f"const {v} zero = {mm}_setzero_ps();")
+            w.lines(f"{acc[i][j]} = {mm}_max_ps({acc[i][j]}, zero);" for i, j in cells)
+    w.lines(f"{mm}_storeu_ps(c + {i} * ldc + {lanes * j}, {acc[i][j]});" for i, j in cells)
+    return Function("void", "ss_gemm_ukernel", TILE_PARAMS, w.text(), linkage="inline",
+                    comment=f"c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps"
+                            f"{' (zmm)' if wide else ''}. a: packed A micro-panel (a[k*MR + i]); b: packed B "
+                            "micro-panel (b[k*NR + j]).").definition()
+
+
+def edge_shapes(s: GemmSchedule, lanes: int) -> list[tuple[int, int]]:
+    """(rows, vectors) of every edge tile smaller than the full mr x nr one."""
+    full = s.nr // lanes
+    return [(r, v) for r in range(1, s.mr + 1) for v in range(1, full + 1) if (r, v) != (s.mr, full)]
+
+
+def edge_kernels(s: GemmSchedule, lanes: int) -> str:
+    """A kernel per edge tile shape, and ``ss_gemm_edge_tile`` choosing among them.
+
+    An edge tile (the last rows of M or columns of N) used to run the full mr x nr kernel
+    on zero padding: with nr = 24 and N = 25 that is 48 columns computed for 25. These
+    compute only the valid rows and ceil(nv / lanes) vectors, into a local tile of row
+    stride NR.
+    """
+    _, mm = vector_names(lanes)
+    full = s.nr // lanes
+    out = []
+    for rows, vectors in edge_shapes(s, lanes):
+        acc = accumulators(rows, vectors)
+        w = CWriter(level=1)
+        tile_loop(w, s, rows, vectors, lanes)
+        w.lines(f"{mm}_storeu_ps(t + {i} * SS_GEMM_NR + {lanes * v}, {acc[i][v]});"
+                for i in range(rows) for v in range(vectors))
+        out.append(Function("void", f"ss_gemm_edge_{rows}x{vectors}", ("int64_t kc", "const float* restrict a",
+                            "const float* restrict b", "float* restrict t"), w.text(), linkage="static").definition())
+    w = CWriter(level=1)
+    with w.block(f"switch (mv * {full + 1} + (nv + {lanes - 1}) / {lanes})"):
+        w.lines(f"case {rows * (full + 1) + vectors}: ss_gemm_edge_{rows}x{vectors}(kc, a, b, t); break;"
+                for rows, vectors in edge_shapes(s, lanes))
+        w.line("default: ss_gemm_ukernel(kc, a, b, t, SS_GEMM_NR, 0, NULL); break;")
+    out.append(Function("void", "ss_gemm_edge_tile", ("int64_t mv", "int64_t nv", "int64_t kc", "const float* a",
+                                                      "const float* b", "float* t"), w.text(), linkage="static",
+                        comment=f"t (row stride NR) = the mv x nv corner (mv <= MR, nv <= NR) of a_panel * b_panel; "
+                                f"the columns past nv up to a multiple of {lanes} hold products of B's zero "
+                                "padding.").definition())
+    return "".join(out)
+
+
+# ---- the B-streaming path (M <= small_m) ----------------------------------------------
+
+def small_shape(s: GemmSchedule, m: int) -> tuple[int, int]:
+    """(vectors per pass, accumulator sets) of the m-row B-streaming kernel.
+
+    Vectors per pass: the widest divisor of nr/8 whose accumulators fit; sets: independent
+    accumulator copies (alternate k steps) so that at least FMA_CHAINS FMAs are in flight.
+    """
+    vectors = s.nr // 8
+    width = max(w for w in range(1, vectors + 1) if vectors % w == 0 and m * w + w + 1 <= s.registers)
+    sets = 1
+    while m * width * sets < FMA_CHAINS and m * width * (sets + 1) + width + 1 <= s.registers:
+        sets += 1
+    return width, sets
+
+
+def small_name(rows: int, prefetch: bool) -> str:
+    return f"ss_gemm_small_{rows}" + ("_pf" if prefetch else "")
+
+
+SMALL_PARAMS = ("int64_t kc", "const float* restrict a", "int64_t rsa", "int64_t csa", "const float* restrict b",
+                "int64_t ldb", "float* restrict c", "int64_t ldc", "int acc", "int64_t nv")
+
+
+def small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool) -> str:
+    width, sets = small_shape(s, m)
+    acc = [[[f"c{t}_{i}_{v}" for v in range(width)] for i in range(m)] for t in range(sets)]
+
+    def step(w: CWriter, t: int) -> None:
+        if prefetch:
+            w.line(f"_mm_prefetch((const char*)(bp + ({t} + {s.prefetch_rows}) * ldb), _MM_HINT_T0);")
+        w.lines(f"b{v} = _mm256_loadu_ps(bp + {t} * ldb + {8 * v});" for v in range(width))
+        # Pin each B vector in a register: otherwise GCC folds the load into every FMA that
+        # uses it (m loads per vector instead of one) and the loop becomes load-bound.
+        w.lines(f'__asm__("" : "+x"(b{v}));' for v in range(width))
+        for i in range(m):
+            w.line(f"av = _mm256_broadcast_ss(ap + {i} * rsa + {t} * csa);")
+            w.lines(f"{acc[t][i][v]} = _mm256_fmadd_ps(av, b{v}, {acc[t][i][v]});" for v in range(width))
+
+    w = CWriter(level=1)
+    with w.block(f"for (int j0 = 0; j0 < nv; j0 += {8 * width})"):
+        w.line("__m256 av, " + ", ".join(f"b{v}" for v in range(width)) + ";")
+        w.lines(f"__m256 {name} = _mm256_setzero_ps();" for st in acc for row in st for name in row)
+        w.line("const float* ap = a;", "const float* bp = b + j0;", "int64_t k = 0;")
+        with w.block(f"for (; k + {sets} <= kc; k += {sets})"):
+            for t in range(sets):
+                step(w, t)
+            w.line(f"ap += {sets} * csa; bp += {sets} * ldb;")
+        with w.block("for (; k < kc; ++k)"):
+            step(w, 0)
+            w.line("ap += csa; bp += ldb;")
+        w.lines(f"{acc[0][i][v]} = _mm256_add_ps({acc[0][i][v]}, {acc[t][i][v]});"
+                for t in range(1, sets) for i in range(m) for v in range(width))
+        with w.block("if (acc)"):
+            w.lines(f"{acc[0][i][v]} = _mm256_add_ps({acc[0][i][v]}, _mm256_loadu_ps(c + {i} * ldc + j0 + {8 * v}));"
+                    for i in range(m) for v in range(width))
+        w.lines(f"_mm256_storeu_ps(c + {i} * ldc + j0 + {8 * v}, {acc[0][i][v]});" for i in range(m) for v in range(width))
+    return Function("void", small_name(m, prefetch), SMALL_PARAMS, w.text(), linkage="static",
+                    comment=f"{m} rows: c (row stride ldc) = (acc ? c : 0) + A(0:{m}, 0:kc) * b, b: kc rows of NR "
+                            "floats (row stride ldb); A(i,k) at a[i*rsa + k*csa], read in place. Only the first nv "
+                            f"columns are needed: the passes of {8 * width} columns stop once they are covered."
+                    ).definition()
+
+
+def small_panels(s: GemmSchedule, m: int, prefetch: bool) -> int:
+    """Panels of B the m-row B-streaming kernel reads at once (see ``small_panels``).
+
+    Several panels need full-width passes, m x nr/8 accumulators per panel, the panels' B
+    vectors (for m = 1 each is used once, so it is read straight into the FMA) and one
+    broadcast in the registers. A prefetching kernel reads one panel: its prefetches
+    already run ahead of a single stream.
+    """
+    if prefetch or small_shape(s, m)[0] != s.nr // 8:
+        return 1
+    return max(p for p in range(1, s.small_panels + 1) if p == 1 or multi_registers(s, m, p, 1) <= s.registers)
+
+
+def multi_registers(s: GemmSchedule, m: int, panels: int, sets: int) -> int:
+    """ymm registers of the m-row kernel over ``panels`` panels with ``sets`` accumulator
+    sets: the accumulators, the panels' B vectors (for m = 1 each is used once and read
+    straight into its FMA, so one) and the A broadcast."""
+    vectors = s.nr // 8
+    return m * vectors * panels * sets + (vectors * panels if m > 1 else 1) + 1
+
+
+def small_multi_name(rows: int, panels: int) -> str:
+    return f"ss_gemm_small_{rows}_x{panels}"
+
+
+def small_multi_sets(s: GemmSchedule, m: int, panels: int) -> int:
+    """Accumulator sets (alternate k steps) of the m-row kernel over ``panels`` panels at once."""
+    sets = 1
+    while (m * (s.nr // 8) * panels * sets < FMA_CHAINS
+           and multi_registers(s, m, panels, sets + 1) <= s.registers):
+        sets += 1
+    return sets
+
+
+def small_multi_kernel_avx2(s: GemmSchedule, m: int, panels: int, sets: int) -> str:
+    """The m-row B-streaming kernel over ``panels`` full packed panels at once, panel p at
+    b + p * bstep, its columns of c at c + p * cstep: as many read streams as panels.
+
+    The span's panels left over run the same kernel with panels = 1 and the same ``sets``:
+    every column is summed in one order, however the columns are split between threads.
+    """
+    vectors = s.nr // 8
+    acc = [[[[f"c{t}_{i}_{p}_{v}" for v in range(vectors)] for p in range(panels)] for i in range(m)]
+           for t in range(sets)]
+    bv = [[f"b{p}_{v}" for v in range(vectors)] for p in range(panels)]
+    cells = [(p, v) for p in range(panels) for v in range(vectors)]
+
+    def step(w: CWriter, t: int) -> None:
+        if m == 1:  # each B vector is used once: let its load fold into the FMA
+            w.line(f"a0 = _mm256_broadcast_ss(a + (k + {t}) * csa);")
+            w.lines(f"{acc[t][0][p][v]} = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + {p} * bstep + k * SS_GEMM_NR + "
+                    f"{t * s.nr + 8 * v}), {acc[t][0][p][v]});" for p, v in cells)
+            return
+        for p, v in cells:
+            w.line(f"{bv[p][v]} = _mm256_loadu_ps(b + {p} * bstep + k * SS_GEMM_NR + {t * s.nr + 8 * v});",
+                   f'__asm__("" : "+x"({bv[p][v]}));')
+        for i in range(m):
+            w.line(f"a0 = _mm256_broadcast_ss(a + {i} * rsa + (k + {t}) * csa);")
+            w.lines(f"{acc[t][i][p][v]} = _mm256_fmadd_ps(a0, {bv[p][v]}, {acc[t][i][p][v]});" for p, v in cells)
+
+    w = CWriter(level=1)
+    w.line("__m256 a0" + "".join(f", {name}" for row in (bv if m > 1 else []) for name in row) + ";")
+    w.lines(f"__m256 {name} = _mm256_setzero_ps();" for st in acc for row in st for panel in row for name in panel)
+    w.line("int64_t k = 0;")
+    with w.block(f"for (; k + {sets} <= kc; k += {sets})"):
+        for t in range(sets):
+            step(w, t)
+    with w.block("for (; k < kc; ++k)"):
+        step(w, 0)
+    w.lines(f"{acc[0][i][p][v]} = _mm256_add_ps({acc[0][i][p][v]}, {acc[t][i][p][v]});"
+            for t in range(1, sets) for i in range(m) for p, v in cells)
+    with w.block("if (acc)"):
+        w.lines(f"{acc[0][i][p][v]} = _mm256_add_ps({acc[0][i][p][v]}, "
+                f"_mm256_loadu_ps(c + {i} * ldc + {p} * cstep + {8 * v}));" for i in range(m) for p, v in cells)
+    w.lines(f"_mm256_storeu_ps(c + {i} * ldc + {p} * cstep + {8 * v}, {acc[0][i][p][v]});"
+            for i in range(m) for p, v in cells)
+    return Function("void", small_multi_name(m, panels),
+                    ("int64_t kc", "const float* restrict a", "int64_t rsa", "int64_t csa", "const float* restrict b",
+                     "int64_t bstep", "float* restrict c", "int64_t cstep", "int64_t ldc", "int acc"),
+                    w.text(), linkage="static",
+                    comment=f"{m} rows x {panels} full packed panels (kc x NR each), panel p at b + p*bstep and its "
+                            "columns of c at c + p*cstep: c = (acc ? c : 0) + A(0:m, 0:kc) * panel.").definition()
+
+
+def small_multi_kernels(s: GemmSchedule) -> list[tuple[int, int, int]]:
+    """(rows, panels, sets) of every several-panel kernel the span dispatch calls, and of
+    its one-panel twin for the panels left over."""
+    out = set()
+    for rows, prefetch in small_kernels(s):
+        panels = small_panels(s, rows, prefetch)
+        if panels > 1:
+            sets = small_multi_sets(s, rows, panels)
+            out |= {(rows, panels, sets), (rows, 1, sets)}
+    return sorted(out)
+
+
+# Every panel: `parts` at a time, one from each equal part, by kernel; the panels left over
+# one at a time by kernel1, which sums in the same order.
+_SPAN_MACRO = """\
+#ifdef __AVX2__
+#define SS_GEMM_SPAN(kernel, kernel1, parts, a_rows, c_rows) do { \\
+        const int64_t q = panels / (parts); \\
+        for (; j < q; ++j) kernel(kc, a_rows, rsa, csa, b + j * step, q * step, c_rows + j * SS_GEMM_NR, \\
+                                  q * SS_GEMM_NR, ldc, acc); \\
+        for (j = (parts) * q; j < panels; ++j) kernel1(kc, a_rows, rsa, csa, b + j * step, 0, \\
+                                                       c_rows + j * SS_GEMM_NR, 0, ldc, acc); \\
+    } while (0)
+#else
+#define SS_GEMM_SPAN(kernel, kernel1, parts, a_rows, c_rows) do { } while (0)
+#endif
+"""
+
+
+def small_span_dispatch(s: GemmSchedule) -> str:
+    """``ss_gemm_small_span``: m rows over consecutive full packed panels, split into as many
+    equal parts as the row group's kernel reads panels at once."""
+    w = CWriter(level=1)
+    w.line("const int64_t step = kc * SS_GEMM_NR;")
+    with w.block("switch (m)"):
+        for m in range(1, s.small_m + 1):
+            w.line(f"case {m}:")
+            first = 0
+            for rows, prefetch in small_calls(s, m):
+                panels = small_panels(s, rows, prefetch)
+                a, c = f"a + {first} * rsa", f"c + {first} * ldc"
+                single = (f"for (; j < panels; ++j) {small_name(rows, prefetch)}(kc, {a}, rsa, csa, b + j * step, "
+                          f"SS_GEMM_NR, {c} + j * SS_GEMM_NR, ldc, acc, SS_GEMM_NR);")
+                if panels > 1:
+                    w.line(f"    {{ int64_t j = 0; SS_GEMM_SPAN({small_multi_name(rows, panels)}, "
+                           f"{small_multi_name(rows, 1)}, {panels}, {a}, {c}); {single} }}")
+                else:
+                    w.line(f"    {{ int64_t j = 0; {single} }}")
+                first += rows
+            w.line("    break;")
+        w.line("default: break;")
+    return _SPAN_MACRO + Function(
+        "void", "ss_gemm_small_span", ("int64_t m", "int64_t kc", "const float* a", "int64_t rsa", "int64_t csa",
+                                       "const float* b", "int64_t panels", "float* c", "int64_t ldc", "int acc"),
+        w.text(), linkage="static",
+        comment="m (<= SS_GEMM_SMALL_M) rows x `panels` full panels of a packed B, one after another at b (kc x NR "
+                "floats each), into the columns of c from its first one on.").definition()
+
+
+def small_kernel_scalar(m: int, prefetch: bool) -> str:
+    w = CWriter(level=1)
+    w.line("(void)nv; /* all NR columns: the scalar fallback is not tuned for speed */")
+    with w.block(f"for (int i = 0; i < {m}; ++i)"):
+        w.line("float t[SS_GEMM_NR];", "for (int j = 0; j < SS_GEMM_NR; ++j) t[j] = acc ? c[i * ldc + j] : 0.0f;")
+        with w.block("for (int64_t k = 0; k < kc; ++k)"):
+            w.line("float x = a[i * rsa + k * csa];", "for (int j = 0; j < SS_GEMM_NR; ++j) t[j] += x * b[k * ldb + j];")
+        w.line("for (int j = 0; j < SS_GEMM_NR; ++j) c[i * ldc + j] = t[j];")
+    return Function("void", small_name(m, prefetch), SMALL_PARAMS, w.text(), linkage="static").definition()
+
+
+def small_row_groups(s: GemmSchedule, m: int) -> list[int]:
+    """Row counts the m-row B-streaming call is split into.
+
+    A kernel keeps m x width accumulators plus the width B vectors and one broadcast in
+    16 registers; past 6 rows (nr = 16) only one B vector per pass fits, so every FMA needs
+    its own broadcast load and the loop becomes load-bound (measured: 8 rows ran at about
+    half the FMA rate of 6).  Such m are cut into balanced groups that keep full width; each
+    group re-reads the same kc x nr panel of B, which is in L1 by then.
+    """
+    widest = max_rows(s.nr, 8, s.registers)
+    if m <= widest or widest < 1:
+        return [m]
+    count = -(-m // widest)
+    return [m // count + (1 if i < m % count else 0) for i in range(count)]
+
+
+def small_calls(s: GemmSchedule, m: int) -> list[tuple[int, bool]]:
+    """(rows, prefetch) of each kernel call for m rows: only a first group prefetches."""
+    prefetch = bool(s.prefetch_rows) and m >= max(1, s.prefetch_min_m)
+    return [(rows, prefetch and i == 0) for i, rows in enumerate(small_row_groups(s, m))]
+
+
+def small_kernels(s: GemmSchedule) -> list[tuple[int, bool]]:
+    """(rows, prefetch) of every kernel the dispatch calls."""
+    return sorted({call for m in range(1, s.small_m + 1) for call in small_calls(s, m)})
+
+
+def small_dispatch(s: GemmSchedule) -> str:
+    w = CWriter(level=1)
+    with w.block("switch (m)"):
+        for m in range(1, s.small_m + 1):
+            calls, first = [], 0
+            for rows, prefetch in small_calls(s, m):
+                calls.append(f"{small_name(rows, prefetch)}(kc, a + {first} * rsa, rsa, csa, b, ldb, "
+                             f"c + {first} * ldc, ldc, acc, nv);")
+                first += rows
+            w.line(f"case {m}: " + " ".join(calls) + " break;")
+        w.line("default: break;")
+    return Function("void", "ss_gemm_small", ("int64_t m", "int64_t kc", "const float* a", "int64_t rsa", "int64_t csa",
+                                              "const float* b", "int64_t ldb", "float* c", "int64_t ldc", "int acc",
+                                              "int64_t nv"), w.text(), linkage="static",
+                    comment="The B-streaming kernel for m rows, 1 <= m <= SS_GEMM_SMALL_M (in row groups that keep "
+                            "full vector width, see small_row_groups), for the first nv (<= NR) columns of the "
+                            "panel.").definition()
