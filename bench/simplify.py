@@ -3,11 +3,14 @@
     python bench/simplify.py [--runs 3] [--models NAME ...] [--layers 12 24 48]
                              [--built dynamo-encoder conv-bn]
                              [--tools incremental per-op fixpoint onnxsim] [--timeout 1800]
+    python bench/simplify.py --large [--workdir DIR]
 
 Models: every ``*.onnx`` in ../shared/models (skipped with a message when the
 folder is missing), BERT-like encoders of 12, 24 and 48 layers built with
 ``shapeshift.examples.encoder.build_encoder`` (hidden 64, 2 heads: small files,
-the node structure of the full-size model), and two models built here for the
+the node structure of the full-size model) and rewritten as the TorchScript
+exporter writes them (``torchscript_style``: small constants as Constant nodes,
+one per reader; weights of equal contents as Identity aliases of one), and two models built here for the
 graph fusions (``--built``): a 2-layer encoder written the way PyTorch's dynamo
 exporter writes one (separate Q, K, V MatMuls with bias Adds) and a
 MobileNetV3-style conv net with a BatchNormalization after every Conv.  Only
@@ -28,6 +31,13 @@ are counted on the output ModelProto, subgraphs included; a table per model puts
 shapeshift's counts (incremental) beside onnx-simplifier's, with the ops whose
 counts differ.  Prints the tables and writes bench/results/simplify.md with
 derived ratios.
+
+``--large`` measures only ``shapeshift simplify`` (the command) on a model over
+2 GB: the encoder with a 716,800-word embedding, written with external data
+(2.26 GB, about 5 GB of disk with the output; deleted afterwards), in a fresh
+process whose peak resident set os.wait4 reports; then onnxruntime loads the
+output and compares it with the original at three input sizes.  Writes
+bench/results/simplify_2gb.md.
 """
 
 from __future__ import annotations
@@ -151,11 +161,9 @@ def _simplify(tool: str, model) -> onnx.ModelProto:
 
 def _warm_up(tool: str) -> None:
     """One run on a 1-layer encoder read from a file, as the timed run reads its model."""
-    from shapeshift.examples.encoder import build_encoder
-
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "encoder-1.onnx")
-        onnx.save(build_encoder(layers=1, **ENCODER_SIZE), path)
+        onnx.save(build_torchscript_encoder(1), path)
         _simplify(tool, path)
 
 
@@ -340,13 +348,67 @@ def shared_cases(models_dir: Path, names: Optional[list[str]]) -> list[Case]:
     return [_case(p.stem, p, "shared") for p in paths if names is None or p.stem in names or p.name in names]
 
 
-def encoder_cases(layers: list[int], workdir: Path) -> list[Case]:
+# Initializers of at most this many elements are written as Constant nodes by torchscript_style.
+SMALL_CONSTANT = 8
+
+
+def torchscript_style(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` rewritten with two habits of PyTorch's TorchScript exporter (``dynamo=False``)
+    that ``build_encoder`` lacks (../shared/models/bert.ts.onnx: 417 Constant and 120 Identity
+    nodes of its 1,375):
+
+    - every small constant (an Unsqueeze axis, a Gather index, a Concat part, a scalar: at
+      most SMALL_CONSTANT elements) is a ``Constant`` node, one per reader, written just
+      before it, not an initializer;
+    - weights of equal contents (the zero biases, the LayerNorm ones and zeros of every
+      layer) are one initializer; the others are ``Identity`` aliases of it, at the top of
+      the graph (the exporter's deduplication of initializers).
+
+    Returns a new model; ``model`` is not modified."""
+    graph = model.graph
+    small = {t.name: t for t in graph.initializer if np.prod(t.dims, dtype=np.int64) <= SMALL_CONSTANT}
+    first_of: dict[tuple, str] = {}
+    aliases: list[onnx.NodeProto] = []
+    kept: list[onnx.TensorProto] = []
+    for tensor in graph.initializer:
+        if tensor.name in small:
+            continue
+        key = (tensor.data_type, tuple(tensor.dims), numpy_helper.to_array(tensor).tobytes())
+        if key in first_of:
+            aliases.append(helper.make_node("Identity", [first_of[key]], [tensor.name]))
+        else:
+            first_of[key] = tensor.name
+            kept.append(tensor)
+    nodes, count = list(aliases), 0
+    for node in graph.node:
+        node = onnx.NodeProto.FromString(node.SerializeToString())
+        for index, name in enumerate(node.input):
+            if name in small:
+                count += 1
+                out = f"{name}_constant_{count}"
+                nodes.append(helper.make_node("Constant", [], [out], value=small[name]))
+                node.input[index] = out
+        nodes.append(node)
+    styled = onnx.ModelProto.FromString(model.SerializeToString())
+    del styled.graph.node[:]
+    styled.graph.node.extend(nodes)
+    del styled.graph.initializer[:]
+    styled.graph.initializer.extend(kept)
+    return styled
+
+
+def build_torchscript_encoder(layers: int) -> onnx.ModelProto:
+    """``build_encoder`` (BERT-like, ENCODER_SIZE) in ``torchscript_style``: Constant nodes, Identity aliases."""
     from shapeshift.examples.encoder import build_encoder
 
+    return torchscript_style(build_encoder(layers=layers, **ENCODER_SIZE))
+
+
+def encoder_cases(layers: list[int], workdir: Path) -> list[Case]:
     cases = []
     for n in layers:
         path = workdir / f"encoder-{n}.onnx"
-        onnx.save(build_encoder(layers=n, **ENCODER_SIZE), str(path))
+        onnx.save(build_torchscript_encoder(n), str(path))
         cases.append(_case(f"encoder-{n}", path, "encoder"))
     return cases
 
@@ -563,10 +625,14 @@ def speedup_lines(measurements: list[Measurement], cases: list[Case]) -> list[st
 
 def scaling_lines(measurements: list[Measurement], tools: list[str]) -> list[str]:
     t = _lookup(measurements)
-    per_op = _ratio(t.get(("encoder-12", "per-op")), t.get(("encoder-12", "incremental")))
-    lines = [f"- per-op time / incremental time on encoder-12: **{per_op}** (target >= {TARGET_PER_OP_SPEEDUP:g})",
-             "", f"Linearity, encoder-48 time / encoder-12 time (4.0 is linear; target for incremental "
-             f"<= {TARGET_LINEARITY}):", "", "| tool | 24 / 12 | 48 / 12 |", "|---|---|---|"]
+    sizes = [n for n in ENCODER_LAYERS if (f"encoder-{n}", "incremental") in t]
+    lines = [f"per-op time / incremental time (target at 48 layers: >= {TARGET_PER_OP_SPEEDUP:g}):", "",
+             "| layers | incremental s | per-op s | per-op / incremental |", "|---|---|---|---|"]
+    for n in sizes:
+        inc, per_op = t.get((f"encoder-{n}", "incremental")), t.get((f"encoder-{n}", "per-op"))
+        lines.append(f"| {n} | {_fmt_time(inc)} | {_fmt_time(per_op)} | **{_ratio(per_op, inc)}** |")
+    lines += ["", f"Linearity, encoder-48 time / encoder-12 time (4.0 is linear; target for incremental "
+              f"<= {TARGET_LINEARITY}):", "", "| tool | 24 / 12 | 48 / 12 |", "|---|---|---|"]
     for tool in tools:
         base = t.get(("encoder-12", tool))
         lines.append(f"| {tool} | {_ratio(t.get(('encoder-24', tool)), base)} | "
@@ -581,7 +647,7 @@ def _versions() -> str:
             parts.append(f"{module} {__import__(module).__version__}")
         except ImportError:
             parts.append(f"{module} not installed")
-    return ", ".join(parts) + f"; {platform.machine()}, {os.cpu_count()} CPUs"
+    return ", ".join(parts) + f"; {platform.machine()}, {os.cpu_count()} CPUs ({cpu_name()})"
 
 
 def report(measurements: list[Measurement], cases: list[Case], tools: list[str], runs: int,
@@ -608,6 +674,136 @@ def report(measurements: list[Measurement], cases: list[Case], tools: list[str],
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------- a model over 2 GB
+LARGE_RESULTS = ROOT / "bench" / "results" / "simplify_2gb.md"
+# A BERT-like encoder (2 TorchScript-style layers of hidden 768) whose word embedding has a
+# vocabulary large enough for the model to pass protobuf's 2 GiB: 716,800 x 768 floats = 2.2 GB.
+LARGE_VOCAB, LARGE_HIDDEN, LARGE_LAYERS, LARGE_HEADS = 716_800, 768, 2, 12
+TARGET_PEAK_OVER_SIZE = 1.5
+_CLI = "import sys; from shapeshift.cli.main import main; sys.exit(main())"
+
+
+def build_large_vocab_model(path: Path, vocab: int = LARGE_VOCAB, seed: int = 0) -> int:
+    """Write the large-vocabulary encoder to ``path``, its word embedding in ``path``.data
+    (external data, written in 64 MB chunks: never held whole in memory); returns the
+    bytes written (model file and data file)."""
+    from shapeshift.examples.encoder import build_encoder
+
+    model = torchscript_style(build_encoder(layers=LARGE_LAYERS, hidden=LARGE_HIDDEN, heads=LARGE_HEADS, vocab=8))
+    embedding = next(t for t in model.graph.initializer if t.name.startswith("word_embeddings"))
+    data_name = f"{path.name}.data"
+    rng = np.random.default_rng(seed)
+    rows = max(1, (64 << 20) // (4 * LARGE_HIDDEN))
+    with open(path.parent / data_name, "wb") as data:
+        for start in range(0, vocab, rows):
+            count = min(rows, vocab - start)
+            data.write((rng.standard_normal((count, LARGE_HIDDEN), np.float32) * 0.05).tobytes())
+    embedding.ClearField("raw_data")
+    del embedding.dims[:]
+    embedding.dims.extend([vocab, LARGE_HIDDEN])
+    embedding.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", data_name), ("offset", "0"), ("length", str(vocab * LARGE_HIDDEN * 4))):
+        embedding.external_data.add(key=key, value=value)
+    onnx.save(model, str(path))
+    return path.stat().st_size + (path.parent / data_name).stat().st_size
+
+
+def _stored_bytes(path: Path) -> int:
+    """A model file and the external data files next to it that it names."""
+    model = onnx.load(str(path), load_external_data=False)
+    files = {onnx.external_data_helper.ExternalDataInfo(t).location
+             for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    return path.stat().st_size + sum((path.parent / name).stat().st_size for name in files)
+
+
+def peak_rss_of(command: list[str], timeout: float) -> dict:
+    """Run ``command``; its wall time, exit code, output and peak resident set (os.wait4's
+    ru_maxrss: this process alone, not the largest of all children so far)."""
+    import subprocess
+
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = start + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    kb = usage.ru_maxrss if sys.platform != "darwin" else usage.ru_maxrss // 1024
+    return {"seconds": time.perf_counter() - start, "rc": proc.returncode, "output": text, "rss_kb": kb}
+
+
+_ORT_CHECK = """
+import sys, numpy as np, onnxruntime as ort
+original, simplified, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = np.random.default_rng(0)
+feeds = [{"input_ids": rng.integers(0, vocab, (b, t)).astype(np.int64), "attention_mask": np.ones((b, t), np.int64)}
+         for b, t in ((1, 5), (2, 17), (3, 64))]
+feeds[1]["input_ids"][0, :2] = (0, vocab - 1)
+want = []
+session = ort.InferenceSession(original, providers=["CPUExecutionProvider"])
+want = [session.run(None, f)[0] for f in feeds]
+del session
+session = ort.InferenceSession(simplified, providers=["CPUExecutionProvider"])
+for f, w in zip(feeds, want):
+    g = session.run(None, f)[0]
+    assert g.shape == w.shape, (g.shape, w.shape)
+    print(f"{list(f['input_ids'].shape)}: max abs diff {float(np.abs(g - w).max()):.2g}")
+"""
+
+
+def measure_large(workdir: Path, timeout: float) -> list[str]:
+    """Build the model over 2 GB, run ``shapeshift simplify`` on it in a fresh process
+    (peak RSS of that process), check the output loads in onnxruntime and computes the
+    original's outputs at three input sizes; the report's lines."""
+    source, target = workdir / "large-vocab.onnx", workdir / "large-vocab.simplified.onnx"
+    started = time.perf_counter()
+    size = build_large_vocab_model(source)
+    print(f"built {source} ({size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    run = peak_rss_of([sys.executable, "-c", _CLI, "simplify", str(source), str(target)], timeout)
+    lines = ["# `shapeshift simplify` on a model over 2 GB", "", f"{_versions()}.", "",
+             f"Model: a BERT-like encoder ({LARGE_LAYERS} TorchScript-style layers, hidden {LARGE_HIDDEN}) with a "
+             f"word embedding of {LARGE_VOCAB:,} x {LARGE_HIDDEN} floats, written with external data "
+             f"(`{source.name}` + `{source.name}.data`): **{size / 1e9:.3f} GB** ({size / 2**30:.3f} GiB).", "",
+             f"Command: `shapeshift simplify {source.name} {target.name}` in a fresh process; peak RSS from "
+             "os.wait4 (the process's ru_maxrss, interpreter and imports included).", ""]
+    if run["rc"] != 0:
+        return lines + [f"**Failed** (exit {run['rc']}):", "", "```", run["output"].strip()[-3000:], "```"]
+    out_size = _stored_bytes(target)
+    peak = run["rss_kb"] * 1024
+    ratio = peak / size
+    verdict = "yes" if ratio < TARGET_PEAK_OVER_SIZE else "**no**"
+    check = peak_rss_of([sys.executable, "-c", _ORT_CHECK, str(source), str(target), str(LARGE_VOCAB)], timeout)
+    loads = "yes" if check["rc"] == 0 else f"**no** (exit {check['rc']})"
+    lines += ["| input | output (external data) | wall s | peak RSS GB | peak / model size | "
+              f"under {TARGET_PEAK_OVER_SIZE:g}x? | output loads and runs in onnxruntime, equal outputs? |",
+              "|---|---|---|---|---|---|---|",
+              f"| {size / 1e9:.3f} GB | {out_size / 1e9:.3f} GB | {run['seconds']:.1f} | {peak / 1e9:.2f} | "
+              f"{ratio:.2f} | {verdict} | {loads} |", "", "shapeshift's table:", "", "```",
+              run["output"].strip(), "```", "", "onnxruntime on the original and the simplified file (input_ids "
+              "shapes; last hidden state compared):", "", "```", check["output"].strip()[-3000:], "```"]
+    return lines
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as lscpu or /proc/cpuinfo gives it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 # --------------------------------------------------------------------------- main
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -621,7 +817,11 @@ def parse_args() -> argparse.Namespace:
                         help="models built here for the fusions (none: skip them)")
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"default {RESULTS.relative_to(ROOT)} ({LARGE_RESULTS.relative_to(ROOT)} with --large)")
+    parser.add_argument("--workdir", type=Path, default=None, help="where --large writes its files (default: TMPDIR)")
+    parser.add_argument("--large", action="store_true",
+                        help="only the model over 2 GB (needs about 5 GB of disk and 4 GB of memory; deleted after)")
     return parser.parse_args()
 
 
@@ -645,6 +845,16 @@ def run_all(cases: list[Case], tools: list[str], runs: int, timeout: float, avai
 
 def main() -> None:
     args = parse_args()
+    if args.large:
+        output = args.output or LARGE_RESULTS
+        with tempfile.TemporaryDirectory(prefix="shapeshift-bench-large-", dir=args.workdir) as workdir:
+            text = "\n".join(measure_large(Path(workdir), args.timeout)) + "\n"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+        print(text)
+        print(f"wrote {output}")
+        return
+    args.output = args.output or RESULTS
     available = shapeshift_available()
     notes = [] if available else ["`shapeshift.simplify` is not available in this checkout: only onnx-simplifier "
                                   "was measured."]
@@ -653,7 +863,13 @@ def main() -> None:
                  + built_cases(args.built, Path(workdir)))
         if not args.models_dir.is_dir():
             notes.append(f"{args.models_dir} does not exist: shared models skipped.")
+        load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         measurements = run_all(cases, args.tools, args.runs, args.timeout, available)
+        if load_before is not None:
+            notes.append(f"Run {started} to {time.strftime('%H:%M UTC', time.gmtime())}; load average (1 min) "
+                         f"{load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
+                         f"{os.cpu_count()} CPUs: the machine is shared, so compare tools within this run.")
     text = report(measurements, cases, args.tools, args.runs, notes)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text, encoding="utf-8")

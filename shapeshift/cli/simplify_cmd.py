@@ -10,9 +10,11 @@ from typing import Optional
 
 import numpy as np
 import onnx
+from onnx import external_data_helper
 
 from ..errors import ShapeshiftError
 from ..files import output_target, publish
+from ..frontend.external_data import has_external_data, nbytes, save_with_external_data
 from ..frontend.onnx_import import read_model, read_model_sized
 from ..passes.simplify import simplify_model
 from ..passes.simplify.report import count_model
@@ -51,8 +53,12 @@ def print_table(before, after, seconds: float) -> None:
 
 def serialized(model: onnx.ModelProto) -> Optional[bytes]:
     """The bytes of ``model`` as one file, or None when its tensors are too large for one
-    protobuf (it is then written with external data)."""
-    tensor_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    protobuf or still in the input's external data file (it is then written with external
+    data)."""
+    if has_external_data(model):
+        return None
+    # Sized from dims: reading raw_data copies it out of the proto (2 GB: 3 s and 2 GB more).
+    tensor_bytes = sum(nbytes(t) for t in model.graph.initializer)
     return None if tensor_bytes > EXTERNAL_DATA_THRESHOLD else model.SerializeToString()
 
 
@@ -60,11 +66,16 @@ def _write_bytes(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def save_atomically(model: onnx.ModelProto, path: Path, data: Optional[bytes] = None) -> None:
+def save_atomically(model: onnx.ModelProto, path: Path, data: Optional[bytes] = None,
+                    source_dir: Optional[Path] = None, before_publish=None) -> None:
     """Write to a staging folder next to ``path``, then rename into place: never a
     half-written OUT (files.py). A model written with external data publishes its data
-    file first, then the model that reads it. ``data``: ``serialized(model)``, if the
-    caller has it (serializing a BERT-base takes a second)."""
+    file first, then the model that reads it; its tensors still in the input's external
+    data file (under ``source_dir``) are copied from there, file to file, and ``model``
+    then refers to the new file.  ``data``: ``serialized(model)``, if the caller has it
+    (serializing a BERT-base takes a second).  ``before_publish(staged_path)``, for a model
+    written with external data: run on the staged files (a check raising leaves OUT as it
+    was)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if data is None:
         data = serialized(model)
@@ -73,8 +84,9 @@ def save_atomically(model: onnx.ModelProto, path: Path, data: Optional[bytes] = 
         staged = staging / path.name
         if data is None:
             data_name = f"{path.name}.data"
-            onnx.save(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
-                      location=data_name)
+            save_with_external_data(model, staged, data_name, source_dir or path.parent)
+            if before_publish is not None:
+                before_publish(staged)
             publish(staging / data_name, path.parent / data_name)
         else:
             _write_bytes(staged, data)
@@ -143,28 +155,52 @@ def _shapes_text(feed: dict) -> str:
     return ", ".join(items[:3]) + (f", ... ({len(items)} inputs)" if len(items) > 3 else "")
 
 
+def _stored_size(path: Path) -> int:
+    """A model file and the external data files it names."""
+    return read_model_sized(path, load_external=False)[1]
+
+
 def cmd_simplify(args) -> int:
     output = output_target(args.output)  # before the work: a bad OUT is refused at once
-    original, stored_bytes = read_model_sized(args.input)
+    source_dir = Path(args.input).parent
+    # External data stays in its file unless the model is small enough for one protobuf:
+    # loading copies it twice (the file's bytes, then protobuf's), and a tensor simplify
+    # does not read is copied file to file when OUT is written.
+    original, stored_bytes = read_model_sized(args.input, load_external=False)
+    external = has_external_data(original)
+    if external and stored_bytes <= EXTERNAL_DATA_THRESHOLD:
+        external_data_helper.load_external_data_for_model(original, str(source_dir))
+        external = False
     before = count_model(original, stored_bytes)
     input_shapes = dict(parse_input_shape(t) for t in args.input_shape)
     start = time.perf_counter()
     # The model read becomes the output (its unchanged weights are not copied: half the
     # peak memory on a large model); --check reads the input file again.
     simplified, graph, stats = simplify_model(original, args.dynamic, input_shapes or None, args.strategy,
-                                              consume=True, merge_matmuls=args.merge_matmuls)
+                                              consume=True, merge_matmuls=args.merge_matmuls,
+                                              external_dir=str(source_dir) if external else None)
     seconds = time.perf_counter() - start
     del original
     # Serialized once: for the table's size, for --check and for the file.
     data = serialized(simplified)
-    after = count_model(simplified, None if data is None else len(data))
     checks = []
-    if args.check:
-        checks = check_outputs(model_bytes(Path(args.input), stored_bytes),
-                               simplified.SerializeToString() if data is None else data, graph, args.dynamic,
-                               args.check)
-    # Written before anything is printed: a reader that stops early (| head) loses nothing.
-    save_atomically(simplified, output, data)
+    # onnxruntime reads a model over 2 GiB from its path (with its external data), not from bytes.
+    reference = str(args.input) if external else None
+    if data is None:
+        def check_staged(staged: Path) -> None:
+            if args.check:
+                checks.extend(check_outputs(reference or model_bytes(Path(args.input), stored_bytes), str(staged),
+                                            graph, args.dynamic, args.check))
+
+        # Written before anything is printed: a reader that stops early (| head) loses nothing.
+        save_atomically(simplified, output, None, source_dir, before_publish=check_staged)
+        after = count_model(simplified, _stored_size(output))
+    else:
+        after = count_model(simplified, len(data))
+        if args.check:
+            checks = check_outputs(model_bytes(Path(args.input), stored_bytes), data, graph, args.dynamic,
+                                   args.check)
+        save_atomically(simplified, output, data)
     print(f"{args.input} -> {args.output} (strategy {args.strategy})")
     print_table(before, after, seconds)
     for warning in stats.warnings[:5]:

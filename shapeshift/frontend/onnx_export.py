@@ -57,14 +57,18 @@ _OTHER_REPEATED = tuple(f.name for f in _OTHER_TENSOR_FIELDS if not f.has_presen
 
 
 def _is_plain(tensor: onnx.TensorProto) -> bool:
+    """Raw data and nothing else, or a reference to external data (a model read with its
+    external data left in place): either is written back as it is.  A data_location set
+    to DEFAULT (onnx.load writes it when it loads external data) changes nothing."""
     # Field by field: ListFields() would copy raw_data out just to look at it.
-    if not tensor.HasField("raw_data"):
+    external = tensor.data_location == onnx.TensorProto.EXTERNAL
+    if not external and not tensor.HasField("raw_data"):
         return False
     for name in _OTHER_SINGULAR:
-        if tensor.HasField(name):
+        if tensor.HasField(name) and name != "data_location":
             return False
     for name in _OTHER_REPEATED:
-        if getattr(tensor, name):
+        if getattr(tensor, name) and not (external and name == "external_data"):
             return False
     return True
 

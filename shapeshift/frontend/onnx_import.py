@@ -67,10 +67,14 @@ def read_model(source: ModelSource) -> onnx.ModelProto:
     return read_model_sized(source)[0]
 
 
-def read_model_sized(source: ModelSource) -> tuple[onnx.ModelProto, int]:
+def read_model_sized(source: ModelSource, load_external: bool = True) -> tuple[onnx.ModelProto, int]:
     """read_model, and the model's size in bytes as stored: its file and the external data
     files it reads, the bytes given, or a ModelProto's serialized size (the one costly
-    case: serializing is the only way protobuf tells it)."""
+    case: serializing is the only way protobuf tells it).
+
+    ``load_external=False`` leaves tensors stored in external files there (import them
+    with ``external_dir``): loading one copies it twice over, the file's bytes and then
+    protobuf's copy of them, so a model of 2 GB peaked at 4.4 GB just being read."""
     if isinstance(source, onnx.ModelProto):
         return source, source.ByteSize()
     if isinstance(source, (bytes, bytearray)):
@@ -91,7 +95,7 @@ def read_model_sized(source: ModelSource) -> tuple[onnx.ModelProto, int]:
         # What onnx.load(path) does, in two steps so that the external files are known.
         model = _parse_file(path)
         external = {external_data_helper.ExternalDataInfo(t).location for t in _external_tensors(model.graph)}
-        if external:
+        if external and load_external:
             external_data_helper.load_external_data_for_model(model, str(path.parent))
         size = path.stat().st_size + sum((path.parent / location).stat().st_size for location in external)
     except FileNotFoundError as exc:
@@ -254,8 +258,10 @@ class _SupportCheck:
 
 class _Importer:
     def __init__(self, model: onnx.ModelProto, symbols: SymbolTable, keep_tensors: bool = False,
-                 support: Optional[_SupportCheck] = None, constants_as_initializers: bool = False):
+                 support: Optional[_SupportCheck] = None, constants_as_initializers: bool = False,
+                 external_dir: Optional[str] = None):
         self.model = model
+        self.external_dir = external_dir
         self.support = support
         self.symbols = symbols
         self.keep_tensors = keep_tensors
@@ -326,6 +332,12 @@ class _Importer:
                 value = graph.add_lazy_initializer(
                     tensor_name, TensorType(tensor.data_type, tuple(tensor.dims[:])), tensor,
                     functools.partial(_initializer_array, tensor, dtype))
+            elif self.keep_tensors and self.external_dir is not None and _is_external(tensor):
+                # Left in its file (read_model_sized(load_external=False)): read from there
+                # only if something reads it; export writes the reference back.
+                value = graph.add_lazy_initializer(
+                    tensor_name, TensorType(tensor.data_type, tuple(tensor.dims[:])), tensor,
+                    functools.partial(_external_array, tensor, self.external_dir))
             else:
                 array = _initializer_array(tensor)
                 value = graph.add_initializer(tensor_name, array)
@@ -451,6 +463,32 @@ def _initializer_array(tensor: onnx.TensorProto, dtype=None, label: Optional[str
                              f"its type and shape ({exc})") from None
 
 
+def _is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _external_array(tensor: onnx.TensorProto, directory: str):
+    """The array of a tensor stored in an external file under ``directory``; a
+    ModelLoadError naming the tensor and the file when it cannot be read."""
+    info = external_data_helper.ExternalDataInfo(tensor)
+    path = Path(directory) / info.location
+    shape = tuple(tensor.dims[:])
+    count = int(np.prod(shape, dtype=np.int64))
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        if Path(info.location).is_absolute() or ".." in Path(info.location).parts:
+            raise ValueError("its location must be a relative path inside the model's folder")
+        if dtype.kind in "OUS" or dtype.itemsize * count != (info.length or dtype.itemsize * count):
+            raise ValueError(f"{info.length} bytes for {count} elements of {dtype}")
+        array = np.fromfile(path, dtype=dtype.newbyteorder("<"), count=count, offset=info.offset or 0)
+        if array.size != count:
+            raise ValueError(f"the file ends after {array.size} of {count} elements")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ModelLoadError(f"initializer {tensor.name!r}: cannot read its external data from {path} "
+                             f"({exc})") from None
+    return array.astype(dtype, copy=False).reshape(shape)
+
+
 def _densify(sparse: onnx.SparseTensorProto):
     import numpy as np
 
@@ -482,7 +520,8 @@ def substitute_symbols(dim: Dim, symbols: SymbolTable) -> Dim:
 
 def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int]]] = None,
                  infer: bool = True, check: bool = True, keep_tensors: bool = False,
-                 label: Optional[str] = None, constants_as_initializers: bool = False) -> Graph:
+                 label: Optional[str] = None, constants_as_initializers: bool = False,
+                 external_dir: Optional[str] = None) -> Graph:
     """Read and import a model; types are inferred unless ``infer`` is False.
 
     With ``check=False`` a model with unsupported ops still imports (for
@@ -494,6 +533,9 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
     ``constants_as_initializers`` a Constant node holding a tensor is read as the
     initializer it stands for (what simplification would make of it), unless it
     is a graph output; without, the graph has the model's nodes, as ``info`` shows.
+    ``external_dir``: the folder of a model read with its external data left in place
+    (``read_model_sized(path, load_external=False)``); with ``keep_tensors`` such a
+    tensor is read from its file only if something reads it.
     """
     label = label or source_label(source)
     model = read_model(source)
@@ -516,7 +558,7 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
     ranges = symbol_ranges(dynamic)
     symbols = SymbolTable(ranges)
     support = _SupportCheck(_default_opset(model)) if check else None
-    importer = _Importer(model, symbols, keep_tensors, support, constants_as_initializers)
+    importer = _Importer(model, symbols, keep_tensors, support, constants_as_initializers, external_dir)
     try:
         graph = importer.graph(model.graph, None, {})
     except RecursionError:

@@ -5,8 +5,14 @@ attribute to live in: it must become an input tensor again.  Where ONNX can
 say it with constants it is written as a constant (a Reshape copies a dim with
 0 and infers one with -1).  Otherwise one minimal computation from the graph's
 inputs is emitted at the top of the graph, shared by every parameter that
-needs it: ``Shape(input, start=axis, end=axis+1)`` per symbol, then the
-arithmetic of the expression.
+needs it: the dims of the graph inputs, then the arithmetic of the expression.
+
+Each input's dims are read with the fewest nodes, then the fewest Shape ops
+(see ``_SymbolSources``): ``Shape(input, start=axis, end=axis+1)`` per dim when
+all are wanted as ``[1]`` tensors, else one ``Shape(input)`` and a Gather per
+dim -- with a scalar index where a scalar is wanted (the ``Gather(Shape(x), 2)``
+that torchvision writes before a Cast and a Div), which saves the Reshape a
+``[1]`` slice would need.
 """
 
 from __future__ import annotations
@@ -24,17 +30,25 @@ from ..symbolic.expr import Atom
 
 
 class ParamEmitter:
-    """Emits, once per distinct expression, the nodes computing it as a [1] int64 tensor."""
+    """Emits, once per distinct expression, the nodes computing it as a [1] int64 tensor.
+
+    ``nodes`` (read once every parameter is written) are the reads of the inputs'
+    dims, then the arithmetic, in topological order."""
 
     def __init__(self, root: Graph):
         self.root = root
-        self.nodes: list[onnx.NodeProto] = []
+        self._arithmetic: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self._cache: dict[object, str] = {}
         #: Names of removed values (SymbolicTensor outputs) -> the tensor standing for them.
         self.alias: dict[str, str] = {}
         self._opset = root.opset.get("", 17)
         self._sources = _symbol_sources(root)
+        self._dims = _SymbolSources(self)
+
+    @property
+    def nodes(self) -> list[onnx.NodeProto]:
+        return self._dims.nodes() + self._arithmetic
 
     # -- names ---------------------------------------------------------------------
     def _name(self, hint: str) -> str:
@@ -58,7 +72,7 @@ class ParamEmitter:
 
     def _node(self, op_type: str, inputs: list[str], hint: str, **attrs) -> str:
         out = self._claim(hint)
-        self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
+        self._arithmetic.append(helper.make_node(op_type, inputs, [out], **attrs))
         return out
 
     # -- expressions ------------------------------------------------------------------
@@ -113,11 +127,14 @@ class ParamEmitter:
         source = self._sources.get(name)
         if source is None:
             raise ValueError(f"symbol {name!r} is not a dimension of any graph input")
-        input_name, axis = source
-        if self._opset >= 15:
-            return self._node("Shape", [input_name], f"{name}_dim", start=axis, end=axis + 1)
-        shape = self._node("Shape", [input_name], "shape")
-        return self._node("Gather", [shape, self.constant([axis])], f"{name}_dim", axis=0)
+        return self._dims.read(source, scalar=False, hint=f"{name}_dim")
+
+    def _scalar_symbol(self, d) -> Optional[str]:
+        """A scalar int64 tensor holding ``d`` when it is a bare dim of a graph input."""
+        atom = d.as_symbol() if isinstance(d, Expr) else None
+        if atom is None or atom.definition is not None or atom.name not in self._sources:
+            return None
+        return self._dims.read(self._sources[atom.name], scalar=True, hint=f"{atom.name}_dim")
 
     # -- whole parameters -------------------------------------------------------------
     def param(self, node: Node, index: int, param: StaticParam) -> str:
@@ -129,15 +146,74 @@ class ParamEmitter:
         key = ("param", param.dims, param.shape, param.dtype)
         if key in self._cache:
             return self._cache[key]
-        parts = [self.dim(d) for d in param.dims]
-        joined = parts[0] if len(parts) == 1 else self._node("Concat", parts, "params", axis=0)
-        if tuple(param.shape) != (len(param.dims),):
+        scalar = self._scalar_symbol(param.dims[0]) if tuple(param.shape) == () and len(param.dims) == 1 else None
+        if scalar is not None:
+            joined = scalar
+        else:
+            parts = [self.dim(d) for d in param.dims]
+            joined = parts[0] if len(parts) == 1 else self._node("Concat", parts, "params", axis=0)
+        if scalar is None and tuple(param.shape) != (len(param.dims),):
             joined = self._node("Reshape", [joined, self.constant(list(param.shape), shape=(len(param.shape),))],
                                 "param")
         if param.dtype != TensorProto.INT64:
             joined = self._node("Cast", [joined], "param", to=param.dtype)
         self._cache[key] = joined
         return joined
+
+
+class _SymbolSources:
+    """The reads of the graph inputs' dims, decided once all are known.
+
+    ``read`` names a tensor holding one dim (a ``[1]`` tensor, or a scalar); the
+    nodes that fill those names are chosen at the end, per input, by what was
+    asked of it.  With A axes read, V of them as ``[1]`` tensors and S scalar
+    reads: ``Shape(x, start, end)`` slices cost A + S nodes (one slice per axis,
+    a Reshape per scalar), one ``Shape(x)`` and a Gather per read 1 + V + S.  The
+    shared Shape is chosen when it costs no more nodes (some axis is read only as
+    a scalar), and always before opset 15 (no start/end on Shape): never more
+    nodes than the slices, and one Shape op per input instead of one per axis.
+    """
+
+    def __init__(self, emitter: ParamEmitter):
+        self.emitter = emitter
+        #: input name -> {(axis, scalar): output name}, in order of first read.
+        self.reads: dict[str, dict[tuple[int, bool], str]] = {}
+        #: Names made up when the nodes are written (kept: ``nodes`` may be asked twice).
+        self._made: dict[tuple, str] = {}
+
+    def read(self, source: tuple[str, int], scalar: bool, hint: str) -> str:
+        input_name, axis = source
+        reads = self.reads.setdefault(input_name, {})
+        key = (axis, scalar)
+        if key not in reads:
+            reads[key] = self.emitter._claim(hint)
+        return reads[key]
+
+    def _name(self, key: tuple, hint: str) -> str:
+        if key not in self._made:
+            self._made[key] = self.emitter._claim(hint)
+        return self._made[key]
+
+    def nodes(self) -> list[onnx.NodeProto]:
+        emitter = self.emitter
+        nodes: list[onnx.NodeProto] = []
+        for input_name, reads in self.reads.items():
+            axes = {axis for axis, _ in reads}
+            vectors = {axis for axis, scalar in reads if not scalar}
+            if emitter._opset < 15 or 1 + len(vectors) <= len(axes):
+                shape = self._name(("shape", input_name), "shape")
+                nodes.append(helper.make_node("Shape", [input_name], [shape]))
+                for (axis, scalar), out in reads.items():
+                    index = emitter.constant(axis, shape=()) if scalar else emitter.constant([axis])
+                    nodes.append(helper.make_node("Gather", [shape, index], [out], axis=0))
+                continue
+            for axis in sorted(axes, key=list(axis for axis, _ in reads).index):
+                vector = reads.get((axis, False)) or self._name(("slice", input_name, axis), "dim")
+                nodes.append(helper.make_node("Shape", [input_name], [vector], start=axis, end=axis + 1))
+                if (axis, True) in reads:
+                    scalar_shape = emitter.constant([], shape=(0,))
+                    nodes.append(helper.make_node("Reshape", [vector, scalar_shape], [reads[(axis, True)]]))
+        return nodes
 
 
 def _reshape_constant(node: Node, param: StaticParam) -> Optional[list[int]]:

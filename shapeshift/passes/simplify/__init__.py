@@ -69,11 +69,16 @@ def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int,
                    input_shapes: Optional[Mapping[str, Sequence[DimSpec]]] = None,
                    strategy: str = "incremental", fold_limit: Optional[int] = None,
                    check: bool = False, consume: bool = False, fusions: bool = True,
-                   merge_matmuls: bool = True) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
+                   merge_matmuls: bool = True, external_dir: Optional[str] = None,
+                   ) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
     """Import, simplify and export; returns the model, the simplified graph and statistics.
 
     ``fusions``: run the graph fusions (fusions.py); ``merge_matmuls``: among them, merge
-    MatMuls that share their input into one MatMul and a Split.
+    MatMuls that share their input into one MatMul and a Split.  ``external_dir``: the
+    folder of a ModelProto read with its external data left in its files
+    (``read_model_sized(path, load_external=False)``): a tensor there is read only if
+    simplify reads it, and the result still refers to the files for the others (write
+    it with frontend/external_data.py).
 
     A model given as a path or bytes is read here and becomes the result: the weights
     simplification left alone stay in it, not copied (the graph still refers to them).
@@ -81,7 +86,8 @@ def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int,
     """
     with _cyclic_gc_paused():
         return _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume,
-                               SimplifyOptions(strategy=strategy, fusions=fusions, merge_matmuls=merge_matmuls))
+                               SimplifyOptions(strategy=strategy, fusions=fusions, merge_matmuls=merge_matmuls),
+                               external_dir)
 
 
 @contextlib.contextmanager
@@ -102,14 +108,15 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume=False, options=None):
+def _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume=False, options=None,
+                    external_dir=None):
     proto = read_model(model)
     # A model read here is ours: export leaves the weights simplify did not change in
     # it rather than copying them (a model the caller passed is its, unless consumed).
     owned = consume or proto is not model
     # keep_tensors: export copies the weights simplify left alone straight from the model.
     graph = import_model(proto, dict(dynamic or {}), infer=not input_shapes, keep_tensors=True,
-                         label=source_label(model), constants_as_initializers=True)
+                         label=source_label(model), constants_as_initializers=True, external_dir=external_dir)
     if input_shapes:
         _apply_input_shapes(graph, input_shapes)
         infer_types(graph)

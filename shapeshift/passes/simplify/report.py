@@ -8,6 +8,7 @@ from typing import Optional
 
 import onnx
 
+from ...frontend.external_data import has_external_data, nbytes
 from ...ops import lookup
 
 
@@ -56,5 +57,21 @@ def count_model(model: onnx.ModelProto, size_bytes: Optional[int] = None) -> Mod
         if rule is not None and any(i < len(node.input) and node.input[i] and node.input[i] not in constants
                                     for i in rule.params):
             dynamic += 1
-    size = model.ByteSize() if size_bytes is None else size_bytes
+    size = _serialized_size(model) if size_bytes is None else size_bytes
     return ModelCounts(sum(ops.values()), ops, ops["Shape"], dynamic, size)
+
+
+#: protobuf cannot encode a message of 2 GiB or more (ByteSize raises EncodeError).
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def _serialized_size(model: onnx.ModelProto) -> int:
+    """The model's size as one protobuf or, when its tensors are past protobuf's limit or in
+    external files (it is then written with external data), the bytes of its tensors plus
+    its nodes' encoding (to within field headers): ModelProto.ByteSize encodes, which fails
+    on such a model, and only after it allocated the buffer."""
+    # Sized from dims: reading raw_data copies it out of the proto.
+    tensors = sum(nbytes(t) for t in model.graph.initializer)
+    if tensors < PROTOBUF_LIMIT // 2 and not has_external_data(model):
+        return model.ByteSize()
+    return tensors + sum(n.ByteSize() for n in model.graph.node)
