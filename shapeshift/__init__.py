@@ -1,21 +1,44 @@
-"""shapeshift: a compiler for neural networks whose tensor shapes change at run time."""
+"""shapeshift: a compiler for neural networks whose tensor shapes change at run time.
+
+Importing the package imports almost nothing: ``Graph`` and ``InferenceSession`` (and onnx,
+numpy and the compiler behind them) load on first use. The command line relies on it: it
+catches Ctrl-C from its first line on, and anything imported before that line printed a
+traceback when interrupted (cli/main.py).
+"""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
-
-import onnx
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from .errors import ShapeshiftError
-from .frontend.onnx_import import ModelSource, import_model
-from .ir.graph import Graph
-from .runtime.session import InferenceSession
+
+if TYPE_CHECKING:
+    import onnx
+
+    from .frontend.onnx_import import ModelSource
+    from .ir.graph import Graph
+    from .runtime.session import InferenceSession
 
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str):
+    """The classes the package exports, imported when first asked for (module docstring)."""
+    if name == "InferenceSession":
+        from .runtime.session import InferenceSession
+
+        return InferenceSession
+    if name == "Graph":
+        from .ir.graph import Graph
+
+        return Graph
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def load(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None) -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) into a typed Graph."""
+    from .frontend.onnx_import import import_model
+
     return import_model(model, dict(dynamic or {}))
 
 

@@ -3,6 +3,12 @@
 Every failure the user can cause (a bad model, a bad input file, a wrong
 feed) is a ShapeshiftError: it is printed as one line on stderr and the
 command exits with status 2, never with a traceback.
+
+Ctrl-C (SIGINT) prints one line and exits with 130 (128 + SIGINT, as a shell reports it),
+whenever it comes: so this module imports nothing heavy at its top (nor does the package's
+``__init__``), and everything else, numpy, onnx and the compiler's modules included, is
+imported inside ``main``, where the interrupt is caught. Before, a Ctrl-C during the
+second the imports take printed a traceback.
 """
 
 from __future__ import annotations
@@ -12,15 +18,9 @@ import sys
 from typing import Optional, Sequence
 
 from ..errors import ShapeshiftError
-from ..frontend.onnx_import import MAX_DIM
-from ..passes.simplify.engine import STRATEGIES
-from ..runtime.session import BACKENDS
-from ..tune.search import MEASURE_CAP
-from .commands import cmd_compile, cmd_info, cmd_run
-from .simplify_cmd import cmd_simplify
-from .tune_cmd import cmd_tune
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(ShapeshiftError):
@@ -29,6 +29,8 @@ class UsageError(ShapeshiftError):
 
 def parse_range(text: str) -> tuple[str, tuple[int, int]]:
     """``seq=1:512`` -> ("seq", (1, 512)); ``seq=8`` fixes the symbol to 8."""
+    from ..frontend.onnx_import import MAX_DIM
+
     name, sep, bounds = text.partition("=")
     lo_text, colon, hi_text = bounds.partition(":")
     try:
@@ -51,6 +53,14 @@ def _seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Here, not at the top: see the module's docstring.
+    from ..passes.simplify.engine import STRATEGIES
+    from ..runtime.session import BACKENDS
+    from ..tune.search import MEASURE_CAP
+    from .commands import cmd_compile, cmd_info, cmd_run
+    from .simplify_cmd import cmd_simplify
+    from .tune_cmd import cmd_tune
+
     parser = argparse.ArgumentParser(prog="shapeshift", description="A compiler for dynamic-shape neural networks.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -180,6 +190,14 @@ class _PipeSafeOutput:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before a command was known: while importing, say
+        print("shapeshift: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     stdout = sys.stdout
@@ -195,7 +213,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"shapeshift {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        return 130
+        print(f"shapeshift {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         sys.stdout.flush()
         sys.stdout = stdout

@@ -19,10 +19,11 @@ from typing import Callable, Optional
 from ..files import output_target
 from ..errors import ShapeshiftError
 from ..tune import dispatch
-from ..tune.database import Database
+from ..tune.database import Database, check_database_path
+from ..tune.deps import require_plotting, require_tuning_dependencies
 from ..tune.extract import BatchedTask, ModelTask, model_tasks
 from ..tune.runner import RunnerConfig
-from ..tune.search import TuneConfig, Tuner, TuneResult
+from ..tune.search import OutOfTime, TuneConfig, Tuner, TuneResult
 from ..tune.workload import GemmWorkload
 
 
@@ -51,7 +52,8 @@ def _workload(args) -> GemmWorkload:
 
 def print_summary(result: TuneResult, show: bool) -> None:
     w = result.workload
-    print(f"\n{result.strategy}: {result.trials} trials ({result.failed} failed candidates in the database), "
+    reused = f", {result.reused} more from the database" if result.reused else ""
+    print(f"\n{result.strategy}: {result.trials} trials{reused} ({result.failed} failed candidates in the database), "
           f"{result.wall_s:.1f} s, {len(result.kernels)} kernel(s)"
           + (f", cost model held-out Spearman {result.spearman:.2f}" if result.spearman is not None else ""))
     print(f"  {'M':>6} {'kernel':>6} {'GFLOPS':>8} {'us/call':>9}")
@@ -122,9 +124,13 @@ def read_shape_weights(spec: Optional[str]) -> Optional[tuple[str, dict[int, flo
 
 def cmd_tune(args) -> int:
     _check_args(args)
+    # Everything that would otherwise fail after the tuning is refused before it starts.
+    require_tuning_dependencies()
     if args.plot:
-        output_target(args.plot, "plot")  # refused now, not after the tuning
+        require_plotting()
+        output_target(args.plot, "plot")
     db_path = Path(args.db)
+    check_database_path(db_path)
     cache_dir = Path(args.cache_dir) if args.cache_dir else db_path.with_name(db_path.name + ".cache")
     if args.model is not None:
         return _tune_model(args, db_path, cache_dir)
@@ -204,41 +210,55 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
     deadline = start + args.time_budget * 60 if args.time_budget else math.inf
     fixed = {name: lo for name, (lo, hi) in args.dynamic.items() if lo == hi}  # dims declared with one value
     results: list[tuple[ModelTask | BatchedTask, TuneResult, Optional[float]]] = []
+    no_time: list[ModelTask | BatchedTask] = []  # tasks the budget ran out before: they keep the default
     with Database(db_path) as db:
         for i, task in enumerate(tasks):
-            # The time left is shared evenly by the tasks still to tune.
-            budget = (deadline - time.monotonic()) / (len(tasks) - i)
             workload = task.workload(cold)
             print(f"\n[{i + 1}/{len(tasks)}] {workload.describe()}, {task.calls} call(s) per run", flush=True)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print("  no time left in the budget: the default schedule is kept", flush=True)
+                no_time.append(task)
+                continue
+            # The time left is shared evenly by the tasks still to tune.
+            budget = left / (len(tasks) - i)
             ms = task.weighted_ms(*weighted, fixed) if weighted else None
             if weighted and not ms:
                 print(f"  (its M does not depend on {weighted[0]} alone: uniform samples)")
             tuner = Tuner(workload, db, cache_dir, _config(args, budget, workload, ms),
-                          log=_progress(i, len(tasks), start, lambda: tuner.trials, args.trials))
+                          log=_progress(i, len(tasks), start, lambda: tuner.trials,
+                                        lambda: args.trials - tuner.reused))
             try:
                 result = tuner.run()
+            except OutOfTime:
+                # The tasks before it took the budget: no selection is written, the native
+                # backend runs its default schedule; the tasks tuned so far are kept.
+                print("  the budget ran out before any measurement: the default schedule is kept", flush=True)
+                no_time.append(task)
+                continue
             except RuntimeError as exc:
                 raise TuneError(f"task {task.label}: {exc}") from None
             results.append((task, result, _speedup_over_default(tuner, result)))
             if args.show:
                 print_summary(result, True)
-    _print_model_summary(results, time.monotonic() - start, db_path)
+    _print_model_summary(results, time.monotonic() - start, db_path, no_time)
     if args.plot:
         _plot([(f"{t.label} x {t.calls} call(s): {r.strategy}, {len(r.kernels)} kernel(s)", r)
                for t, r, _ in results], args.plot)
     return 0
 
 
-def _progress(i: int, count: int, start: float, done: Callable[[], int], trials: int):
+def _progress(i: int, count: int, start: float, done: Callable[[], int], trials: Callable[[], int]):
     """A log function that prefixes each line with the task, elapsed time and an ETA for
-    the task from ``done()`` trials of ``trials`` so far."""
+    the task from ``done()`` trials measured of the ``trials()`` it has to measure (those not
+    already in the database)."""
     task_start = time.monotonic()
 
     def log(line: str) -> None:
         now = time.monotonic()
         eta = ""
         if done():
-            left = max(trials - done(), 0) * (now - task_start) / done()
+            left = max(trials() - done(), 0) * (now - task_start) / done()
             eta = f", task ETA {left:.0f} s"
         print(f"  [{i + 1}/{count} {now - start:.0f} s{eta}]{line}", flush=True)
 
@@ -254,17 +274,24 @@ def _speedup_over_default(tuner: Tuner, result: TuneResult) -> Optional[float]:
     return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
 
 
-def _print_model_summary(results, wall_s: float, db_path: Path) -> None:
+def _print_model_summary(results, wall_s: float, db_path: Path, no_time=()) -> None:
     print(f"\nsummary: {len(results)} task(s) in {wall_s:.0f} s, records in {db_path}")
+    if no_time:
+        print(f"  no time for {len(no_time)} task(s): {', '.join(t.label for t in no_time)}: the time budget ran out "
+              f"before them, so they keep the default schedule (no record written). Run again with a larger "
+              f"--time-budget to tune them: the measurements made are reused.")
+    if not results:
+        return
     width = max(14, *(len(t.label) for t, _, _ in results))
-    print(f"  {'task':>{width}} {'trials':>6} {'s':>5} {'kernels':>7} {'GFLOPS lo..hi M':>16} "
+    print(f"  {'task':>{width}} {'trials':>6} {'stored':>6} {'s':>5} {'kernels':>7} {'GFLOPS lo..hi M':>16} "
           f"{'vs default':>10} {'Spearman':>8}")
     for task, r, speedup in results:
         ms = r.sampled_ms
         span = f"{r.gflops(ms[0]):.1f}..{r.gflops(ms[-1]):.1f}"
         vs = f"{speedup:.2f}x" if speedup is not None else "-"
         rho = f"{r.spearman:.2f}" if r.spearman is not None else "-"
-        print(f"  {task.label:>{width}} {r.trials:>6} {r.wall_s:>5.0f} {len(r.kernels):>7} {span:>16} "
+        print(f"  {task.label:>{width}} {r.trials:>6} {r.reused:>6} {r.wall_s:>5.0f} {len(r.kernels):>7} {span:>16} "
               f"{vs:>10} {rho:>8}")
-    print("  vs default: geomean over the sampled M of the default schedule's measured time over the "
+    print("  trials: candidates measured by this run; stored: trials taken from the database (measured before, "
+          "not again); vs default: geomean over the sampled M of the default schedule's measured time over the "
           "dispatcher's (when the default was measured)")

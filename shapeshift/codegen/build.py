@@ -27,7 +27,9 @@ under its final name always has metadata. Readers check the entry without the lo
 doubt (missing, mismatched, unloadable) sends them to the lock, where the entry is checked
 again and only then removed and rebuilt. So two processes building the same key compile
 it once and both load the one entry. An entry whose .so (or .o) does not match its
-metadata, has no metadata, or (a .so) does not load is removed and rebuilt, never used.
+metadata, has no metadata, or (a .so) does not load is removed and rebuilt, never used;
+so is one where any of its files is not a regular file (a directory, a symlink, a fifo: the
+cache writes none, and reading a fifo would block), and a lock that is not one is replaced.
 
 A library that links objects compiles its own source to an object while the objects it
 lacks are built, each under its own lock, in parallel (gcc runs in processes of its own),
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from ..errors import CompileError, CompilerNotFoundError, ShapeshiftError
+from ..files import discard, discard_if_not_regular, not_regular
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +254,8 @@ def install_library(data: bytes, key: str, source: str, cache_dir: Optional[Path
     digest = hashlib.sha256(data).hexdigest()
     directory = _cache_folder(cache_dir, "artifacts", digest[:2])
     so, c_file = directory / f"{digest}.so", directory / f"{digest}.c"
+    for path in (so, c_file):
+        discard_if_not_regular(path)
     if not c_file.exists() or c_file.read_text() != source:
         _write_atomic(c_file, source.encode())
     if not so.exists() or hashlib.sha256(so.read_bytes()).hexdigest() != digest:
@@ -294,6 +299,10 @@ class _Entry:
 def _check(entry: _Entry) -> Optional[str]:
     """None if the entry's files are complete and consistent, else what is wrong."""
     what = "library" if entry.suffix == ".so" else "object"
+    # Before any read: a fifo would block it, a directory fail it with IsADirectoryError.
+    for path in (entry.meta, entry.output, entry.source):
+        if not_regular(path):
+            return f"{path.name} is not a regular file"
     try:
         meta = json.loads(entry.meta.read_text())
     except FileNotFoundError:
@@ -333,7 +342,10 @@ def _try_load(entry: _Entry) -> Optional[CompiledLibrary]:
 def _remove(entry: _Entry) -> None:
     # Metadata first: an output without metadata is never trusted, whatever happens next.
     for path in (entry.meta, entry.output):
-        path.unlink(missing_ok=True)
+        discard(path)
+    # The build renames new files over these: not possible over a directory.
+    for path in (entry.source, entry.failed_source):
+        discard_if_not_regular(path)
 
 
 def _build(entry: _Entry, source: str, name_hint: str, flags: tuple[str, ...], cc: str, version: str,
@@ -414,6 +426,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
+    # A lock that is not a regular file cannot be one (a directory fails the open, a fifo
+    # blocks it): replaced. Should two processes repair it at once, both may build the entry,
+    # which the atomic renames make harmless.
+    discard_if_not_regular(path)
     try:
         f = open(path, "a+b")
     except OSError as exc:

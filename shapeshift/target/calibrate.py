@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..files import discard_if_not_regular
 from .description import Target, host_target
 
 # Bump when the measurement changes, so that older cached results are measured again.
@@ -98,6 +99,8 @@ def measure_fma(target: Optional[Target] = None, cache_dir: Optional[Path] = Non
 
 
 def _read_cached(path: Path, target: Target) -> Optional[FmaCalibration]:
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return None  # a directory fails the read, a fifo blocks it: measured again, and replaced
     try:
         result = FmaCalibration.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
@@ -109,6 +112,7 @@ def _write(path: Path, result: FmaCalibration) -> None:
     """Write atomically; a cache that cannot be written only costs a measurement next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        discard_if_not_regular(path)  # a directory there would refuse the rename, every time
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fma-", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(result.to_json(), f, indent=1)

@@ -17,16 +17,23 @@ selections did not record their CPU. Opening one for writing migrates it in one
 transaction: the K and N columns go (the key holds them), the family is ``gemm``, and
 measurements and selections of an unknown CPU keep an empty target (measurements) or NULL
 (selections); both are used as this machine's, with a warning (records.py, search.py).
+
+Reading without writing (``read_only``, what sessions do): a WAL database opened even with
+``?mode=ro`` gets ``-wal`` and ``-shm`` files made beside it, left there after it closes. So
+when no writer is at work, the file is read as immutable (no lock files, no WAL); see
+``read_only`` for why that is safe and when it reads through the WAL instead.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, TypeVar
 
 from ..errors import ShapeshiftError
 from ..target import Target, host_target
@@ -88,9 +95,84 @@ def has_target_column(conn: sqlite3.Connection) -> bool:
     return "target" in columns(conn, "selections")
 
 
+def check_database_path(path: Path) -> None:
+    """A directory given as the database is named as one (SQLite says only "unable to open
+    database file", and a reader that looks for a file, "does not exist")."""
+    if path.is_dir():
+        raise ShapeshiftError(f"tuning database {path} is a directory, not a database file: name a file "
+                              f"(such as {path / DEFAULT_DB})")
+
+
+T = TypeVar("T")
+# SQLite's unix locks on the database file: a reader's SHARED lock is a read lock on bytes
+# [SHARED_FIRST, SHARED_FIRST + SHARED_SIZE); the EXCLUSIVE lock a writer takes on closing
+# the last connection, to checkpoint the WAL into the file and delete it, a write lock there.
+PENDING_BYTE = 0x40000000
+SHARED_FIRST, SHARED_SIZE = PENDING_BYTE + 2, 510
+
+
+def _journals(path: Path) -> bool:
+    """Whether a -wal or -journal file is beside the database: a writer is at work (or died
+    in a transaction), and what is committed may be in the WAL only."""
+    return any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+
+
+def _identity(path: Path) -> tuple:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def read_only(path: Path, query: Callable[[sqlite3.Connection], T], timeout_s: float = 30.0) -> T:
+    """``query(conn)`` on the database at ``path``, opened read-only, making no file beside it.
+
+    When no -wal or -journal file is there, no connection has the database open for writing,
+    and everything committed is in the file itself: it is read with ``immutable=1`` (no
+    locks, no -shm, no WAL). ``immutable`` alone would be wrong beside a writer that starts
+    meanwhile: its checkpoint rewrites pages of the file under the read. So the read holds a
+    SHARED lock of SQLite's own protocol on the file, which stops a writer's closing
+    checkpoint (and its deletion of the WAL), and the answer is kept only if no -wal or
+    -journal file appeared and the file is unchanged (inode, size, times) after the read;
+    otherwise, or while a writer is at work, it reads again with ``mode=ro``, through the
+    writer's WAL and -shm, which then exist already.
+    """
+    uri = path.resolve().as_uri()  # percent-encoded: a '#', '?' or '%' in the path would end or mangle it
+    if not _journals(path):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            fd = None  # unreadable: the connection below says why
+        if fd is not None:
+            try:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, SHARED_SIZE, SHARED_FIRST)
+                    locked = True
+                except OSError:  # a writer holds it: read through the WAL below
+                    locked = False
+                if locked:
+                    before = _identity(path)
+                    conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+                    try:
+                        answer = query(conn)
+                        # Checked before the close, which drops the lock (POSIX locks go with
+                        # any descriptor of the file this process closes).
+                        unchanged = not _journals(path) and _identity(path) == before
+                    finally:
+                        conn.close()
+                    if unchanged:
+                        return answer
+            finally:
+                os.close(fd)  # releases the lock
+    conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout_s)
+    try:
+        return query(conn)
+    finally:
+        conn.close()
+
+
 class Database:
     def __init__(self, path: Path | str = DEFAULT_DB, timeout_s: float = 60.0):
         self.path = Path(path)
+        check_database_path(self.path)
         # Measurements are made, and kept, for this machine's CPU model and flags.
         self.target_key = host_target().key
         self.conn = None

@@ -35,7 +35,7 @@ from ..codegen.kernels.gemm import GemmSchedule
 from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch, space
-from .database import has_target_column
+from .database import check_database_path, has_target_column, read_only
 from .workload import BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str
 
 
@@ -190,23 +190,25 @@ class GemmTuning:
         ``threads`` threads. The file must exist: a mistyped path is an error, not an
         empty database."""
         path = Path(path)
+        check_database_path(path)
         if not path.is_file():
             raise ShapeshiftError(f"tuning database {path} does not exist (run `shapeshift tune` to make one)")
+
+        def query(conn: sqlite3.Connection) -> tuple[list, list]:
+            target_column = "s.target" if has_target_column(conn) else "NULL"
+            rows = conn.execute(
+                "SELECT w.key, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy, "
+                f"{target_column} FROM selections s "
+                "JOIN workloads w ON w.id = s.workload_id WHERE s.threads = ? ORDER BY s.id",
+                (threads,)).fetchall()
+            others = [] if rows else [t for (t,) in conn.execute(
+                "SELECT DISTINCT threads FROM selections ORDER BY threads")]
+            return rows, others
+
         try:
-            # Read-only: loading a session never writes to (or creates) the database.
-            # As a URI, percent-encoded: a '#', '?' or '%' in the path would end or mangle it.
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
-            try:
-                target_column = "s.target" if has_target_column(conn) else "NULL"
-                rows = conn.execute(
-                    "SELECT w.key, s.kernels, s.tree, s.threads, s.lo, s.hi, s.strategy, "
-                    f"{target_column} FROM selections s "
-                    "JOIN workloads w ON w.id = s.workload_id WHERE s.threads = ? ORDER BY s.id",
-                    (threads,)).fetchall()
-                others = [] if rows else [t for (t,) in conn.execute(
-                    "SELECT DISTINCT threads FROM selections ORDER BY threads")]
-            finally:
-                conn.close()
+            # Read-only: loading a session never writes to (or creates) the database, nor
+            # any file beside it (database.read_only).
+            rows, others = read_only(path, query)
             if others:
                 # Records that exist but go unused were dropped without a word: tune defaults
                 # to one thread, sessions to every core. Still not an error: the defaults run.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -87,6 +88,11 @@ def _run_worker(libraries: dict, workload, ms: Sequence[int], config: RunnerConf
                               capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return Result(error=f"timeout after {timeout:g} s")
+    if proc.returncode == -signal.SIGINT:
+        # Ctrl-C reaches the worker too (one process group), and may end it before the tuner
+        # sees it: the user's interrupt, not a broken candidate, which would be stored as
+        # failed and never measured again by a resumed run.
+        raise KeyboardInterrupt
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or [""]
         return Result(error=f"worker crashed (exit status {proc.returncode}) {tail[0]}".strip())

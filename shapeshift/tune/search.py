@@ -31,6 +31,20 @@ kernel a third slower there than the default), and at 2 threads a kernel's speed
 by up to 15% from one worker process to the next (in one tuning a kernel's whole
 measurement ran at one core's speed, half its speed in the next), which decided labels
 between kernels measured in different processes.
+
+Resuming. Every measurement goes to the database as it is made, and a Tuner starts from
+every stored one of its task on this CPU and thread count (``_load``): a run killed and
+started again, or run again when done, measures nothing that is stored. The trials are
+counted the same way: a candidate stored with a measurement at one of the search's Ms is
+one of its trials, so ``trials`` is what the task has in all, not what one run adds (raise
+it to search further). Without that, a resumed search drew ``trials`` new candidates (its
+cost model, trained on the stored ones, picked others than the first run had), as long as
+a fresh run. A probed M where the default and PROBE_PICKS candidates are stored is not
+probed again. What is re-timed is what must be taken in one process to compare: the
+shortlist and the kernel set timed together (cached builds, a worker process each). Their
+budgets are fractions of the tuning time so far, which counts the estimated cost of the
+stored measurements a run reuses (``reused_s``), so that a resumed run shortlists as the
+fresh run did.
 """
 
 from __future__ import annotations
@@ -51,6 +65,7 @@ from . import dispatch
 from .builder import SourceFn, build_many
 from .cost_model import CostModel
 from .database import Database
+from .deps import require_tuning_dependencies
 from .runner import COLD_BYTES, RunnerConfig, measure, measure_together
 from .task import Schedule, TuningTask
 from .workload import uniform_samples
@@ -91,6 +106,14 @@ MEASURE_CAP = 2048
 # seconds the worker process takes to start.
 CHECK_GFLOPS = 5.0
 WORKER_START_S = 0.3
+# Estimated seconds one candidate's build took (a resumed run's stored measurements count in
+# its tuning time by estimate: ``Tuner.reused_s``); ~1.5-3 s each, two at a time.
+BUILD_S = 2.5
+
+
+class OutOfTime(ShapeshiftError):
+    """The time budget ran out before a task measured any candidate: it keeps the default
+    schedule (no selection is written for it)."""
 
 
 def probe_points(lo: int, hi: int, sampled: list[int]) -> list[int]:
@@ -181,12 +204,13 @@ class TuneResult:
     kernels: list[Schedule]
     tree: dict
     seconds: dict[int, float]  # the dispatcher's kernel at each sampled M (Tuner.measured)
-    trials: int
+    trials: int  # candidates measured by this run
     failed: int
     wall_s: float
     spearman: Optional[float]
     # Seconds of each chosen kernel at each sampled M (Tuner.measured; every one is measured there).
     kernel_seconds: list[dict[int, float]] = field(default_factory=list)
+    reused: int = 0  # trials taken from the database (a resumed or repeated run): not measured again
 
     def gflops(self, m: int) -> float:
         return self.workload.flops(m) / self.seconds[m] / 1e9 if m in self.seconds else float("nan")
@@ -197,6 +221,9 @@ class Tuner:
                  source_fn: Optional[SourceFn] = None, log: Callable[[str], None] = print):
         if config.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        # scikit-learn is first needed after 8 measurements (the cost model), then at the end
+        # (the tree): without it, a run measured and then died. Checked before any work.
+        require_tuning_dependencies()
         self.w, self.db, self.cache_dir, self.cfg = workload, db, cache_dir, config
         # A cold workload is measured cold, a warm one warm, whatever the runner config says.
         self.runner = dataclasses.replace(
@@ -223,11 +250,15 @@ class Tuner:
         self.select_ms, self.select_weights = list(self.ms), self.weights
         self.schedules: dict[int, Schedule] = {}
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
+        # candidate id -> every M it was measured at, failures included (what counts as tried).
+        self.tried: dict[int, set[int]] = {}
         self.failed: set[int] = set()
         self.first_error: Optional[str] = None  # what the first failed candidate said
         # Times taken together with other kernels, in one process (``_time_together``): candidate -> M -> s.
         self.together: dict[int, dict[int, float]] = {}
-        self.trials = 0
+        self.trials = 0  # candidates this run measured
+        self.reused = 0  # trials its searches took from the database instead
+        self.reused_s = 0.0  # estimated seconds the stored measurements took to make (module docstring)
         self._load()
 
     # ---- state -------------------------------------------------------------------------
@@ -239,11 +270,19 @@ class Tuner:
                      f"machine's")
         for cid, m, seconds, error in self.db.measurements(self.wid, self.cfg.threads):
             self.schedules.setdefault(cid, self.db.schedule(cid, self.family))
+            self.tried.setdefault(cid, set()).add(m)
             if error is not None:
                 self.failed.add(cid)
             else:
                 self.times.setdefault(cid, {})[m] = seconds
+        self.reused_s = sum(BUILD_S / max(1, self.cfg.jobs) + WORKER_START_S for _ in self.tried) + sum(
+            self._cost_s([s], m) for by_m in self.times.values() for m, s in by_m.items())
         self._fit()
+
+    def _tried_at(self, ms: list[int]) -> int:
+        """How many candidates were measured (or failed) at one of ``ms``."""
+        wanted = set(ms)
+        return sum(1 for done in self.tried.values() if done & wanted)
 
     def _fit(self) -> None:
         rows, ys = [], []
@@ -261,15 +300,20 @@ class Tuner:
         return math.log(self.w.flops(m) / min(vals) / 1e9) if vals else -math.inf
 
     def _measure(self, picks: list[tuple[Schedule, list[int]]]) -> None:
-        built = build_many([s for s, _ in picks], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
-        for (schedule, ms), b in zip(picks, built):
+        # What is stored (by this run, an earlier one or another process) is neither built nor
+        # measured again.
+        todos = []
+        for schedule, ms in picks:
             cid = self.db.candidate_id(schedule, self.family)
             self.schedules[cid] = schedule
             todo = [m for m in ms if m not in self.db.measured_ms(self.wid, cid, self.cfg.threads)]
-            if not todo:
-                continue
+            if todo:
+                todos.append((cid, schedule, todo))
+        built = build_many([s for _, s, _ in todos], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
+        for (cid, schedule, todo), b in zip(todos, built):
             result = measure(b, self.w, todo, self.runner)
             self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
+            self.tried.setdefault(cid, set()).update(todo)
             if result.error:
                 self.failed.add(cid)
                 self.first_error = self.first_error or result.error
@@ -335,7 +379,12 @@ class Tuner:
     def evolve(self, ms: list[int], trials: int, deadline: float) -> None:
         # The target's default seeds the pool: the search starts from what ships today.
         pool = [self.default] + [self.family.random(self.rng, self.target) for _ in range(self.cfg.population - 1)]
-        done, rnd = 0, 0
+        # Candidates stored with a measurement at these Ms are trials already made (module docstring).
+        done, rnd = min(self._tried_at(ms), trials), 0
+        self.reused += done
+        if done:
+            self.log(f"  {done} of {trials} trials at M {' '.join(map(str, ms))} are in the database: "
+                     f"{'nothing to measure' if done >= trials else f'{trials - done} to go'}")
         while done < trials and time.monotonic() < deadline:
             pool = self._next_pool(pool, ms)
             picks = self._pick(pool, ms, min(self.cfg.batch, trials - done))
@@ -405,17 +454,24 @@ class Tuner:
         cids = [c for c in self.times if c not in self.failed]
         if not probes or not cids:
             return
+        # A probe whose measurements are stored (a resumed run) is not probed again: the cost
+        # model, trained on more than when they were made, would pick other candidates there.
+        default = next((c for c, s in self.schedules.items() if s == self.default), None)
+        todo = [m for m in probes if not (default is not None and m in self.tried.get(default, ())
+                                          and sum(m in done for done in self.tried.values()) >= PROBE_PICKS)]
         pool = [self.schedules[c] for c in cids]
         if self.default not in pool:
             pool.append(self.default)
-        scores = self._scores(pool, probes)
         targets: dict[int, set[int]] = {}
-        for j, m in enumerate(probes):
-            for i in np.argsort(-scores[:, j])[:PROBE_PICKS]:
-                targets.setdefault(int(i), set()).add(m)
-        targets.setdefault(pool.index(self.default), set()).update(probes)
-        self._measure([(pool[i], sorted(ms)) for i, ms in targets.items()])
-        self.log(f"  probed M {' '.join(map(str, probes))} ({len(targets)} candidates)")
+        if todo:
+            scores = self._scores(pool, todo)
+            for j, m in enumerate(todo):
+                for i in np.argsort(-scores[:, j])[:PROBE_PICKS]:
+                    targets.setdefault(int(i), set()).add(m)
+            targets.setdefault(pool.index(self.default), set()).update(todo)
+            self._measure([(pool[i], sorted(ms)) for i, ms in targets.items()])
+        stored = f", {len(probes) - len(todo)} from the database" if len(todo) < len(probes) else ""
+        self.log(f"  probed M {' '.join(map(str, probes))} ({len(targets)} candidates{stored})")
         self.select_ms = sorted(set(self.ms) | set(probes))
         floor = float(self.weights.min())
         self.select_weights = np.array([self.weights[self.ms.index(m)] if m in self.ms else floor
@@ -472,6 +528,7 @@ class Tuner:
             if new:
                 self.db.add_measurements(self.wid, c, self.cfg.threads, new, None, list(new))
                 self.times.setdefault(c, {}).update(new)
+                self.tried.setdefault(c, set()).update(new)
         self._fit()
         return True
 
@@ -541,20 +598,31 @@ class Tuner:
         else:
             self.evolve([self.w.hi], self.cfg.trials, deadline)
         if not any(c not in self.failed for c in self.times):
+            if self.trials == trials0 and time.monotonic() >= deadline:
+                # Not a failure: the budget was spent (by the tasks before this one) before the
+                # first round. The caller keeps the default schedule.
+                raise OutOfTime(f"tuning {self.w.describe()}: the time budget ran out before any candidate "
+                                f"was measured")
             # Nothing to choose from: no compiler, say, and every candidate failed to build.
             raise ShapeshiftError(f"tuning {self.w.describe()}: no candidate could be built and measured; "
                                   f"the first failure: {self.first_error or 'none measured'}")
         if self.cfg.strategy == "dietcode" and self.cfg.probes:
             self._probe()
+
+        def tuning_s() -> float:
+            # The budgets below are fractions of the tuning time so far: a resumed run's own,
+            # and what the stored measurements it reused took to make.
+            return time.monotonic() - start + self.reused_s
+
         if self.cfg.strategy == "dietcode":
             # Choose among the shortlist timed together; should that fail, as the others do.
-            short = self._shortlist(time.monotonic() - start)
+            short = self._shortlist(tuning_s())
             if self._time_together(short, self.select_ms):
                 self.log(f"  shortlist: {len(short)} candidates timed together at {len(self.select_ms)} Ms")
                 chosen = self._select(among=short)
             else:
                 chosen = self._validated_select()
-            self._time_dense(chosen, time.monotonic() - start)
+            self._time_dense(chosen, tuning_s())
         else:
             chosen = self._validated_select()
         tree = self._tree(chosen)
@@ -566,4 +634,4 @@ class Tuner:
                               self.target)
         return TuneResult(self.w, self.cfg.strategy, self.ms, kernels, tree, seconds, self.trials - trials0,
                           len(self.failed), time.monotonic() - start, self.model.holdout_spearman,
-                          [{m: t for m in self.ms if (t := self.measured(c, m))} for c in chosen])
+                          [{m: t for m in self.ms if (t := self.measured(c, m))} for c in chosen], self.reused)

@@ -6,9 +6,11 @@ Exported C signatures::
     /* Reduce the middle axis of x viewed as [outer, n, inner] into y [outer, inner].
        kind: 0 sum, 1 mean, 2 max, 3 min, 4 prod, 5 sum_square, 6 l1, 7 l2, 8 log_sum,
        9 log_sum_exp (any other kind fills y with NaN). n == 0 gives ONNX's empty
-       reduction: 0 (sum, sum_square, l1, l2), NaN (mean), -inf (max, log_sum,
-       log_sum_exp), +inf (min), 1 (prod). NaN propagates through max/min (like numpy);
-       log_sum_exp of a slice whose max is +-inf is that max. */
+       reduction: 0 (sum, sum_square, l1, l2), -inf (max, log_sum, log_sum_exp), +inf
+       (min), 1 (prod); and 0 for mean, which ONNX leaves undefined: onnxruntime's value
+       (the sum over max(n, 1)), as the reference backend gives, not NumPy's NaN. NaN
+       propagates through max/min (like numpy); log_sum_exp of a slice whose max is +-inf
+       is that max. */
     void ss_reduce(int kind, const float* x, float* y, int64_t outer, int64_t n, int64_t inner);
 
     /* Index of the max/min along the middle axis of [outer, n, inner]; the first
@@ -229,7 +231,7 @@ static inline __m256i ss_red_lane_mask(int64_t count) {
 /* The kind's value from its raw accumulator over n elements. */
 static inline float ss_red_finish(int kind, float acc, int64_t n) {
     switch (kind) {
-        case 1: return acc / (float)n;
+        case 1: return n > 0 ? acc / (float)n : 0.0f;  /* an empty mean: 0, as onnxruntime */
         case 7: return sqrtf(acc);
         case 8: return logf(acc);
         default: return acc;

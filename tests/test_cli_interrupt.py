@@ -1,0 +1,66 @@
+"""Ctrl-C at the command line (issue 30, item 6): one line on stderr and exit status 130,
+never a traceback, whether it comes while the command imports its modules or while it
+works. Before, an interrupt during `import shapeshift` (a second or so: numpy, onnx, the
+compiler's modules) printed a traceback, and one later printed nothing at all."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from shapeshift.cli.main import EXIT_INTERRUPTED, main
+
+
+def _model(path: Path) -> str:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    out = str(path / "relu.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out)
+    return out
+
+
+def test_the_cli_module_imports_nothing_heavy_before_it_can_catch_ctrl_c():
+    """What ``python -m shapeshift.cli.main`` and the ``shapeshift`` script import before
+    ``main`` runs: neither numpy nor onnx nor the compiler."""
+    code = ("import sys, shapeshift.cli.main; "
+            "print(sorted(m for m in sys.modules if m in ('numpy', 'onnx') or m.startswith('shapeshift.runtime')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8, 4.0])
+def test_sigint_prints_one_line_and_exits_130(tmp_path, delay):
+    """Interrupted while importing (the first two delays) or while running the model over
+    and over (the last)."""
+    proc = subprocess.Popen([sys.executable, "-m", "shapeshift.cli.main", "run", _model(tmp_path), "--random",
+                             "--dynamic", "n=1:8", "--backend", "reference", "--repeat", "100000000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode == EXIT_INTERRUPTED, (proc.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0] in ("shapeshift: interrupted", "shapeshift run: interrupted"), err
+
+
+def test_an_interrupt_while_importing_a_command_is_caught(monkeypatch, capsys):
+    """In process: the first import the command needs raises KeyboardInterrupt."""
+    def interrupted(name, *args, **kwargs):
+        if name.endswith("commands"):
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    real_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
+    monkeypatch.delitem(sys.modules, "shapeshift.cli.commands", raising=False)
+    monkeypatch.setattr("builtins.__import__", interrupted)
+    assert main(["info", "x.onnx"]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "shapeshift: interrupted\n"
