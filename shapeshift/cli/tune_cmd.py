@@ -132,8 +132,29 @@ def cmd_tune(args) -> int:
     db_path = Path(args.db)
     check_database_path(db_path)
     cache_dir = Path(args.cache_dir) if args.cache_dir else db_path.with_name(db_path.name + ".cache")
-    if args.model is not None:
-        return _tune_model(args, db_path, cache_dir)
+    cluster = _connect(args.cluster)
+    try:
+        if args.model is not None:
+            return _tune_model(args, db_path, cache_dir, cluster)
+        return _tune_gemm(args, db_path, cache_dir, cluster)
+    finally:
+        if cluster is not None:
+            print(cluster.summary())
+            cluster.shutdown()
+
+
+def _connect(address: Optional[str]):
+    """The Ray cluster measurements run on (tune/cluster.py), its nodes printed; None: this machine."""
+    if address is None:
+        return None
+    from ..tune.cluster import RayCluster
+
+    cluster = RayCluster(address)
+    print(cluster.describe(), flush=True)
+    return cluster
+
+
+def _tune_gemm(args, db_path: Path, cache_dir: Path, cluster) -> int:
     workload = _workload(args)
     budget = args.time_budget * 60 if args.time_budget else math.inf
     weighted = read_shape_weights(args.shape_weights)
@@ -148,7 +169,7 @@ def cmd_tune(args) -> int:
     print(f"  {workload.range_flops() / 1e9:.3g} GFLOP over the range (one call at every M), "
           f"structural hash {workload.hash[:16]}, {args.threads} thread(s)")
     with Database(db_path) as db:
-        tuner = Tuner(workload, db, cache_dir, config)
+        tuner = Tuner(workload, db, cache_dir, config, cluster=cluster)
         print(f"  sampled M: {' '.join(map(str, tuner.ms))}; strategy {args.strategy}, {args.trials} trials"
               + (f", budget {args.time_budget:g} min" if args.time_budget else ""))
         try:
@@ -201,7 +222,7 @@ def print_tasks(tasks: list[ModelTask | BatchedTask], args) -> None:
     print(f"  GFLOP: one call at every M of the range, times the calls per run; estimated {est_all:.0f} min in all")
 
 
-def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
+def _tune_model(args, db_path: Path, cache_dir: Path, cluster=None) -> int:
     tasks = _model_tasks(args)
     cold = args.measure != "warm"
     weighted = read_shape_weights(args.shape_weights)
@@ -227,7 +248,7 @@ def _tune_model(args, db_path: Path, cache_dir: Path) -> int:
                 print(f"  (its M does not depend on {weighted[0]} alone: uniform samples)")
             tuner = Tuner(workload, db, cache_dir, _config(args, budget, workload, ms),
                           log=_progress(i, len(tasks), start, lambda: tuner.trials,
-                                        lambda: args.trials - tuner.reused))
+                                        lambda: args.trials - tuner.reused), cluster=cluster)
             try:
                 result = tuner.run()
             except OutOfTime:

@@ -218,7 +218,7 @@ class TuneResult:
 
 class Tuner:
     def __init__(self, workload: TuningTask, db: Database, cache_dir: Path, config: TuneConfig = TuneConfig(),
-                 source_fn: Optional[SourceFn] = None, log: Callable[[str], None] = print):
+                 source_fn: Optional[SourceFn] = None, log: Callable[[str], None] = print, cluster=None):
         if config.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {config.strategy!r}; expected one of {', '.join(STRATEGIES)}")
         # scikit-learn is first needed after 8 measurements (the cost model), then at the end
@@ -232,7 +232,11 @@ class Tuner:
         self.family = workload.family
         self.rng = random.Random(config.seed)
         # The machine the candidates are drawn for and measured on, and its untuned schedule.
-        self.target = host_target()
+        # ``cluster`` (tune/cluster.py): measurements run as Ray tasks on its nodes, whose one
+        # CPU model the candidates are drawn for and the database records.
+        self.cluster = cluster
+        self.target = cluster.target if cluster is not None else host_target()
+        db.target_key = self.target.key
         self.default = self.family.default(self.target)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
@@ -310,8 +314,12 @@ class Tuner:
             if todo:
                 todos.append((cid, schedule, todo))
         built = build_many([s for _, s, _ in todos], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
-        for (cid, schedule, todo), b in zip(todos, built):
-            result = measure(b, self.w, todo, self.runner)
+        if self.cluster is not None:  # all at once, each on a node of its own
+            results = self.cluster.measure_many([(b, todo) for (_, _, todo), b in zip(todos, built)], self.w,
+                                                self.runner)
+        else:
+            results = (measure(b, self.w, todo, self.runner) for (_, _, todo), b in zip(todos, built))
+        for (cid, schedule, todo), result in zip(todos, results):
             self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
             self.tried.setdefault(cid, set()).update(todo)
             if result.error:
@@ -518,7 +526,8 @@ class Tuner:
         # A generous limit: one process times every kernel at every M.
         timeout = max(self.runner.timeout_s, 4 * sum(self._cost_s(estimate[:, j], m) for j, m in enumerate(ms)))
         built = build_many([self.schedules[c] for c in cids], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
-        results = measure_together(built, self.w, ms, self.runner, timeout_s=timeout)
+        together = self.cluster.measure_together if self.cluster is not None else measure_together
+        results = together(built, self.w, ms, self.runner, timeout_s=timeout)
         if results[0].error:
             self.log(f"  timing {len(cids)} kernels together failed ({results[0].error})")
             return False
