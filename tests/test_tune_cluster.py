@@ -14,7 +14,7 @@ import pytest
 from shapeshift.cli.main import main
 from shapeshift.codegen.kernels import gemm
 from shapeshift.codegen.kernels.gemm import GemmSchedule
-from shapeshift.tune.builder import build_one
+from shapeshift.tune.builder import measurement_source
 from shapeshift.tune.database import Database
 from shapeshift.tune.runner import RunnerConfig
 from shapeshift.tune.search import TuneConfig, Tuner
@@ -38,11 +38,6 @@ def cluster():
     c.shutdown()
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cluster_cache")
-
-
 def _slow(schedule):
     """Every call first spins for 0.4 s: a measurement that lasts a few seconds."""
     return gemm.source(schedule).replace(RUN_HEAD, RUN_HEAD + "\n    { double t0 = omp_get_wtime(); "
@@ -62,7 +57,9 @@ def test_the_cluster_is_local_and_one_cpu_model(cluster):
     assert "1 node(s), 2 CPU(s)" in cluster.describe()
 
 
-def test_a_tune_on_the_cluster_records_what_it_measured(tmp_path, cache, cluster):
+def test_a_tune_on_the_cluster_records_what_it_measured(tmp_path, cluster):
+    cache = tmp_path / "driver_cache"
+    cache.mkdir()
     before = sum(cluster.counts.values())
     config = TuneConfig(trials=4, batch=2, samples=3, runner=FAST)
     with Database(tmp_path / "t.db") as db:
@@ -73,13 +70,17 @@ def test_a_tune_on_the_cluster_records_what_it_measured(tmp_path, cache, cluster
     assert result.kernels and rows and all(seconds and seconds > 0 for _, _, seconds, _ in rows)
     assert keys == {cluster.target.key}
     assert sum(cluster.counts.values()) > before
+    # Nothing was compiled on the driver: the nodes built every candidate in their own cache.
+    assert not any(cache.iterdir())
 
 
-def test_a_crashing_candidate_fails_once_and_a_good_one_beside_it_is_measured(cache, cluster):
-    good, bad = build_one(SMALL, cache), build_one(SMALL, cache, source_fn=_crashes)
-    results = cluster.measure_many([(good, [1, 16]), (bad, [1, 16])], WORKLOAD, FAST)
+def test_a_crashing_or_broken_candidate_fails_once_and_a_good_one_beside_it_is_measured(cluster):
+    good, bad = measurement_source(SMALL), measurement_source(SMALL, source_fn=_crashes)
+    broken = measurement_source(SMALL) + "\nthis is not C;\n"
+    results = cluster.measure_many([(good, [1, 16]), (bad, [1, 16]), (broken, [1])], WORKLOAD, FAST)
     assert results[0].error is None and set(results[0].seconds) == {1, 16}
     assert results[1].error and "crashed" in results[1].error
+    assert results[2].error and results[2].error.startswith("build failed")
 
 
 def _measurement_parents() -> list[int]:
@@ -101,10 +102,10 @@ def _measurement_parents() -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc")
-def test_a_ray_worker_killed_mid_measurement_is_retried_not_failed(cache, cluster):
+def test_a_ray_worker_killed_mid_measurement_is_retried_not_failed(cluster):
     """The Ray worker process running a measurement is SIGKILLed while the measurement runs:
     Ray runs the task again and the candidate gets its times, no error."""
-    slow = build_one(SMALL, cache, source_fn=_slow)
+    slow = measurement_source(SMALL, source_fn=_slow)
     out = {}
     thread = threading.Thread(target=lambda: out.update(r=cluster.measure_many([(slow, [4])], WORKLOAD, FAST)))
     thread.start()

@@ -5,8 +5,10 @@ instead of an RPC layer of our own. The driver keeps everything else where it is
 search, the cost model, the builds (one compiler per candidate, a few at a time) and the
 SQLite database, which only it writes. A measurement becomes a Ray task:
 
-- it carries the compiled library as bytes (no shared filesystem to set up) and runs the
-  same worker process a local measurement runs (tune/runner.py), on the node Ray picks;
+- it carries the candidate's C source, which the node compiles into its own cache (no
+  shared filesystem to set up, and the driver compiles nothing: a round of candidates
+  scales with the nodes), then runs the same worker process a local measurement runs
+  (tune/runner.py);
 - it asks for ``num_cpus`` = the thread count it measures with, so two measurements never
   share a core;
 - it returns the node it ran on and that node's CPU (target key), which the database
@@ -34,13 +36,12 @@ import collections
 import os
 import re
 import socket
-import tempfile
-from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import ShapeshiftError
 from ..target import Target
 from ..target.description import host_target, target_from_json, target_to_json
+from ..codegen.build import compile_library
 from .builder import Built
 from .runner import Result, RunnerConfig, measure, measure_together
 
@@ -98,28 +99,24 @@ def _node() -> tuple[str, dict]:
     return ray.get_runtime_context().get_node_id(), target_to_json(host_target())
 
 
-def _write_libraries(data: Sequence[bytes], folder: str) -> list[Built]:
-    builts = []
-    for i, blob in enumerate(data):
-        path = Path(folder) / f"candidate{i}.so"
-        path.write_bytes(blob)
-        builts.append(Built(None, path))
-    return builts
+def _build(source: str) -> Built:
+    """The candidate's library, compiled on this node into its own cache (a compile error
+    fails the candidate, as a local build does)."""
+    try:
+        return Built(None, compile_library(source, name_hint="tune_candidate").path)
+    except ShapeshiftError as exc:
+        return Built(None, None, f"build failed: {str(exc).splitlines()[0]}")
 
 
-def _measure_task(data: bytes, workload, ms: list[int], config: RunnerConfig) -> tuple[Result, str, dict]:
-    """One candidate's measurement on whichever node runs it."""
-    with tempfile.TemporaryDirectory(prefix="shapeshift_measure_") as folder:
-        (built,) = _write_libraries([data], folder)
-        result = measure(built, workload, ms, config)
-    return (result, *_node())
+def _measure_task(source: str, workload, ms: list[int], config: RunnerConfig) -> tuple[Result, str, dict]:
+    """One candidate built and measured on whichever node runs it: the driver compiles
+    nothing, so a round of candidates scales with the nodes, not with the driver's cores."""
+    return (measure(_build(source), workload, ms, config), *_node())
 
 
-def _together_task(data: Sequence[bytes], workload, ms: list[int], config: RunnerConfig,
+def _together_task(sources: Sequence[str], workload, ms: list[int], config: RunnerConfig,
                    timeout_s: Optional[float]) -> tuple[list[Result], str, dict]:
-    with tempfile.TemporaryDirectory(prefix="shapeshift_measure_") as folder:
-        results = measure_together(_write_libraries(data, folder), workload, ms, config, timeout_s)
-    return (results, *_node())
+    return (measure_together([_build(s) for s in sources], workload, ms, config, timeout_s), *_node())
 
 
 class RayCluster:
@@ -193,33 +190,26 @@ class RayCluster:
             raise ClusterError(f"the cluster could not run {what} after {MAX_RETRIES + 1} tries "
                                f"(every worker lost?): {str(exc).splitlines()[0]}") from None
 
-    def measure_many(self, jobs: Sequence[tuple[Built, list[int]]], workload, config: RunnerConfig
-                     ) -> list[Result]:
-        """Every (built candidate, Ms) measured as its own task, all at once."""
-        refs = []
-        for built, ms in jobs:
-            if built.library is None:
-                refs.append(Result(error=built.error or "not built"))
-                continue
-            refs.append(self._measure.options(num_cpus=config.threads).remote(
-                built.library.read_bytes(), workload, list(ms), config))
+    def slots(self, threads: int) -> int:
+        """Measurements of ``threads`` threads the cluster runs at once."""
+        return max(1, sum(c for _, _, c in self.nodes()) // max(1, threads))
+
+    def measure_many(self, jobs: Sequence[tuple[str, list[int]]], workload, config: RunnerConfig) -> list[Result]:
+        """Every (candidate's measurement source, Ms) built and measured as its own task, all at once."""
+        refs = [self._measure.options(num_cpus=config.threads).remote(source, workload, list(ms), config)
+                for source, ms in jobs]
         out = []
         for ref in refs:
-            if isinstance(ref, Result):
-                out.append(ref)
-                continue
             result, node, _ = self._get(ref, "a measurement")
             self.counts[node[:8]] += 1
             out.append(result)
         return out
 
-    def measure_together(self, builts: Sequence[Built], workload, ms: Sequence[int], config: RunnerConfig,
+    def measure_together(self, sources: Sequence[str], workload, ms: Sequence[int], config: RunnerConfig,
                          timeout_s: Optional[float] = None) -> list[Result]:
-        failed = next((b for b in builts if b.library is None), None)
-        if failed is not None:
-            return [Result(error=failed.error or "not built")] * len(builts)
-        ref = self._together.options(num_cpus=config.threads).remote(
-            [b.library.read_bytes() for b in builts], workload, list(ms), config, timeout_s)
+        """The candidates built and timed together in one task (runner.measure_together)."""
+        ref = self._together.options(num_cpus=config.threads).remote(list(sources), workload, list(ms), config,
+                                                                     timeout_s)
         results, node, _ = self._get(ref, "the joint timing")
         self.counts[node[:8]] += 1
         return results

@@ -62,7 +62,7 @@ import numpy as np
 from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch
-from .builder import SourceFn, build_many
+from .builder import SourceFn, build_many, measurement_source
 from .cost_model import CostModel
 from .database import Database
 from .deps import require_tuning_dependencies
@@ -237,6 +237,8 @@ class Tuner:
         self.cluster = cluster
         self.target = cluster.target if cluster is not None else host_target()
         db.target_key = self.target.key
+        # Candidates measured per round: on a cluster, at least one per measurement slot.
+        self.batch = max(config.batch, cluster.slots(config.runner.threads)) if cluster is not None else config.batch
         self.default = self.family.default(self.target)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
@@ -303,6 +305,10 @@ class Tuner:
         vals = [by_m[m] for cid, by_m in self.times.items() if m in by_m and cid not in self.failed]
         return math.log(self.w.flops(m) / min(vals) / 1e9) if vals else -math.inf
 
+    def _source(self, schedule: Schedule) -> str:
+        """A candidate's measurement library source (what a cluster node compiles)."""
+        return measurement_source(schedule, self.family, self.source_fn)
+
     def _measure(self, picks: list[tuple[Schedule, list[int]]]) -> None:
         # What is stored (by this run, an earlier one or another process) is neither built nor
         # measured again.
@@ -313,11 +319,11 @@ class Tuner:
             todo = [m for m in ms if m not in self.db.measured_ms(self.wid, cid, self.cfg.threads)]
             if todo:
                 todos.append((cid, schedule, todo))
-        built = build_many([s for _, s, _ in todos], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
-        if self.cluster is not None:  # all at once, each on a node of its own
-            results = self.cluster.measure_many([(b, todo) for (_, _, todo), b in zip(todos, built)], self.w,
+        if self.cluster is not None:  # all at once, each built and measured on a node
+            results = self.cluster.measure_many([(self._source(s), todo) for _, s, todo in todos], self.w,
                                                 self.runner)
         else:
+            built = build_many([s for _, s, _ in todos], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
             results = (measure(b, self.w, todo, self.runner) for (_, _, todo), b in zip(todos, built))
         for (cid, schedule, todo), result in zip(todos, results):
             self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
@@ -395,7 +401,7 @@ class Tuner:
                      f"{'nothing to measure' if done >= trials else f'{trials - done} to go'}")
         while done < trials and time.monotonic() < deadline:
             pool = self._next_pool(pool, ms)
-            picks = self._pick(pool, ms, min(self.cfg.batch, trials - done))
+            picks = self._pick(pool, ms, min(self.batch, trials - done))
             if not picks:
                 break
             self._measure(picks)
@@ -525,9 +531,13 @@ class Tuner:
         estimate = self._time_matrix(cids, ms)
         # A generous limit: one process times every kernel at every M.
         timeout = max(self.runner.timeout_s, 4 * sum(self._cost_s(estimate[:, j], m) for j, m in enumerate(ms)))
-        built = build_many([self.schedules[c] for c in cids], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
-        together = self.cluster.measure_together if self.cluster is not None else measure_together
-        results = together(built, self.w, ms, self.runner, timeout_s=timeout)
+        if self.cluster is not None:
+            results = self.cluster.measure_together([self._source(self.schedules[c]) for c in cids], self.w, ms,
+                                                    self.runner, timeout_s=timeout)
+        else:
+            built = build_many([self.schedules[c] for c in cids], self.cache_dir, self.cfg.jobs, self.source_fn,
+                               self.family)
+            results = measure_together(built, self.w, ms, self.runner, timeout_s=timeout)
         if results[0].error:
             self.log(f"  timing {len(cids)} kernels together failed ({results[0].error})")
             return False
