@@ -36,6 +36,7 @@ import collections
 import os
 import re
 import socket
+import time
 from typing import Optional, Sequence
 
 from ..errors import ShapeshiftError
@@ -108,15 +109,20 @@ def _build(source: str) -> Built:
         return Built(None, None, f"build failed: {str(exc).splitlines()[0]}")
 
 
-def _measure_task(source: str, workload, ms: list[int], config: RunnerConfig) -> tuple[Result, str, dict]:
+def _measure_task(source: str, workload, ms: list[int], config: RunnerConfig) -> tuple[Result, str, dict, float]:
     """One candidate built and measured on whichever node runs it: the driver compiles
-    nothing, so a round of candidates scales with the nodes, not with the driver's cores."""
-    return (measure(_build(source), workload, ms, config), *_node())
+    nothing, so a round of candidates scales with the nodes, not with the driver's cores.
+    Also returns the node, its CPU and the task's seconds on the node."""
+    start = time.perf_counter()
+    result = measure(_build(source), workload, ms, config)
+    return (result, *_node(), time.perf_counter() - start)
 
 
 def _together_task(sources: Sequence[str], workload, ms: list[int], config: RunnerConfig,
-                   timeout_s: Optional[float]) -> tuple[list[Result], str, dict]:
-    return (measure_together([_build(s) for s in sources], workload, ms, config, timeout_s), *_node())
+                   timeout_s: Optional[float]) -> tuple[list[Result], str, dict, float]:
+    start = time.perf_counter()
+    results = measure_together([_build(s) for s in sources], workload, ms, config, timeout_s)
+    return (results, *_node(), time.perf_counter() - start)
 
 
 class RayCluster:
@@ -146,6 +152,9 @@ class RayCluster:
         self._measure = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_measure_task)
         self._together = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_together_task)
         self.counts: collections.Counter = collections.Counter()  # measurements per node
+        # Seconds each task took on its node: candidates (build + measurement), joint timings.
+        self.task_seconds: list[float] = []
+        self.joint_seconds: list[float] = []
         self.target = self._cluster_target()
 
     # ---- the nodes ---------------------------------------------------------------------
@@ -200,8 +209,9 @@ class RayCluster:
                 for source, ms in jobs]
         out = []
         for ref in refs:
-            result, node, _ = self._get(ref, "a measurement")
+            result, node, _, seconds = self._get(ref, "a measurement")
             self.counts[node[:8]] += 1
+            self.task_seconds.append(seconds)
             out.append(result)
         return out
 
@@ -210,8 +220,9 @@ class RayCluster:
         """The candidates built and timed together in one task (runner.measure_together)."""
         ref = self._together.options(num_cpus=config.threads).remote(list(sources), workload, list(ms), config,
                                                                      timeout_s)
-        results, node, _ = self._get(ref, "the joint timing")
+        results, node, _, seconds = self._get(ref, "the joint timing")
         self.counts[node[:8]] += 1
+        self.joint_seconds.append(seconds)
         return results
 
     def summary(self) -> str:
