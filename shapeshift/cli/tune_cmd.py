@@ -14,7 +14,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from ..files import output_target
 from ..errors import ShapeshiftError
@@ -25,6 +25,7 @@ from ..tune.extract import BatchedTask, ModelTask, model_tasks
 from ..tune.runner import RunnerConfig
 from ..tune.search import OutOfTime, TuneConfig, Tuner, TuneResult
 from ..tune.workload import GemmWorkload
+from .tune_display import TuneDisplay
 
 
 class TuneError(ShapeshiftError):
@@ -204,29 +205,29 @@ def _model_tasks(args) -> list[ModelTask | BatchedTask]:
     return tasks
 
 
-def print_tasks(tasks: list[ModelTask | BatchedTask], args) -> None:
+def print_tasks(tasks: list[ModelTask | BatchedTask], args, display: Optional[TuneDisplay] = None) -> None:
+    display = display or TuneDisplay()
     total = sum(t.range_flops() for t in tasks)
-    print(f"{len(tasks)} task(s) in {args.model}, {args.threads} thread(s), strategy {args.strategy}, "
-          f"measured {args.measure or 'cold'}, "
-          f"{args.trials} trials each" + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
-    width = max(14, *(len(t.label) for t in tasks))
-    print(f"  {'#':>2} {'weight [K, N] or batched':>{width}} {'calls':>5} {'M or T range':>13} {'GFLOP':>10} "
-          f"{'share':>6} {'est. min':>8}")
-    for i, t in enumerate(tasks):
-        est = args.trials * SECONDS_PER_TRIAL / 60
-        print(f"  {i:>2} {t.label:>{width}} {t.calls:>5} {f'{t.lo}..{t.hi}':>13} {t.range_flops() / 1e9:>10.4g} "
-              f"{t.range_flops() / total:>6.1%} {est:>8.1f}")
-    est_all = len(tasks) * args.trials * SECONDS_PER_TRIAL / 60
+    title = (f"{len(tasks)} task(s) in {args.model}, {args.threads} thread(s), strategy {args.strategy}, "
+             f"measured {args.measure or 'cold'}, {args.trials} trials each"
+             + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
+    est = args.trials * SECONDS_PER_TRIAL / 60
+    rows = [[str(i), t.label, str(t.calls), f"{t.lo}..{t.hi}", f"{t.range_flops() / 1e9:.4g}",
+             f"{t.range_flops() / total:.1%}", f"{est:.1f}"] for i, t in enumerate(tasks)]
+    est_all = len(tasks) * est
     if args.time_budget:
         est_all = min(est_all, args.time_budget)
-    print(f"  GFLOP: one call at every M of the range, times the calls per run; estimated {est_all:.0f} min in all")
+    display.table(title, ["#", "weight [K, N] or batched", "calls", "M or T range", "GFLOP", "share", "est. min"],
+                  rows, [f"GFLOP: one call at every M of the range, times the calls per run; estimated "
+                         f"{est_all:.0f} min in all"])
 
 
 def _tune_model(args, db_path: Path, cache_dir: Path, cluster=None) -> int:
     tasks = _model_tasks(args)
     cold = args.measure != "warm"
     weighted = read_shape_weights(args.shape_weights)
-    print_tasks(tasks, args)
+    display = TuneDisplay()
+    print_tasks(tasks, args, display)
     start = time.monotonic()
     deadline = start + args.time_budget * 60 if args.time_budget else math.inf
     fixed = {name: lo for name, (lo, hi) in args.dynamic.items() if lo == hi}  # dims declared with one value
@@ -247,11 +248,13 @@ def _tune_model(args, db_path: Path, cache_dir: Path, cluster=None) -> int:
             if weighted and not ms:
                 print(f"  (its M does not depend on {weighted[0]} alone: uniform samples)")
             tuner = Tuner(workload, db, cache_dir, _config(args, budget, workload, ms),
-                          log=_progress(i, len(tasks), start, lambda: tuner.trials,
-                                        lambda: args.trials - tuner.reused), cluster=cluster)
+                          log=display.progress(i, len(tasks), task.label, start, lambda: tuner.trials,
+                                               lambda: args.trials - tuner.reused, lambda: _best_gflops(tuner)),
+                          cluster=cluster)
             try:
                 result = tuner.run()
             except OutOfTime:
+                display.task_done()
                 # The tasks before it took the budget: no selection is written, the native
                 # backend runs its default schedule; the tasks tuned so far are kept.
                 print("  the budget ran out before any measurement: the default schedule is kept", flush=True)
@@ -259,31 +262,23 @@ def _tune_model(args, db_path: Path, cache_dir: Path, cluster=None) -> int:
                 continue
             except RuntimeError as exc:
                 raise TuneError(f"task {task.label}: {exc}") from None
+            finally:
+                display.task_done()
             results.append((task, result, _speedup_over_default(tuner, result)))
             if args.show:
                 print_summary(result, True)
-    _print_model_summary(results, time.monotonic() - start, db_path, no_time)
+    _print_model_summary(results, time.monotonic() - start, db_path, no_time, display)
     if args.plot:
         _plot([(f"{t.label} x {t.calls} call(s): {r.strategy}, {len(r.kernels)} kernel(s)", r)
                for t, r, _ in results], args.plot)
     return 0
 
 
-def _progress(i: int, count: int, start: float, done: Callable[[], int], trials: Callable[[], int]):
-    """A log function that prefixes each line with the task, elapsed time and an ETA for
-    the task from ``done()`` trials measured of the ``trials()`` it has to measure (those not
-    already in the database)."""
-    task_start = time.monotonic()
-
-    def log(line: str) -> None:
-        now = time.monotonic()
-        eta = ""
-        if done():
-            left = max(trials() - done(), 0) * (now - task_start) / done()
-            eta = f", task ETA {left:.0f} s"
-        print(f"  [{i + 1}/{count} {now - start:.0f} s{eta}]{line}", flush=True)
-
-    return log
+def _best_gflops(tuner: Tuner) -> Optional[float]:
+    """The best GFLOPS measured so far at the task's largest sampled M (the live status)."""
+    m = max(tuner.ms)
+    times = [t[m] for c, t in tuner.times.items() if m in t and c not in tuner.failed]
+    return tuner.w.flops(m) / min(times) / 1e9 if times else None
 
 
 def _speedup_over_default(tuner: Tuner, result: TuneResult) -> Optional[float]:
@@ -295,24 +290,23 @@ def _speedup_over_default(tuner: Tuner, result: TuneResult) -> Optional[float]:
     return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
 
 
-def _print_model_summary(results, wall_s: float, db_path: Path, no_time=()) -> None:
-    print(f"\nsummary: {len(results)} task(s) in {wall_s:.0f} s, records in {db_path}")
+def _print_model_summary(results, wall_s: float, db_path: Path, no_time=(), display: Optional[TuneDisplay] = None
+                         ) -> None:
+    display = display or TuneDisplay()
+    display.line(f"\nsummary: {len(results)} task(s) in {wall_s:.0f} s, records in {db_path}")
     if no_time:
-        print(f"  no time for {len(no_time)} task(s): {', '.join(t.label for t in no_time)}: the time budget ran out "
-              f"before them, so they keep the default schedule (no record written). Run again with a larger "
-              f"--time-budget to tune them: the measurements made are reused.")
+        display.line(f"  no time for {len(no_time)} task(s): {', '.join(t.label for t in no_time)}: the time budget "
+                     f"ran out before them, so they keep the default schedule (no record written). Run again with "
+                     f"a larger --time-budget to tune them: the measurements made are reused.")
     if not results:
         return
-    width = max(14, *(len(t.label) for t, _, _ in results))
-    print(f"  {'task':>{width}} {'trials':>6} {'stored':>6} {'s':>5} {'kernels':>7} {'GFLOPS lo..hi M':>16} "
-          f"{'vs default':>10} {'Spearman':>8}")
+    rows = []
     for task, r, speedup in results:
         ms = r.sampled_ms
-        span = f"{r.gflops(ms[0]):.1f}..{r.gflops(ms[-1]):.1f}"
-        vs = f"{speedup:.2f}x" if speedup is not None else "-"
-        rho = f"{r.spearman:.2f}" if r.spearman is not None else "-"
-        print(f"  {task.label:>{width}} {r.trials:>6} {r.reused:>6} {r.wall_s:>5.0f} {len(r.kernels):>7} {span:>16} "
-              f"{vs:>10} {rho:>8}")
-    print("  trials: candidates measured by this run; stored: trials taken from the database (measured before, "
-          "not again); vs default: geomean over the sampled M of the default schedule's measured time over the "
-          "dispatcher's (when the default was measured)")
+        rows.append([task.label, str(r.trials), str(r.reused), f"{r.wall_s:.0f}", str(len(r.kernels)),
+                     f"{r.gflops(ms[0]):.1f}..{r.gflops(ms[-1]):.1f}", f"{speedup:.2f}x" if speedup is not None else "-",
+                     f"{r.spearman:.2f}" if r.spearman is not None else "-"])
+    display.table("", ["task", "trials", "stored", "s", "kernels", "GFLOPS lo..hi M", "vs default", "Spearman"], rows,
+                  ["trials: candidates measured by this run; stored: trials taken from the database (measured "
+                   "before, not again); vs default: geomean over the sampled M of the default schedule's measured "
+                   "time over the dispatcher's (when the default was measured)"])
