@@ -1,6 +1,6 @@
 """Kernel fragments compiled once into objects that every model's library links.
 
-A fragment (``codegen/kernels/<name>.py``) is C text: types, macros, static helpers, and
+A fragment (``codegen/kernels/<name>.py``) is C: types, macros, static helpers, and
 *entry points*, the functions with external linkage that generated code calls
 (``ss_gemm``, ``ss_copy``, ``ss_softmax``...). Pasted whole into each model's translation
 unit, the fragments were most of every build, and the same work for every model: 9 of
@@ -8,12 +8,18 @@ the 13 s that gcc -O3 spent on the TorchScript BERT of ../shared/models.
 
 So a fragment with entry points is compiled on its own into an object file, cached like
 a library (codegen/build.py: keyed by its text, flags and compiler) and linked into every
-library that uses it. The model's translation unit sees the fragment *declared*: its text
-with each entry point's body cut down to a prototype and its private helpers (``static``,
-not ``inline``), which only those bodies call, left out. Types, macros and ``static
-inline`` helpers stay visible (generated loops inline ``ss_erf8`` and ``ss_pad_fold``).
-A fragment without entry points (vmath, scalar, intpow) is header-only: it has no object,
+library that uses it. The model's translation unit sees the fragment *declared*: a
+fragment module's ``fragment()`` (codegen/cwriter.py) says which of its parts other units
+see (``Shared``: the macros, types and ``static inline`` helpers that generated loops or
+other fragments use, such as ``ss_pad_fold`` and vmath's ``ss_erf8``) and generates a
+prototype of each entry point; its ``Private`` parts stay in its object. A fragment
+without entry points (vmath, scalar, intpow, conv_igemm) is header-only: it has no object,
 and units include it whole.
+
+Two fragments, reduce and indexing, are still plain text (``source()`` only): their
+declared view is cut out of the text with regular expressions, the path every fragment
+took before the C writer (see ``_cut_declared``). It stays until they are written with
+the C writer too; a new fragment must have a ``fragment()``.
 
 A fragment's own object declares the fragments it depends on (its ``DEPENDS``) the same
 way, so each entry point is defined in exactly one object.
@@ -31,9 +37,14 @@ from ..target import Target
 from .cwriter import Fragment
 from .kernels.prelude import HEADER
 
-# The head of a function definition at the start of a line: a return type, the name, the
-# parameter list (which may span lines), then the opening brace. An entry point has external
-# linkage; a private helper is static and not inline.
+# Fragments still written as plain text, whose declared view is cut out with regular
+# expressions: reduce and indexing only, kept on that path while they are being edited
+# elsewhere. Every other fragment module has a fragment().
+_PLAIN_TEXT = frozenset({"reduce", "indexing"})
+
+# Plain-text fragments only. The head of a function definition at the start of a line: a
+# return type, the name, the parameter list (which may span lines), then the opening brace.
+# An entry point has external linkage; a private helper is static and not inline.
 _ENTRY_POINT_HEAD = re.compile(
     r"^(?!static\b|typedef\b|struct\b|union\b|enum\b|extern\b)[A-Za-z_][\w \t*]*?\b\w+\s*\([^;{}]*\)\s*\{", re.M)
 _PRIVATE_HELPER_HEAD = re.compile(r"^static\s+(?!inline\b)[\w \t*]*?\b(\w+)\s*\([^;{}]*\)\s*\{", re.M)
@@ -45,11 +56,13 @@ def _module(name: str):
 
 @functools.cache
 def _fragment(name: str, target: Optional[Target] = None) -> Optional[Fragment]:
-    """The fragment's parts, for a module written with the C writer (``fragment()``); None
-    for one that is still plain text (``source()``)."""
+    """The fragment's parts (its module's ``fragment()``); None for reduce and indexing,
+    which are still plain text (``source()``)."""
     module = _module(name)
     if not hasattr(module, "fragment"):
-        return None
+        if name in _PLAIN_TEXT:
+            return None
+        raise TypeError(f"kernel module {name!r} has no fragment(): write it with the C writer (codegen/cwriter.py)")
     if name == "gemm":
         from .defaults import default_schedule
 
@@ -67,15 +80,20 @@ def text(name: str, target: Optional[Target] = None) -> str:
 
 @functools.cache
 def declared(name: str, target: Optional[Target] = None) -> str:
-    """What units that call the fragment include. A fragment written with the C writer
-    says which of its parts those are (``Fragment.declared``). Of a plain-text one, its
-    text with the body of each entry point replaced by ``;`` and the private helpers
-    (static, not inline) that only those bodies called left out, so that the units that
-    include it do not even parse them."""
+    """What units that call the fragment include: its shared parts and a prototype of each
+    entry point (``Fragment.declared``), or for reduce and indexing, the text cut down."""
     parts = _fragment(name, target)
     if parts is not None:
         return parts.declared()
-    source = _cut(text(name, target), _ENTRY_POINT_HEAD, name)
+    return _cut_declared(text(name, target), name)
+
+
+def _cut_declared(source: str, name: str) -> str:
+    """A plain-text fragment (reduce, indexing) as other units declare it: its text with the
+    body of each entry point replaced by ``;`` and the private helpers (static, not inline)
+    that only those bodies called left out, so that the units that include it do not even
+    parse them. A helper named anywhere else, in an inline helper or even in a comment, stays."""
+    source = _cut(source, _ENTRY_POINT_HEAD, name)
     # Every private helper definition: (name, start, end). A name may be defined twice,
     # once under #ifdef __AVX2__ and once under #else.
     helpers = [(m.group(1), m.start(), _end_of_block(source, m.end() - 1, name))

@@ -86,6 +86,8 @@ planes, parallel over output channels (each thread owns its planes, so no races)
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private, fill
+
 DEPENDS = ("gemm", "vmath", "conv_igemm")
 #: Output planes of at most this many pixels take the prepacked-weights path by default.
 SMALL_PLANE = 64
@@ -104,122 +106,130 @@ def small_plane_ok(pixels: int, channels: int, small_plane: int = SMALL_PLANE,
     takes the prepacked-weights path when it has them (ss_conv2d makes the same test)."""
     return pixels <= small_plane or (pixels <= small_plane_max and pixels <= channels)
 
-_TEMPLATE = r"""
+_DEFINES = r"""
 /* ---- conv ---- */
 /* Loops with fewer multiply-adds (or copied elements) than this stay serial. */
-#define SS_CONV_PAR_MIN {par_min}
+#define SS_CONV_PAR_MIN @PAR_MIN@
 /* Elements per chunk of the parallel activation pass. */
-#define SS_CONV_ACT_CHUNK {act_chunk}
+#define SS_CONV_ACT_CHUNK @ACT_CHUNK@
 /* The depthwise register tile: SS_CONV_DW_ROWS output rows x SS_CONV_DW_VECS ymm vectors. */
-#define SS_CONV_DW_VECS {dw_vecs}
+#define SS_CONV_DW_VECS @DW_VECS@
 /* Floats of packed im2col columns per GEMM call (L2-sized: the GEMM rereads them per row block). */
-#define SS_CONV_CHUNK_FLOATS {chunk_floats}
-#define SS_CONV_DW_ROWS {dw_rows}
+#define SS_CONV_CHUNK_FLOATS @CHUNK_FLOATS@
+#define SS_CONV_DW_ROWS @DW_ROWS@
 /* Output planes of at most this many pixels use prepacked weights when the caller has them,
    and planes of at most SS_CONV_SMALL_PLANE_MAX pixels when there are as many output channels. */
-#define SS_CONV_SMALL_PLANE {small_plane}
-#define SS_CONV_SMALL_PLANE_MAX {small_plane_max}
+#define SS_CONV_SMALL_PLANE @SMALL_PLANE@
+#define SS_CONV_SMALL_PLANE_MAX @SMALL_PLANE_MAX@
 /* 1: k x k convs (not 1 x 1 ones) run the direct kernel (0: im2col and the GEMM). */
-#define SS_CONV_USE_DIRECT {direct}
+#define SS_CONV_USE_DIRECT @DIRECT@
 /* 1: dense k x k convs run the implicit GEMM of conv_igemm.py (0: as grouped ones). */
-#define SS_CONV_USE_IGEMM {igemm}
+#define SS_CONV_USE_IGEMM @IGEMM@
 /* Floats of packed weights the direct kernel's tiles take at a time (kept in L2). */
-#define SS_CONV_DIRECT_BLOCK_FLOATS {direct_block}
+#define SS_CONV_DIRECT_BLOCK_FLOATS @DIRECT_BLOCK@
 /* Taps (input channels x KH x KW) the direct kernel takes at a time per tile (in L1). */
-#define SS_CONV_DIRECT_TAPS {direct_taps}
+#define SS_CONV_DIRECT_TAPS @DIRECT_TAPS@
+"""
 
+_COMMON = r"""
 /* ceil(a / b) for b > 0 and any sign of a. */
-static inline int64_t ss_conv_ceil_div(int64_t a, int64_t b) {{
+static inline int64_t ss_conv_ceil_div(int64_t a, int64_t b) {
     return a >= 0 ? (a + b - 1) / b : -((-a) / b);
-}}
+}
 
 /* The outputs o in [*lo, *hi) within [0, O) whose input o * s - p + off lies in [0, L). */
 static inline void ss_conv_valid(int64_t L, int64_t O, int64_t s, int64_t p, int64_t off,
-                                 int64_t* lo, int64_t* hi) {{
+                                 int64_t* lo, int64_t* hi) {
     int64_t a = ss_conv_ceil_div(p - off, s), b = ss_conv_ceil_div(L + p - off, s);
     if (a < 0) a = 0;
     if (b > O) b = O;
     if (b < a) b = a;
     *lo = a;
     *hi = b;
-}}
+}
 
 #ifdef __AVX2__
 /* Lanes [0, n) of a maskload / maskstore mask: the partial last vector of a row. */
-static inline __m256i ss_conv_lane_mask(int64_t n) {{
+static inline __m256i ss_conv_lane_mask(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}}
+}
 
 /* Lanes [lo, hi) (either end may lie outside 0..8). */
-static inline __m256i ss_conv_lanes(int64_t lo, int64_t hi) {{
+static inline __m256i ss_conv_lanes(int64_t lo, int64_t hi) {
     return _mm256_andnot_si256(ss_conv_lane_mask(lo), ss_conv_lane_mask(hi));
-}}
+}
 
 /* The even and odd elements of 16 consecutive floats a | b, each in order: a stride-2
    row split into its two column phases. */
-static inline void ss_conv_deinterleave(__m256 a, __m256 b, __m256* even, __m256* odd) {{
+static inline void ss_conv_deinterleave(__m256 a, __m256 b, __m256* even, __m256* odd) {
     /* [a0 a2 b0 b2 | a4 a6 b4 b6] -> a0 a2 a4 a6 b0 b2 b4 b6 (and the odd lanes). */
     __m256 ev = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
     __m256 od = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
     *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8));
     *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8));
-}}
+}
 #endif
 
 /* y[0..n) = act(y), vectorized: the separate pass after a GEMM block, while it is in cache. */
-static void ss_conv_act_run(float* y, int64_t n, int act) {{
+static void ss_conv_act_run(float* y, int64_t n, int act) {
     if (act == 0) return;
     int64_t i = 0;
 #ifdef __AVX2__
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, ss_act8(_mm256_loadu_ps(y + i), act));
 #endif
     for (; i < n; ++i) y[i] = ss_actf(y[i], act);
-}}
+}
 
 /* ss_conv_act_run over a large y, parallel over SS_CONV_ACT_CHUNK-element chunks. */
-static void ss_conv_act_inplace(float* y, int64_t n, int act) {{
+static void ss_conv_act_inplace(float* y, int64_t n, int act) {
     int64_t chunks = (n + SS_CONV_ACT_CHUNK - 1) / SS_CONV_ACT_CHUNK;
     #pragma omp parallel for if(n >= SS_CONV_PAR_MIN / 8)
-    for (int64_t c = 0; c < chunks; ++c) {{
+    for (int64_t c = 0; c < chunks; ++c) {
         int64_t lo = c * SS_CONV_ACT_CHUNK, hi = lo + SS_CONV_ACT_CHUNK < n ? lo + SS_CONV_ACT_CHUNK : n;
         ss_conv_act_run(y + lo, hi - lo, act);
-    }}
-}}
+    }
+}
 
+"""
+
+_IM2COL = r"""
 #if !defined(SS_GEMM_NR) || !defined(SS_GEMM_KC)
 /* col [C * KH * KW, OH * OW] from one image's C channels x [C, H, W]; padding reads as 0.
    Only without the real gemm fragment (below: SS_CONV_PACKED builds its columns packed). */
 static void ss_conv_im2col(const float* x, float* col, int64_t C, int64_t H, int64_t W,
                            int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
-                           int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
+                           int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
     int64_t rows = C * KH * KW, P = OH * OW;
     #pragma omp parallel for if(rows * P >= SS_CONV_PAR_MIN)
-    for (int64_t r = 0; r < rows; ++r) {{
+    for (int64_t r = 0; r < rows; ++r) {
         int64_t c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
         const float* src = x + c * H * W;
         float* dst = col + r * P;
         int64_t lo, hi;
         ss_conv_valid(W, OW, sw, pw, kw * dw, &lo, &hi);
-        for (int64_t oh = 0; oh < OH; ++oh) {{
+        for (int64_t oh = 0; oh < OH; ++oh) {
             float* d = dst + oh * OW;
             int64_t ih = oh * sh - ph + kh * dh;
-            if (ih < 0 || ih >= H) {{
+            if (ih < 0 || ih >= H) {
                 memset(d, 0, (size_t)OW * sizeof(float));
                 continue;
-            }}
+            }
             const float* s = src + ih * W + (lo * sw - pw + kw * dw);
             for (int64_t ow = 0; ow < lo; ++ow) d[ow] = 0.0f;
-            if (sw == 1) {{
+            if (sw == 1) {
                 memcpy(d + lo, s, (size_t)(hi - lo) * sizeof(float));
-            }} else {{
+            } else {
                 for (int64_t j = 0; j < hi - lo; ++j) d[lo + j] = s[j * sw];
-            }}
+            }
             for (int64_t ow = hi; ow < OW; ++ow) d[ow] = 0.0f;
-        }}
-    }}
-}}
+        }
+    }
+}
 #endif
 
+"""
+
+_IM2COL_PACKED = r"""
 #if defined(SS_GEMM_NR) && defined(SS_GEMM_KC)
 #define SS_CONV_PACKED 1
 /* Columns [p0, p0 + w) (w a multiple of SS_GEMM_NR) of one image's im2col matrix
@@ -232,9 +242,9 @@ __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #endif
 static void ss_conv_im2col_packed(const float* x, float* dst, int64_t C, int64_t H, int64_t W,
                                   int64_t KH, int64_t KW, int64_t OW, int64_t sh, int64_t sw,
-                                  int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t p0, int64_t w) {{
+                                  int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t p0, int64_t w) {
     int64_t Kc = C * KH * KW;
-    for (int64_t r = 0; r < Kc; ++r) {{
+    for (int64_t r = 0; r < Kc; ++r) {
         int64_t c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
         int64_t k0 = r / SS_GEMM_KC * SS_GEMM_KC, kb = Kc - k0 < SS_GEMM_KC ? Kc - k0 : SS_GEMM_KC;
         float* row = dst + k0 * w + (r - k0) * SS_GEMM_NR;  /* column t sits at row[(t / NR) * NR * kb + t % NR] */
@@ -242,63 +252,63 @@ static void ss_conv_im2col_packed(const float* x, float* dst, int64_t C, int64_t
         ss_conv_valid(W, OW, sw, pw, kw * dw, &lo, &hi);
         const float* plane = x + c * H * W + (kw * dw - pw);
         int64_t t = 0, oh = p0 / OW, ow = p0 % OW;
-        while (t < w) {{
+        while (t < w) {
             /* One run: up to the end of the output row or of the panel, whichever is first. */
             int64_t n = OW - ow, left = SS_GEMM_NR - t % SS_GEMM_NR;
             if (n > left) n = left;
             if (n > w - t) n = w - t;
             float* d = row + (t / SS_GEMM_NR) * SS_GEMM_NR * kb + t % SS_GEMM_NR;
             int64_t ih = oh * sh - ph + kh * dh;
-            if (ih < 0 || ih >= H) {{
+            if (ih < 0 || ih >= H) {
                 for (int64_t j = 0; j < n; ++j) d[j] = 0.0f;
-            }} else {{
+            } else {
                 const float* src = plane + ih * W;  /* output column o reads src[o * sw] */
                 int64_t a = lo > ow ? lo : ow, b = hi < ow + n ? hi : ow + n, j = ow;
                 for (; j < a && j < ow + n; ++j) d[j - ow] = 0.0f;
-                if (sw == 1) {{
+                if (sw == 1) {
 #ifdef __AVX2__
                     for (; j + 8 <= b; j += 8) _mm256_storeu_ps(d + (j - ow), _mm256_loadu_ps(src + j));
 #endif
                     for (; j < b; ++j) d[j - ow] = src[j];
-                }} else {{
+                } else {
 #ifdef __AVX2__
                     /* The even lanes of 16 consecutive floats; the 16th, odd one must still
                        lie inside the row (src[k] is inside for k < W + pw - kw * dw). */
                     if (sw == 2)
-                        for (; j + 8 <= b && 2 * j + 16 <= W + pw - kw * dw; j += 8) {{
+                        for (; j + 8 <= b && 2 * j + 16 <= W + pw - kw * dw; j += 8) {
                             __m256 ev, od;
                             ss_conv_deinterleave(_mm256_loadu_ps(src + 2 * j), _mm256_loadu_ps(src + 2 * j + 8),
                                                  &ev, &od);
                             _mm256_storeu_ps(d + (j - ow), ev);
-                        }}
+                        }
 #endif
                     for (; j < b; ++j) d[j - ow] = src[j * sw];
-                }}
+                }
                 for (; j < ow + n; ++j) d[j - ow] = 0.0f;
-            }}
+            }
             t += n;
             ow += n;
-            if (ow == OW) {{
+            if (ow == OW) {
                 ow = 0;
                 ++oh;
-            }}
-        }}
-    }}
-}}
+            }
+        }
+    }
+}
 
 /* Columns [p0, p0 + w) of the im2col matrix, row-major [Kc, w] (images of fewer than NR pixels). */
 static void ss_conv_im2col_cols(const float* x, float* dst, int64_t C, int64_t H, int64_t W,
                                 int64_t KH, int64_t KW, int64_t OW, int64_t sh, int64_t sw,
-                                int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t p0, int64_t w) {{
-    for (int64_t r = 0; r < C * KH * KW; ++r) {{
+                                int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t p0, int64_t w) {
+    for (int64_t r = 0; r < C * KH * KW; ++r) {
         int64_t c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
-        for (int64_t t = 0; t < w; ++t) {{
+        for (int64_t t = 0; t < w; ++t) {
             int64_t oh = (p0 + t) / OW, ow = (p0 + t) % OW;
             int64_t ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
             dst[r * w + t] = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[(c * H + ih) * W + iw] : 0.0f;
-        }}
-    }}
-}}
+        }
+    }
+}
 
 /* One (image, group) of an im2col conv, tiled over output columns: chunks of cw columns
    (a multiple of NR, Kc * cw about SS_CONV_CHUNK_FLOATS, so the packed chunk stays in L2
@@ -310,7 +320,7 @@ static void ss_conv_im2col_cols(const float* x, float* dst, int64_t C, int64_t H
 static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bias, float* yg, float* work,
                                int64_t Cg, int64_t H, int64_t W, int64_t Mg, int64_t KH, int64_t KW,
                                int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                               int64_t dh, int64_t dw, int act) {{
+                               int64_t dh, int64_t dw, int act) {
     int64_t P = OH * OW, Kc = Cg * KH * KW, Pfull = P / SS_GEMM_NR * SS_GEMM_NR;
     int64_t cw = SS_CONV_CHUNK_FLOATS / (Kc > 0 ? Kc : 1) / SS_GEMM_NR * SS_GEMM_NR;
     if (cw < SS_GEMM_NR) cw = SS_GEMM_NR;
@@ -320,7 +330,7 @@ static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bia
        each GEMM parallel inside. */
     int par = chunks >= omp_get_max_threads() && Mg * P * Kc >= SS_CONV_PAR_MIN * 64;
     #pragma omp parallel for schedule(dynamic) if(par)
-    for (int64_t ci = 0; ci < chunks; ++ci) {{
+    for (int64_t ci = 0; ci < chunks; ++ci) {
         int64_t p0 = ci * cw, w = Pfull - p0 < cw ? Pfull - p0 : cw;
         float* packed = work + Kc * p0;
         ss_conv_im2col_packed(x, packed, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, p0, w);
@@ -328,9 +338,9 @@ static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bia
                           1.0f, bias, 1.0f, 1, 0, gemm_act);
         if (act >= 2)
             for (int64_t m = 0; m < Mg; ++m) ss_conv_act_run(yg + m * P + p0, w, act);
-    }}
+    }
     if (Pfull == P) return;
-    if (P >= SS_GEMM_NR) {{
+    if (P >= SS_GEMM_NR) {
         /* The last, partial panel: one more packed panel over the last NR columns,
            overlapping columns already done (rewritten with the same values, not
            accumulated). Its scratch overlaps the last chunk's, free now the loop is over. */
@@ -342,14 +352,17 @@ static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bia
         if (act >= 2)
             for (int64_t m = 0; m < Mg; ++m) ss_conv_act_run(yg + m * P + p0, SS_GEMM_NR, act);
         return;
-    }}
+    }
     /* Fewer than NR columns in all: a plain [Kc, P] im2col and ss_gemm. */
     ss_conv_im2col_cols(x, work, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, 0, P);
     ss_gemm(Mg, P, Kc, 1, 1, wg, 0, 0, Kc, 1, work, 0, 0, P, 1, yg, 0, 0, P, 1.0f, bias, 1.0f, 1, 0, gemm_act);
     if (act >= 2) ss_conv_act_run(yg, Mg * P, act);
-}}
+}
 #endif
 
+"""
+
+_DEPTHWISE = r"""
 /* Stages one input plane xp [H, W] for the depthwise kernel: buf [sw][Hs][Wq] with
    buf[(q * Hs + i) * Wq + j] = x[i - ph][j * sw + q - pw] (0 outside the image). Both
    paddings are then plain zeros in buf, so every output row runs the same loop, and output
@@ -361,10 +374,10 @@ static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bia
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #endif
 static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t H, int64_t W, int64_t sw,
-                             int64_t ph, int64_t pw, int64_t Hs, int64_t Wq) {{
+                             int64_t ph, int64_t pw, int64_t Hs, int64_t Wq) {
     /* padrow [sw * Wq]: one input row with its zero padding, pr[t] = x[ih][t - pw]. */
     int64_t L = sw * Wq, lo = pw < L ? pw : L, hi = W + pw < L ? W + pw : L;
-    for (int64_t i = 0; i < Hs; ++i) {{
+    for (int64_t i = 0; i < Hs; ++i) {
         int64_t ih = i - ph;
         int inside = ih >= 0 && ih < H;
         /* Stride 1: the padded row is phase 0's row itself. */
@@ -373,18 +386,18 @@ static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t
 #ifdef __AVX2__
         /* Whole vectors (L is a multiple of 8): a masked load reads the image part and
            zero-fills the padding lanes, without touching memory outside the row. */
-        if (inside) {{
+        if (inside) {
             const float* src = xp + ih * W - pw;
-            for (; t < L; t += 8) {{
-                if (t >= lo && t + 8 <= hi) {{
+            for (; t < L; t += 8) {
+                if (t >= lo && t + 8 <= hi) {
                     _mm256_storeu_ps(pr + t, _mm256_loadu_ps(src + t));
                     continue;
-                }}
+                }
                 _mm256_storeu_ps(pr + t, _mm256_maskload_ps(src + t, ss_conv_lanes(lo - t, hi - t)));
-            }}
-        }} else {{
+            }
+        } else {
             for (; t < L; t += 8) _mm256_storeu_ps(pr + t, _mm256_setzero_ps());
-        }}
+        }
 #else
         for (; t < L; ++t) pr[t] = inside && t >= lo && t < hi ? xp[ih * W + t - pw] : 0.0f;
 #endif
@@ -392,20 +405,20 @@ static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t
         float* d0 = buf + i * Wq;  /* phase q's row i: d0 + q * Hs * Wq */
         int64_t j = 0;
 #ifdef __AVX2__
-        if (sw == 2) {{
+        if (sw == 2) {
             float* d1 = d0 + Hs * Wq;
-            for (; j + 8 <= Wq; j += 8) {{
+            for (; j + 8 <= Wq; j += 8) {
                 __m256 ev, od;
                 ss_conv_deinterleave(_mm256_loadu_ps(pr + 2 * j), _mm256_loadu_ps(pr + 2 * j + 8), &ev, &od);
                 _mm256_storeu_ps(d0 + j, ev);
                 _mm256_storeu_ps(d1 + j, od);
-            }}
-        }}
+            }
+        }
 #endif
         for (; j < Wq; ++j)
             for (int64_t q = 0; q < sw; ++q) d0[q * Hs * Wq + j] = pr[j * sw + q];
-    }}
-}}
+    }
+}
 
 #ifdef __AVX2__
 /* A tile of R output rows (oh0..) x V vectors of columns (ow..) of a depthwise plane from
@@ -415,16 +428,16 @@ static void ss_conv_dw_stage(const float* xp, float* buf, float* padrow, int64_t
 static inline __attribute__((always_inline)) void ss_conv_dw_tile(
         const float* buf, const float* wp, float b, float* yp, const int64_t* toff,
         int64_t oh0, int64_t ow, int R, int V, int64_t last, int64_t KH, int64_t KW, int64_t OW,
-        int64_t sh, int64_t dh, int64_t Wq, int act) {{
+        int64_t sh, int64_t dh, int64_t Wq, int act) {
     __m256 acc[SS_CONV_DW_ROWS][SS_CONV_DW_VECS];
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
         #pragma GCC unroll 8
         for (int v = 0; v < V; ++v) acc[r][v] = _mm256_set1_ps(b);
     const float* base = buf + oh0 * sh * Wq + ow;
-    for (int64_t kh = 0; kh < KH; ++kh) {{
+    for (int64_t kh = 0; kh < KH; ++kh) {
         const float* row = base + kh * dh * Wq;
-        for (int64_t kw = 0; kw < KW; ++kw) {{
+        for (int64_t kw = 0; kw < KW; ++kw) {
             const float* src = row + toff[kw];
             __m256 wv = _mm256_set1_ps(wp[kh * KW + kw]);
             #pragma GCC unroll 8
@@ -432,52 +445,52 @@ static inline __attribute__((always_inline)) void ss_conv_dw_tile(
                 #pragma GCC unroll 8
                 for (int v = 0; v < V; ++v)
                     acc[r][v] = ss_fmadd8(wv, _mm256_loadu_ps(src + r * sh * Wq + 8 * v), acc[r][v]);
-        }}
-    }}
+        }
+    }
     float* y0 = yp + oh0 * OW + ow;
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
         #pragma GCC unroll 8
-        for (int v = 0; v < V; ++v) {{
+        for (int v = 0; v < V; ++v) {
             __m256 out = ss_act8(acc[r][v], act);
             if (v < V - 1 || last == 8) _mm256_storeu_ps(y0 + r * OW + 8 * v, out);
             else _mm256_maskstore_ps(y0 + r * OW + 8 * v, ss_conv_lane_mask(last), out);
-        }}
-}}
+        }
+}
 
 /* R output rows from oh0: SS_CONV_DW_VECS vectors at a time, then single vectors. */
 static inline __attribute__((always_inline)) void ss_conv_dw_rows(
         const float* buf, const float* wp, float b, float* yp, const int64_t* toff, int64_t oh0, int R,
-        int64_t KH, int64_t KW, int64_t OW, int64_t sh, int64_t dh, int64_t Wq, int act) {{
+        int64_t KH, int64_t KW, int64_t OW, int64_t sh, int64_t dh, int64_t Wq, int act) {
     int64_t ow = 0;
     for (; ow + 8 * SS_CONV_DW_VECS <= OW; ow += 8 * SS_CONV_DW_VECS)
         ss_conv_dw_tile(buf, wp, b, yp, toff, oh0, ow, R, SS_CONV_DW_VECS, 8, KH, KW, OW, sh, dh, Wq, act);
     for (; ow < OW; ow += 8)
         ss_conv_dw_tile(buf, wp, b, yp, toff, oh0, ow, R, 1, OW - ow < 8 ? OW - ow : 8, KH, KW, OW, sh, dh, Wq,
                         act);
-}}
+}
 
 /* The whole plane in blocks of SS_CONV_DW_ROWS rows; a last partial block is recomputed
    overlapping the one before (the same values rewritten) rather than run with fewer
    chains; planes with fewer rows go one row at a time. */
 static inline __attribute__((always_inline)) void ss_conv_dw_plane_k(
         const float* buf, const float* wp, float b, float* yp, const int64_t* toff,
-        int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t dh, int64_t Wq, int act) {{
-    if (OH < SS_CONV_DW_ROWS) {{
+        int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t dh, int64_t Wq, int act) {
+    if (OH < SS_CONV_DW_ROWS) {
         for (int64_t oh = 0; oh < OH; ++oh) ss_conv_dw_rows(buf, wp, b, yp, toff, oh, 1, KH, KW, OW, sh, dh, Wq, act);
         return;
-    }}
-    for (int64_t oh = 0; oh < OH; oh += SS_CONV_DW_ROWS) {{
+    }
+    for (int64_t oh = 0; oh < OH; oh += SS_CONV_DW_ROWS) {
         int64_t oh0 = oh + SS_CONV_DW_ROWS <= OH ? oh : OH - SS_CONV_DW_ROWS;
         ss_conv_dw_rows(buf, wp, b, yp, toff, oh0, SS_CONV_DW_ROWS, KH, KW, OW, sh, dh, Wq, act);
-    }}
-}}
+    }
+}
 #endif
 
 /* One output plane yp [OH, OW] from its staged input plane and KH x KW filter wp. */
 static void ss_conv_dw_plane(const float* buf, const float* wp, float b, float* yp, const int64_t* toff,
                              int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t dh, int64_t Wq,
-                             int act) {{
+                             int act) {
 #ifdef __AVX2__
     /* Literal 3x3 and 5x5 (inlined): the tap loops unroll completely. */
     if (KH == 3 && KW == 3) ss_conv_dw_plane_k(buf, wp, b, yp, toff, 3, 3, OH, OW, sh, dh, Wq, act);
@@ -485,23 +498,23 @@ static void ss_conv_dw_plane(const float* buf, const float* wp, float b, float* 
     else ss_conv_dw_plane_k(buf, wp, b, yp, toff, KH, KW, OH, OW, sh, dh, Wq, act);
 #else
     for (int64_t oh = 0; oh < OH; ++oh)
-        for (int64_t ow = 0; ow < OW; ++ow) {{
+        for (int64_t ow = 0; ow < OW; ++ow) {
             float acc = b;
-            for (int64_t kh = 0; kh < KH; ++kh) {{
+            for (int64_t kh = 0; kh < KH; ++kh) {
                 const float* row = buf + (oh * sh + kh * dh) * Wq + ow;
                 for (int64_t kw = 0; kw < KW; ++kw) acc = ss_fmaf(wp[kh * KW + kw], row[toff[kw]], acc);
-            }}
+            }
             yp[oh * OW + ow] = ss_actf(acc, act);
-        }}
+        }
 #endif
-}}
+}
 
 /* group == C: output channel m reads input channel m / (M / C) only. Parallel over output
    planes; each thread stages its planes in its own buffer, malloc'd once per call. */
 static void ss_conv_depthwise(const float* x, const float* w, const float* bias, float* y,
                               int64_t N, int64_t C, int64_t H, int64_t W, int64_t M,
                               int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
-                              int64_t ph, int64_t pw, int64_t dh, int64_t dw, int act) {{
+                              int64_t ph, int64_t pw, int64_t dh, int64_t dw, int act) {
     int64_t mult = M / C, P = OH * OW;
     /* Staged rows: every input row a tap of some output row reads, padding included.
        Columns per phase row: OW rounded up to whole vectors, plus the furthest tap, rounded
@@ -512,26 +525,29 @@ static void ss_conv_depthwise(const float* x, const float* w, const float* bias,
     if (!toff) return;
     for (int64_t kw = 0; kw < KW; ++kw) toff[kw] = ((kw * dw) % sw) * Hs * Wq + (kw * dw) / sw;
     #pragma omp parallel if(N * M * P * KH * KW >= SS_CONV_PAR_MIN)
-    {{
+    {
         /* The staged plane, then one padded input row (stride > 1 only). */
         float* buf = (float*)malloc((size_t)(sw * Hs * Wq + sw * Wq) * sizeof(float));
         int64_t staged = -1;  /* the input plane now in buf (a channel multiplier reuses it) */
         #pragma omp for schedule(static)
-        for (int64_t nm = 0; nm < N * M; ++nm) {{
+        for (int64_t nm = 0; nm < N * M; ++nm) {
             int64_t n = nm / M, m = nm % M, plane = n * C + m / mult;
             if (!buf) continue;
-            if (plane != staged) {{
+            if (plane != staged) {
                 ss_conv_dw_stage(x + plane * H * W, buf, buf + sw * Hs * Wq, H, W, sw, ph, pw, Hs, Wq);
                 staged = plane;
-            }}
+            }
             ss_conv_dw_plane(buf, w + m * KH * KW, bias ? bias[m] : 0.0f, y + nm * P, toff,
                              KH, KW, OH, OW, sh, dh, Wq, act);
-        }}
+        }
         free(buf);
-    }}
+    }
     free(toff);
-}}
+}
 
+"""
+
+_DIRECT = r"""
 #ifdef __AVX2__
 #define SS_CONV_DIRECT 1
 /* The direct kernel's register tile: SS_CONV_MR output channels x 16 output pixels. */
@@ -544,77 +560,77 @@ static void ss_conv_depthwise(const float* x, const float* w, const float* bias,
    column kw * dw / sw), whatever the strides: a run of pixels is a run of memory, across
    output rows too (Wq - OW columns per row are computed and thrown away). */
 static void ss_conv_direct_stage(const float* xc, float* buf, int64_t H, int64_t W, int64_t sh, int64_t sw,
-                                 int64_t ph, int64_t pw, int64_t Hq, int64_t Wq) {{
+                                 int64_t ph, int64_t pw, int64_t Hq, int64_t Wq) {
     for (int64_t rp = 0; rp < sh; ++rp)
-        for (int64_t i = 0; i < Hq; ++i) {{
+        for (int64_t i = 0; i < Hq; ++i) {
             int64_t ih = i * sh + rp - ph;
             float* d = buf + (rp * sw * Hq + i) * Wq;  /* column phase cp's row: d + cp * Hq * Wq */
-            if (ih < 0 || ih >= H) {{
+            if (ih < 0 || ih >= H) {
                 for (int64_t cp = 0; cp < sw; ++cp) memset(d + cp * Hq * Wq, 0, (size_t)Wq * sizeof(float));
                 continue;
-            }}
+            }
             const float* r = xc + ih * W - pw;  /* staged column j of phase cp reads r[j * sw + cp] */
-            if (sw == 2) {{
+            if (sw == 2) {
                 /* Both phases of 8 columns from 16 consecutive floats by a deinterleave; masked
                    loads read only the row's own floats and zero the padding lanes. */
                 float* d1 = d + Hq * Wq;
-                for (int64_t j = 0; j < Wq; j += 8) {{
+                for (int64_t j = 0; j < Wq; j += 8) {
                     /* Float 2j + t of r is inside the row for pw <= 2j + t < W + pw. */
                     int64_t lo = pw - 2 * j, hi = W + pw - 2 * j;
                     __m256 ev, od;
                     ss_conv_deinterleave(_mm256_maskload_ps(r + 2 * j, ss_conv_lanes(lo, hi)),
                                          _mm256_maskload_ps(r + 2 * j + 8, ss_conv_lanes(lo - 8, hi - 8)), &ev, &od);
-                    if (j + 8 <= Wq) {{
+                    if (j + 8 <= Wq) {
                         _mm256_storeu_ps(d + j, ev);
                         _mm256_storeu_ps(d1 + j, od);
-                    }} else {{  /* the row's last columns: nothing past them is written */
+                    } else {  /* the row's last columns: nothing past them is written */
                         __m256i keep = ss_conv_lane_mask(Wq - j);
                         _mm256_maskstore_ps(d + j, keep, ev);
                         _mm256_maskstore_ps(d1 + j, keep, od);
-                    }}
-                }}
+                    }
+                }
                 continue;
-            }}
-            for (int64_t cp = 0; cp < sw; ++cp) {{
+            }
+            for (int64_t cp = 0; cp < sw; ++cp) {
                 float* dc = d + cp * Hq * Wq;
                 int64_t lo, hi;
                 ss_conv_valid(W, Wq, sw, pw, cp, &lo, &hi);
-                if (sw == 1) {{
+                if (sw == 1) {
                     for (int64_t j = 0; j < lo; ++j) dc[j] = 0.0f;
                     memcpy(dc + lo, r + lo, (size_t)(hi - lo) * sizeof(float));
                     for (int64_t j = hi; j < Wq; ++j) dc[j] = 0.0f;
-                }} else {{
+                } else {
                     for (int64_t j = 0; j < Wq; ++j) dc[j] = j >= lo && j < hi ? r[j * sw + cp] : 0.0f;
-                }}
-            }}
-        }}
-}}
+                }
+            }
+        }
+}
 
 /* The weights of up to SS_CONV_MR output channels, w [rows, K] (K = Cg * KH * KW), as K
    rows of SS_CONV_MR floats, channels past `rows` zero. */
-static void ss_conv_direct_pack(const float* w, float* wp, int64_t rows, int64_t K) {{
+static void ss_conv_direct_pack(const float* w, float* wp, int64_t rows, int64_t K) {
     for (int64_t k = 0; k < K; ++k)
         for (int64_t i = 0; i < SS_CONV_MR; ++i) wp[k * SS_CONV_MR + i] = i < rows ? w[i * K + k] : 0.0f;
-}}
+}
 
 /* Where a tile's lanes [lo, hi) go: y + off + lane (one output row's run of pixels). */
-typedef struct {{
+typedef struct {
     int64_t off;
     __m256i m0, m1;
     int full;
-}} ss_conv_seg;
+} ss_conv_seg;
 
 /* The runs of a tile of 16 virtual pixels from q0 (pixel q is output (q / Wq, q % Wq),
    real when q % Wq < OW and q < Q); returns how many. */
-static int ss_conv_direct_segs(int64_t q0, int64_t Q, int64_t Wq, int64_t OW, ss_conv_seg* seg) {{
+static int ss_conv_direct_segs(int64_t q0, int64_t Q, int64_t Wq, int64_t OW, ss_conv_seg* seg) {
     int n = 0;
     int64_t q = q0, end = q0 + 16 < Q ? q0 + 16 : Q;
-    while (q < end) {{
+    while (q < end) {
         int64_t oh = q / Wq, ow = q % Wq;
-        if (ow >= OW) {{
+        if (ow >= OW) {
             q = (oh + 1) * Wq;
             continue;
-        }}
+        }
         int64_t run = OW - ow < end - q ? OW - ow : end - q;
         int64_t lo = q - q0, hi = lo + run;
         seg[n].off = oh * OW + ow - (q - q0);
@@ -623,24 +639,24 @@ static int ss_conv_direct_segs(int64_t q0, int64_t Q, int64_t Wq, int64_t OW, ss
         seg[n].full = lo == 0 && hi == 16;
         ++n;
         q += run;
-    }}
+    }
     return n;
-}}
+}
 
 /* Stores one channel's 16 pixels through the tile's runs, activated. */
 static inline __attribute__((always_inline)) void ss_conv_direct_store(
-        float* yo, __m256 v0, __m256 v1, const ss_conv_seg* seg, int nseg, int act) {{
+        float* yo, __m256 v0, __m256 v1, const ss_conv_seg* seg, int nseg, int act) {
     __m256 o0 = ss_act8(v0, act), o1 = ss_act8(v1, act);
-    for (int s = 0; s < nseg; ++s) {{
-        if (seg[s].full) {{
+    for (int s = 0; s < nseg; ++s) {
+        if (seg[s].full) {
             _mm256_storeu_ps(yo + seg[s].off, o0);
             _mm256_storeu_ps(yo + seg[s].off + 8, o1);
-        }} else {{
+        } else {
             _mm256_maskstore_ps(yo + seg[s].off, seg[s].m0, o0);
             _mm256_maskstore_ps(yo + seg[s].off + 8, seg[s].m1, o1);
-        }}
-    }}
-}}
+        }
+    }
+}
 
 /* One tile: SS_CONV_MR channels (the first mr stored) x 16 virtual pixels, over taps
    [k0, k1) of the C * KH * KW. src: the staged input at the tile's first pixel, tap k at
@@ -652,26 +668,26 @@ static inline __attribute__((always_inline)) void ss_conv_direct_store(
    loop, so that they all stay in registers. */
 static inline __attribute__((always_inline)) void ss_conv_direct_tile(
         const float* src, const float* wb, const float* bias, float* part, float* yb, int64_t P, int64_t mr,
-        int64_t k0, int64_t k1, int64_t K, const int32_t* koff, const ss_conv_seg* seg, int nseg, int act) {{
+        int64_t k0, int64_t k1, int64_t K, const int32_t* koff, const ss_conv_seg* seg, int nseg, int act) {
     __m256 a, b0, b1, c0_0, c0_1, c1_0, c1_1, c2_0, c2_1, c3_0, c3_1, c4_0, c4_1, c5_0, c5_1;
-    if (k0 == 0) {{
+    if (k0 == 0) {
         c0_0 = c0_1 = _mm256_set1_ps(bias && 0 < mr ? bias[0] : 0.0f);
         c1_0 = c1_1 = _mm256_set1_ps(bias && 1 < mr ? bias[1] : 0.0f);
         c2_0 = c2_1 = _mm256_set1_ps(bias && 2 < mr ? bias[2] : 0.0f);
         c3_0 = c3_1 = _mm256_set1_ps(bias && 3 < mr ? bias[3] : 0.0f);
         c4_0 = c4_1 = _mm256_set1_ps(bias && 4 < mr ? bias[4] : 0.0f);
         c5_0 = c5_1 = _mm256_set1_ps(bias && 5 < mr ? bias[5] : 0.0f);
-    }} else {{
+    } else {
         c0_0 = _mm256_loadu_ps(part + 0); c0_1 = _mm256_loadu_ps(part + 8);
         c1_0 = _mm256_loadu_ps(part + 16); c1_1 = _mm256_loadu_ps(part + 24);
         c2_0 = _mm256_loadu_ps(part + 32); c2_1 = _mm256_loadu_ps(part + 40);
         c3_0 = _mm256_loadu_ps(part + 48); c3_1 = _mm256_loadu_ps(part + 56);
         c4_0 = _mm256_loadu_ps(part + 64); c4_1 = _mm256_loadu_ps(part + 72);
         c5_0 = _mm256_loadu_ps(part + 80); c5_1 = _mm256_loadu_ps(part + 88);
-    }}
+    }
     const float* wk = wb + k0 * SS_CONV_MR;
     #pragma GCC unroll 4
-    for (int64_t k = k0; k < k1; ++k) {{
+    for (int64_t k = k0; k < k1; ++k) {
         const float* s = src + koff[k];
         b0 = _mm256_loadu_ps(s);
         b1 = _mm256_loadu_ps(s + 8);
@@ -682,8 +698,8 @@ static inline __attribute__((always_inline)) void ss_conv_direct_tile(
         a = _mm256_broadcast_ss(wk + 4); c4_0 = ss_fmadd8(a, b0, c4_0); c4_1 = ss_fmadd8(a, b1, c4_1);
         a = _mm256_broadcast_ss(wk + 5); c5_0 = ss_fmadd8(a, b0, c5_0); c5_1 = ss_fmadd8(a, b1, c5_1);
         wk += SS_CONV_MR;
-    }}
-    if (k1 < K) {{
+    }
+    if (k1 < K) {
         _mm256_storeu_ps(part + 0, c0_0); _mm256_storeu_ps(part + 8, c0_1);
         _mm256_storeu_ps(part + 16, c1_0); _mm256_storeu_ps(part + 24, c1_1);
         _mm256_storeu_ps(part + 32, c2_0); _mm256_storeu_ps(part + 40, c2_1);
@@ -691,14 +707,14 @@ static inline __attribute__((always_inline)) void ss_conv_direct_tile(
         _mm256_storeu_ps(part + 64, c4_0); _mm256_storeu_ps(part + 72, c4_1);
         _mm256_storeu_ps(part + 80, c5_0); _mm256_storeu_ps(part + 88, c5_1);
         return;
-    }}
+    }
     if (mr > 0) ss_conv_direct_store(yb + 0 * P, c0_0, c0_1, seg, nseg, act);
     if (mr > 1) ss_conv_direct_store(yb + 1 * P, c1_0, c1_1, seg, nseg, act);
     if (mr > 2) ss_conv_direct_store(yb + 2 * P, c2_0, c2_1, seg, nseg, act);
     if (mr > 3) ss_conv_direct_store(yb + 3 * P, c3_0, c3_1, seg, nseg, act);
     if (mr > 4) ss_conv_direct_store(yb + 4 * P, c4_0, c4_1, seg, nseg, act);
     if (mr > 5) ss_conv_direct_store(yb + 5 * P, c5_0, c5_1, seg, nseg, act);
-}}
+}
 
 /* Tile t x channel blocks [b0, b1) of one (image, group). The tile takes the taps kc at a
    time (their input rows and one block's weights fit in L1 together), and within a slice
@@ -707,19 +723,19 @@ static inline __attribute__((always_inline)) void ss_conv_direct_tile(
 static void ss_conv_direct_tiles(
         const float* stage, const float* wp, const float* bias, float* yg, float* part, int64_t t,
         int64_t b0, int64_t b1, int64_t Mg, int64_t K, int64_t kc, int64_t Q, int64_t Wq,
-        int64_t OW, int64_t P, const int32_t* koff, int act) {{
+        int64_t OW, int64_t P, const int32_t* koff, int act) {
     ss_conv_seg seg[18];
     int64_t q0 = t * 16;
     int nseg = ss_conv_direct_segs(q0, Q, Wq, OW, seg);
-    for (int64_t k0 = 0; nseg > 0 && k0 < K; k0 += kc) {{
+    for (int64_t k0 = 0; nseg > 0 && k0 < K; k0 += kc) {
         int64_t k1 = k0 + kc < K ? k0 + kc : K;
-        for (int64_t b = b0; b < b1; ++b) {{
+        for (int64_t b = b0; b < b1; ++b) {
             int64_t m0 = b * SS_CONV_MR, mr = Mg - m0 < SS_CONV_MR ? Mg - m0 : SS_CONV_MR;
             ss_conv_direct_tile(stage + q0, wp + m0 * K, bias ? bias + m0 : NULL, part + (b - b0) * SS_CONV_MR * 16,
                                 yg + m0 * P, P, mr, k0, k1, K, koff, seg, nseg, act);
-        }}
-    }}
-}}
+        }
+    }
+}
 
 /* A dense (or grouped) conv computed straight from its input, with no im2col matrix: each
    group's input planes are staged once, zero-padded and split into stride phases
@@ -732,7 +748,7 @@ static void ss_conv_direct_tiles(
 static int ss_conv_direct(const float* x, const float* w, const float* bias, float* y,
                           int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                          int64_t dh, int64_t dw, int64_t group, int act, float* work, int64_t work_floats) {{
+                          int64_t dh, int64_t dw, int64_t group, int act, float* work, int64_t work_floats) {
     int64_t Cg = C / group, Mg = M / group, T = KH * KW, K = Cg * T, P = OH * OW;
     int64_t Hq = OH + ((KH - 1) * dh) / sh, Wq = OW + ((KW - 1) * dw) / sw, Q = OH * Wq;
     int64_t tiles = (Q + 15) / 16, nb = (Mg + SS_CONV_MR - 1) / SS_CONV_MR;
@@ -773,90 +789,93 @@ static int ss_conv_direct(const float* x, const float* w, const float* bias, flo
     /* Every group's weights packed once for all the images (the batch of a 3x3x128x128
        yolov8n call packed them three times). */
     #pragma omp parallel for schedule(static) if(par)
-    for (int64_t gb = 0; gb < group * nb; ++gb) {{
+    for (int64_t gb = 0; gb < group * nb; ++gb) {
         int64_t g = gb / nb, b = gb % nb;
         int64_t rows = Mg - b * SS_CONV_MR < SS_CONV_MR ? Mg - b * SS_CONV_MR : SS_CONV_MR;
         ss_conv_direct_pack(w + g * Mg * K + b * SS_CONV_MR * K, wp + gb * SS_CONV_MR * K, rows, K);
-    }}
+    }
     for (int64_t n = 0; n < N; ++n)
-        for (int64_t g = 0; g < group; ++g) {{
+        for (int64_t g = 0; g < group; ++g) {
             const float* xg = x + (n * C + g * Cg) * H * W;
             const float* wg = wp + g * nb * SS_CONV_MR * K;
             const float* bg = bias ? bias + g * Mg : NULL;
             float* yg = y + (n * M + g * Mg) * P;
             #pragma omp parallel if(par)
-            {{
+            {
                 float* part = parts + (int64_t)omp_get_thread_num() * bstep * SS_CONV_MR * 16;
                 #pragma omp for schedule(static) nowait
-                for (int64_t c = 0; c < Cg; ++c) {{
+                for (int64_t c = 0; c < Cg; ++c) {
                     float* cb = stage + c * cstride;
                     ss_conv_direct_stage(xg + c * H * W, cb, H, W, sh, sw, ph, pw, Hq, Wq);
                     for (int64_t j = planes; j < cstride; ++j) cb[j] = 0.0f;
-                }}
+                }
                 #pragma omp barrier
-                for (int64_t b0 = 0; b0 < nb; b0 += bstep) {{
+                for (int64_t b0 = 0; b0 < nb; b0 += bstep) {
                     int64_t b1 = b0 + bstep < nb ? b0 + bstep : nb;
                     #pragma omp for schedule(static)
                     for (int64_t t = 0; t < tiles; ++t)
                         ss_conv_direct_tiles(stage, wg, bg, yg, part, t, b0, b1, Mg, K, kc, Q, Wq, OW, P, koff, act);
-                }}
-            }}
-        }}
+                }
+            }
+        }
     free(own);
     return 1;
-}}
+}
 #endif
 
-int64_t ss_conv2d_work_size(int64_t C, int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t group) {{
-    if (group < 1) return 0;
-    return (C / group) * KH * KW * OH * OW;
-}}
+"""
 
+_CONV2D_WORK_SIZE = Function("int64_t", "ss_conv2d_work_size", ("int64_t C", "int64_t KH", "int64_t KW", "int64_t OH",
+                                                                "int64_t OW", "int64_t group"), r"""
+    if (group < 1) return 0;
+    return (C / group) * KH * KW * OH * OW;""")
+
+_SMALL_PLANE = r"""
 #ifdef SS_CONV_PACKED
 /* im2col of a small output plane (ss_conv_im2col's layout, col[(c * KH * KW + t) * P + p])
    through a table of input offsets, off[t * P + p] (-1: padding), made once for all channels
    and images. ss_conv_im2col spends its time per row of taps (index divisions, a libc call
    per run of a few floats): on a 2x3 plane, 2304 rows of 6 floats took 48 us of a 78 us conv. */
 static void ss_conv_small_offsets(int64_t* off, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
-                                  int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
+                                  int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
     for (int64_t kh = 0; kh < KH; ++kh)
         for (int64_t kw = 0; kw < KW; ++kw)
             for (int64_t oh = 0; oh < OH; ++oh)
-                for (int64_t ow = 0; ow < OW; ++ow) {{
+                for (int64_t ow = 0; ow < OW; ++ow) {
                     int64_t ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
                     off[((kh * KW + kw) * OH + oh) * OW + ow] =
                         ih >= 0 && ih < H && iw >= 0 && iw < W ? ih * W + iw : -1;
-                }}
-}}
+                }
+}
 
-static void ss_conv_small_im2col(const float* x, float* col, const int64_t* off, int64_t C, int64_t HW, int64_t T) {{
-    for (int64_t c = 0; c < C; ++c) {{
+static void ss_conv_small_im2col(const float* x, float* col, const int64_t* off, int64_t C, int64_t HW, int64_t T) {
+    for (int64_t c = 0; c < C; ++c) {
         const float* src = x + c * HW;
         float* dst = col + c * T;
         for (int64_t i = 0; i < T; ++i) dst[i] = off[i] >= 0 ? src[off[i]] : 0.0f;
-    }}
-}}
+    }
+}
 
 /* out[m * P + p] = yt[p * M + m]: the GEMM's y^T back to planes, 8 x 8 blocks where they fit. */
-static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, int64_t M) {{
+static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, int64_t M) {
     int64_t p0 = 0;
 #ifdef __AVX2__
-    for (; p0 + 8 <= P; p0 += 8) {{
+    for (; p0 + 8 <= P; p0 += 8) {
         int64_t m0 = 0;
         for (; m0 + 8 <= M; m0 += 8) ss_gemm_transpose8(yt + p0 * M + m0, M, 8, out + m0 * P + p0, P);
         for (; m0 < M; ++m0)
             for (int64_t p = p0; p < p0 + 8; ++p) out[m0 * P + p] = yt[p * M + m0];
-    }}
+    }
 #endif
     for (; p0 < P; ++p0)
         for (int64_t m = 0; m < M; ++m) out[m * P + p0] = yt[p0 * M + m];
-}}
+}
 
 /* Group-1 conv of a small output plane as y^T = col^T x w^T, w^T prepacked (see the docstring). */
 static void ss_conv_small_plane(const float* x, const float* wpacked, const float* bias, float* y,
                                 int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                                 int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                                int64_t dh, int64_t dw, int act) {{
+                                int64_t dh, int64_t dw, int act) {
     const int64_t P = OH * OW, Kc = C * KH * KW, T = KH * KW * P;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
     /* Every image's y^T, then (unless x is read in place) every image's im2col matrix and the
@@ -870,30 +889,33 @@ static void ss_conv_small_plane(const float* x, const float* wpacked, const floa
     int64_t* off = (int64_t*)(col + (direct ? 0 : N * Kc * P));
     const float* a = x;
     int64_t sa = C * H * W;
-    if (!direct) {{
+    if (!direct) {
         ss_conv_small_offsets(off, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
         #pragma omp parallel for if(N > 1 && N * Kc * P >= SS_CONV_PAR_MIN)
         for (int64_t n = 0; n < N; ++n) ss_conv_small_im2col(x + n * C * H * W, col + n * Kc * P, off, C, H * W, T);
         a = col;
         sa = Kc * P;
-    }}
+    }
     /* A(p, k) = a[k * P + p]: the im2col matrix read transposed. */
     ss_gemm_prepacked(P, M, Kc, N, 1, a, sa, 0, 1, P, wpacked, yt, P * M, 0, M,
                       1.0f, bias, 1.0f, 0, 1, act == 1 ? 1 : 0);
     #pragma omp parallel for if(N > 1 && N * M * P >= SS_CONV_PAR_MIN / 8)
-    for (int64_t n = 0; n < N; ++n) {{
+    for (int64_t n = 0; n < N; ++n) {
         /* The activation on y^T, where its runs are contiguous, then back to planes. */
         if (act >= 2) ss_conv_act_run(yt + n * P * M, M * P, act);
         ss_conv_small_untranspose(yt + n * P * M, y + n * M * P, P, M);
-    }}
+    }
     free(yt);
-}}
+}
 #endif
 
-void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
-               int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
-               int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-               int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked) {{
+"""
+
+_CONV2D = Function("void", "ss_conv2d", ("const float* x", "const float* w", "const float* bias", "float* y",
+                                         "int64_t N", "int64_t C", "int64_t H", "int64_t W", "int64_t M", "int64_t KH",
+                                         "int64_t KW", "int64_t OH", "int64_t OW", "int64_t sh", "int64_t sw",
+                                         "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", "int64_t group",
+                                         "int act", "float* work", "const float* wpacked"), r"""
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0 || group < 1) return;
     int64_t Cg = C / group, Mg = M / group, P = OH * OW, Kc = Cg * KH * KW;
 #ifdef SS_CONV_IGEMM
@@ -906,26 +928,26 @@ void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
 #endif
 #ifdef SS_CONV_PACKED
     /* Before the depthwise path: a one-channel conv (an STFT as a Conv) is group == C too. */
-    if (wpacked && group == 1 && (P <= SS_CONV_SMALL_PLANE || (P <= SS_CONV_SMALL_PLANE_MAX && P <= M))) {{
+    if (wpacked && group == 1 && (P <= SS_CONV_SMALL_PLANE || (P <= SS_CONV_SMALL_PLANE_MAX && P <= M))) {
         ss_conv_small_plane(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);
         return;
-    }}
+    }
 #else
     (void)wpacked;
 #endif
-    if (group == C && Cg == 1) {{
+    if (group == C && Cg == 1) {
         ss_conv_depthwise(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);
         return;
-    }}
+    }
     int gemm_act = act == 1 ? 1 : 0;
-    if (KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W) {{
+    if (KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W) {
         for (int64_t g = 0; g < group; ++g)
             ss_gemm(Mg, P, Cg, N, 1,
                     w + g * Mg * Cg, 0, 0, Cg, 1,
                     x + g * Cg * P, C * P, 0, P, 1,
                     y + g * Mg * P, M * P, 0, P,
                     1.0f, bias ? bias + g * Mg : NULL, 1.0f, 1, 0, gemm_act);
-    }} else {{
+    } else {
 #ifdef SS_CONV_DIRECT
         /* k x k (not 1 x 1: strided or padded, the GEMM on its small im2col does better). */
         if (SS_CONV_USE_DIRECT && KH * KW > 1 &&
@@ -934,7 +956,7 @@ void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
             return;
 #endif
         for (int64_t n = 0; n < N; ++n)
-            for (int64_t g = 0; g < group; ++g) {{
+            for (int64_t g = 0; g < group; ++g) {
 #ifdef SS_CONV_PACKED
                 ss_conv_gemm_tiled(x + (n * C + g * Cg) * H * W, w + g * Mg * Kc, bias ? bias + g * Mg : NULL,
                                    y + (n * M + g * Mg) * P, work, Cg, H, W, Mg, KH, KW, OH, OW,
@@ -950,58 +972,62 @@ void ss_conv2d(const float* x, const float* w, const float* bias, float* y,
                 /* Right after its GEMM, while this block of y is still in cache. */
                 if (act >= 2) ss_conv_act_inplace(y + (n * M + g * Mg) * P, Mg * P, act);
 #endif
-            }}
+            }
         return;
-    }}
-    if (act >= 2) ss_conv_act_inplace(y, N * M * P, act);
-}}
+    }
+    if (act >= 2) ss_conv_act_inplace(y, N * M * P, act);""")
 
+_COL2IM = r"""
 /* Adds col [Mg * KH * KW, H * W] into y [Mg, OH, OW], which it first fills with the bias. */
 static void ss_conv_col2im(const float* col, const float* bias, float* y, int64_t Mg,
                            int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
-                           int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
+                           int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
     int64_t HW = H * W, P = OH * OW;
     #pragma omp parallel for if(Mg * KH * KW * HW >= SS_CONV_PAR_MIN)
-    for (int64_t m = 0; m < Mg; ++m) {{
+    for (int64_t m = 0; m < Mg; ++m) {
         float* plane = y + m * P;
         float b = bias ? bias[m] : 0.0f;
         for (int64_t i = 0; i < P; ++i) plane[i] = b;
         for (int64_t kh = 0; kh < KH; ++kh)
-            for (int64_t kw = 0; kw < KW; ++kw) {{
+            for (int64_t kw = 0; kw < KW; ++kw) {
                 const float* row = col + ((m * KH + kh) * KW + kw) * HW;
                 int64_t lo, hi;
                 ss_conv_valid(OW, W, sw, pw, kw * dw, &lo, &hi);
-                for (int64_t ih = 0; ih < H; ++ih) {{
+                for (int64_t ih = 0; ih < H; ++ih) {
                     int64_t oh = ih * sh - ph + kh * dh;
                     if (oh < 0 || oh >= OH) continue;
                     const float* s = row + ih * W + lo;
                     float* d = plane + oh * OW + (lo * sw - pw + kw * dw);
-                    if (sw == 1) {{
+                    if (sw == 1) {
                         for (int64_t j = 0; j < hi - lo; ++j) d[j] += s[j];
-                    }} else {{
+                    } else {
                         for (int64_t j = 0; j < hi - lo; ++j) d[j * sw] += s[j];
-                    }}
-                }}
-            }}
-    }}
-}}
+                    }
+                }
+            }
+    }
+}
 
-int64_t ss_conv_transpose2d_work_size(int64_t C, int64_t M, int64_t KH, int64_t KW,
-                                      int64_t H, int64_t W, int64_t group) {{
+"""
+
+_CONV_TRANSPOSE2D_WORK_SIZE = Function("int64_t", "ss_conv_transpose2d_work_size", ("int64_t C", "int64_t M",
+                                                                                    "int64_t KH", "int64_t KW",
+                                                                                    "int64_t H", "int64_t W",
+                                                                                    "int64_t group"), r"""
     (void)C;
     if (group < 1) return 0;
-    return (M / group) * KH * KW * H * W;
-}}
+    return (M / group) * KH * KW * H * W;""")
 
-void ss_conv_transpose2d(const float* x, const float* w, const float* bias, float* y,
-                         int64_t N, int64_t C, int64_t H, int64_t W, int64_t M,
-                         int64_t KH, int64_t KW, int64_t OH, int64_t OW,
-                         int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                         int64_t dh, int64_t dw, int64_t group, float* work) {{
+_CONV_TRANSPOSE2D = Function("void", "ss_conv_transpose2d", ("const float* x", "const float* w", "const float* bias",
+                                                             "float* y", "int64_t N", "int64_t C", "int64_t H",
+                                                             "int64_t W", "int64_t M", "int64_t KH", "int64_t KW",
+                                                             "int64_t OH", "int64_t OW", "int64_t sh", "int64_t sw",
+                                                             "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw",
+                                                             "int64_t group", "float* work"), r"""
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0 || group < 1) return;
     int64_t Cg = C / group, Mg = M / group, HW = H * W, R = Mg * KH * KW;
     for (int64_t n = 0; n < N; ++n)
-        for (int64_t g = 0; g < group; ++g) {{
+        for (int64_t g = 0; g < group; ++g) {
             /* A = w[g]^T: element (r, c) of the [R, Cg] matrix sits at w[g][c][r]. */
             ss_gemm(R, HW, Cg, 1, 1,
                     w + g * Cg * R, 0, 0, 1, R,
@@ -1010,15 +1036,12 @@ void ss_conv_transpose2d(const float* x, const float* w, const float* bias, floa
                     1.0f, NULL, 0.0f, 0, 0, 0);
             ss_conv_col2im(work, bias ? bias + g * Mg : NULL, y + (n * M + g * Mg) * OH * OW, Mg,
                            H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
-        }}
-}}
-"""
+        }""")
 
 
-def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vecs: int = 2,
-           chunk_floats: int = 1 << 17, small_plane: int = SMALL_PLANE, small_plane_max: int = SMALL_PLANE_MAX,
-           direct: bool = True,
-           direct_block: int = 1 << 16, direct_taps: int = 256, igemm: bool = True) -> str:
+def fragment(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vecs: int = 2,
+             chunk_floats: int = 1 << 17, small_plane: int = SMALL_PLANE, small_plane_max: int = SMALL_PLANE_MAX,
+             direct: bool = True, direct_block: int = 1 << 16, direct_taps: int = 256, igemm: bool = True) -> Fragment:
     """The conv fragment.
 
     ``par_min``: the work (multiply-adds or copies) below which loops stay serial;
@@ -1046,8 +1069,25 @@ def source(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_vec
         raise ValueError(f"act_chunk must be >= 8, got {act_chunk}")
     if int(direct_block) < 1 or int(direct_taps) < 1:
         raise ValueError(f"direct_block and direct_taps must be >= 1, got {direct_block}, {direct_taps}")
-    return _TEMPLATE.format(par_min=int(par_min), act_chunk=int(act_chunk), dw_vecs=int(dw_vecs),
-                            dw_rows=int(dw_rows), chunk_floats=int(chunk_floats), small_plane=int(small_plane),
-                            small_plane_max=int(small_plane_max),
-                            direct=int(bool(direct)), direct_block=int(direct_block),
-                            direct_taps=int(direct_taps), igemm=int(bool(igemm)))
+    return Fragment([
+        Private(fill(_DEFINES, PAR_MIN=int(par_min), ACT_CHUNK=int(act_chunk), DW_VECS=int(dw_vecs),
+                     DW_ROWS=int(dw_rows), CHUNK_FLOATS=int(chunk_floats), SMALL_PLANE=int(small_plane),
+                     SMALL_PLANE_MAX=int(small_plane_max), DIRECT=int(bool(direct)),
+                     DIRECT_BLOCK=int(direct_block), DIRECT_TAPS=int(direct_taps), IGEMM=int(bool(igemm)))),
+        Private(_COMMON),
+        Private(_IM2COL),
+        Private(_IM2COL_PACKED),
+        Private(_DEPTHWISE),
+        Private(_DIRECT),
+        _CONV2D_WORK_SIZE,
+        Private(_SMALL_PLANE),
+        _CONV2D,
+        Private(_COL2IM),
+        _CONV_TRANSPOSE2D_WORK_SIZE,
+        _CONV_TRANSPOSE2D,
+    ])
+
+
+def source(**params) -> str:
+    """``fragment(**params)``'s text."""
+    return fragment(**params).text()

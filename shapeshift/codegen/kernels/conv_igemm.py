@@ -53,6 +53,8 @@ offsets would overflow 32 bits. ``act`` is vmath's activation code (ss_act8).
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Shared, fill
+
 DEPENDS = ("gemm", "vmath")
 
 #: Output pixels per block of work (a multiple of the 12-pixel pair tile).
@@ -60,23 +62,24 @@ BLOCK = 48
 #: Planes of at most this many pixels keep the small-plane GEMM when weights are prepacked.
 MIN_PLANE = 9
 
+# Markers: @BLOCK@, @MIN_PLANE@, @PAR_MIN@ (fragment's parameters).
 _TEMPLATE = r"""
 /* `work` when it holds `floats` floats (the caller's arena scratch), else a malloc the
    caller frees through *own (NULL when out of memory). The direct conv kernel uses it too. */
-static inline float* ss_conv_scratch(float* work, int64_t work_floats, int64_t floats, float** own) {{
+static inline float* ss_conv_scratch(float* work, int64_t work_floats, int64_t floats, float** own) {
     *own = NULL;
     if (work && floats <= work_floats) return work;
     *own = (float*)malloc((size_t)floats * sizeof(float));
     return *own;
-}}
+}
 
 #if defined(__AVX2__) && defined(SS_GEMM_NR)
 #define SS_CONV_IGEMM 1
 #define SS_CONV_IGEMM_MR 6
-#define SS_CONV_IGEMM_BLOCK {block}
-#define SS_CONV_IGEMM_MIN_PLANE {min_plane}
+#define SS_CONV_IGEMM_BLOCK @BLOCK@
+#define SS_CONV_IGEMM_MIN_PLANE @MIN_PLANE@
 /* Convs of fewer multiply-adds run on one thread. */
-#define SS_CONV_IGEMM_PAR_MIN {par_min}
+#define SS_CONV_IGEMM_PAR_MIN @PAR_MIN@
 /* Taps per slice: the GEMM's kc, so that a slice of its prepacked B is one run of memory. */
 #define SS_CONV_IGEMM_KC SS_GEMM_KC
 #if SS_GEMM_NR == 16
@@ -89,20 +92,20 @@ static inline float* ss_conv_scratch(float* work, int64_t work_floats, int64_t f
    Named accumulators and a loop as plain as the GEMM's keep them all in registers. */
 static inline __attribute__((always_inline)) void ss_conv_igemm_tile(
         const float* const* base, const int32_t* koff, const float* wk, int64_t kn,
-        __m256 b0, __m256 b1, float* t, int first) {{
+        __m256 b0, __m256 b1, float* t, int first) {
     __m256 c00 = b0, c01 = b1, c10 = b0, c11 = b1, c20 = b0, c21 = b1;
     __m256 c30 = b0, c31 = b1, c40 = b0, c41 = b1, c50 = b0, c51 = b1;
-    if (!first) {{
+    if (!first) {
         c00 = _mm256_loadu_ps(t + 0); c01 = _mm256_loadu_ps(t + 8);
         c10 = _mm256_loadu_ps(t + 16); c11 = _mm256_loadu_ps(t + 24);
         c20 = _mm256_loadu_ps(t + 32); c21 = _mm256_loadu_ps(t + 40);
         c30 = _mm256_loadu_ps(t + 48); c31 = _mm256_loadu_ps(t + 56);
         c40 = _mm256_loadu_ps(t + 64); c41 = _mm256_loadu_ps(t + 72);
         c50 = _mm256_loadu_ps(t + 80); c51 = _mm256_loadu_ps(t + 88);
-    }}
+    }
     const float *p0 = base[0], *p1 = base[1], *p2 = base[2], *p3 = base[3], *p4 = base[4], *p5 = base[5];
     #pragma GCC unroll 4
-    for (int64_t k = 0; k < kn; ++k) {{
+    for (int64_t k = 0; k < kn; ++k) {
         int64_t o = koff[k];
         __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8), a;
         a = _mm256_broadcast_ss(p0 + o); c00 = ss_fmadd8(a, w0, c00); c01 = ss_fmadd8(a, w1, c01);
@@ -112,14 +115,14 @@ static inline __attribute__((always_inline)) void ss_conv_igemm_tile(
         a = _mm256_broadcast_ss(p4 + o); c40 = ss_fmadd8(a, w0, c40); c41 = ss_fmadd8(a, w1, c41);
         a = _mm256_broadcast_ss(p5 + o); c50 = ss_fmadd8(a, w0, c50); c51 = ss_fmadd8(a, w1, c51);
         wk += 16;
-    }}
+    }
     _mm256_storeu_ps(t + 0, c00); _mm256_storeu_ps(t + 8, c01);
     _mm256_storeu_ps(t + 16, c10); _mm256_storeu_ps(t + 24, c11);
     _mm256_storeu_ps(t + 32, c20); _mm256_storeu_ps(t + 40, c21);
     _mm256_storeu_ps(t + 48, c30); _mm256_storeu_ps(t + 56, c31);
     _mm256_storeu_ps(t + 64, c40); _mm256_storeu_ps(t + 72, c41);
     _mm256_storeu_ps(t + 80, c50); _mm256_storeu_ps(t + 88, c51);
-}}
+}
 
 #ifdef __AVX512F__
 /* Panels of 16 channels a unit of work takes: two, in the zmm tile below. */
@@ -134,12 +137,12 @@ static inline __attribute__((always_inline)) void ss_conv_igemm_tile(
    at t + 16 * nq * i. */
 static inline __attribute__((always_inline)) void ss_conv_igemm_tile_zmm(
         const float* const* base, const int32_t* koff, const float* wk0, int64_t pstride, int64_t kn,
-        const float* bias, float* t, int first, const int nq) {{
+        const float* bias, float* t, int first, const int nq) {
     __m512 c[6 * SS_CONV_IGEMM_NP];
     const float *p0 = base[0], *p1 = base[1], *p2 = base[2], *p3 = base[3], *p4 = base[4], *p5 = base[5];
     #pragma GCC unroll 12
     for (int i = 0; i < 6 * nq; ++i) c[i] = first ? _mm512_loadu_ps(bias + 16 * (i % nq)) : _mm512_loadu_ps(t + 16 * i);
-    for (int64_t k = 0; k < kn; ++k) {{
+    for (int64_t k = 0; k < kn; ++k) {
         int64_t o = koff[k];
         __m512 w[SS_CONV_IGEMM_NP], a;
         #pragma GCC unroll 2
@@ -149,10 +152,10 @@ static inline __attribute__((always_inline)) void ss_conv_igemm_tile_zmm(
         SS_CONV_IGEMM_ZMM_ROW(0, p0) SS_CONV_IGEMM_ZMM_ROW(1, p1) SS_CONV_IGEMM_ZMM_ROW(2, p2)
         SS_CONV_IGEMM_ZMM_ROW(3, p3) SS_CONV_IGEMM_ZMM_ROW(4, p4) SS_CONV_IGEMM_ZMM_ROW(5, p5)
 #undef SS_CONV_IGEMM_ZMM_ROW
-    }}
+    }
     #pragma GCC unroll 12
     for (int i = 0; i < 6 * nq; ++i) _mm512_storeu_ps(t + 16 * i, c[i]);
-}}
+}
 #else
 #define SS_CONV_IGEMM_NP 1
 #endif
@@ -160,18 +163,18 @@ static inline __attribute__((always_inline)) void ss_conv_igemm_tile_zmm(
 /* Copies the image's C planes into stage [C][Hp][Wp] with zeros around them: input row
    ih, column iw at stage row ph + ih, column pw + iw. */
 static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int64_t W, int64_t ph, int64_t pw,
-                                int64_t Hp, int64_t Wp) {{
-    for (int64_t r = 0; r < Hp; ++r, d += Wp) {{
+                                int64_t Hp, int64_t Wp) {
+    for (int64_t r = 0; r < Hp; ++r, d += Wp) {
         int64_t ih = r - ph;
-        if (ih < 0 || ih >= H) {{
+        if (ih < 0 || ih >= H) {
             memset(d, 0, (size_t)Wp * sizeof(float));
             continue;
-        }}
+        }
         memset(d, 0, (size_t)pw * sizeof(float));
         memcpy(d + pw, xc + ih * W, (size_t)W * sizeof(float));
         memset(d + pw + W, 0, (size_t)(Wp - pw - W) * sizeof(float));
-    }}
-}}
+    }
+}
 
 /* Block `blk` (pixels p0 .. p0 + np) of panels q .. q + nq (nq = 1, or 2 for the pair tile;
    16 channels each): tiles over every slice of taps, then the transposed, biased, activated
@@ -180,7 +183,7 @@ static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int
 static inline void ss_conv_igemm_block(const float* stage, const int32_t* koff, const float* wp, int prepacked,
                                 const float* bias, float* y, float* t, int64_t q, int64_t nq, int64_t blk,
                                 int64_t M, int64_t K, int64_t P, int64_t OW, int64_t sh, int64_t sw,
-                                int64_t Wp, int act) {{
+                                int64_t Wp, int act) {
     int64_t panels = (M + 15) / 16, p0 = blk * SS_CONV_IGEMM_BLOCK, ld = 16 * nq;
     int64_t np = P - p0 < SS_CONV_IGEMM_BLOCK ? P - p0 : SS_CONV_IGEMM_BLOCK;
     float bb[32];
@@ -188,50 +191,50 @@ static inline void ss_conv_igemm_block(const float* stage, const int32_t* koff, 
     /* Window corners; the last tile's missing pixels repeat the last one (computed, not stored). */
     const float* base[SS_CONV_IGEMM_BLOCK];
     int64_t tiles = (np + SS_CONV_IGEMM_MR - 1) / SS_CONV_IGEMM_MR;
-    for (int64_t i = 0, oh = p0 / OW, ow = p0 % OW; i < tiles * SS_CONV_IGEMM_MR; ++i) {{
+    for (int64_t i = 0, oh = p0 / OW, ow = p0 % OW; i < tiles * SS_CONV_IGEMM_MR; ++i) {
         base[i] = stage + oh * sh * Wp + ow * sw;
-        if (i + 1 < np && ++ow == OW) {{
+        if (i + 1 < np && ++ow == OW) {
             ow = 0;
             ++oh;
-        }}
-    }}
-    for (int64_t k0 = 0; k0 < K; k0 += SS_CONV_IGEMM_KC) {{
+        }
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += SS_CONV_IGEMM_KC) {
         int64_t kn = K - k0 < SS_CONV_IGEMM_KC ? K - k0 : SS_CONV_IGEMM_KC;
         /* The slice's weights: in the GEMM's layout, k block k0 holds panels * 16 columns of
            kn rows each; packed here, each panel holds all K rows. Panel q + 1 follows q. */
         const float* wk = prepacked ? wp + k0 * panels * 16 + q * 16 * kn : wp + (q * K + k0) * 16;
 #ifdef __AVX512F__
         int64_t pstride = prepacked ? 16 * kn : 16 * K;
-        for (int64_t i = 0; i < tiles; ++i) {{
+        for (int64_t i = 0; i < tiles; ++i) {
             const float* const* bi = base + i * SS_CONV_IGEMM_MR;
             float* ti = t + i * SS_CONV_IGEMM_MR * ld;
             if (nq == 2)
                 ss_conv_igemm_tile_zmm(bi, koff + k0, wk, pstride, kn, bb, ti, k0 == 0, 2);
             else
                 ss_conv_igemm_tile_zmm(bi, koff + k0, wk, pstride, kn, bb, ti, k0 == 0, 1);
-        }}
+        }
 #else
         for (int64_t i = 0; i < tiles; ++i)
             ss_conv_igemm_tile(base + i * SS_CONV_IGEMM_MR, koff + k0, wk, kn, _mm256_loadu_ps(bb),
                                _mm256_loadu_ps(bb + 8), t + i * SS_CONV_IGEMM_MR * 16, k0 == 0);
 #endif
-    }}
-    for (int64_t j0 = 0; j0 < nq; ++j0) {{
+    }
+    for (int64_t j0 = 0; j0 < nq; ++j0) {
         int64_t mv = M - (q + j0) * 16 < 16 ? M - (q + j0) * 16 : 16;
         float* yq = y + (q + j0) * 16 * P + p0;
         const float* tq = t + j0 * 16;
         float r[64];
         int64_t g = 0;
         for (; g + 8 <= np; g += 8)
-            for (int64_t h = 0; h < mv; h += 8) {{
+            for (int64_t h = 0; h < mv; h += 8) {
                 ss_gemm_transpose8(tq + g * ld + h, ld, 8, r, 8);  /* r[j * 8 + i]: channel h + j, pixel g + i */
                 for (int64_t j = 0; j < 8 && h + j < mv; ++j)
                     _mm256_storeu_ps(yq + (h + j) * P + g, ss_act8(_mm256_loadu_ps(r + j * 8), act));
-            }}
+            }
         for (; g < np; ++g)
             for (int64_t j = 0; j < mv; ++j) yq[j * P + g] = ss_actf(tq[g * ld + j], act);
-    }}
-}}
+    }
+}
 
 /* Dense (group 1) conv as an implicit GEMM (see conv_igemm.py). x [N, C, H, W], w [M, C,
    KH, KW], y [N, M, OH, OW]; wpacked: NULL or w^T packed by ss_gemm_pack_b (used when
@@ -241,7 +244,7 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
                          int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                          int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                          int64_t dh, int64_t dw, int act, float* work, int64_t work_floats,
-                         const float* wpacked) {{
+                         const float* wpacked) {
     int64_t K = C * KH * KW, P = OH * OW, panels = (M + 15) / 16;
     /* The padded image: every window of every output pixel, and all of the input. */
     int64_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1;
@@ -285,41 +288,41 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
     int pixels_outer = C * plane > panels * K * 16;
     /* Units of SS_CONV_IGEMM_NP panels (the last one may hold fewer). */
     int64_t units = (panels + SS_CONV_IGEMM_NP - 1) / SS_CONV_IGEMM_NP;
-    if (!prepacked) {{
+    if (!prepacked) {
         #pragma omp parallel for schedule(static) if(par)
         for (int64_t q = 0; q < panels; ++q)
             for (int64_t k = 0; k < K; ++k)
                 for (int64_t j = 0; j < 16; ++j)
                     wp[(q * K + k) * 16 + j] = q * 16 + j < M ? w[(q * 16 + j) * K + k] : 0.0f;
-    }}
-    for (int64_t n0 = 0; n0 < N; n0 += group) {{
+    }
+    for (int64_t n0 = 0; n0 < N; n0 += group) {
         int64_t ni = N - n0 < group ? N - n0 : group, per_image = units * blocks;
         #pragma omp parallel if(par)
-        {{
+        {
             float* t = sums + (int64_t)omp_get_thread_num() * SS_CONV_IGEMM_BLOCK * 16 * SS_CONV_IGEMM_NP;
             #pragma omp for schedule(static)
             for (int64_t ic = 0; ic < ni * C; ++ic)
                 ss_conv_igemm_stage(x + (n0 * C + ic) * H * W, stage + ic * plane, H, W, ph, pw, Hp, Wp);
             #pragma omp for schedule(static)
-            for (int64_t item = 0; item < ni * per_image; ++item) {{
+            for (int64_t item = 0; item < ni * per_image; ++item) {
                 int64_t n = item / per_image, r = item % per_image;
                 int64_t u = pixels_outer ? r % units : r / blocks;
                 int64_t blk = pixels_outer ? r / units : r % blocks;
                 int64_t q = u * SS_CONV_IGEMM_NP, nq = panels - q < SS_CONV_IGEMM_NP ? panels - q : SS_CONV_IGEMM_NP;
                 ss_conv_igemm_block(stage + n * C * plane, koff, wp, prepacked, bias, y + (n0 + n) * M * P, t,
                                     q, nq, blk, M, K, P, OW, sh, sw, Wp, act);
-            }}
-        }}
-    }}
+            }
+        }
+    }
     free(own);
     return 1;
-}}
+}
 #endif
 """
 
 
-def source(block: int = BLOCK, min_plane: int = MIN_PLANE, par_min: int = 32768) -> str:
-    """The fragment's C text.
+def fragment(block: int = BLOCK, min_plane: int = MIN_PLANE, par_min: int = 32768) -> Fragment:
+    """The fragment, header-only: ss_conv2d's unit (kernels/conv.py) inlines all of it.
 
     ``block``: output pixels per unit of work (a positive multiple of 12, the pair tile's
     pixels, itself a multiple of the ymm tile's 6); ``min_plane``:
@@ -329,4 +332,8 @@ def source(block: int = BLOCK, min_plane: int = MIN_PLANE, par_min: int = 32768)
     """
     if int(block) < 12 or int(block) % 12:
         raise ValueError(f"block must be a positive multiple of 12, got {block}")
-    return _TEMPLATE.format(block=int(block), min_plane=int(min_plane), par_min=int(par_min))
+    return Fragment([Shared(fill(_TEMPLATE, BLOCK=int(block), MIN_PLANE=int(min_plane), PAR_MIN=int(par_min)))])
+
+
+def source(block: int = BLOCK, min_plane: int = MIN_PLANE, par_min: int = 32768) -> str:
+    return fragment(block, min_plane, par_min).text()

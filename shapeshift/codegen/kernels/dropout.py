@@ -19,6 +19,8 @@ Exported C signatures::
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private, fill
+
 DEPENDS: tuple[str, ...] = ()
 
 _MT19937 = r"""
@@ -67,8 +69,8 @@ static inline double ss_mt_next_double(ss_mt_state* s) {
 }
 """
 
-_DROPOUT = r"""
-void ss_dropout_@S@(const @T@* x, @T@* y, uint8_t* mask, int64_t n, double ratio, uint32_t seed) {
+# The body of ss_dropout_f32 and _f64; @T@ is the element type.
+_DROPOUT_BODY = r"""
     ss_mt_state state;  /* 2.5 KB */
     ss_mt_seed(&state, seed);
     const @T@ scale = (@T@)(ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0);
@@ -77,11 +79,18 @@ void ss_dropout_@S@(const @T@* x, @T@* y, uint8_t* mask, int64_t n, double ratio
         /* x * 0 rather than 0, as NumPy's product: -0 for negative x, NaN for inf. */
         y[i] = (x[i] * (@T@)keep) * scale;
         if (mask) mask[i] = keep;
-    }
-}
-"""
+    }"""
+
+
+def _dropout(suffix: str, ctype: str) -> Function:
+    return Function("void", f"ss_dropout_{suffix}", (f"const {ctype}* x", f"{ctype}* y", "uint8_t* mask", "int64_t n",
+                                                     "double ratio", "uint32_t seed"), fill(_DROPOUT_BODY, T=ctype))
+
+
+def fragment() -> Fragment:
+    """The generator (private: only the two entry points draw from it), then the entry points."""
+    return Fragment([Private(_MT19937), _dropout("f32", "float"), _dropout("f64", "double")])
 
 
 def source() -> str:
-    kernels = "".join(_DROPOUT.replace("@S@", s).replace("@T@", t) for s, t in (("f32", "float"), ("f64", "double")))
-    return _MT19937 + kernels
+    return fragment().text()

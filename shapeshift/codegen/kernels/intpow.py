@@ -24,12 +24,15 @@ The float-exponent helpers give that same minimum for any such double.
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, fill
+
 DEPENDS: tuple[str, ...] = ()
 
 _TYPES = (("i32", "int32_t", "INT32_MIN", "2147483648.0"), ("i64", "int64_t", "INT64_MIN", "9223372036854775808.0"))
 
-_TEMPLATE = r"""
-static inline @T@ ss_ipow_@S@(@T@ base, int negative, uint64_t exponent) {
+# The bodies of ss_ipow_<suffix> and ss_ipow_real_<suffix>: @T@ is the C type, @MIN@ its minimum,
+# @LIMIT@ -(the minimum) as a double literal.
+_IPOW = r"""
     if (negative) {
         if (base == 1) return 1;
         if (base == -1) return (exponent & 1) ? -1 : 1;
@@ -41,20 +44,24 @@ static inline @T@ ss_ipow_@S@(@T@ base, int negative, uint64_t exponent) {
         square *= square;
         exponent >>= 1;
     }
-    return (@T@)result;
-}
+    return (@T@)result;"""
 
-static inline @T@ ss_ipow_real_@S@(double base, double exponent) {
+_IPOW_REAL = r"""
     double r = pow(base, exponent);
     /* The comparisons are false for NaN too. */
-    return (r >= -@LIMIT@ && r < @LIMIT@) ? (@T@)r : @MIN@;
-}
-"""
+    return (r >= -@LIMIT@ && r < @LIMIT@) ? (@T@)r : @MIN@;"""
+
+
+def fragment() -> Fragment:
+    """Header-only: both helpers of each type, shared with the units that call them."""
+    parts = []
+    for suffix, ctype, lowest, limit in _TYPES:
+        parts.append(Function(ctype, f"ss_ipow_{suffix}", (f"{ctype} base", "int negative", "uint64_t exponent"),
+                              fill(_IPOW, T=ctype, MIN=lowest), linkage="inline", shared=True))
+        parts.append(Function(ctype, f"ss_ipow_real_{suffix}", ("double base", "double exponent"),
+                              fill(_IPOW_REAL, T=ctype, MIN=lowest, LIMIT=limit), linkage="inline", shared=True))
+    return Fragment(parts)
 
 
 def source() -> str:
-    parts = []
-    for suffix, ctype, lowest, limit in _TYPES:
-        parts.append(_TEMPLATE.replace("@S@", suffix).replace("@T@", ctype).replace("@MIN@", lowest)
-                     .replace("@LIMIT@", limit))
-    return "".join(parts)
+    return fragment().text()

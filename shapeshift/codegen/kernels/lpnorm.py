@@ -15,19 +15,23 @@ the block contiguously whatever the axis; OpenMP shares the (outer, block) pairs
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private, fill
+
 DEPENDS: tuple[str, ...] = ()
 
-_TEMPLATE = r"""
+_DEFINES = r"""
 /* ---- lpnorm ---- */
 /* Columns normalized together (one accumulator each). */
-#define SS_LPNORM_BLOCK {block}
+#define SS_LPNORM_BLOCK @BLOCK@
 /* Elements below which the loop stays serial. */
-#define SS_LPNORM_PAR_MIN {par_min}
+#define SS_LPNORM_PAR_MIN @PAR_MIN@
+"""
 
-void ss_lp_normalize(const float* x, float* y, int64_t outer, int64_t n, int64_t inner, int p) {{
+_LP_NORMALIZE = Function("void", "ss_lp_normalize", ("const float* x", "float* y", "int64_t outer", "int64_t n",
+                                                     "int64_t inner", "int p"), r"""
     int64_t blocks = (inner + SS_LPNORM_BLOCK - 1) / SS_LPNORM_BLOCK;
     #pragma omp parallel for if(outer * n * inner >= SS_LPNORM_PAR_MIN)
-    for (int64_t job = 0; job < outer * blocks; ++job) {{
+    for (int64_t job = 0; job < outer * blocks; ++job) {
         int64_t o = job / blocks, first = (job % blocks) * SS_LPNORM_BLOCK;
         int64_t width = inner - first < SS_LPNORM_BLOCK ? inner - first : SS_LPNORM_BLOCK;
         const float* xb = x + o * n * inner + first;
@@ -35,26 +39,31 @@ void ss_lp_normalize(const float* x, float* y, int64_t outer, int64_t n, int64_t
         double acc[SS_LPNORM_BLOCK];
         float norm[SS_LPNORM_BLOCK];
         for (int64_t j = 0; j < width; ++j) acc[j] = 0.0;
-        for (int64_t k = 0; k < n; ++k) {{
+        for (int64_t k = 0; k < n; ++k) {
             const float* row = xb + k * inner;
-            if (p == 1) {{
+            if (p == 1) {
                 for (int64_t j = 0; j < width; ++j) acc[j] += fabs((double)row[j]);
-            }} else {{
+            } else {
                 for (int64_t j = 0; j < width; ++j) acc[j] += (double)row[j] * (double)row[j];
-            }}
-        }}
+            }
+        }
         for (int64_t j = 0; j < width; ++j) norm[j] = (float)(p == 1 ? acc[j] : sqrt(acc[j]));
-        for (int64_t k = 0; k < n; ++k) {{
+        for (int64_t k = 0; k < n; ++k) {
             const float* row = xb + k * inner;
             float* out = yb + k * inner;
             for (int64_t j = 0; j < width; ++j) out[j] = norm[j] == 0.0f ? 0.0f : row[j] / norm[j];
-        }}
-    }}
-}}
-"""
+        }
+    }""")
+
+
+def fragment(block: int = 64, par_min: int = 32768) -> Fragment:
+    """The Lp normalization fragment; ``block`` columns share a pass over the axis,
+    ``par_min`` is the element count below which the loop stays serial."""
+    return Fragment([
+        Private(fill(_DEFINES, BLOCK=int(block), PAR_MIN=int(par_min))),
+        _LP_NORMALIZE,
+    ])
 
 
 def source(block: int = 64, par_min: int = 32768) -> str:
-    """The Lp normalization fragment; ``block`` columns share a pass over the axis,
-    ``par_min`` is the element count below which the loop stays serial."""
-    return _TEMPLATE.format(block=int(block), par_min=int(par_min))
+    return fragment(block, par_min).text()

@@ -19,13 +19,16 @@ OpenMP splits channels when the work is large.
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private, fill
+
 DEPENDS: tuple[str, ...] = ()
 
-_SOURCE = r"""
-#define SS_MOM_PAR_WORK @PAR@
+_DEFINES = r"""
+#define SS_MOM_PAR_WORK @PAR_WORK@
+"""
 
-void ss_channel_moments(const float* x, int64_t outer, int64_t channels, int64_t inner,
-                        float* mean, float* var) {
+_CHANNEL_MOMENTS = Function("void", "ss_channel_moments", ("const float* x", "int64_t outer", "int64_t channels",
+                                                           "int64_t inner", "float* mean", "float* var"), r"""
     const double count = (double)outer * (double)inner;
     #pragma omp parallel for schedule(static) if(outer * channels * inner >= SS_MOM_PAR_WORK && channels > 1)
     for (int64_t c = 0; c < channels; c++) {
@@ -42,10 +45,10 @@ void ss_channel_moments(const float* x, int64_t outer, int64_t channels, int64_t
         }
         mean[c] = (float)m;
         var[c] = (float)(squares / count);
-    }
-}
+    }""")
 
-void ss_mvn(const float* x, float* y, int64_t outer, int64_t channels, int64_t inner, float* stats) {
+_MVN = Function("void", "ss_mvn", ("const float* x", "float* y", "int64_t outer", "int64_t channels", "int64_t inner",
+                                   "float* stats"), r"""
     float* mean = stats;
     float* var = stats + channels;
     ss_channel_moments(x, outer, channels, inner, mean, var);
@@ -56,13 +59,19 @@ void ss_mvn(const float* x, float* y, int64_t outer, int64_t channels, int64_t i
         const float* xr = x + t * inner;
         float* yr = y + t * inner;
         for (int64_t i = 0; i < inner; i++) yr[i] = (xr[i] - m) / d;
-    }
-}
-"""
+    }""")
 
 
-def source(par_work: int = 1 << 15) -> str:
+def fragment(par_work: int = 1 << 15) -> Fragment:
     """The C fragment; par_work: elements of work from which a call runs in parallel."""
     if par_work < 0:
         raise ValueError("par_work must be non-negative")
-    return _SOURCE.replace("@PAR@", str(int(par_work)))
+    return Fragment([
+        Private(fill(_DEFINES, PAR_WORK=int(par_work))),
+        _CHANNEL_MOMENTS,
+        _MVN,
+    ])
+
+
+def source(par_work: int = 1 << 15) -> str:
+    return fragment(par_work).text()

@@ -27,9 +27,11 @@ degrades to that scan.
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private
+
 DEPENDS: tuple[str, ...] = ()
 
-_SOURCE = r"""
+_HELPERS = r"""
 /* ---- nms ---- */
 typedef struct { float score; int64_t index; } ss_nms_candidate;
 
@@ -114,9 +116,11 @@ static void ss_nms_grid_reset(ss_nms_grid* g, int64_t max_nb, const float* corne
     for (int64_t i = 0; i < nb; ++i) g->len[i] = 0;
 }
 
-int64_t ss_nms(const float* boxes, const float* scores, int64_t B, int64_t C, int64_t N,
-               int64_t max_out, float iou_threshold, int has_score_threshold,
-               float score_threshold, int center_point_box, int64_t* out) {
+"""
+
+_NMS = Function("int64_t", "ss_nms", ("const float* boxes", "const float* scores", "int64_t B", "int64_t C",
+                                      "int64_t N", "int64_t max_out", "float iou_threshold", "int has_score_threshold",
+                                      "float score_threshold", "int center_point_box", "int64_t* out"), r"""
     if (max_out <= 0 || B <= 0 || C <= 0 || N <= 0) return 0;
     const int64_t max_nb = N / 8 < 1 ? 1 : (N / 8 > 4096 ? 4096 : N / 8);
     float* corners = (float*)malloc(sizeof(float) * 5 * N);
@@ -190,10 +194,15 @@ done:
     for (int64_t i = 0; grid.items && i < max_nb; ++i) free(grid.items[i]);
     free(grid.items); free(grid.len); free(grid.cap);
     free(corners); free(cand); free(kept); free(tested);
-    return count;
-}
-"""
+    return count;""")
+
+
+def fragment() -> Fragment:
+    return Fragment([
+        Private(_HELPERS),
+        _NMS,
+    ])
 
 
 def source() -> str:
-    return _SOURCE
+    return fragment().text()

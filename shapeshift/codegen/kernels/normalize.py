@@ -1,6 +1,6 @@
 """LayerNormalization, Group/InstanceNormalization and BatchNormalization (inference).
 
-``source(...)`` returns the C fragment; it needs vmath (``ss_hsum8``). Exported C signatures::
+``fragment(...)`` returns the C fragment; it needs vmath (``ss_hsum8``). Exported C signatures::
 
     /* LayerNormalization over the last n elements of each of `rows` rows:
        y = (x - mean) * inv_std * scale + bias, inv_std = 1 / sqrt(var + eps) (population
@@ -32,9 +32,16 @@ inv_std 1 / sqrt(eps).
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private, fill
+
 DEPENDS = ("vmath",)
 
-_BODY = r"""
+_DEFINES = """
+#define SS_NORM_PAR_WORK @PAR_WORK@
+#define SS_NORM_CHUNK @CHUNK@
+"""
+
+_HELPERS = r"""
 /* ---- normalize: statistics ---- */
 /* sum(x[i] - shift) (square = 0) or sum((x[i] - shift)^2) (square = 1), i < n, in double. */
 static double ss_norm_sum(const float* x, int64_t n, float shift, int square) {
@@ -109,9 +116,11 @@ static void ss_norm_apply_affine(const float* x, float* y, int64_t n, float m, f
     for (; i < n; i++) y[i] = ss_fmaf(x[i] - m, a, b);
 }
 
-/* ---- normalize: exported kernels ---- */
-void ss_layernorm(const float* x, const float* scale, const float* bias, float* y,
-                  int64_t rows, int64_t n, float eps, float* mean, float* inv_std) {
+"""
+
+_LAYERNORM = Function("void", "ss_layernorm", ("const float* x", "const float* scale", "const float* bias", "float* y",
+                                               "int64_t rows", "int64_t n", "float eps", "float* mean",
+                                               "float* inv_std"), r"""
     #pragma omp parallel for schedule(static) if(rows * n >= SS_NORM_PAR_WORK && rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         float m, is;
@@ -119,11 +128,11 @@ void ss_layernorm(const float* x, const float* scale, const float* bias, float* 
         ss_norm_apply_vec(x + r * n, y + r * n, n, m, is, scale, bias);
         if (mean) mean[r] = m;
         if (inv_std) inv_std[r] = is;
-    }
-}
+    }""", comment='---- normalize: exported kernels ----')
 
-void ss_group_norm(const float* x, const float* scale, const float* bias, float* y,
-                   int64_t N, int64_t C, int64_t G, int64_t inner, float eps) {
+_GROUP_NORM = Function("void", "ss_group_norm", ("const float* x", "const float* scale", "const float* bias",
+                                                 "float* y", "int64_t N", "int64_t C", "int64_t G", "int64_t inner",
+                                                 "float eps"), r"""
     if (G <= 0 || C % G != 0) {
         for (int64_t i = 0; i < N * C * inner; i++) y[i] = NAN;
         return;
@@ -141,23 +150,21 @@ void ss_group_norm(const float* x, const float* scale, const float* bias, float*
             float a = scale ? is * scale[c] : is;
             ss_norm_apply_affine(xs + k * inner, ys + k * inner, inner, m, a, bias ? bias[c] : 0.0f);
         }
-    }
-}
+    }""")
 
-void ss_batchnorm(const float* x, const float* scale, const float* bias, const float* mean,
-                  const float* var, float* y, int64_t N, int64_t C, int64_t inner, float eps) {
+_BATCHNORM = Function("void", "ss_batchnorm", ("const float* x", "const float* scale", "const float* bias",
+                                               "const float* mean", "const float* var", "float* y", "int64_t N",
+                                               "int64_t C", "int64_t inner", "float eps"), r"""
     #pragma omp parallel for schedule(static) if(N * C * inner >= SS_NORM_PAR_WORK && N * C > 1)
     for (int64_t t = 0; t < N * C; t++) {
         int64_t c = t % C;
         float a = (float)(1.0 / sqrt((double)var[c] + (double)eps));
         if (scale) a *= scale[c];
         ss_norm_apply_affine(x + t * inner, y + t * inner, inner, mean[c], a, bias ? bias[c] : 0.0f);
-    }
-}
-"""
+    }""")
 
 
-def source(par_work: int = 1 << 15, chunk: int = 1024) -> str:
+def fragment(par_work: int = 1 << 15, chunk: int = 1024) -> Fragment:
     """The C fragment.
 
     par_work: elements of work from which a call runs in parallel; chunk: elements summed
@@ -167,4 +174,14 @@ def source(par_work: int = 1 << 15, chunk: int = 1024) -> str:
         raise ValueError(f"chunk must be a positive multiple of 16, got {chunk}")
     if par_work < 0:
         raise ValueError("par_work must be non-negative")
-    return f"\n#define SS_NORM_PAR_WORK {int(par_work)}\n#define SS_NORM_CHUNK {int(chunk)}\n" + _BODY
+    return Fragment([
+        Private(fill(_DEFINES, PAR_WORK=int(par_work), CHUNK=int(chunk))),
+        Private(_HELPERS),
+        _LAYERNORM,
+        _GROUP_NORM,
+        _BATCHNORM,
+    ])
+
+
+def source(par_work: int = 1 << 15, chunk: int = 1024) -> str:
+    return fragment(par_work, chunk).text()

@@ -77,79 +77,89 @@ computed and never read. The max of a window is then the same comparisons in ano
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Part, Private, fill
+
 # (suffix, C type, the value that never wins a max)
 MAX_TYPES = (("f32", "float", "(-INFINITY)"), ("f64", "double", "(-INFINITY)"),
              ("i8", "int8_t", "INT8_MIN"), ("u8", "uint8_t", "0"))
 AVERAGE_TYPES = (("f32", "float"), ("f64", "double"))
 
-_COMMON = r"""
+# The window geometry every 3-D pool takes (see the module docstring).
+_GEOMETRY = ("const int64_t* in", "const int64_t* out", "const int64_t* k", "const int64_t* s", "const int64_t* p",
+             "const int64_t* dil")
+
+_DEFINES = r"""
 /* ---- pool ---- */
 /* Output rows * taps below which the loops stay serial. */
-#define SS_POOL_PAR_MIN {par_min}
+#define SS_POOL_PAR_MIN @PAR_MIN@
 /* Bytes of padded planes a stride-1 max pool takes at a time (at least one plane): its
    scratch, twice that, is on the stack up to there (a malloc'd one was freed back to the
    system and faulted in again at every call: a [3, 128, 4, 4] pool's session run took
    51 us with it, 44 us from the stack). 8 KB keeps both halves in L1: with 32 KB that pool
    took 1.7x as long. */
-#define SS_POOL_CHUNK {chunk}
+#define SS_POOL_CHUNK @CHUNK@
 /* Kernel widths up to which the per-column output ranges live on the stack. */
 #define SS_POOL_STACK_KW 64
+"""
 
+_HELPERS = r"""
 /* ceil(a / b) for b > 0 and any sign of a. */
-static inline int64_t ss_pool_ceil_div(int64_t a, int64_t b) {{
+static inline int64_t ss_pool_ceil_div(int64_t a, int64_t b) {
     return a >= 0 ? (a + b - 1) / b : -((-a) / b);
-}}
+}
 
 /* The outputs o in [*lo, *hi) within [0, O) whose input o * s - p + off lies in [0, L). */
 static inline void ss_pool_valid(int64_t L, int64_t O, int64_t s, int64_t p, int64_t off,
-                                 int64_t* lo, int64_t* hi) {{
+                                 int64_t* lo, int64_t* hi) {
     int64_t a = ss_pool_ceil_div(p - off, s), b = ss_pool_ceil_div(L + p - off, s);
     if (a < 0) a = 0;
     if (b > O) b = O;
     if (b < a) b = a;
     *lo = a;
     *hi = b;
-}}
+}
 
 /* How many taps start + t * dil (t < K) lie in [lo, hi). */
-static inline int64_t ss_pool_taps(int64_t start, int64_t K, int64_t dil, int64_t lo, int64_t hi) {{
+static inline int64_t ss_pool_taps(int64_t start, int64_t K, int64_t dil, int64_t lo, int64_t hi) {
     int64_t a, b;
-    if (dil == 1) {{  /* the common case, without divisions */
+    if (dil == 1) {  /* the common case, without divisions */
         a = start > lo ? start : lo;
         b = start + K < hi ? start + K : hi;
         return b > a ? b - a : 0;
-    }}
+    }
     a = ss_pool_ceil_div(lo - start, dil);
     b = ss_pool_ceil_div(hi - start, dil);
     if (a < 0) a = 0;
     if (b > K) b = K;
     return b > a ? b - a : 0;
-}}
+}
 
 /* A max pool over an input with an empty spatial axis (padding alone gives it outputs):
    zeros, values and indices, as the reference evaluator (onnxruntime rejects the input). */
-static void ss_pool_no_input(void* y, int64_t* indices, int64_t count, size_t elem_size) {{
+static void ss_pool_no_input(void* y, int64_t* indices, int64_t count, size_t elem_size) {
     if (count <= 0) return;
     memset(y, 0, (size_t)count * elem_size);
     if (indices) memset(indices, 0, (size_t)count * sizeof(int64_t));
-}}
+}
 
-static inline int64_t ss_pool_clip(int64_t i, int64_t L) {{
+static inline int64_t ss_pool_clip(int64_t i, int64_t L) {
     return i < 0 ? 0 : (i >= L ? L - 1 : i);
-}}
+}
 
-void ss_pool_same_pads(const int64_t* in, const int64_t* out, const int64_t* k, const int64_t* s,
-                       const int64_t* dil, int upper, int64_t* p, int64_t* p_end) {{
-    for (int a = 0; a < 3; ++a) {{
+"""
+
+_POOL_SAME_PADS = Function("void", "ss_pool_same_pads", ("const int64_t* in", "const int64_t* out", "const int64_t* k",
+                                                         "const int64_t* s", "const int64_t* dil", "int upper",
+                                                         "int64_t* p", "int64_t* p_end"), r"""
+    for (int a = 0; a < 3; ++a) {
         int64_t total = (out[a] - 1) * s[a] + (k[a] - 1) * dil[a] + 1 - in[a];
         if (total < 0) total = 0;
         p[a] = upper ? total / 2 : total - total / 2;
         p_end[a] = total - p[a];
-    }}
-}}
+    }""")
 
-int ss_maxunpool(int64_t elem_size, const void* x, const int64_t* indices, int64_t n,
-                 void* y, int64_t total) {{
+_MAXUNPOOL = Function("int", "ss_maxunpool", ("int64_t elem_size", "const void* x", "const int64_t* indices",
+                                              "int64_t n", "void* y", "int64_t total"), r"""
     if (total > 0) memset(y, 0, (size_t)(total * elem_size));
     for (int64_t i = 0; i < n; ++i)
         if (indices[i] < 0 || indices[i] >= total) return 1;
@@ -157,22 +167,20 @@ int ss_maxunpool(int64_t elem_size, const void* x, const int64_t* indices, int64
        memcpy of a constant size is one move. */
     char* dst = (char*)y;
     const char* src = (const char*)x;
-    switch (elem_size) {{
+    switch (elem_size) {
     case 4: for (int64_t i = 0; i < n; ++i) memcpy(dst + indices[i] * 4, src + i * 4, 4); break;
     case 8: for (int64_t i = 0; i < n; ++i) memcpy(dst + indices[i] * 8, src + i * 8, 8); break;
     default:
         for (int64_t i = 0; i < n; ++i)
             memcpy(dst + indices[i] * elem_size, src + i * elem_size, (size_t)elem_size);
-    }}
-    return 0;
-}}
-"""
+    }
+    return 0;""")
 
 # The loop nest shared by every pool: one output row (nc, od, oh) per iteration, the
-# window's planes and rows outside x skipped. SETUP (before the rows), INIT, TAP and FINISH
-# (per row) are the per-kernel parts; TAP sees xs (the tap's first input), yo (the output
-# columns from lo), j < n and the column stride sw; it also has id, ih and the input column
-# iw0 of column lo.
+# window's planes and rows outside x skipped, elements of type @CTYPE@. @SETUP@ (before the
+# rows), @INIT@, @TAP@ and @FINISH@ (per row) are the per-kernel parts; @TAP@ sees xs (the
+# tap's first input), yo (the output columns from lo), j < n and the column stride sw; it
+# also has id, ih and the input column iw0 of column lo.
 _NEST = r"""
     const int64_t D = in[0], H = in[1], W = in[2], OD = out[0], OH = out[1], OW = out[2];
     const int64_t KD = k[0], KH = k[1], KW = k[2], sd = s[0], sh = s[1], sw = s[2];
@@ -184,164 +192,163 @@ _NEST = r"""
     int64_t stack_cols[2 * SS_POOL_STACK_KW];
     int64_t* cols = KW <= SS_POOL_STACK_KW ? stack_cols : (int64_t*)malloc((size_t)(2 * KW) * sizeof(int64_t));
     for (int64_t kw = 0; cols && kw < KW; ++kw) ss_pool_valid(W, OW, sw, pw, kw * dw, &cols[2 * kw], &cols[2 * kw + 1]);
-{setup}
+@SETUP@
     #pragma omp parallel for if(rows * OW * KD * KH * KW >= SS_POOL_PAR_MIN)
-    for (int64_t r = 0; r < rows; ++r) {{
+    for (int64_t r = 0; r < rows; ++r) {
         const int64_t plane_row = r / OH, oh = r - plane_row * OH;  /* r = (nc * OD + od) * OH + oh */
         const int64_t nc = OD == 1 ? plane_row : plane_row / OD, od = plane_row - nc * OD;
-        {ctype}* yr = y + r * OW;
-{init}
-        for (int64_t kd = 0; kd < KD; ++kd) {{
+        @CTYPE@* yr = y + r * OW;
+@INIT@
+        for (int64_t kd = 0; kd < KD; ++kd) {
             const int64_t id = od * sd - pd + kd * dd;
             if (id < 0 || id >= D) continue;
-            for (int64_t kh = 0; kh < KH; ++kh) {{
+            for (int64_t kh = 0; kh < KH; ++kh) {
                 const int64_t ih = oh * sh - ph + kh * dh;
                 if (ih < 0 || ih >= H) continue;
-                const {ctype}* xr = x + ((nc * D + id) * H + ih) * W;
-                for (int64_t kw = 0; kw < KW; ++kw) {{
+                const @CTYPE@* xr = x + ((nc * D + id) * H + ih) * W;
+                for (int64_t kw = 0; kw < KW; ++kw) {
                     int64_t lo, hi;
-                    if (cols) {{
+                    if (cols) {
                         lo = cols[2 * kw];
                         hi = cols[2 * kw + 1];
-                    }} else {{
+                    } else {
                         ss_pool_valid(W, OW, sw, pw, kw * dw, &lo, &hi);
-                    }}
+                    }
                     const int64_t iw0 = lo * sw - pw + kw * dw, n = hi - lo;
-                    const {ctype}* xs = xr + iw0;
-                    {ctype}* yo = yr + lo;
-{tap}
-                }}
-            }}
-        }}
-{finish}
-    }}
+                    const @CTYPE@* xs = xr + iw0;
+                    @CTYPE@* yo = yr + lo;
+@TAP@
+                }
+            }
+        }
+@FINISH@
+    }
     if (cols != stack_cols) free(cols);
 """
 
+_MAX_INIT = "        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = @LOWEST@;"
+
 _MAX_TAP = r"""
-                    if (sw == 1) {{
+                    if (sw == 1) {
                         for (int64_t j = 0; j < n; ++j) yo[j] = yo[j] > xs[j] ? yo[j] : xs[j];
-                    }} else {{
+                    } else {
                         for (int64_t j = 0; j < n; ++j) yo[j] = yo[j] > xs[j * sw] ? yo[j] : xs[j * sw];
-                    }}"""
+                    }"""
 
 # The separable stride-1 max pool (see the module docstring). Returns 0, having written
 # nothing, when its scratch cannot be allocated.
 _MAX_STRIDE1 = r"""
-static int ss_maxpool_s1_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, int64_t H, int64_t W, int64_t OH,
-                               int64_t OW, int64_t KH, int64_t KW, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {{
-    enum {{ CAP = SS_POOL_CHUNK / sizeof({ctype}) }};
+static int ss_maxpool_s1_@SFX@(const @CTYPE@* x, @CTYPE@* y, int64_t NC, int64_t H, int64_t W, int64_t OH,
+                               int64_t OW, int64_t KH, int64_t KW, int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
+    enum { CAP = SS_POOL_CHUNK / sizeof(@CTYPE@) };
     const int64_t Hp = OH + (KH - 1) * dh, Wp = OW + (KW - 1) * dw, plane = Hp * Wp;
     int64_t chunk = CAP / plane;
     if (chunk > NC) chunk = NC;
     const int64_t chunks = chunk > 0 ? (NC + chunk - 1) / chunk : NC;
     const int par = chunks > 1 && NC * OH * OW * (KH + KW) >= SS_POOL_PAR_MIN;
     /* Planes larger than the stack scratch: one at a time, each thread's from the heap. */
-    {ctype}* heap = NULL;
-    if (chunk < 1) {{
+    @CTYPE@* heap = NULL;
+    if (chunk < 1) {
         chunk = 1;
-        heap = ({ctype}*)malloc((size_t)((par ? omp_get_max_threads() : 1) * 2 * plane) * sizeof({ctype}));
+        heap = (@CTYPE@*)malloc((size_t)((par ? omp_get_max_threads() : 1) * 2 * plane) * sizeof(@CTYPE@));
         if (!heap) return 0;
-    }}
+    }
     /* The input columns that land in the padded plane, [0, c1) (pads are not negative here). */
     const int64_t c1 = W < Wp - pw ? W : Wp - pw;
     #pragma omp parallel for schedule(static) if(par)
-    for (int64_t c = 0; c < chunks; ++c) {{
-        {ctype} local[2 * CAP];  /* the padded planes, then their column maxima (unused with heap) */
-        {ctype}* pad = heap ? heap + (int64_t)(par ? omp_get_thread_num() : 0) * 2 * plane : local;
-        {ctype}* cols = pad + chunk * plane;
+    for (int64_t c = 0; c < chunks; ++c) {
+        @CTYPE@ local[2 * CAP];  /* the padded planes, then their column maxima (unused with heap) */
+        @CTYPE@* pad = heap ? heap + (int64_t)(par ? omp_get_thread_num() : 0) * 2 * plane : local;
+        @CTYPE@* cols = pad + chunk * plane;
         const int64_t n0 = c * chunk, n = NC - n0 < chunk ? NC - n0 : chunk, len = n * plane;
-        for (int64_t i = 0; i < len; ++i) pad[i] = {lowest};
+        for (int64_t i = 0; i < len; ++i) pad[i] = @LOWEST@;
         for (int64_t q = 0; q < n; ++q)
-            for (int64_t ih = 0; ih < H; ++ih) {{
+            for (int64_t ih = 0; ih < H; ++ih) {
                 const int64_t r = ih + ph;
                 if (r >= Hp) break;  /* input rows below every window */
-                const {ctype}* src = x + ((n0 + q) * H + ih) * W;
-                {ctype}* dst = pad + q * plane + r * Wp + pw;
+                const @CTYPE@* src = x + ((n0 + q) * H + ih) * W;
+                @CTYPE@* dst = pad + q * plane + r * Wp + pw;
                 for (int64_t iw = 0; iw < c1; ++iw) dst[iw] = src[iw];
-            }}
+            }
         /* Over the columns of each window, then over its rows (into pad, no longer needed). */
         const int64_t lw = len - (KW - 1) * dw, lh = lw - (KH - 1) * dh * Wp;
         for (int64_t f = 0; f < lw; ++f) cols[f] = pad[f];
-        for (int64_t kw = 1; kw < KW; ++kw) {{
-            const {ctype}* src = pad + kw * dw;
+        for (int64_t kw = 1; kw < KW; ++kw) {
+            const @CTYPE@* src = pad + kw * dw;
             for (int64_t f = 0; f < lw; ++f) cols[f] = cols[f] > src[f] ? cols[f] : src[f];
-        }}
+        }
         for (int64_t f = 0; f < lh; ++f) pad[f] = cols[f];
-        for (int64_t kh = 1; kh < KH; ++kh) {{
-            const {ctype}* src = cols + kh * dh * Wp;
+        for (int64_t kh = 1; kh < KH; ++kh) {
+            const @CTYPE@* src = cols + kh * dh * Wp;
             for (int64_t f = 0; f < lh; ++f) pad[f] = pad[f] > src[f] ? pad[f] : src[f];
-        }}
+        }
         for (int64_t q = 0; q < n; ++q)
-            for (int64_t oh = 0; oh < OH; ++oh) {{
-                const {ctype}* src = pad + q * plane + oh * Wp;
-                {ctype}* dst = y + ((n0 + q) * OH + oh) * OW;
+            for (int64_t oh = 0; oh < OH; ++oh) {
+                const @CTYPE@* src = pad + q * plane + oh * Wp;
+                @CTYPE@* dst = y + ((n0 + q) * OH + oh) * OW;
                 for (int64_t ow = 0; ow < OW; ++ow) dst[ow] = src[ow];
-            }}
-    }}
+            }
+    }
     free(heap);
     return 1;
-}}
+}
 """
 
-_MAX = r"""
-void ss_maxpool3d_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, const int64_t* in, const int64_t* out,
-                        const int64_t* k, const int64_t* s, const int64_t* p, const int64_t* dil) {{
-    if (in[0] * in[1] * in[2] == 0) {{  /* see ss_pool_no_input */
-        ss_pool_no_input(y, NULL, NC * out[0] * out[1] * out[2], sizeof({ctype}));
+# The bodies of the typed pools; @NEST@ is _NEST filled for each.
+_MAX_BODY = r"""
+    if (in[0] * in[1] * in[2] == 0) {  /* see ss_pool_no_input */
+        ss_pool_no_input(y, NULL, NC * out[0] * out[1] * out[2], sizeof(@CTYPE@));
         return;
-    }}
+    }
     if (in[0] == 1 && k[0] == 1 && out[0] == 1 && s[1] == 1 && s[2] == 1 && p[1] >= 0 && p[2] >= 0
             && NC > 0 && out[1] > 0 && out[2] > 0
-            && ss_maxpool_s1_{sfx}(x, y, NC, in[1], in[2], out[1], out[2], k[1], k[2], p[1], p[2], dil[1], dil[2]))
+            && ss_maxpool_s1_@SFX@(x, y, NC, in[1], in[2], out[1], out[2], k[1], k[2], p[1], p[2], dil[1], dil[2]))
         return;
-{nest}
-}}
-"""
+@NEST@"""
+
+# Each output starts at the lowest value and at its first tap's coordinates clipped
+# into x: what the reference evaluator reports for a window no tap of x beats.
+_ARGMAX_INIT = r"""
+        int64_t* ir = ir_base + r * OW;
+        const int64_t plane = nc * D * H * W;
+        const int64_t first = plane + ss_pool_clip(od * sd - pd, D) * cd + ss_pool_clip(oh * sh - ph, H) * ch;
+        for (int64_t ow = 0; ow < OW; ++ow) {
+            yr[ow] = @LOWEST@;
+            ir[ow] = first + ss_pool_clip(ow * sw - pw, W) * cw;
+        }"""
 
 # Strict > keeps the first maximum in window order, as the reference evaluator does.
 _ARGMAX_TAP = r"""
                     int64_t* io = ir + lo;
                     const int64_t base = plane + id * cd + ih * ch;
-                    for (int64_t j = 0; j < n; ++j) {{
-                        const {ctype} v = xs[j * sw];
-                        if (v > yo[j]) {{
+                    for (int64_t j = 0; j < n; ++j) {
+                        const @CTYPE@ v = xs[j * sw];
+                        if (v > yo[j]) {
                             yo[j] = v;
                             io[j] = base + (iw0 + j * sw) * cw;
-                        }}
-                    }}"""
+                        }
+                    }"""
 
-_ARGMAX = r"""
-void ss_maxpool3d_argmax_{sfx}(const {ctype}* x, {ctype}* y, int64_t* indices, int64_t NC,
-                               const int64_t* in, const int64_t* out, const int64_t* k, const int64_t* s,
-                               const int64_t* p, const int64_t* dil, int storage_order) {{
+_ARGMAX_BODY = r"""
     /* Spatial coefficients of the flat index: row major, or column major (storage_order 1). */
     const int64_t cd = storage_order ? 1 : in[1] * in[2];
     const int64_t ch = storage_order ? in[0] : in[2];
     const int64_t cw = storage_order ? in[0] * in[1] : 1;
     int64_t* ir_base = indices;
-    if (in[0] * in[1] * in[2] == 0) {{  /* see ss_pool_no_input */
-        ss_pool_no_input(y, indices, NC * out[0] * out[1] * out[2], sizeof({ctype}));
+    if (in[0] * in[1] * in[2] == 0) {  /* see ss_pool_no_input */
+        ss_pool_no_input(y, indices, NC * out[0] * out[1] * out[2], sizeof(@CTYPE@));
         return;
-    }}
-{nest}
-}}
-"""
+    }
+@NEST@"""
 
-_AVERAGE = r"""
-void ss_avgpool3d_{sfx}(const {ctype}* x, {ctype}* y, int64_t NC, const int64_t* in, const int64_t* out,
-                        const int64_t* k, const int64_t* s, const int64_t* p, const int64_t* p_end,
-                        const int64_t* dil, int count_include_pad) {{
-{nest}
-}}
-"""
+_AVERAGE_INIT = "        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = (@CTYPE@)0;"
 
 _AVERAGE_TAP = r"""
-                    if (sw == 1) {{
+                    if (sw == 1) {
                         for (int64_t j = 0; j < n; ++j) yo[j] += xs[j];
-                    }} else {{
+                    } else {
                         for (int64_t j = 0; j < n; ++j) yo[j] += xs[j * sw];
-                    }}"""
+                    }"""
 
 # The divisor is a product of per-axis tap counts within [lo, hi) along each axis. The
 # columns [inner_lo, inner_hi) whose window lies wholly inside [lo_w, hi_w) share one
@@ -359,76 +366,74 @@ _AVERAGE_FINISH = r"""
         const int64_t rows_in = ss_pool_taps(od * sd - pd, KD, dd, lo_d, hi_d)
                               * ss_pool_taps(oh * sh - ph, KH, dh, lo_h, hi_h);
         const int64_t full = rows_in * KW;
-        if (full > 0) {{
-            const {ctype} divisor = ({ctype})full;
+        if (full > 0) {
+            const @CTYPE@ divisor = (@CTYPE@)full;
             for (int64_t ow = inner_lo; ow < inner_hi; ++ow) yr[ow] /= divisor;
-        }} else {{
-            for (int64_t ow = inner_lo; ow < inner_hi; ++ow) yr[ow] = ({ctype})0;
-        }}
-        for (int side = 0; side < 2; ++side) {{  /* the border columns: [0, inner_lo), [inner_hi, OW) */
+        } else {
+            for (int64_t ow = inner_lo; ow < inner_hi; ++ow) yr[ow] = (@CTYPE@)0;
+        }
+        for (int side = 0; side < 2; ++side) {  /* the border columns: [0, inner_lo), [inner_hi, OW) */
             const int64_t from = side ? inner_hi : 0, to = side ? OW : inner_lo;
-            for (int64_t ow = from; ow < to; ++ow) {{
+            for (int64_t ow = from; ow < to; ++ow) {
                 const int64_t count = rows_in * ss_pool_taps(ow * sw - pw, KW, dw, lo_w, hi_w);
-                yr[ow] = count > 0 ? yr[ow] / ({ctype})count : ({ctype})0;
-            }}
-        }}"""
+                yr[ow] = count > 0 ? yr[ow] / (@CTYPE@)count : (@CTYPE@)0;
+            }
+        }"""
 
-
-_WRAPPERS_2D = r"""
-void ss_maxpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
-                  int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
-                  int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
+# The 2-D float32 forms kept for existing callers.
+_MAXPOOL2D = Function("void", "ss_maxpool2d", ("const float* x", "float* y", "int64_t NC", "int64_t H", "int64_t W",
+                                               "int64_t OH", "int64_t OW", "int64_t KH", "int64_t KW", "int64_t sh",
+                                               "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh",
+                                               "int64_t dw"), r"""
     const int64_t in[3] = {1, H, W}, out[3] = {1, OH, OW}, k[3] = {1, KH, KW};
     const int64_t s[3] = {1, sh, sw}, p[3] = {0, ph, pw}, dil[3] = {1, dh, dw};
-    ss_maxpool3d_f32(x, y, NC, in, out, k, s, p, dil);
-}
+    ss_maxpool3d_f32(x, y, NC, in, out, k, s, p, dil);""")
 
-void ss_avgpool2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W,
-                  int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
-                  int64_t ph, int64_t pw, int64_t ph_end, int64_t pw_end, int count_include_pad) {
+_AVGPOOL2D = Function("void", "ss_avgpool2d", ("const float* x", "float* y", "int64_t NC", "int64_t H", "int64_t W",
+                                               "int64_t OH", "int64_t OW", "int64_t KH", "int64_t KW", "int64_t sh",
+                                               "int64_t sw", "int64_t ph", "int64_t pw", "int64_t ph_end",
+                                               "int64_t pw_end", "int count_include_pad"), r"""
     const int64_t in[3] = {1, H, W}, out[3] = {1, OH, OW}, k[3] = {1, KH, KW};
     const int64_t s[3] = {1, sh, sw}, p[3] = {0, ph, pw}, p_end[3] = {0, ph_end, pw_end}, dil[3] = {1, 1, 1};
-    ss_avgpool3d_f32(x, y, NC, in, out, k, s, p, p_end, dil, count_include_pad);
-}
-"""
+    ss_avgpool3d_f32(x, y, NC, in, out, k, s, p, p_end, dil, count_include_pad);""")
 
 
-def _max_kernel(sfx: str, ctype: str, lowest: str) -> str:
-    init = f"        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = {lowest};"
-    nest = _NEST.format(ctype=ctype, setup="", init=init, tap=_MAX_TAP.format().strip("\n"), finish="")
-    return (_MAX_STRIDE1.format(sfx=sfx, ctype=ctype, lowest=lowest)
-            + _MAX.format(sfx=sfx, ctype=ctype, nest=nest))
+def _max_kernel(sfx: str, ctype: str, lowest: str) -> list[Part]:
+    nest = fill(_NEST, CTYPE=ctype, SETUP="", INIT=fill(_MAX_INIT, LOWEST=lowest), TAP=_MAX_TAP.strip("\n"), FINISH="")
+    return [Private(fill(_MAX_STRIDE1, SFX=sfx, CTYPE=ctype, LOWEST=lowest)),
+            Function("void", f"ss_maxpool3d_{sfx}", (f"const {ctype}* x", f"{ctype}* y", "int64_t NC", *_GEOMETRY),
+                     fill(_MAX_BODY, SFX=sfx, CTYPE=ctype, NEST=nest))]
 
 
-def _argmax_kernel(sfx: str, ctype: str, lowest: str) -> str:
-    # Each output starts at the lowest value and at its first tap's coordinates clipped
-    # into x: what the reference evaluator reports for a window no tap of x beats.
-    init = f"""        int64_t* ir = ir_base + r * OW;
-        const int64_t plane = nc * D * H * W;
-        const int64_t first = plane + ss_pool_clip(od * sd - pd, D) * cd + ss_pool_clip(oh * sh - ph, H) * ch;
-        for (int64_t ow = 0; ow < OW; ++ow) {{
-            yr[ow] = {lowest};
-            ir[ow] = first + ss_pool_clip(ow * sw - pw, W) * cw;
-        }}"""
-    nest = _NEST.format(ctype=ctype, setup="", init=init, tap=_ARGMAX_TAP.format(ctype=ctype).strip("\n"), finish="")
-    return _ARGMAX.format(sfx=sfx, ctype=ctype, nest=nest)
+def _argmax_kernel(sfx: str, ctype: str, lowest: str) -> Function:
+    nest = fill(_NEST, CTYPE=ctype, SETUP="", INIT=fill(_ARGMAX_INIT, LOWEST=lowest).strip("\n"),
+                TAP=fill(_ARGMAX_TAP, CTYPE=ctype).strip("\n"), FINISH="")
+    return Function("void", f"ss_maxpool3d_argmax_{sfx}",
+                    (f"const {ctype}* x", f"{ctype}* y", "int64_t* indices", "int64_t NC", *_GEOMETRY,
+                     "int storage_order"), fill(_ARGMAX_BODY, CTYPE=ctype, NEST=nest))
 
 
-def _average_kernel(sfx: str, ctype: str) -> str:
-    init = f"        for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = ({ctype})0;"
-    nest = _NEST.format(ctype=ctype, setup=_AVERAGE_SETUP.strip("\n"), init=init, tap=_AVERAGE_TAP.format().strip("\n"),
-                        finish=_AVERAGE_FINISH.format(ctype=ctype))
-    return _AVERAGE.format(sfx=sfx, ctype=ctype, nest=nest)
+def _average_kernel(sfx: str, ctype: str) -> Function:
+    nest = fill(_NEST, CTYPE=ctype, SETUP=_AVERAGE_SETUP.strip("\n"), INIT=fill(_AVERAGE_INIT, CTYPE=ctype),
+                TAP=_AVERAGE_TAP.strip("\n"), FINISH=fill(_AVERAGE_FINISH, CTYPE=ctype))
+    return Function("void", f"ss_avgpool3d_{sfx}",
+                    (f"const {ctype}* x", f"{ctype}* y", "int64_t NC", *_GEOMETRY[:5], "const int64_t* p_end",
+                     _GEOMETRY[5], "int count_include_pad"), nest)
 
 
-def source(par_min: int = 32768, chunk: int = 8192) -> str:
+def fragment(par_min: int = 32768, chunk: int = 8192) -> Fragment:
     """The pool fragment; ``par_min`` is the work (outputs times taps) below which loops stay
     serial, ``chunk`` the bytes of padded planes a stride-1 max pool takes at a time."""
-    parts = [_COMMON.format(par_min=int(par_min), chunk=int(chunk))]
+    parts: list[Part] = [Private(fill(_DEFINES, PAR_MIN=int(par_min), CHUNK=int(chunk))), Private(_HELPERS),
+                         _POOL_SAME_PADS, _MAXUNPOOL]
     for sfx, ctype, lowest in MAX_TYPES:
-        parts.append(_max_kernel(sfx, ctype, lowest))
+        parts += _max_kernel(sfx, ctype, lowest)
         parts.append(_argmax_kernel(sfx, ctype, lowest))
     for sfx, ctype in AVERAGE_TYPES:
         parts.append(_average_kernel(sfx, ctype))
-    parts.append(_WRAPPERS_2D)
-    return "".join(parts)
+    parts += [_MAXPOOL2D, _AVGPOOL2D]
+    return Fragment(parts)
+
+
+def source(par_min: int = 32768, chunk: int = 8192) -> str:
+    return fragment(par_min, chunk).text()

@@ -32,124 +32,136 @@ multiply-adds, parallel over the NC * OH output rows.
 
 from __future__ import annotations
 
-_TEMPLATE = r"""
+from ..cwriter import Fragment, Function, Private, fill
+
+_DEFINES = r"""
 /* ---- resize ---- */
 /* Output elements * taps below which the loop stays serial. */
-#define SS_RESIZE_PAR_MIN {par_min}
+#define SS_RESIZE_PAR_MIN @PAR_MIN@
+"""
 
+_HELPERS = r"""
 /* The source coordinate of output o, as onnxruntime computes it: through the inverse scale,
    which is the exact L / O when the output size was given (seen here as scale == O / L in
    float) and the float 1 / scale otherwise, in double, rounded to float. That decides which
    way nearest rounds at exact half-way points. */
-static float ss_resize_coord(int64_t o, float scale, int64_t out_len, int64_t in_len, int coord) {{
+static float ss_resize_coord(int64_t o, float scale, int64_t out_len, int64_t in_len, int coord) {
     double inv = scale == (float)out_len / (float)in_len ? (double)in_len / (double)out_len
                                                          : (double)(1.0f / scale);
     double xo = (double)o;
-    switch (coord) {{
+    switch (coord) {
     case 1: return (float)(xo * inv);
     case 2: return out_len == 1 ? 0.0f : (float)(xo * (double)(in_len - 1) / (double)(out_len - 1));
     case 3: return out_len > 1 ? (float)((xo + 0.5) * inv - 0.5) : 0.0f;
     case 4: return (float)((xo + 0.5) * inv);
     default: return (float)((xo + 0.5) * inv - 0.5);
-    }}
-}}
+    }
+}
 
-static int64_t ss_resize_nearest(float v, int nearest) {{
+static int64_t ss_resize_nearest(float v, int nearest) {
     int is_half = v == (float)(int64_t)v + 0.5f;
-    switch (nearest) {{
+    switch (nearest) {
     case 1: return (int64_t)(is_half ? ceilf(v) : roundf(v));
     case 2: return (int64_t)floorf(v);
     case 3: return (int64_t)ceilf(v);
     default: return (int64_t)(is_half ? floorf(v) : roundf(v));
-    }}
-}}
+    }
+}
 
-static inline int64_t ss_resize_clamp(int64_t i, int64_t L) {{
+static inline int64_t ss_resize_clamp(int64_t i, int64_t L) {
     return i < 0 ? 0 : (i >= L ? L - 1 : i);
-}}
+}
 
 /* The cubic convolution kernel of coefficient a at distance d (Keys). */
-static inline float ss_resize_cubic(float d, float a) {{
+static inline float ss_resize_cubic(float d, float a) {
     d = fabsf(d);
     if (d <= 1.0f) return ((a + 2.0f) * d - (a + 3.0f)) * d * d + 1.0f;
     if (d < 2.0f) return ((a * d - 5.0f * a) * d + 8.0f * a) * d - 4.0f * a;
     return 0.0f;
-}}
+}
 
 /* Fills taps idx[o * taps + t], wt[o * taps + t] of one axis (taps = 1, 2 or 4 by mode). */
 static void ss_resize_axis(int64_t O, int64_t L, float scale, int mode, int coord, int nearest,
-                           float a, int exclude_outside, int64_t* idx, float* wt) {{
-    for (int64_t o = 0; o < O; ++o) {{
+                           float a, int exclude_outside, int64_t* idx, float* wt) {
+    for (int64_t o = 0; o < O; ++o) {
         float v = ss_resize_coord(o, scale, O, L, coord);
-        if (mode == 0) {{
+        if (mode == 0) {
             idx[o] = ss_resize_clamp(ss_resize_nearest(v, nearest), L);
             wt[o] = 1.0f;
-        }} else if (mode == 1) {{
+        } else if (mode == 1) {
             v = v < 0.0f ? 0.0f : (v > (float)(L - 1) ? (float)(L - 1) : v);
             int64_t i0 = ss_resize_clamp((int64_t)v, L), i1 = ss_resize_clamp(i0 + 1, L);
             idx[2 * o] = i0;
             idx[2 * o + 1] = i1;
             wt[2 * o] = i0 == i1 ? 0.5f : fabsf(v - (float)i1);
             wt[2 * o + 1] = i0 == i1 ? 0.5f : fabsf(v - (float)i0);
-        }} else {{
+        } else {
             float base = floorf(v), s = v - base, sum = 0.0f;
-            for (int t = 0; t < 4; ++t) {{
+            for (int t = 0; t < 4; ++t) {
                 int64_t i = (int64_t)base + t - 1;
                 float c = ss_resize_cubic(s - (float)(t - 1), a);
                 if (exclude_outside && (i < 0 || i >= L)) c = 0.0f;
                 idx[4 * o + t] = ss_resize_clamp(i, L);
                 wt[4 * o + t] = c;
                 sum += c;
-            }}
+            }
             if (exclude_outside && sum != 0.0f)
                 for (int t = 0; t < 4; ++t) wt[4 * o + t] /= sum;
-        }}
-    }}
-}}
+        }
+    }
+}
 
-void ss_resize2d(const float* x, float* y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                 float scale_h, float scale_w, int mode, int coord, int nearest,
-                 float cubic_a, int exclude_outside) {{
+"""
+
+_RESIZE2D = Function("void", "ss_resize2d", ("const float* x", "float* y", "int64_t NC", "int64_t H", "int64_t W",
+                                             "int64_t OH", "int64_t OW", "float scale_h", "float scale_w", "int mode",
+                                             "int coord", "int nearest", "float cubic_a", "int exclude_outside"), r"""
     if (NC <= 0 || H <= 0 || W <= 0 || OH <= 0 || OW <= 0) return;
     int taps = mode == 0 ? 1 : (mode == 1 ? 2 : 4);
     int64_t* ih = (int64_t*)malloc(sizeof(int64_t) * (size_t)(taps * (OH + OW)));
     float* wh = (float*)malloc(sizeof(float) * (size_t)(taps * (OH + OW)));
-    if (!ih || !wh) {{
+    if (!ih || !wh) {
         free(ih);
         free(wh);
         return;
-    }}
+    }
     int64_t* iw = ih + taps * OH;
     float* ww = wh + taps * OH;
     ss_resize_axis(OH, H, scale_h, mode, coord, nearest, cubic_a, exclude_outside, ih, wh);
     ss_resize_axis(OW, W, scale_w, mode, coord, nearest, cubic_a, exclude_outside, iw, ww);
     #pragma omp parallel for if(NC * OH * OW * taps * taps >= SS_RESIZE_PAR_MIN)
-    for (int64_t r = 0; r < NC * OH; ++r) {{
+    for (int64_t r = 0; r < NC * OH; ++r) {
         int64_t nc = r / OH, oh = r % OH;
         const float* xp = x + nc * H * W;
         float* yr = y + r * OW;
-        if (taps == 1) {{
+        if (taps == 1) {
             const float* row = xp + ih[oh] * W;
             for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = row[iw[ow]];
             continue;
-        }}
-        for (int64_t ow = 0; ow < OW; ++ow) {{
+        }
+        for (int64_t ow = 0; ow < OW; ++ow) {
             float acc = 0.0f;
-            for (int i = 0; i < taps; ++i) {{
+            for (int i = 0; i < taps; ++i) {
                 const float* row = xp + ih[oh * taps + i] * W;
                 float t = 0.0f;
                 for (int j = 0; j < taps; ++j) t += ww[ow * taps + j] * row[iw[ow * taps + j]];
                 acc += wh[oh * taps + i] * t;
-            }}
+            }
             yr[ow] = acc;
-        }}
-    }}
+        }
+    }
     free(ih);
-    free(wh);
-}}
-"""
+    free(wh);""")
+
+
+def fragment(par_min: int = 32768) -> Fragment:
+    """The resize fragment; ``par_min`` is the work (outputs times taps) below which the loop stays serial."""
+    return Fragment([
+        Private(fill(_DEFINES, PAR_MIN=int(par_min))),
+        Private(_HELPERS),
+        _RESIZE2D,
+    ])
 
 
 def source(par_min: int = 32768) -> str:
-    """The resize fragment; ``par_min`` is the work (outputs times taps) below which the loop stays serial."""
-    return _TEMPLATE.format(par_min=int(par_min))
+    return fragment(par_min).text()

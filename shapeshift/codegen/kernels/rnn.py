@@ -55,25 +55,31 @@ alone).
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private, fill
+
 DEPENDS = ("gemm",)
 
-_TEMPLATE = r"""
+_LSTM_DEFINES = r"""
 /* ---- rnn ---- */
 /* Gate elements (B * H) below which the pointwise update stays serial. */
-#define SS_LSTM_PAR_MIN {par_min}
+#define SS_LSTM_PAR_MIN @PAR_MIN@
+"""
 
-static inline float ss_lstm_sigmoid(float v) {{ return 1.0f / (1.0f + expf(-v)); }}
+_LSTM_HELPERS = r"""
+static inline float ss_lstm_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-int64_t ss_lstm_work_size(int64_t T, int64_t B, int64_t I, int64_t H) {{
+"""
+
+_LSTM_WORK_SIZE = Function("int64_t", "ss_lstm_work_size", ("int64_t T", "int64_t B", "int64_t I", "int64_t H"), r"""
     (void)I;
-    return T * B * 4 * H + B * 4 * H + 4 * H + 2 * B * H;
-}}
+    return T * B * 4 * H + B * 4 * H + 4 * H + 2 * B * H;""")
 
+_LSTM_DIRECTION = r"""
 /* One direction d: reads W, R, bias of d, writes Y[:, d], Y_h[d], Y_c[d]. */
 static void ss_lstm_direction(const float* X, const float* W, const float* R, const float* bias,
                               const float* h0, const float* c0, float* Y, float* Y_h, float* Y_c,
                               int64_t T, int64_t B, int64_t I, int64_t H, int64_t D, int64_t d,
-                              int reverse, float* work) {{
+                              int reverse, float* work) {
     int64_t G = 4 * H;
     float* xw = work;
     float* gates = xw + T * B * G;
@@ -84,41 +90,42 @@ static void ss_lstm_direction(const float* X, const float* W, const float* R, co
         for (int64_t g = 0; g < G; ++g) bsum[g] = bias[d * 2 * G + g] + bias[d * 2 * G + G + g];
     ss_gemm(T * B, G, I, 1, 1, X, 0, 0, I, 1, W + d * G * I, 0, 0, 1, I, xw, 0, 0, G,
             1.0f, bias ? bsum : NULL, 1.0f, 0, 1, 0);
-    for (int64_t i = 0; i < B * H; ++i) {{
+    for (int64_t i = 0; i < B * H; ++i) {
         h[i] = h0 ? h0[d * B * H + i] : 0.0f;
         c[i] = c0 ? c0[d * B * H + i] : 0.0f;
-    }}
-    for (int64_t s = 0; s < T; ++s) {{
+    }
+    for (int64_t s = 0; s < T; ++s) {
         int64_t t = reverse ? T - 1 - s : s;
         ss_gemm(B, G, H, 1, 1, h, 0, 0, H, 1, R + d * G * H, 0, 0, 1, H, gates, 0, 0, G,
                 1.0f, xw + t * B * G, 1.0f, G, 1, 0);
         #pragma omp parallel for if(B * H >= SS_LSTM_PAR_MIN)
-        for (int64_t b = 0; b < B; ++b) {{
+        for (int64_t b = 0; b < B; ++b) {
             const float* gr = gates + b * G;
-            for (int64_t j = 0; j < H; ++j) {{
+            for (int64_t j = 0; j < H; ++j) {
                 float gi = ss_lstm_sigmoid(gr[j]), go = ss_lstm_sigmoid(gr[H + j]);
                 float gf = ss_lstm_sigmoid(gr[2 * H + j]), gc = tanhf(gr[3 * H + j]);
                 float cn = gf * c[b * H + j] + gi * gc;
                 c[b * H + j] = cn;
                 h[b * H + j] = go * tanhf(cn);
-            }}
-        }}
+            }
+        }
         if (Y) memcpy(Y + ((t * D + d) * B) * H, h, (size_t)(B * H) * sizeof(float));
-    }}
+    }
     if (Y_h) memcpy(Y_h + d * B * H, h, (size_t)(B * H) * sizeof(float));
     if (Y_c) memcpy(Y_c + d * B * H, c, (size_t)(B * H) * sizeof(float));
-}}
+}
 
-void ss_lstm(const float* X, const float* W, const float* R, const float* bias,
-             const float* h0, const float* c0, float* Y, float* Y_h, float* Y_c,
-             int64_t T, int64_t B, int64_t I, int64_t H, int direction, float* work) {{
+"""
+
+_LSTM = Function("void", "ss_lstm", ("const float* X", "const float* W", "const float* R", "const float* bias",
+                                     "const float* h0", "const float* c0", "float* Y", "float* Y_h", "float* Y_c",
+                                     "int64_t T", "int64_t B", "int64_t I", "int64_t H", "int direction",
+                                     "float* work"), r"""
     if (B <= 0 || H <= 0) return;
     int64_t D = direction == 2 ? 2 : 1;
     for (int64_t d = 0; d < D; ++d)
         ss_lstm_direction(X, W, R, bias, h0, c0, Y, Y_h, Y_c, T, B, I, H, D, d,
-                          direction == 1 || d == 1, work);
-}}
-"""
+                          direction == 1 || d == 1, work);""")
 
 
 # -- RNN and GRU ------------------------------------------------------------------------------
@@ -129,8 +136,11 @@ ACTIVATION_CODES = {
     "scaledtanh": 6, "hardsigmoid": 7, "elu": 8, "softsign": 9, "softplus": 10,
 }
 
-# Plain C (no str.format): the one tunable arrives as a #define that source() prepends.
-_RNN_GRU = r"""
+_RECUR_DEFINES = """
+#define SS_RECUR_PAR_MIN @PAR_MIN@
+"""
+
+_RECUR_HELPERS = r"""
 /* ---- rnn: RNN and GRU ---- */
 /* One activation of one direction: a code of ACTIVATION_CODES and its alpha, beta. */
 typedef struct { int kind; float alpha, beta; } ss_recur_act;
@@ -255,11 +265,13 @@ static void ss_recur_store_state(float* Y_h, const float* h, const int32_t* lens
     }
 }
 
-int64_t ss_rnn_work_size(int64_t T, int64_t B, int64_t I, int64_t H) {
-    (void)I;
-    return T * B * H + 2 * B * H + H;   /* xw, gates, h, bias sum */
-}
+"""
 
+_RNN_WORK_SIZE = Function("int64_t", "ss_rnn_work_size", ("int64_t T", "int64_t B", "int64_t I", "int64_t H"), r"""
+    (void)I;
+    return T * B * H + 2 * B * H + H;   /* xw, gates, h, bias sum */""")
+
+_RNN_DIRECTION = r"""
 /* One RNN direction: h = f(xw[t] + h R_d^T), xw holding X W_d^T + Wb + Rb. */
 static void ss_rnn_direction(const float* X, const float* W, const float* R, const float* bias,
                              const int32_t* lens, const float* h0, float* Y, float* Y_h,
@@ -293,24 +305,25 @@ static void ss_rnn_direction(const float* X, const float* W, const float* R, con
     ss_recur_store_state(Y_h, h, lens, g, d);
 }
 
-void ss_rnn(const float* X, const float* W, const float* R, const float* bias,
-            const int32_t* seq_lens, const float* h0, float* Y, float* Y_h,
-            int64_t T, int64_t B, int64_t I, int64_t H, int direction, int layout,
-            const int32_t* acts, const float* alphas, const float* betas, float clip,
-            float* work) {
+"""
+
+_RNN = Function("void", "ss_rnn", ("const float* X", "const float* W", "const float* R", "const float* bias",
+                                   "const int32_t* seq_lens", "const float* h0", "float* Y", "float* Y_h", "int64_t T",
+                                   "int64_t B", "int64_t I", "int64_t H", "int direction", "int layout",
+                                   "const int32_t* acts", "const float* alphas", "const float* betas", "float clip",
+                                   "float* work"), r"""
     if (B <= 0 || H <= 0) return;
     const int64_t D = direction == 2 ? 2 : 1;
     const ss_recur_geom g = ss_recur_geometry(T, B, H, H, D, layout);
     for (int64_t d = 0; d < D; ++d)
         ss_rnn_direction(X, W, R, bias, seq_lens, h0, Y, Y_h, &g, I, d, direction == 1 || d == 1,
-                         ss_recur_act_of(acts, alphas, betas, d, 1, 0, 1), clip, work);
-}
+                         ss_recur_act_of(acts, alphas, betas, d, 1, 0, 1), clip, work);""")
 
-int64_t ss_gru_work_size(int64_t T, int64_t B, int64_t I, int64_t H) {
+_GRU_WORK_SIZE = Function("int64_t", "ss_gru_work_size", ("int64_t T", "int64_t B", "int64_t I", "int64_t H"), r"""
     (void)I;
-    return 3 * T * B * H + 5 * B * H + 6 * H;   /* xw, gates, h, r * h, bias sum, recurrent bias */
-}
+    return 3 * T * B * H + 5 * B * H + 6 * H;   /* xw, gates, h, r * h, bias sum, recurrent bias */""")
 
+_GRU_HELPERS = r"""
 /* The biases of direction d, split by where they add: bsum[3H] joins the input
    projection (Wb + Rb, but only Wbh for the candidate under linear_before_reset, whose
    Rbh is multiplied by r), rbias[3H] the recurrent product (zeros but that Rbh). */
@@ -416,20 +429,20 @@ static void ss_gru_direction(const float* X, const float* W, const float* R, con
     ss_recur_store_state(Y_h, h, lens, g, d);
 }
 
-void ss_gru(const float* X, const float* W, const float* R, const float* bias,
-            const int32_t* seq_lens, const float* h0, float* Y, float* Y_h,
-            int64_t T, int64_t B, int64_t I, int64_t H, int direction, int layout,
-            int linear_before_reset, const int32_t* acts, const float* alphas,
-            const float* betas, float clip, float* work) {
+"""
+
+_GRU = Function("void", "ss_gru", ("const float* X", "const float* W", "const float* R", "const float* bias",
+                                   "const int32_t* seq_lens", "const float* h0", "float* Y", "float* Y_h", "int64_t T",
+                                   "int64_t B", "int64_t I", "int64_t H", "int direction", "int layout",
+                                   "int linear_before_reset", "const int32_t* acts", "const float* alphas",
+                                   "const float* betas", "float clip", "float* work"), r"""
     if (B <= 0 || H <= 0) return;
     const int64_t D = direction == 2 ? 2 : 1;
     const ss_recur_geom g = ss_recur_geometry(T, B, H, 3 * H, D, layout);
     for (int64_t d = 0; d < D; ++d)
         ss_gru_direction(X, W, R, bias, seq_lens, h0, Y, Y_h, &g, I, d, direction == 1 || d == 1,
                          linear_before_reset, ss_recur_act_of(acts, alphas, betas, d, 2, 0, 0),
-                         ss_recur_act_of(acts, alphas, betas, d, 2, 1, 1), clip, work);
-}
-"""
+                         ss_recur_act_of(acts, alphas, betas, d, 2, 1, 1), clip, work);""")
 
 
 def rnn_work_floats(T, B, H):
@@ -442,7 +455,25 @@ def gru_work_floats(T, B, H):
     return 3 * T * B * H + 5 * B * H + 6 * H
 
 
-def source(par_min: int = 4096) -> str:
+def fragment(par_min: int = 4096) -> Fragment:
     """The fragment (LSTM, RNN, GRU); ``par_min`` is the gate count (B * H; B * 3H for GRU)
     below which a step's pointwise update stays serial."""
-    return _TEMPLATE.format(par_min=int(par_min)) + f"#define SS_RECUR_PAR_MIN {int(par_min)}\n" + _RNN_GRU
+    return Fragment([
+        Private(fill(_LSTM_DEFINES, PAR_MIN=int(par_min))),
+        Private(_LSTM_HELPERS),
+        _LSTM_WORK_SIZE,
+        Private(_LSTM_DIRECTION),
+        _LSTM,
+        Private(fill(_RECUR_DEFINES, PAR_MIN=int(par_min))),
+        Private(_RECUR_HELPERS),
+        _RNN_WORK_SIZE,
+        Private(_RNN_DIRECTION),
+        _RNN,
+        _GRU_WORK_SIZE,
+        Private(_GRU_HELPERS),
+        _GRU,
+    ])
+
+
+def source(par_min: int = 4096) -> str:
+    return fragment(par_min).text()

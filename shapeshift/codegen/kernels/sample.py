@@ -38,31 +38,35 @@ applied to all C channels, one contiguous run of outputs per channel. OpenMP sha
 
 from __future__ import annotations
 
+from ..cwriter import Fragment, Function, Private, fill
+
 DEPENDS: tuple[str, ...] = ()
 
 MODES = {"nearest": 0, "linear": 1, "cubic": 2}
 PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
 MAX_RANK = 3
 
-_TEMPLATE = r"""
+_DEFINES = r"""
 /* ---- sample ---- */
 #define SS_GRID_MAX_RANK 3
 /* At most 4 taps per axis: 4^3 tap combinations per output point. */
 #define SS_GRID_MAX_COMBOS 64
 /* Output points whose taps are computed together, then applied to every channel. */
-#define SS_GRID_BLOCK {block}
+#define SS_GRID_BLOCK @BLOCK@
 /* Outputs times taps below which the loop stays serial. */
-#define SS_GRID_PAR_MIN {par_min}
+#define SS_GRID_PAR_MIN @PAR_MIN@
+"""
 
+_HELPERS = r"""
 /* The normalized coordinate g (-1..1) as a pixel coordinate along an axis of L pixels. */
-static inline float ss_grid_unnormalize(float g, int64_t L, int align_corners) {{
+static inline float ss_grid_unnormalize(float g, int64_t L, int align_corners) {
     if (align_corners) return (g + 1.0f) / 2.0f * (float)(L - 1);
     return ((g + 1.0f) * (float)L - 1.0f) / 2.0f;
-}}
+}
 
 /* Folds v back into [lo, hi] by reflecting at the bounds as often as needed (in double,
    as the reference does). A degenerate range (one pixel, align_corners) is the point lo. */
-static float ss_grid_reflect(float v, float lo, float hi) {{
+static float ss_grid_reflect(float v, float lo, float hi) {
     double x = v, range = (double)hi - (double)lo;
     if (x >= lo && x <= hi) return v;
     if (!(range > 0.0) || !isfinite(x)) return lo;
@@ -71,140 +75,149 @@ static float ss_grid_reflect(float v, float lo, float hi) {{
     int even = fmod(folds, 2.0) == 0.0;
     if (x < lo) return (float)(even ? (double)lo + rest : (double)hi - rest);
     return (float)(even ? (double)hi - rest : (double)lo + rest);
-}}
+}
 
-static inline int64_t ss_grid_clamp(int64_t i, int64_t L) {{
+static inline int64_t ss_grid_clamp(int64_t i, int64_t L) {
     return i < 0 ? 0 : (i >= L ? L - 1 : i);
-}}
+}
 
 /* The pixel tap i reads under the padding rule, or -1 for the zero padding. */
-static inline int64_t ss_grid_pixel(int64_t i, int64_t L, int padding, float lo, float hi) {{
+static inline int64_t ss_grid_pixel(int64_t i, int64_t L, int padding, float lo, float hi) {
     if (padding == 0) return i >= 0 && i < L ? i : -1;
     if (padding == 1) return ss_grid_clamp(i, L);
     return ss_grid_clamp((int64_t)ss_grid_reflect((float)i, lo, hi), L);
-}}
+}
 
 /* Keys' cubic convolution weights of the taps at -1, 0, 1, 2 for a fraction t in [0, 1). */
-static inline void ss_grid_cubic_weights(float t, float* w) {{
+static inline void ss_grid_cubic_weights(float t, float* w) {
     const float a = -0.75f;
     float t1 = t + 1.0f, u = 1.0f - t, u1 = 2.0f - t;
     w[0] = ((a * t1 - 5.0f * a) * t1 + 8.0f * a) * t1 - 4.0f * a;
     w[1] = ((a + 2.0f) * t - (a + 3.0f)) * t * t + 1.0f;
     w[2] = ((a + 2.0f) * u - (a + 3.0f)) * u * u + 1.0f;
     w[3] = ((a * u1 - 5.0f * a) * u1 + 8.0f * a) * u1 - 4.0f * a;
-}}
+}
 
 /* The taps (pixel index or -1, weight) of one axis of L pixels for normalized coordinate g;
    returns how many (1, 2 or 4 by mode). */
 static int ss_grid_axis_taps(float g, int64_t L, int mode, int padding, int align_corners,
-                             int64_t* idx, float* wt) {{
+                             int64_t* idx, float* wt) {
     float lo = align_corners ? 0.0f : -0.5f;
     float hi = align_corners ? (float)(L - 1) : (float)L - 0.5f;
     float x = ss_grid_unnormalize(g, L, align_corners);
     if (mode == 0) x = rintf(x);
-    if (x < lo || x > hi) {{
+    if (x < lo || x > hi) {
         if (padding == 1) x = x < 0.0f ? 0.0f : (float)(L - 1);
         else if (padding == 2) x = ss_grid_reflect(x, lo, hi);
-    }}
+    }
     /* Far outside (or NaN): every tap misses the image by the same margin, so the
        point's result does not change, and the index conversions below stay defined. */
     float margin = (float)L + 8.0f;
     if (!(x > -margin)) x = -margin;
     if (x > margin) x = margin;
-    if (mode == 0) {{
+    if (mode == 0) {
         idx[0] = ss_grid_pixel((int64_t)x, L, padding, lo, hi);
         wt[0] = 1.0f;
         return 1;
-    }}
+    }
     float f = floorf(x), t = x - f;
     int64_t base = (int64_t)f;
-    if (mode == 1) {{
+    if (mode == 1) {
         wt[0] = 1.0f - t;
         wt[1] = t;
         for (int k = 0; k < 2; ++k) idx[k] = ss_grid_pixel(base + k, L, padding, lo, hi);
         return 2;
-    }}
+    }
     ss_grid_cubic_weights(t, wt);
     for (int k = 0; k < 4; ++k) idx[k] = ss_grid_pixel(base + k - 1, L, padding, lo, hi);
     return 4;
-}}
+}
 
 /* The (plane offset, weight) pairs of one output point: the product of its axes' taps,
    taps reading the zero padding left out. Returns how many. */
 static int ss_grid_point_combos(const float* g, int64_t rank, const int64_t* in_dims,
                                 const int64_t* plane_strides, int mode, int padding, int align_corners,
-                                int64_t* off, float* wt) {{
+                                int64_t* off, float* wt) {
     int64_t idx[SS_GRID_MAX_RANK][4];
     float w[SS_GRID_MAX_RANK][4];
     int taps[SS_GRID_MAX_RANK];
     for (int64_t a = 0; a < rank; ++a)
         taps[a] = ss_grid_axis_taps(g[rank - 1 - a], in_dims[a], mode, padding, align_corners, idx[a], w[a]);
-    int count = 0, k[SS_GRID_MAX_RANK] = {{0, 0, 0}};
-    for (;;) {{
+    int count = 0, k[SS_GRID_MAX_RANK] = {0, 0, 0};
+    for (;;) {
         int64_t o = 0;
         float weight = 1.0f;
         int inside = 1;
-        for (int64_t a = 0; a < rank; ++a) {{
+        for (int64_t a = 0; a < rank; ++a) {
             int64_t i = idx[a][k[a]];
-            if (i < 0) {{ inside = 0; break; }}
+            if (i < 0) { inside = 0; break; }
             o += i * plane_strides[a];
             weight *= w[a][k[a]];
-        }}
-        if (inside) {{ off[count] = o; wt[count] = weight; ++count; }}
+        }
+        if (inside) { off[count] = o; wt[count] = weight; ++count; }
         int64_t a = rank - 1;  /* odometer over the taps, last axis fastest */
         while (a >= 0 && ++k[a] == taps[a]) k[a--] = 0;
         if (a < 0) break;
-    }}
+    }
     return count;
-}}
+}
 
-void ss_grid_sample(const float* x, const float* grid, float* y, int64_t N, int64_t C,
-                    int64_t rank, const int64_t* in_dims, const int64_t* out_dims,
-                    int mode, int padding, int align_corners) {{
+"""
+
+_GRID_SAMPLE = Function("void", "ss_grid_sample", ("const float* x", "const float* grid", "float* y", "int64_t N",
+                                                   "int64_t C", "int64_t rank", "const int64_t* in_dims",
+                                                   "const int64_t* out_dims", "int mode", "int padding",
+                                                   "int align_corners"), r"""
     if (rank < 1 || rank > SS_GRID_MAX_RANK) return;
     int64_t plane = 1, points = 1, plane_strides[SS_GRID_MAX_RANK];
-    for (int64_t a = rank - 1; a >= 0; --a) {{
+    for (int64_t a = rank - 1; a >= 0; --a) {
         plane_strides[a] = plane;
         plane *= in_dims[a];
         points *= out_dims[a];
-    }}
+    }
     if (N <= 0 || C <= 0 || points <= 0) return;
-    if (plane <= 0) {{
+    if (plane <= 0) {
         memset(y, 0, sizeof(float) * (size_t)(N * C * points));
         return;
-    }}
+    }
     int64_t taps = mode == 0 ? 1 : (mode == 1 ? 2 : 4), combos = 1;
     for (int64_t a = 0; a < rank; ++a) combos *= taps;
     int64_t blocks = (points + SS_GRID_BLOCK - 1) / SS_GRID_BLOCK;
     #pragma omp parallel for if(N * C * points * combos >= SS_GRID_PAR_MIN)
-    for (int64_t job = 0; job < N * blocks; ++job) {{
+    for (int64_t job = 0; job < N * blocks; ++job) {
         int64_t n = job / blocks, first = (job % blocks) * SS_GRID_BLOCK;
         int64_t count = points - first < SS_GRID_BLOCK ? points - first : SS_GRID_BLOCK;
         int64_t off[SS_GRID_BLOCK * SS_GRID_MAX_COMBOS];
         float wt[SS_GRID_BLOCK * SS_GRID_MAX_COMBOS];
         int used[SS_GRID_BLOCK];
-        for (int64_t p = 0; p < count; ++p) {{
+        for (int64_t p = 0; p < count; ++p) {
             const float* g = grid + (n * points + first + p) * rank;
             used[p] = ss_grid_point_combos(g, rank, in_dims, plane_strides, mode, padding, align_corners,
                                            off + p * SS_GRID_MAX_COMBOS, wt + p * SS_GRID_MAX_COMBOS);
-        }}
-        for (int64_t c = 0; c < C; ++c) {{
+        }
+        for (int64_t c = 0; c < C; ++c) {
             const float* xp = x + (n * C + c) * plane;
             float* yp = y + (n * C + c) * points + first;
-            for (int64_t p = 0; p < count; ++p) {{
+            for (int64_t p = 0; p < count; ++p) {
                 const int64_t* o = off + p * SS_GRID_MAX_COMBOS;
                 const float* w = wt + p * SS_GRID_MAX_COMBOS;
                 float acc = 0.0f;
                 for (int j = 0; j < used[p]; ++j) acc += w[j] * xp[o[j]];
                 yp[p] = acc;
-            }}
-        }}
-    }}
-}}
-"""
+            }
+        }
+    }""")
+
+
+def fragment(block: int = 32, par_min: int = 32768) -> Fragment:
+    """The GridSample fragment; ``block`` output points share one tap table, ``par_min`` is
+    the work (outputs times taps) below which the loop stays serial."""
+    return Fragment([
+        Private(fill(_DEFINES, BLOCK=int(block), PAR_MIN=int(par_min))),
+        Private(_HELPERS),
+        _GRID_SAMPLE,
+    ])
 
 
 def source(block: int = 32, par_min: int = 32768) -> str:
-    """The GridSample fragment; ``block`` output points share one tap table, ``par_min`` is
-    the work (outputs times taps) below which the loop stays serial."""
-    return _TEMPLATE.format(block=int(block), par_min=int(par_min))
+    return fragment(block, par_min).text()

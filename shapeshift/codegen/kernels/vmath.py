@@ -1,9 +1,10 @@
 """Vector math helpers shared by the kernels and the generated fused elementwise loops.
 
-``source()`` returns a C fragment of ``static inline`` functions (nothing is exported from
-the library). Each vector helper has a scalar twin that runs the same operations in the
-same order, so a loop's scalar tail gives what its vector body would have given (bit for
-bit where the target has FMA), whatever the length or alignment of the data.
+``fragment()`` returns a header-only C fragment of ``static inline`` functions (nothing is
+exported from the library: every unit that uses them sees them whole). Each vector helper
+has a scalar twin that runs the same operations in the same order, so a loop's scalar tail
+gives what its vector body would have given (bit for bit where the target has FMA), whatever
+the length or alignment of the data.
 
 Scalar (always defined)::
 
@@ -55,6 +56,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..cwriter import CWriter, Fragment, Shared, fill
+
 DEPENDS: tuple[str, ...] = ()
 
 EXP_P = (0.5, 0.166666657, 0.0416662954, 0.00833349675, 0.00139446487, 0.00019790353)
@@ -76,44 +79,46 @@ def _lit(v: float) -> str:
     return text + ("f" if any(c in text for c in ".en") else ".0f")
 
 
-def _horner(var: str, coeffs: Sequence[float], vector: bool) -> str:
-    """C statements leaving sum(coeffs[k] * var**k) in ``p`` (declared here)."""
+def _horner(var: str, coeffs: Sequence[float], vector: bool, level: int) -> str:
+    """C statements, ``level`` indents deep, leaving sum(coeffs[k] * var**k) in ``p`` (declared here)."""
+    w = CWriter(level=level)
     if vector:
-        lines = [f"__m256 p = _mm256_set1_ps({_lit(coeffs[-1])});"]
-        lines += [f"p = ss_fmadd8(p, {var}, _mm256_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1])]
+        w.line(f"__m256 p = _mm256_set1_ps({_lit(coeffs[-1])});")
+        w.lines(f"p = ss_fmadd8(p, {var}, _mm256_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
     else:
-        lines = [f"float p = {_lit(coeffs[-1])};"]
-        lines += [f"p = ss_fmaf(p, {var}, {_lit(c)});" for c in reversed(coeffs[:-1])]
-    return "\n    ".join(lines)
+        w.line(f"float p = {_lit(coeffs[-1])};")
+        w.lines(f"p = ss_fmaf(p, {var}, {_lit(c)});" for c in reversed(coeffs[:-1]))
+    return w.text().rstrip("\n")
 
 
-def _scalar() -> str:
-    return f"""
+# The scalar helpers; @EXP_P@ ... are the polynomials' Horner steps (_horner), @TANH_SWITCH@ ...
+# the float literals of the constants of those names.
+_SCALAR = r"""
 /* ---- vmath: scalar helpers ---- */
-static inline float ss_fmaf(float a, float b, float c) {{
+static inline float ss_fmaf(float a, float b, float c) {
 #ifdef __FMA__
     return fmaf(a, b, c);
 #else
     return a * b + c;
 #endif
-}}
+}
 
-static inline float ss_bits_to_float(uint32_t u) {{ float f; memcpy(&f, &u, 4); return f; }}
-static inline uint32_t ss_float_to_bits(float f) {{ uint32_t u; memcpy(&u, &f, 4); return u; }}
+static inline float ss_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t ss_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 /* exp(x) = y * 2^n with x = n ln2 + r, |r| <= ln2/2: the part exp and SiLU share. */
-static inline float ss_expf_reduced(float x, float* n_out) {{
+static inline float ss_expf_reduced(float x, float* n_out) {
     float n = rintf(x * 1.44269504f);
     float r = ss_fmaf(-n, 0.693145752f, x);
     r = ss_fmaf(-n, 1.42860677e-06f, r);
-    {_horner("r", EXP_P, False)}
+@EXP_P@
     *n_out = n;
     return ss_fmaf(p, r * r, r) + 1.0f;
-}}
+}
 
 /* m * exp(x) for |m| <= 128, rounded once at the end: a product in the subnormals keeps
    the bits it would have had (SiLU's x * exp(x) far left); m = 1 is exp. */
-static inline float ss_expf_times(float x, float m) {{
+static inline float ss_expf_times(float x, float m) {
     if (x != x) return x + x;
     /* Clamped so that both halves of the 2^n scale stay normal floats: the product then
        overflows to inf or rounds once into the subnormals, as exp itself would (below
@@ -126,68 +131,68 @@ static inline float ss_expf_times(float x, float m) {{
     float s1 = ss_bits_to_float((uint32_t)(n1 + 127) << 23);
     float s2 = ss_bits_to_float((uint32_t)(n2 + 127) << 23);
     return ((y * m) * s1) * s2;
-}}
+}
 
-static inline float ss_expf(float x) {{ return ss_expf_times(x, 1.0f); }}
+static inline float ss_expf(float x) { return ss_expf_times(x, 1.0f); }
 
-static inline float ss_logf(float x) {{
+static inline float ss_logf(float x) {
     if (x != x) return x + x;
     if (x < 0.0f) return NAN;
     if (x == 0.0f) return -INFINITY;
     if (x == INFINITY) return x;
     float e = 0.0f;
-    if (x < FLT_MIN) {{ x *= 8388608.0f; e = -23.0f; }}
+    if (x < FLT_MIN) { x *= 8388608.0f; e = -23.0f; }
     uint32_t u = ss_float_to_bits(x);
     e += (float)((int32_t)(u >> 23) - 127);
     float m = ss_bits_to_float((u & 0x007fffffu) | 0x3f800000u);
-    if (m >= 1.41421354f) {{ m *= 0.5f; e += 1.0f; }}
+    if (m >= 1.41421354f) { m *= 0.5f; e += 1.0f; }
     float f = m - 1.0f;
     float z = f * f;
-    {_horner("f", LOG_P, False)}
+@LOG_P@
     float y = p * (z * f);
     y = ss_fmaf(e, -2.12194440e-4f, y);
     y = ss_fmaf(-0.5f, z, y);
     float r = f + y;
     return ss_fmaf(e, 0.693359375f, r);
-}}
+}
 
-static inline float ss_tanhf(float x) {{
+static inline float ss_tanhf(float x) {
     float ax = fabsf(x);
-    if (ax < {_lit(TANH_SWITCH)}) {{
+    if (ax < @TANH_SWITCH@) {
         float z = x * x;
-        {_horner("z", TANH_P, False)}
+@TANH_P@
         /* tanh is odd: the sign of x also fixes tanh(-0) = -0, which the fma loses. */
         return copysignf(ss_fmaf(x * z, p, x), x);
-    }}
+    }
     float t = 1.0f - 2.0f / (ss_expf(2.0f * ax) + 1.0f);
     return copysignf(t, x);
-}}
+}
 
-static inline float ss_erff(float x) {{
+static inline float ss_erff(float x) {
     if (x != x) return x + x;
     float ax = fabsf(x);
-    if (ax < {_lit(ERF_SWITCH)}) {{
+    if (ax < @ERF_SWITCH@) {
         float z = x * x;
-        {_horner("z", ERF_SMALL_P, False)}
+@ERF_SMALL_P@
         return x * p;
-    }}
-    float a = ax < {_lit(ERF_ONE)} ? ax : {_lit(ERF_ONE)};
+    }
+    float a = ax < @ERF_ONE@ ? ax : @ERF_ONE@;
     float t = a - 2.0f;
-    {_horner("t", ERF_LARGE_P, False)}
+@ERF_LARGE_P@
     float y = 1.0f - ss_expf(ss_fmaf(-a, a, p));
     return copysignf(y, x);
-}}
+}
 
 /* exp(-|x|) never overflows, and e / (1 + e) keeps the tiny results of very negative x. */
-static inline float ss_sigmoidf(float x) {{
+static inline float ss_sigmoidf(float x) {
     float e = ss_expf(-fabsf(x));
     return (x < 0.0f ? e : 1.0f) / (1.0f + e);
-}}
+}
 
 /* SiLU for an activation epilogue, about a quarter cheaper than x * sigmoid(x): exp(-x)
    for x >= -87.33 is p(r) * 2^n with one scaling (n >= -126 stays normal), and
    x / (1 + e) keeps its relative accuracy however large e gets. */
-static inline float ss_siluf(float x) {{
+static inline float ss_siluf(float x) {
     /* Far left sigmoid(x) is exp(x) to the last bit, and x * exp(x) is rounded once (into
        the subnormals); -inf gives NaN, as -inf * sigmoid(-inf) = -inf * 0 does. */
     if (x < -87.33f) return x == -INFINITY ? NAN : ss_expf_times(x, x < -128.0f ? -128.0f : x);
@@ -196,78 +201,77 @@ static inline float ss_siluf(float x) {{
     float n;
     float y = ss_expf_reduced(u, &n);
     return x / (1.0f + y * ss_bits_to_float((uint32_t)((int32_t)n + 127) << 23));
-}}
+}
 
 /* ONNX Gelu: x/2 (1 + erf(x / sqrt 2)), and its tanh approximation. */
-static inline float ss_geluf(float x) {{
+static inline float ss_geluf(float x) {
     return (0.5f * x) * (1.0f + ss_erff(x * 0.7071067811865476f));
-}}
+}
 
-static inline float ss_gelu_tanhf(float x) {{
+static inline float ss_gelu_tanhf(float x) {
     float u = ss_fmaf((0.044715f * x) * x, x, x);  /* x + 0.044715 x^3 */
     return (0.5f * x) * (1.0f + ss_tanhf(0.7978845608028654f * u));
-}}
+}
 
 /* Piecewise activations and NaN-propagating min / max, each the twin of its vector helper:
    a NaN input gives NaN (as onnxruntime's do), never a clamp bound. */
-static inline float ss_maxf(float a, float b) {{ return (a != a || a > b) ? a : b; }}
-static inline float ss_minf(float a, float b) {{ return (a != a || a < b) ? a : b; }}
-static inline float ss_clampf(float x, float lo, float hi) {{
+static inline float ss_maxf(float a, float b) { return (a != a || a > b) ? a : b; }
+static inline float ss_minf(float a, float b) { return (a != a || a < b) ? a : b; }
+static inline float ss_clampf(float x, float lo, float hi) {
     x = x < lo ? lo : x;
     return x > hi ? hi : x;
-}}
-static inline float ss_hard_sigmoidf(float x, float alpha, float beta) {{
+}
+static inline float ss_hard_sigmoidf(float x, float alpha, float beta) {
     return ss_clampf(ss_fmaf(alpha, x, beta), 0.0f, 1.0f);
-}}
-static inline float ss_hard_swishf(float x) {{ return x * ss_hard_sigmoidf(x, 1.0f / 6.0f, 0.5f); }}
-static inline float ss_leaky_reluf(float x, float alpha) {{ return x >= 0.0f ? x : alpha * x; }}
-static inline float ss_softsignf(float x) {{ return x / (1.0f + fabsf(x)); }}
+}
+static inline float ss_hard_swishf(float x) { return x * ss_hard_sigmoidf(x, 1.0f / 6.0f, 0.5f); }
+static inline float ss_leaky_reluf(float x, float alpha) { return x >= 0.0f ? x : alpha * x; }
+static inline float ss_softsignf(float x) { return x / (1.0f + fabsf(x)); }
 
 /* The activation a kernel applies before its store (conv's act codes); twin of ss_act8. */
-static inline float ss_actf(float v, int act) {{
-    switch (act) {{
+static inline float ss_actf(float v, int act) {
+    switch (act) {
     case 1: return v > 0.0f ? v : 0.0f;
     case 2: return ss_sigmoidf(v);
     case 3: return ss_siluf(v);
     default: return v;
-    }}
-}}
+    }
+}
 """
 
-
-def _vector() -> str:
-    return f"""
+# The AVX2 helpers, with markers as _SCALAR's.
+_VECTOR = r"""
 /* ---- vmath: AVX2 helpers (the scalar twins above run the same operations) ---- */
 #ifdef __AVX2__
-static inline __m256 ss_fmadd8(__m256 a, __m256 b, __m256 c) {{
+static inline __m256 ss_fmadd8(__m256 a, __m256 b, __m256 c) {
 #ifdef __FMA__
     return _mm256_fmadd_ps(a, b, c);
 #else
     return _mm256_add_ps(_mm256_mul_ps(a, b), c);
 #endif
-}}
+}
 
-static inline __m256 ss_abs8(__m256 x) {{ return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }}
+static inline __m256 ss_abs8(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
 
-static inline __m256 ss_copysign8(__m256 mag, __m256 sign) {{
+static inline __m256 ss_copysign8(__m256 mag, __m256 sign) {
     __m256 s = _mm256_set1_ps(-0.0f);
     return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
-}}
+}
 
 /* exp(x) = y * 2^n, |r| <= ln2/2 (twin of ss_expf_reduced): exp's and SiLU's shared part. */
-static inline __m256 ss_exp_reduced8(__m256 x, __m256* n_out) {{
+static inline __m256 ss_exp_reduced8(__m256 x, __m256* n_out) {
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
     __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), x);
     r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
-    {_horner("r", EXP_P, True)}
+@EXP_P@
     *n_out = n;
     return _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-}}
+}
 
 /* Twin of ss_expf_times; ss_exp8 is m = 1. */
-static inline __m256 ss_exp_times8(__m256 x, __m256 m) {{
+static inline __m256 ss_exp_times8(__m256 x, __m256 m) {
     /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
     __m256 xc = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-112.0f), x));
     __m256 n;
@@ -279,11 +283,11 @@ static inline __m256 ss_exp_times8(__m256 x, __m256 m) {{
     __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
     __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(y, m), s1), s2);
-}}
+}
 
-static inline __m256 ss_exp8(__m256 x) {{ return ss_exp_times8(x, _mm256_set1_ps(1.0f)); }}
+static inline __m256 ss_exp8(__m256 x) { return ss_exp_times8(x, _mm256_set1_ps(1.0f)); }
 
-static inline __m256 ss_log8(__m256 x) {{
+static inline __m256 ss_log8(__m256 x) {
     __m256 sub = _mm256_cmp_ps(x, _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ);
     __m256 xs = _mm256_blendv_ps(x, _mm256_mul_ps(x, _mm256_set1_ps(8388608.0f)), sub);
     __m256 e = _mm256_and_ps(sub, _mm256_set1_ps(-23.0f));
@@ -297,7 +301,7 @@ static inline __m256 ss_log8(__m256 x) {{
     e = _mm256_add_ps(e, _mm256_and_ps(big, _mm256_set1_ps(1.0f)));
     __m256 f = _mm256_sub_ps(m, _mm256_set1_ps(1.0f));
     __m256 z = _mm256_mul_ps(f, f);
-    {_horner("f", LOG_P, True)}
+@LOG_P@
     __m256 y = _mm256_mul_ps(p, _mm256_mul_ps(z, f));
     y = ss_fmadd8(e, _mm256_set1_ps(-2.12194440e-4f), y);
     y = ss_fmadd8(_mm256_set1_ps(-0.5f), z, y);
@@ -307,61 +311,61 @@ static inline __m256 ss_log8(__m256 x) {{
     r = _mm256_blendv_ps(r, _mm256_set1_ps(NAN), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NGE_UQ));
     r = _mm256_blendv_ps(r, _mm256_set1_ps(-INFINITY), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_EQ_OQ));
     return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ));
-}}
+}
 
-static inline __m256 ss_tanh8(__m256 x) {{
+static inline __m256 ss_tanh8(__m256 x) {
     __m256 ax = ss_abs8(x);
     __m256 z = _mm256_mul_ps(x, x);
-    {_horner("z", TANH_P, True)}
+@TANH_P@
     __m256 small = ss_copysign8(ss_fmadd8(_mm256_mul_ps(x, z), p, x), x);
     __m256 one = _mm256_set1_ps(1.0f);
     __m256 e = ss_exp8(_mm256_add_ps(ax, ax));
     __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
     large = ss_copysign8(large, x);
-    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps({_lit(TANH_SWITCH)}), _CMP_LT_OQ));
-}}
+    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(@TANH_SWITCH@), _CMP_LT_OQ));
+}
 
-static inline __m256 ss_erf8(__m256 x) {{
+static inline __m256 ss_erf8(__m256 x) {
     __m256 ax = ss_abs8(x);
     __m256 small, large;
-    {{
+    {
         __m256 z = _mm256_mul_ps(x, x);
-        {_horner("z", ERF_SMALL_P, True)}
+@ERF_SMALL_P@
         small = _mm256_mul_ps(x, p);
-    }}
-    {{
-        __m256 a = _mm256_min_ps(_mm256_set1_ps({_lit(ERF_ONE)}), ax);  /* keeps a NaN ax */
+    }
+    {
+        __m256 a = _mm256_min_ps(_mm256_set1_ps(@ERF_ONE@), ax);  /* keeps a NaN ax */
         __m256 t = _mm256_sub_ps(a, _mm256_set1_ps(2.0f));
-        {_horner("t", ERF_LARGE_P, True)}
+@ERF_LARGE_P@
         __m256 na = _mm256_sub_ps(_mm256_setzero_ps(), a);
         large = _mm256_sub_ps(_mm256_set1_ps(1.0f), ss_exp8(ss_fmadd8(na, a, p)));
         large = ss_copysign8(large, x);
-    }}
-    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps({_lit(ERF_SWITCH)}), _CMP_LT_OQ));
-}}
+    }
+    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(@ERF_SWITCH@), _CMP_LT_OQ));
+}
 
 /* Twins of ss_geluf and ss_gelu_tanhf, operation for operation. */
-static inline __m256 ss_gelu8(__m256 x) {{
+static inline __m256 ss_gelu8(__m256 x) {
     __m256 e = ss_erf8(_mm256_mul_ps(x, _mm256_set1_ps(0.7071067811865476f)));
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-}}
+}
 
-static inline __m256 ss_gelu_tanh8(__m256 x) {{
+static inline __m256 ss_gelu_tanh8(__m256 x) {
     __m256 u = ss_fmadd8(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), x), x, x);
     __m256 t = ss_tanh8(_mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), u));
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), t));
-}}
+}
 
-static inline __m256 ss_sigmoid8(__m256 x) {{
+static inline __m256 ss_sigmoid8(__m256 x) {
     __m256 one = _mm256_set1_ps(1.0f);
     __m256 e = ss_exp8(_mm256_sub_ps(_mm256_setzero_ps(), ss_abs8(x)));
     __m256 num = _mm256_blendv_ps(one, e, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
     return _mm256_div_ps(num, _mm256_add_ps(one, e));
-}}
+}
 
 /* Twin of ss_siluf: lanes below -87.33 take its far-left route (computed only when a
    vector has such a lane, which an activation's input seldom does). */
-static inline __m256 ss_silu8(__m256 x) {{
+static inline __m256 ss_silu8(__m256 x) {
     __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33f), _CMP_LT_OQ);
     /* max returns its second operand when either is NaN: this order keeps a NaN -x. */
     __m256 u = _mm256_max_ps(_mm256_set1_ps(-87.33f), _mm256_sub_ps(_mm256_setzero_ps(), x));
@@ -374,67 +378,79 @@ static inline __m256 ss_silu8(__m256 x) {{
     __m256 far = ss_exp_times8(x, _mm256_max_ps(x, _mm256_set1_ps(-128.0f)));
     far = _mm256_blendv_ps(far, _mm256_set1_ps(NAN), _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
     return _mm256_blendv_ps(f, far, low);
-}}
+}
 
 /* Twins of ss_maxf ... ss_softsignf. max_ps / min_ps return their second operand when
    either is NaN or both are zeros, which makes ss_clamp8 the ternaries of ss_clampf. */
-static inline __m256 ss_max8(__m256 a, __m256 b) {{
+static inline __m256 ss_max8(__m256 a, __m256 b) {
     __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(a, b, _CMP_GT_OQ));
     return _mm256_blendv_ps(b, a, take_a);
-}}
-static inline __m256 ss_min8(__m256 a, __m256 b) {{
+}
+static inline __m256 ss_min8(__m256 a, __m256 b) {
     __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(a, b, _CMP_LT_OQ));
     return _mm256_blendv_ps(b, a, take_a);
-}}
-static inline __m256 ss_clamp8(__m256 x, __m256 lo, __m256 hi) {{
+}
+static inline __m256 ss_clamp8(__m256 x, __m256 lo, __m256 hi) {
     return _mm256_min_ps(hi, _mm256_max_ps(lo, x));
-}}
-static inline __m256 ss_hard_sigmoid8(__m256 x, float alpha, float beta) {{
+}
+static inline __m256 ss_hard_sigmoid8(__m256 x, float alpha, float beta) {
     return ss_clamp8(ss_fmadd8(_mm256_set1_ps(alpha), x, _mm256_set1_ps(beta)), _mm256_setzero_ps(),
                      _mm256_set1_ps(1.0f));
-}}
-static inline __m256 ss_hard_swish8(__m256 x) {{ return _mm256_mul_ps(x, ss_hard_sigmoid8(x, 1.0f / 6.0f, 0.5f)); }}
-static inline __m256 ss_leaky_relu8(__m256 x, float alpha) {{
+}
+static inline __m256 ss_hard_swish8(__m256 x) { return _mm256_mul_ps(x, ss_hard_sigmoid8(x, 1.0f / 6.0f, 0.5f)); }
+static inline __m256 ss_leaky_relu8(__m256 x, float alpha) {
     __m256 keep = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
     return _mm256_blendv_ps(_mm256_mul_ps(_mm256_set1_ps(alpha), x), x, keep);
-}}
-static inline __m256 ss_softsign8(__m256 x) {{
+}
+static inline __m256 ss_softsign8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), ss_abs8(x)));
-}}
+}
 
-static inline __m256 ss_act8(__m256 v, int act) {{
-    switch (act) {{
+static inline __m256 ss_act8(__m256 v, int act) {
+    switch (act) {
     case 1: return _mm256_max_ps(v, _mm256_setzero_ps());
     case 2: return ss_sigmoid8(v);
     case 3: return ss_silu8(v);
     default: return v;
-    }}
-}}
+    }
+}
 
-static inline float ss_hsum8(__m256 v) {{
+static inline float ss_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}}
+}
 
-static inline float ss_hmax8(__m256 v) {{
+static inline float ss_hmax8(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}}
+}
 
-static inline float ss_hmin8(__m256 v) {{
+static inline float ss_hmin8(__m256 v) {
     __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_min_ps(s, _mm_movehl_ps(s, s));
     s = _mm_min_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}}
+}
 #endif /* __AVX2__ */
 """
 
 
+def fragment() -> Fragment:
+    """The C fragment, header-only (every unit inlines these): scalar helpers, then the AVX2
+    helpers under ``#ifdef __AVX2__``."""
+    literals = dict(TANH_SWITCH=_lit(TANH_SWITCH), ERF_SWITCH=_lit(ERF_SWITCH), ERF_ONE=_lit(ERF_ONE))
+    scalar = fill(_SCALAR, **literals, EXP_P=_horner("r", EXP_P, False, 1), LOG_P=_horner("f", LOG_P, False, 1),
+                  TANH_P=_horner("z", TANH_P, False, 2), ERF_SMALL_P=_horner("z", ERF_SMALL_P, False, 2),
+                  ERF_LARGE_P=_horner("t", ERF_LARGE_P, False, 1))
+    vector = fill(_VECTOR, **literals, EXP_P=_horner("r", EXP_P, True, 1), LOG_P=_horner("f", LOG_P, True, 1),
+                  TANH_P=_horner("z", TANH_P, True, 1), ERF_SMALL_P=_horner("z", ERF_SMALL_P, True, 2),
+                  ERF_LARGE_P=_horner("t", ERF_LARGE_P, True, 2))
+    return Fragment([Shared(scalar), Shared(vector)])
+
+
 def source() -> str:
-    """The C fragment: scalar helpers, then the AVX2 helpers under ``#ifdef __AVX2__``."""
-    return _scalar() + _vector()
+    return fragment().text()
