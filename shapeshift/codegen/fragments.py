@@ -16,9 +16,9 @@ prototype of each entry point; its ``Private`` parts stay in its object. A fragm
 without entry points (vmath, scalar, intpow, conv_igemm) is header-only: it has no object,
 and units include it whole.
 
-Two fragments, reduce and indexing, are still plain text (``source()`` only): their
+One fragment, indexing, is still plain text (``source()`` only): its
 declared view is cut out of the text with regular expressions, the path every fragment
-took before the C writer (see ``_cut_declared``). It stays until they are written with
+took before the C writer (see ``_cut_declared``). It stays until it is written with
 the C writer too; a new fragment must have a ``fragment()``.
 
 A fragment's own object declares the fragments it depends on (its ``DEPENDS``) the same
@@ -38,9 +38,9 @@ from .cwriter import Fragment
 from .kernels.prelude import HEADER
 
 # Fragments still written as plain text, whose declared view is cut out with regular
-# expressions: reduce and indexing only, kept on that path while they are being edited
-# elsewhere. Every other fragment module has a fragment().
-_PLAIN_TEXT = frozenset({"reduce", "indexing"})
+# expressions: indexing only, kept on that path while it was being edited elsewhere. Every
+# other fragment module has a fragment().
+_PLAIN_TEXT = frozenset({"indexing"})
 
 # Plain-text fragments only. The head of a function definition at the start of a line: a
 # return type, the name, the parameter list (which may span lines), then the opening brace.
@@ -56,7 +56,7 @@ def _module(name: str):
 
 @functools.cache
 def _fragment(name: str, target: Optional[Target] = None) -> Optional[Fragment]:
-    """The fragment's parts (its module's ``fragment()``); None for reduce and indexing,
+    """The fragment's parts (its module's ``fragment()``); None for indexing,
     which are still plain text (``source()``)."""
     module = _module(name)
     if not hasattr(module, "fragment"):
@@ -81,7 +81,7 @@ def text(name: str, target: Optional[Target] = None) -> str:
 @functools.cache
 def declared(name: str, target: Optional[Target] = None) -> str:
     """What units that call the fragment include: its shared parts and a prototype of each
-    entry point (``Fragment.declared``), or for reduce and indexing, the text cut down."""
+    entry point (``Fragment.declared``), or for indexing, the text cut down."""
     parts = _fragment(name, target)
     if parts is not None:
         return parts.declared()
@@ -89,7 +89,7 @@ def declared(name: str, target: Optional[Target] = None) -> str:
 
 
 def _cut_declared(source: str, name: str) -> str:
-    """A plain-text fragment (reduce, indexing) as other units declare it: its text with the
+    """A plain-text fragment (indexing) as other units declare it: its text with the
     body of each entry point replaced by ``;`` and the private helpers (static, not inline)
     that only those bodies called left out, so that the units that include it do not even
     parse them. A helper named anywhere else, in an inline helper or even in a comment, stays."""

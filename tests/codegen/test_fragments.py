@@ -44,11 +44,11 @@ def test_names_lists_every_kernel_module():
     assert {"gemm", "conv", "vmath", "layout"} <= set(fragments.names()) and "prelude" not in fragments.names()
 
 
-def test_every_fragment_but_reduce_and_indexing_is_written_with_the_c_writer():
-    # reduce and indexing are still plain text, declared through the regex path.
+def test_every_fragment_but_indexing_is_written_with_the_c_writer():
+    # indexing is still plain text, declared through the regex path.
     for name in fragments.names():
         module = importlib.import_module(f"shapeshift.codegen.kernels.{name}")
-        assert hasattr(module, "fragment") or name in {"reduce", "indexing"}, name
+        assert hasattr(module, "fragment") or name == "indexing", name
         if hasattr(module, "fragment") and name != "gemm":
             assert module.source() == module.fragment().text() == fragments.text(name), name
 

@@ -1,6 +1,6 @@
 """Reductions, ArgMax/ArgMin and (Log)Softmax along the middle axis of a [outer, n, inner] view.
 
-``source(...)`` returns the C fragment; it needs vmath (``ss_exp8``, ``ss_expf``).
+``fragment(...)`` assembles the C fragment (``source`` its text); it needs vmath (``ss_exp8``, ``ss_expf``).
 Exported C signatures::
 
     /* Reduce the middle axis of x viewed as [outer, n, inner] into y [outer, inner].
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cwriter import Fragment, Function, Private, Shared, fill
+
 DEPENDS = ("vmath",)
 
 KINDS = ("sum", "mean", "max", "min", "prod", "sum_square", "l1", "l2", "log_sum", "log_sum_exp")
@@ -64,12 +66,6 @@ _ACCS = (
 _KIND_ACC = {0: "sum", 1: "sum", 2: "max", 3: "min", 4: "prod", 5: "sumsq", 6: "sumabs", 7: "sumsq", 8: "sum"}
 
 
-def _sub(template: str, **names: str) -> str:
-    for key, value in names.items():
-        template = template.replace(f"@{key}@", value)
-    return template
-
-
 def _expr(pattern: str, **operands: str) -> str:
     """Substitute whole-word operands (v, a, b) in a map/combine pattern."""
     import re
@@ -94,7 +90,7 @@ def _acc_source(acc: _Acc) -> str:
                         for k in range(4)) if acc.track_nan else ""
     cols1_nan = "bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));" if acc.track_nan else ""
     cols1_fix = "t = _mm256_blendv_ps(t, _mm256_set1_ps(NAN), bad);" if acc.track_nan else ""
-    return _sub(r"""
+    return fill(r"""
 /* ---- reduce: accumulator @A@ ---- */
 /* inline, so that units including this fragment can call it (the fused attention does). */
 static inline float ss_red_row_@A@(const float* x, int64_t n) {
@@ -270,6 +266,10 @@ static inline float ss_sm_row_sumexp(const float* x, float* y, int64_t n, float 
     return s;
 }
 
+"""
+
+# Private: the rest of softmax and log_sum_exp.
+_SOFTMAX_PRIVATE = r"""
 /* y[i] = (x[i] - m) - c for log = 1, else y[i] *= c (x unused). */
 static void ss_sm_row_finish(const float* x, float* y, int64_t n, float m, float c, int log) {
     int64_t i = 0;
@@ -337,7 +337,9 @@ static void ss_reduce_lse(const float* x, float* y, int64_t outer, int64_t n, in
     }
 }
 
-void ss_softmax(const float* x, float* y, int64_t outer, int64_t n, int64_t inner, int log) {
+"""
+
+_SOFTMAX_BODY = r"""
     if (n == 0) return;
     if (inner == 1) {
         #pragma omp parallel for schedule(static) if(outer * n >= SS_RED_PAR_WORK && outer > 1)
@@ -368,9 +370,9 @@ void ss_softmax(const float* x, float* y, int64_t outer, int64_t n, int64_t inne
             else for (int64_t k = 0; k < w; k++) yr[k] *= c[k];
         }
     }
-}
+"""
 
-void ss_reduce(int kind, const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
+_REDUCE_BODY = r"""
     switch (kind) {
         case 0: case 1: case 8: ss_reduce_sum(kind, x, y, outer, n, inner); return;
         case 2: ss_reduce_max(kind, x, y, outer, n, inner); return;
@@ -382,7 +384,6 @@ void ss_reduce(int kind, const float* x, float* y, int64_t outer, int64_t n, int
         default:
             for (int64_t i = 0; i < outer * inner; i++) y[i] = NAN;
     }
-}
 """
 
 _ARG = r"""
@@ -460,7 +461,9 @@ static void ss_arg_cols_@D@(const float* x, int64_t* y, int64_t n, int64_t strid
     }
 }
 
-void ss_arg@D@(const float* x, int64_t* y, int64_t outer, int64_t n, int64_t inner, int select_last) {
+"""
+
+_ARG_BODY = r"""
     if (n == 0) {
         for (int64_t i = 0; i < outer * inner; i++) y[i] = 0;
         return;
@@ -477,16 +480,30 @@ void ss_arg@D@(const float* x, int64_t* y, int64_t outer, int64_t n, int64_t inn
         int64_t w = inner - c0 < 16 ? inner - c0 : 16;
         ss_arg_cols_@D@(x + o * n * inner + c0, y + o * inner + c0, n, inner, w, select_last);
     }
-}
 """
 
 
+_REDUCE_PARAMS = ("const float* x", "float* y", "int64_t outer", "int64_t n", "int64_t inner")
+_DIRECTIONS = (("max", ">=", ">", "_CMP_GE_OQ", "_CMP_GT_OQ"), ("min", "<=", "<", "_CMP_LE_OQ", "_CMP_LT_OQ"))
+# Where an accumulator's text turns from the row kernel (shared) to the column kernels (private).
+_COLS_START = "/* Raw accumulators of columns"
+
+
 def source(par_work: int = 1 << 15, row_chunk: int = 1024, col_chunk: int = 128) -> str:
-    """The C fragment.
+    """The C fragment's text (``fragment``)."""
+    return fragment(par_work, row_chunk, col_chunk).text()
+
+
+def fragment(par_work: int = 1 << 15, row_chunk: int = 1024, col_chunk: int = 128) -> Fragment:
+    """The C fragment (codegen/cwriter.py).
 
     par_work: elements of work from which a call runs in parallel; row_chunk: elements of a
     contiguous row summed before folding into the row total (a multiple of 32); col_chunk:
     rows summed per column before folding into the column total.
+
+    Shared with the units that call it: the row kernels (``ss_red_row_<acc>``) and
+    ``ss_sm_row_sumexp``, which the fused attention inlines, with the macros and helpers they
+    use; the column kernels and the drivers are private; the entry points are descriptors.
     """
     if row_chunk <= 0 or row_chunk % 32:
         raise ValueError(f"row_chunk must be a positive multiple of 32, got {row_chunk}")
@@ -494,8 +511,16 @@ def source(par_work: int = 1 << 15, row_chunk: int = 1024, col_chunk: int = 128)
         raise ValueError("col_chunk must be positive and par_work non-negative")
     defines = (f"\n#define SS_RED_PAR_WORK {int(par_work)}\n#define SS_RED_ROW_CHUNK {int(row_chunk)}\n"
                f"#define SS_RED_COL_CHUNK {int(col_chunk)}\n")
-    accs = "".join(_acc_source(acc) for acc in _ACCS)
-    args = "".join(_sub(_ARG, D=d, GE=ge, GT=gt, GE_OQ=geo, GT_OQ=gto)
-                   for d, ge, gt, geo, gto in (("max", ">=", ">", "_CMP_GE_OQ", "_CMP_GT_OQ"),
-                                               ("min", "<=", "<", "_CMP_LE_OQ", "_CMP_LT_OQ")))
-    return defines + _COMMON + accs + _SOFTMAX + args
+    parts: list = [Shared(defines), Shared(_COMMON)]
+    for acc in _ACCS:
+        text = _acc_source(acc)
+        cut = text.index(_COLS_START)
+        parts += [Shared(text[:cut]), Private(text[cut:])]
+    parts += [Shared(_SOFTMAX), Private(_SOFTMAX_PRIVATE),
+              Function("void", "ss_softmax", (*_REDUCE_PARAMS, "int log"), _SOFTMAX_BODY),
+              Function("void", "ss_reduce", ("int kind", *_REDUCE_PARAMS), _REDUCE_BODY)]
+    for d, ge, gt, geo, gto in _DIRECTIONS:
+        parts += [Private(fill(_ARG, D=d, GE=ge, GT=gt, GE_OQ=geo, GT_OQ=gto)),
+                  Function("void", f"ss_arg{d}", ("const float* x", "int64_t* y", "int64_t outer", "int64_t n",
+                                                  "int64_t inner", "int select_last"), fill(_ARG_BODY, D=d))]
+    return Fragment(parts)
