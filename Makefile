@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 EXAMPLE := examples/out/encoder.onnx
 
-.PHONY: demo test bench-conformance bench-simplify clean
+.PHONY: demo test bench-conformance bench-simplify fuzz sanitize clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,16 @@ bench-conformance: $(VENV)/.installed
 bench-simplify: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/simplify.py
+
+# A long fuzz campaign (shapeshift/fuzz): N mutants on simplify and both backends, in 2
+# worker processes; writes bench/results/fuzz.md.
+N ?= 10000
+fuzz: $(VENV)/.installed
+	$(BIN)/python -m shapeshift.fuzz -n $(N) -j 2 --out bench/results/fuzz.md
+
+# The native backend under ASan and UBSan: shared models and counted node cases.
+sanitize: $(VENV)/.installed
+	$(BIN)/python bench/sanitize.py -j 2
 
 clean:
 	rm -rf $(VENV) examples/out .pytest_cache

@@ -97,11 +97,32 @@ def use_openmp_defaults() -> None:
         os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPINCOUNT)
 
 
+#: What ``SHAPESHIFT_SANITIZE=1`` adds to the flags of the native backend's libraries (and so
+#: of the kernel objects they link, whose flags derive from the library's): AddressSanitizer
+#: and UndefinedBehaviorSanitizer, stopping at the first report of either. The flags are part
+#: of every cache key, so sanitized and plain builds are separate entries.
+SANITIZE_FLAGS: tuple[str, ...] = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                                   "-fno-sanitize-recover=undefined")
+
+
+def sanitizing() -> bool:
+    """Whether ``$SHAPESHIFT_SANITIZE`` asks for sanitized native builds (set, and not 0)."""
+    return os.environ.get("SHAPESHIFT_SANITIZE", "") not in ("", "0")
+
+
 def target_flags(target=None) -> tuple[str, ...]:
     """``DEFAULT_FLAGS`` for a target description (shapeshift.target.Target; None: this
-    machine): its -march in place of -march=native."""
+    machine): its -march in place of -march=native; with ``SANITIZE_FLAGS`` when
+    ``sanitizing()``, which needs the sanitizer runtime preloaded (shapeshift/sanitize.py):
+    without it loading the library would end the process, so this raises a ShapeshiftError."""
     march = f"-march={target.march if target is not None else 'native'}"
-    return tuple(march if flag == "-march=native" else flag for flag in DEFAULT_FLAGS)
+    flags = tuple(march if flag == "-march=native" else flag for flag in DEFAULT_FLAGS)
+    if not sanitizing():
+        return flags
+    from ..sanitize import require_runtime  # here: that module runs the compiler to find its runtime
+
+    require_runtime()
+    return (*flags, *SANITIZE_FLAGS)
 
 
 def default_cache_dir() -> Path:

@@ -269,7 +269,10 @@ class _Builder:
         pair = []
         for k, name in enumerate(("then_branch", "else_branch")):
             body = node.attrs.get(name)
-            if not isinstance(body, Graph):
+            if not isinstance(body, Graph) or body.type_error is not None:
+                # A branch that does not type-check has types its lowering rules cannot
+                # trust: the If runs on the reference evaluator, which refuses that branch
+                # if it is ever taken.
                 return
             prefix = f"{self.prefix}_{self.position[id(node)]}{'te'[k]}"
             # A branch sees the late symbols bound so far as inputs: the VM passes it the
@@ -390,7 +393,9 @@ class _Builder:
         """(output, axis, symbol) for each dim of this fallback output that is a symbol not
         known yet: the VM binds it from the array the step returns."""
         binds = []
-        if value.type.shape is None:
+        # A value inference could not type (an op given inputs its rule declines, in a
+        # branch never taken) binds nothing: the fallback step's array is used as it is.
+        if not isinstance(value.type, TensorType) or value.type.shape is None:
             return binds
         for axis, d in enumerate(value.type.shape):
             atom = d.as_symbol() if isinstance(d, Expr) else None
@@ -534,6 +539,11 @@ def _unread_consts(programs: list[Program]) -> list[Value]:
             if step.kind == FALLBACK:
                 needed.update(id(v) for v in values_read(step.node))
         needed.update(id(v) for v in program.graph.outputs)
+        # A view of a constant (an Identity of a folded Range that is a graph output, a
+        # fallback step's input) is read through its root's array.
+        for slot in program.slots:
+            if slot.kind == VIEW and id(slot.value) in needed and program.slots[slot.root].kind == CONST:
+                needed.add(id(program.slots[slot.root].value))
     return [v for key, v in consts.items() if key not in needed]
 
 

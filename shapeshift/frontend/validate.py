@@ -198,6 +198,8 @@ class _Validator:
         default_domain = domain == "" or domain == "ai.onnx"
         if default_domain and op_type in WINDOW_OPS:
             self.window(at, shapes)
+        if default_domain and op_type in ("If", "Loop", "Scan"):
+            self.body_arity(at, len(inputs), len(outputs))
         for name in outputs:
             if name:
                 self.define(name, at, scope)
@@ -257,6 +259,37 @@ class _Validator:
             ok = version is not None and isinstance(op_type, str)
             self._specs[key] = op_spec(canonical, op_type, version) if ok else None
         return self._specs[key]
+
+    # -- control flow ------------------------------------------------------------
+    def body_arity(self, at: NodeAt, inputs: int, outputs: int) -> None:
+        """A body's inputs and outputs against its node's: the executors pair them by
+        position, and a Loop whose body had lost a scan output had no value for the
+        node's last output."""
+        node = at.node
+        bodies = {a.name: a.g for a in node.attribute if _kind(a) == A.GRAPH}
+        if node.op_type == "If":
+            # then: its outputs are the node's; none of its own inputs (onnx's checker agrees).
+            wanted = {name: (0, outputs) for name in ("then_branch", "else_branch")}
+        elif node.op_type == "Loop":
+            # (iteration, condition, N carried) in; (condition, N carried, K scanned) out,
+            # where the node has the N carried after its trip count and condition.
+            wanted = {"body": (inputs, 1 + outputs)}
+            if outputs < inputs - 2:
+                self.fail(f"{at} carries {inputs - 2} values (its inputs after the trip count and condition) "
+                          f"but has {_count(outputs, 'output')}; expected at least {inputs - 2}")
+        elif self.opsets.get("", 1) >= 9:  # Scan: the body's inputs and outputs are the node's, one for one
+            wanted = {"body": (inputs, outputs)}
+        else:  # Scan-8 reads sequence_lens first, which its body does not see
+            wanted = {"body": (inputs - 1, outputs)}
+        for name, (n_in, n_out) in wanted.items():
+            body = bodies.get(name)
+            if body is None:
+                continue  # a missing body is a missing required attribute, checked apart
+            got_in, got_out = len(body.input), len(body.output)
+            if got_in != n_in or got_out != n_out:
+                self.fail(f"{at}: its {name} has {_count(got_in, 'input')} and {_count(got_out, 'output')}; "
+                          f"expected {n_in} and {n_out} for a {node.op_type} with {_count(inputs, 'input')} "
+                          f"and {_count(outputs, 'output')}")
 
     # -- convolution and pooling windows -----------------------------------------
     def window(self, at: NodeAt, shapes: dict[str, tuple]) -> None:

@@ -225,6 +225,9 @@ class Graph:
         self.nodes: list[Node] = []
         self.initializers: dict[str, Value] = {}
         self.doc = ""
+        # Why this If branch does not type-check (set by the If rule, ops/control.py): it
+        # cannot be the branch that runs, and the native backend builds no code for it.
+        self.type_error: Optional[str] = None
         if parent is None:
             self.opset: dict[str, int] = dict(opset or {"": 17})
             self.symbols = symbols or SymbolTable()

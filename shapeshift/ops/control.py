@@ -65,9 +65,12 @@ def _if_infer(ctx: InferContext) -> list:
 
 
 def _branch_types(ctx: InferContext, name: str) -> Optional[list]:
+    branch = ctx.attr(name)
     try:
-        return ctx.infer_subgraph(ctx.attr(name), [])
-    except ShapeInferenceError:
+        return ctx.infer_subgraph(branch, [])
+    except ShapeInferenceError as exc:
+        # Kept for good: later visits may answer from the types stored, without re-typing.
+        branch.type_error = str(exc)
         return None
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..ir.types import INT64
 from ..symbolic import Dim, Expr, add, bounds, ceildiv, floordiv, maximum, minimum, mul, sub
 from .common import normalize_axes, tensor
 from .context import InferContext
@@ -171,6 +172,9 @@ def _pad_type(ctx: InferContext) -> list:
     shape = ctx.input_shape(0)
     if shape is None:
         return [tensor(dtype, None)]
+    if ctx.opset >= 11 and ctx.input_dtype(1) not in (None, INT64):
+        # The kernels index by these as integers; onnx types pads as tensor(int64).
+        ctx.fail(f"Pad's pads must be int64, got {ctx.input_dtype(1)}")
     pads, axes = _pad_params(ctx)
     rank = len(shape)
     axes = list(range(rank)) if axes is None else normalize_axes(axes, rank, ctx)

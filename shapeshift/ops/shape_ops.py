@@ -503,6 +503,9 @@ def _tile_type(ctx: InferContext) -> list:
         return [tensor(dtype, fresh_shape(ctx, len(shape), "tile"))]
     if len(repeats) != len(shape):
         ctx.fail(f"{len(repeats)} repeats for an input of rank {len(shape)}")
+    negative = [r for r in repeats if isinstance(r, int) and r < 0]
+    if negative:  # a symbolic dim times it is negative: the native plan sized buffers with it
+        ctx.fail(f"Tile repeats must be >= 0, got {list(repeats)}")
     out = tensor(dtype, tuple(mul(d, r) for d, r in zip(shape, repeats)))
     contents = vector_contents(ctx, 0)
     times = static_ints(repeats)

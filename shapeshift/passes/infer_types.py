@@ -16,6 +16,7 @@ from ..ir.graph import Graph, Node
 from ..ir.types import TensorType, ValueType
 from ..ops import lookup
 from ..ops.context import InferContext
+from ..symbolic.expr import DEFAULT_HI
 
 
 def infer_types(graph: Graph) -> list[str]:
@@ -60,6 +61,8 @@ def infer_node(node: Node, retype_bodies: bool = True) -> None:
         return
     for index, out in enumerate(node.outputs):
         inferred = types[index] if index < len(types) else None
+        if isinstance(inferred, TensorType) and inferred.shape is not None:
+            _check_extents(node, index, inferred.shape)
         declared = out.type
         if out.declared is not None:  # first inference after import
             if inferred is None or (isinstance(inferred, TensorType) and inferred.shape is None):
@@ -67,6 +70,16 @@ def infer_node(node: Node, retype_bodies: bool = True) -> None:
             out.declared = None
         out.type = _prefer(inferred, declared)
         out.shape_contents = ctx.output_contents.get(index)
+
+
+def _check_extents(node: Node, index: int, shape) -> None:
+    """A static dim must lie in [0, DEFAULT_HI], the range of every symbolic one: a Range
+    from INT64_MIN, or a Reshape to INT64_MAX, made dims that overflowed int64 later, in
+    the exporter (ValueError) or the native plan (OverflowError)."""
+    for axis, d in enumerate(shape):
+        if isinstance(d, int) and not 0 <= d <= DEFAULT_HI:
+            raise ShapeInferenceError(f"{node.describe()}: output {index} would have {d} elements along axis "
+                                      f"{axis}; a dimension must be from 0 to {DEFAULT_HI}")
 
 
 def _keep_declared(node: Node) -> None:

@@ -11,6 +11,10 @@ grown when a larger binding needs more. Offsets come from a linear scan over the
 (a buffer is freed after its last reader; views keep their root alive). Runs of one VM
 are serialized by a lock, since they share the arena.
 
+Under the sanitizers (shapeshift/sanitize.py) the arena is fenced: every buffer gets
+bytes of its own, followed by a poisoned gap, so that a kernel reading or writing past
+its buffer is an AddressSanitizer report rather than a silent access to its neighbour.
+
 Late symbols (program.py): after a fallback step that binds some, the VM reads them off
 the arrays it returned, evaluates the extents that depend on them into ``e[]`` and
 allocates the LATE buffers they size, before the next segment runs.
@@ -20,8 +24,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -42,6 +48,9 @@ from .reference import ReferenceExecutor, materialize
 
 ALIGNMENT = 64
 PLAN_CACHE_SIZE = 64
+#: Poisoned bytes after each buffer of a fenced arena (a multiple of ALIGNMENT): an access
+#: that far past a buffer's end is caught; ASan's own heap redzones are of this order.
+REDZONE = 256
 
 
 @dataclass
@@ -63,6 +72,8 @@ class Plan:
     views_arena: Optional[np.ndarray] = None
     # Output buffers written in place (see NativeVM._direct_roots): root slot -> bytes.
     direct_bytes: dict = field(default_factory=dict)
+    # A fenced arena's (offset, size) of every gap between its buffers (see _fenced_offsets).
+    gaps: tuple = ()
 
 
 class NativeVM:
@@ -92,6 +103,8 @@ class NativeVM:
         self._load_constants()
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._symbols = sorted(program.input_symbols)
+        self._fenced = _sanitized()
+        self._fenced_for: tuple = ()  # (arena, plan) whose gaps are poisoned now
         self._arena = np.empty(0, dtype=np.uint8)
         self._arena_base = _aligned_base(self._arena)  # first aligned address in the arena
         self._arena_skew = self._arena_base - self._arena.ctypes.data  # base - the buffer's start
@@ -192,10 +205,20 @@ class NativeVM:
             if slot.value is not None and isinstance(slot.value.type, TensorType) \
                     and slot.value.type.shape is not None and slot.kind != DYNAMIC:
                 try:
-                    shapes[slot.index] = tuple(evaluate(d, binding) for d in slot.value.type.shape)
+                    shape = tuple(evaluate(d, binding) for d in slot.value.type.shape)
                 except ShapeshiftError:
-                    pass
-        offsets, total = _assign_offsets(program, binding)
+                    continue
+                if any(d < 0 for d in shape):
+                    # A type rule let a dim go negative for these inputs: no kernel may see
+                    # a negative extent (it sized buffers that overlapped, and wrote far).
+                    raise ExecutionError(f"{slot.value.name!r} would have shape {list(shape)} for "
+                                         f"{_binding_text(binding)}: a dimension is negative")
+                shapes[slot.index] = shape
+        gaps: tuple = ()
+        if self._fenced:
+            offsets, total, gaps = _fenced_offsets(program, binding)
+        else:
+            offsets, total = _assign_offsets(program, binding)
         direct = {}
         for index in self._direct_roots:
             try:
@@ -204,7 +227,7 @@ class NativeVM:
                 continue
             if nbytes >= MIN_BYTES:
                 direct[index] = nbytes
-        return Plan(extents, offsets, shapes, total, extents.ctypes.data, direct_bytes=direct)
+        return Plan(extents, offsets, shapes, total, extents.ctypes.data, direct_bytes=direct, gaps=gaps)
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -219,10 +242,14 @@ class NativeVM:
         if program.late_symbols:
             binding = dict(binding)  # grows with the late symbols as they are bound
         if self._arena.nbytes < plan.arena_bytes + ALIGNMENT:  # room to align the base too
-            self._arena = np.empty(plan.arena_bytes + ALIGNMENT, dtype=np.uint8)
+            self._arena = _allocate(plan.arena_bytes + ALIGNMENT, f"this run ({_binding_text(binding)}) needs",
+                                    "of buffers")
             self._arena_base = _aligned_base(self._arena)
             self._arena_skew = self._arena_base - self._arena.ctypes.data
         base = self._arena_base
+        if self._fenced and not (self._fenced_for and self._fenced_for[0] is self._arena
+                                 and self._fenced_for[1] is plan):
+            self._fence(plan)
         if plan.table_base != base:
             table = self._fixed.copy()
             table[self._arena_kinds] = (plan.offsets[self._arena_kinds] + base).astype(np.uint64)
@@ -275,6 +302,24 @@ class NativeVM:
                     self._fallback_times[i] += (time.perf_counter() - started, 1)
             i += 1
         return [self._output(v, env, arrays, plan, binding) for v in program.graph.outputs]
+
+    def _fence(self, plan: Plan) -> None:
+        """Poison the gaps of ``plan`` in the arena, and the arena's slack around them, after
+        lifting the last plan's (its gaps may be this plan's buffers)."""
+        from ..sanitize import poison, unpoison
+
+        start, base = self._arena.ctypes.data, self._arena_base
+        if not (self._fenced_for and self._fenced_for[0] is self._arena):
+            # Lifted before numpy frees the arena (an array's weak references are cleared
+            # before its data goes): numpy keeps small blocks in a cache of its own and
+            # hands them to later arrays without malloc, which would find them poisoned.
+            weakref.finalize(self._arena, unpoison, start, self._arena.nbytes)
+        unpoison(start, self._arena.nbytes)
+        poison(start, base - start)
+        for offset, size in plan.gaps:
+            poison(base + offset, size)
+        poison(base + plan.arena_bytes, start + self._arena.nbytes - base - plan.arena_bytes)
+        self._fenced_for = (self._arena, plan)
 
     # -- profiling ---------------------------------------------------------------------------
 
@@ -389,11 +434,7 @@ class NativeVM:
             plan.extents[index] = evaluate(program.extents[index], binding)
         for slot in slots:
             nbytes = evaluate(slot.nbytes, binding)
-            try:
-                buffer = np.empty(max(nbytes, 1) + ALIGNMENT, dtype=np.uint8)
-            except MemoryError:
-                raise ExecutionError(f"{step.node.describe()}: its output needs {nbytes} bytes, more than this "
-                                     "machine can allocate") from None
+            buffer = _allocate(max(nbytes, 1) + ALIGNMENT, f"{step.node.describe()}: its output needs")
             address = _aligned_base(buffer)
             # Kept as the raw buffer: _array views it at its aligned start.
             arrays[slot.index] = buffer[address - buffer.ctypes.data:]
@@ -612,6 +653,54 @@ def _assign_offsets(program: Program, binding: Mapping[str, int]) -> tuple[np.nd
             free.append((int(offsets[slot.index]), sizes[slot.index]))
             free = _merge(free)
     return offsets, total
+
+
+def _binding_text(binding: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(binding.items())) or "these inputs"
+
+
+def _allocate(nbytes: int, what: str, kind: str = "") -> np.ndarray:
+    """``nbytes`` bytes, or an ExecutionError "<what> <nbytes> bytes <kind>, more than ...":
+    more than the machine's memory is refused before numpy is asked (with overcommit the
+    pages are handed out, and the process is killed for memory when it touches them), and a
+    MemoryError is told as such."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # nothing to compare with
+        physical = None
+    told = f"{what} {nbytes} bytes{' ' + kind if kind else ''}"
+    if physical is not None and nbytes > physical:
+        raise ExecutionError(f"{told}, more than this machine's memory ({physical} bytes)")
+    try:
+        return np.empty(nbytes, dtype=np.uint8)
+    except MemoryError:
+        raise ExecutionError(f"{told}, more than this machine can allocate") from None
+
+
+def _fenced_offsets(program: Program, binding: Mapping[str, int]) -> tuple[np.ndarray, int, tuple]:
+    """Arena offsets for a sanitized run: no buffer reuses another's bytes, and each is
+    followed by a gap of at least REDZONE bytes (from its exact end to the next aligned
+    buffer) that the VM poisons; returns the offsets, the arena size and the gaps."""
+    offsets = np.full(len(program.slots), -1, dtype=np.int64)
+    gaps = []
+    total = 0
+    for slot in program.slots:
+        if slot.kind in (ARENA, WORK):
+            size = evaluate(slot.nbytes, binding)
+            offsets[slot.index] = total
+            end = total + size
+            total = (end + REDZONE + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+            gaps.append((end, total - end))
+    return offsets, total, tuple(gaps)
+
+
+def _sanitized() -> bool:
+    """Whether this process runs sanitized libraries (codegen/build.py ``sanitizing``) with
+    the ASan runtime loaded, so that the arena can be fenced."""
+    from ..codegen.build import sanitizing
+    from ..sanitize import runtime_loaded
+
+    return sanitizing() and runtime_loaded()
 
 
 def _merge(blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:

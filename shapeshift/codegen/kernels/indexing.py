@@ -254,10 +254,18 @@ _TOPK = r"""
 /* Heap entries ordered so that the root is the worst kept candidate. */
 typedef struct {{ float v; int64_t i; }} ss_topk_item;
 
+/* 1 when a is above b in TopK's order of values, where NaN is above every number (as
+   onnxruntime and NumPy order them: the largest k start with the NaNs, the smallest skip them). */
+static inline int ss_topk_above(float a, float b)
+{{
+    return a > b || (a != a && b == b);
+}}
+
 /* 1 when p ranks after q in the output order (q is kept before p). */
 static inline int ss_topk_worse(ss_topk_item p, ss_topk_item q, int largest)
 {{
-    if (p.v != q.v) return largest ? p.v < q.v : p.v > q.v;
+    if (ss_topk_above(p.v, q.v)) return !largest;
+    if (ss_topk_above(q.v, p.v)) return largest;
     return p.i > q.i;
 }}
 
@@ -284,7 +292,7 @@ static void ss_topk_column(const float* x, int64_t stride, int64_t n, int64_t k,
     for (int64_t j = k; j < n; ++j) {{
         const float v = x[j * stride];
         /* A later index loses every tie, so only a strictly better value enters. */
-        if (largest ? v > heap[0].v : v < heap[0].v) {{
+        if (largest ? ss_topk_above(v, heap[0].v) : ss_topk_above(heap[0].v, v)) {{
             heap[0].v = v; heap[0].i = j;
             ss_topk_sift(heap, k, 0, largest);
         }}

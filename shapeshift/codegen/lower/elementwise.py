@@ -287,7 +287,7 @@ _EXPRESSIONS: dict[str, Expr] = {
     "Neg": _any("(-{0})"),
     "Abs": lambda node, a, d: f"fabs{'f' if d[0] == FLOAT else ''}({a[0]})" if d[0] in FLOATS
     else f"({a[0]} < 0 ? -{a[0]} : {a[0]})",
-    "Relu": _any("({0} > 0 ? {0} : 0)"),
+    "Relu": _any("({0} < 0 ? 0 : {0})"),  # NaN stays NaN, as in onnxruntime
     "Sigmoid": _f("(1 / (1 + exp{f}(-{0})))"),
     "Tanh": _f("tanh{f}({0})"),
     "Exp": _f("exp{f}({0})"),
@@ -363,7 +363,8 @@ _VECTOR: dict[str, Callable[[Node, Sequence[str]], str]] = {
     "Div": lambda n, a: f"_mm256_div_ps({a[0]}, {a[1]})",
     "Neg": lambda n, a: f"_mm256_xor_ps({a[0]}, _mm256_set1_ps(-0.0f))",
     "Abs": lambda n, a: f"ss_abs8({a[0]})",
-    "Relu": lambda n, a: f"_mm256_max_ps({a[0]}, _mm256_setzero_ps())",
+    # max_ps returns its second operand where either is NaN: x second keeps NaN, as Relu must.
+    "Relu": lambda n, a: f"_mm256_max_ps(_mm256_setzero_ps(), {a[0]})",
     "Sqrt": lambda n, a: f"_mm256_sqrt_ps({a[0]})",
     "Reciprocal": lambda n, a: f"_mm256_div_ps(_mm256_set1_ps(1.0f), {a[0]})",
     "Exp": lambda n, a: f"ss_exp8({a[0]})",

@@ -162,6 +162,10 @@ def lower_gemm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     trans_a, trans_b = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     a_shape, b_shape = ctx.shape(a), ctx.shape(b)
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        # Only in a branch that does not type-check (the If rule types the other one): it
+        # cannot be the branch that runs, and the fallback refuses it if it does.
+        raise Unsupported(f"Gemm of operands of rank {len(a_shape)} and {len(b_shape)}")
     m, k = (a_shape[1], a_shape[0]) if trans_a else (a_shape[0], a_shape[1])
     n = b_shape[0] if trans_b else b_shape[1]
     sa = ["0", "0", "1", ctx.dim(m)] if trans_a else ["0", "0", ctx.dim(k), "1"]

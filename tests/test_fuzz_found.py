@@ -1,0 +1,201 @@
+"""Defects the fuzz campaign found (shapeshift/fuzz, bench/results/fuzz.md), each reduced
+to a small model; every test here failed before its fix. The reproducer of the mutant
+that found it is in each docstring (``python -m shapeshift.fuzz --reproduce SEED:INDEX``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import shapeshift
+from shapeshift.errors import ExecutionError, InvalidModelError, ShapeInferenceError, ShapeshiftError
+
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "found", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _ort(model, feed):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+@pytest.fixture(autouse=True)
+def _cache(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fuzz-found-cache"))
+
+
+def test_native_output_that_is_a_view_of_a_folded_constant():
+    """Found on the fuzzer's own indexing seed: Range(0, 3, 1) folds to a constant, the
+    output is an Identity (a view) of it, and the VM had released the constant as unread:
+    ``ValueError: cannot reshape array of size 1 into shape (3,)``."""
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("z", 0), ("three", 3), ("one", 1))]
+    model = _model([helper.make_node("Range", ["z", "three", "one"], ["ramp"]),
+                    helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, ["n"])],
+                   [helper.make_tensor_value_info("ramp", TensorProto.INT64, None),
+                    helper.make_tensor_value_info("y", F, ["n"])], consts)
+    ramp, _ = shapeshift.InferenceSession(model, backend="native").run(None, {"x": np.ones(3, np.float32)})
+    np.testing.assert_array_equal(ramp, [0, 1, 2])
+
+
+@pytest.mark.parametrize("n", [3, 37])  # the scalar loop, and the AVX2 body with its tail
+def test_native_relu_keeps_nan(n):
+    """--reproduce 0:6 (control_flow, a NaN fed): Relu(NaN) was 0 natively (``x > 0 ? x : 0``
+    and ``max_ps(x, 0)`` both drop a NaN), NaN in onnxruntime and the reference backend."""
+    model = _model([helper.make_node("Sub", ["x", "one"], ["d"]), helper.make_node("Relu", ["d"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, ["n"])], [helper.make_tensor_value_info("y", F, ["n"])],
+                   [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    x = np.linspace(-2, 2, n).astype(np.float32)
+    x[[0, n // 2, n - 1]] = np.nan
+    (got,) = shapeshift.InferenceSession(model, backend="native").run(None, {"x": x})
+    (want,) = _ort(model, {"x": x})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_native_topk_orders_nan_as_onnxruntime(largest):
+    """--reproduce 0:71 (indexing, a NaN fed): native TopK skipped NaNs (every comparison
+    with one is false); onnxruntime and NumPy rank NaN above every number."""
+    model = _model([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)],
+                   [helper.make_tensor_value_info("x", F, [4, 6])],
+                   [helper.make_tensor_value_info("v", F, [4, 3]), helper.make_tensor_value_info("i", TensorProto.INT64, [4, 3])],
+                   [numpy_helper.from_array(np.array([3], np.int64), "k")])
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    x[0, 2] = x[1, 0] = x[1, 5] = x[3, :] = np.nan
+    got = shapeshift.InferenceSession(model, backend="native").run(None, {"x": x})
+    want = _ort(model, {"x": x})
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def _control_flow(body_outputs: int):
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "s"], ["s2"]), helper.make_node("ReduceSum", ["s2"], ["total"], keepdims=0),
+         helper.make_node("Identity", ["c"], ["c2"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("s", F, [2])],
+        [helper.make_tensor_value_info("c2", TensorProto.BOOL, []), helper.make_tensor_value_info("s2", F, [2]),
+         helper.make_tensor_value_info("total", F, [])][:body_outputs])
+    consts = [numpy_helper.from_array(np.array(2, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go")]
+    return _model([helper.make_node("Loop", ["trips", "go", "x"], ["final", "totals"], body=body)],
+                  [helper.make_tensor_value_info("x", F, [2])],
+                  [helper.make_tensor_value_info("final", F, [2]), helper.make_tensor_value_info("totals", F, [2])],
+                  consts)
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_loop_body_outputs_must_match_the_node(backend):
+    """--reproduce 0:45 (control_flow, the Loop body's scan output dropped): the session was
+    made and its run raised KeyError (native) for the node output no body output fed."""
+    x = np.array([1.0, 2.0], np.float32)
+    final, totals = shapeshift.InferenceSession(_control_flow(3), backend=backend).run(None, {"x": x})
+    np.testing.assert_allclose(totals, [6.0, 12.0])
+    with pytest.raises(InvalidModelError, match=r"node #0 \(Loop\): its body has 3 inputs and 2 outputs; "
+                                                r"expected 3 and 3"):
+        shapeshift.InferenceSession(_control_flow(2), backend=backend)
+
+
+@pytest.mark.parametrize("op", ["Gemm", "Pad"])
+def test_native_if_branch_that_does_not_type_check(op):
+    """--reproduce 0:283 and 0:155 (control_flow, an else branch's Sub made a Gemm, or a Pad,
+    of a matrix and a float scalar): the If rule types the other branch, but the native
+    builder lowered this one on its stale types (AttributeError on a missing type,
+    IndexError in the Gemm and Pad lowerings; Pad's type rule also took float pads). The
+    branch not taken must not matter; taken, it is a clear error on both backends."""
+    then_body = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                                  [helper.make_tensor_value_info("t", F, [3, 4])])
+    else_body = helper.make_graph([helper.make_node(op, ["x", "two"], ["e"])], "else", [],
+                                  [helper.make_tensor_value_info("e", F, [3, 4])])
+    model = _model([helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+                    helper.make_node("Greater", ["total", "zero"], ["positive"]),
+                    helper.make_node("If", ["positive"], ["y"], then_branch=then_body, else_branch=else_body)],
+                   [helper.make_tensor_value_info("x", F, [3, 4])], [helper.make_tensor_value_info("y", F, [3, 4])],
+                   [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+                    numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    x = np.ones((3, 4), np.float32)
+    for backend in ("reference", "native"):
+        session = shapeshift.InferenceSession(model, backend=backend)
+        (got,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(got, 2 * x)
+        with pytest.raises(ShapeshiftError, match=rf"\({op}\)"):
+            session.run(None, {"x": -x})
+
+
+@pytest.mark.parametrize("start, shape", [(-2 ** 63, [2]), (0, [2 ** 63 - 1])])
+def test_a_dim_past_int64_is_refused_at_load(start, shape):
+    """--reproduce 0:1594 (a Range from INT64_MIN: simplify's export raised ValueError, native
+    numpy's "Maximum allowed dimension exceeded") and 0:1747 (a Reshape to INT64_MAX: native
+    OverflowError while planning): a static dim past 2**31-1 is a ShapeInferenceError."""
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("s", start), ("l", 3), ("d", 1))]
+    consts.append(numpy_helper.from_array(np.array(shape, np.int64), "shape"))
+    model = _model([helper.make_node("Range", ["s", "l", "d"], ["r"]),
+                    helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, ["n"])],
+                   [helper.make_tensor_value_info("r", TensorProto.INT64, None),
+                    helper.make_tensor_value_info("y", F, None)], consts)
+    for backend in ("reference", "native"):
+        with pytest.raises(ShapeInferenceError, match="a dimension must be from 0 to 2147483647"):
+            shapeshift.InferenceSession(model, backend=backend)
+    with pytest.raises(ShapeInferenceError):
+        shapeshift.simplify(model)
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_native_buffers_larger_than_memory_are_an_error(late):
+    """--reproduce 0:312 (a Range of 2**31-1 int64, 16 GiB): the native arena's allocation
+    raised a bare MemoryError under the fuzzer's 4 GiB limit, and without one could take
+    the machine's memory. More than physical memory is refused before allocating, for the
+    arena (sized by the input symbols) and for a buffer sized by the data (late)."""
+    big = 2 ** 31 - 1  # x [n] tiled big times: n * 8 GiB, past any machine's memory for n = 2 ** 10
+    if late:  # the repeats are read at run time: the output is sized by the data
+        model = _model([helper.make_node("ConstantOfShape", ["shape"], ["z"]), helper.make_node("Add", ["z", "x"], ["y"])],
+                       [helper.make_tensor_value_info("x", F, ["n"]),
+                        helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                       [helper.make_tensor_value_info("y", F, None)])
+        feed = {"shape": np.array([big, 2 ** 10], np.int64)}
+    else:
+        model = _model([helper.make_node("Tile", ["x", "reps"], ["y"])],
+                       [helper.make_tensor_value_info("x", F, ["n"])], [helper.make_tensor_value_info("y", F, None)],
+                       [numpy_helper.from_array(np.array([big], np.int64), "reps")])
+        feed = {}
+    session = shapeshift.InferenceSession(model, backend="native")
+    with pytest.raises(ExecutionError, match="more than this machine's memory"):
+        session.run(None, {"x": np.ones(2 ** 10, np.float32), **feed})
+
+
+def test_negative_tile_repeats_are_refused_at_load():
+    """--reproduce 2026:478 --no-shared (indexing, Tile repeats [-2**31, 2] over x [k, 8]): the
+    output dim k * -2**31 was symbolic, so nothing refused it; natively the buffers it sized
+    overlapped and a kernel wrote gigabytes (different garbage at every run, or the process
+    killed for memory)."""
+    model = _model([helper.make_node("Tile", ["x", "reps"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, ["k", 8])], [helper.make_tensor_value_info("y", F, None)],
+                   [numpy_helper.from_array(np.array([-2 ** 31, 2], np.int64), "reps")])
+    for backend in ("reference", "native"):
+        with pytest.raises(ShapeInferenceError, match="Tile repeats must be >= 0"):
+            shapeshift.InferenceSession(model, backend=backend)
+
+
+def test_native_refuses_a_negative_dim_before_any_kernel_runs():
+    """The same class reached through a rule that allows it: Pad's negative pads crop, and
+    x [n] cropped by 5 is [n - 5], negative for n < 5. Natively that was a negative extent
+    handed to the kernels; now it is an error naming the value before anything runs."""
+    model = _model([helper.make_node("Pad", ["x", "pads"], ["p"]), helper.make_node("Relu", ["p"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, ["n"])], [helper.make_tensor_value_info("y", F, None)],
+                   [numpy_helper.from_array(np.array([-5, 0], np.int64), "pads")])
+    session = shapeshift.InferenceSession(model, backend="native")
+    np.testing.assert_array_equal(session.run(None, {"x": np.arange(8, dtype=np.float32)})[0], [5, 6, 7])
+    with pytest.raises(ExecutionError, match=r"'y' would have shape \[-2\] for n=3: a dimension is negative"):
+        session.run(None, {"x": np.arange(3, dtype=np.float32)})
