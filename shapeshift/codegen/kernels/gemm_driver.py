@@ -203,7 +203,7 @@ static void ss_gemm_epilogue(float* c, int64_t ldc, int64_t mv, int64_t nv, cons
             }
         }
         if (P->act == 1)
-            for (int64_t j = 0; j < nv; ++j) row[j] = row[j] > 0.0f ? row[j] : 0.0f;
+            for (int64_t j = 0; j < nv; ++j) row[j] = row[j] < 0.0f ? 0.0f : row[j];  /* NaN stays NaN */
     }
 }
 
@@ -241,7 +241,7 @@ static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const fl
             if (e) {
                 v *= e->alpha;
                 if (e->bias) v += e->beta * e->bias[i * e->rs_bias + (e->bias_cols ? j : 0)];
-                if (e->relu) v = v > 0.0f ? v : 0.0f;
+                if (e->relu) v = v < 0.0f ? 0.0f : v;  /* NaN stays NaN */
             }
             c[i * ldc + j] = v;
         }

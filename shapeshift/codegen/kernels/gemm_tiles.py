@@ -92,7 +92,8 @@ def full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
                     w.lines(f"{acc[i][j]} = {mm}_fmadd_ps(vb, av, {acc[i][j]});" for j in range(vectors))
         with w.block("if (e->relu)"):
             w.line(f"const {v} zero = {mm}_setzero_ps();")
-            w.lines(f"{acc[i][j]} = {mm}_max_ps({acc[i][j]}, zero);" for i, j in cells)
+            # max_ps returns its second operand where either is NaN: NaN stays NaN, as in ONNX's Relu.
+            w.lines(f"{acc[i][j]} = {mm}_max_ps(zero, {acc[i][j]});" for i, j in cells)
     w.lines(f"{mm}_storeu_ps(c + {i} * ldc + {lanes * j}, {acc[i][j]});" for i, j in cells)
     return Function("void", "ss_gemm_ukernel", TILE_PARAMS, w.text(), linkage="inline",
                     comment=f"c (mr x nr, row stride ldc) = (acc ? c : 0) + a_panel * b_panel over kc steps"

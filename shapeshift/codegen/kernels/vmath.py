@@ -231,7 +231,7 @@ static inline float ss_softsignf(float x) { return x / (1.0f + fabsf(x)); }
 /* The activation a kernel applies before its store (conv's act codes); twin of ss_act8. */
 static inline float ss_actf(float v, int act) {
     switch (act) {
-    case 1: return v > 0.0f ? v : 0.0f;
+    case 1: return v < 0.0f ? 0.0f : v;  /* NaN stays NaN, as in ONNX's Relu */
     case 2: return ss_sigmoidf(v);
     case 3: return ss_siluf(v);
     default: return v;
@@ -408,7 +408,7 @@ static inline __m256 ss_softsign8(__m256 x) {
 
 static inline __m256 ss_act8(__m256 v, int act) {
     switch (act) {
-    case 1: return _mm256_max_ps(v, _mm256_setzero_ps());
+    case 1: return _mm256_max_ps(_mm256_setzero_ps(), v);  /* the second operand where NaN: NaN stays */
     case 2: return ss_sigmoid8(v);
     case 3: return ss_silu8(v);
     default: return v;
