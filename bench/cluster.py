@@ -1,7 +1,7 @@
 """Tuning on a Ray cluster: 1 against 2 single-CPU workers here, and a replay on 8-128 workers.
 
     python bench/cluster.py [--gemm 768x768,768x3072] [--lo 1] [--hi 128] [--trials 16] [--seed 0]
-                            [--output bench/results/cluster.md]
+                            [--replay-trials 256] [--output bench/results/cluster.md]
 
 Part 1, measured: the same dense GEMM tasks (BERT-base weight shapes, M in [lo, hi]) tuned
 from an empty database with the same trials and seed on ``--cluster local:1`` and on
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -54,14 +55,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hi", type=int, default=128)
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replay-trials", type=int, default=256,
+                        help="trials per task in the replay: the long tunes a cluster is for")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "cluster.md")
     return parser.parse_args()
 
 
 def tune_on(workers: int, workloads: list[GemmWorkload], args) -> dict:
     """Every task tuned on a fresh local cluster of ``workers`` CPUs; wall time and traces."""
-    cluster = RayCluster(f"local:{workers}")
     tmp = Path(tempfile.mkdtemp(prefix="bench_cluster_"))
+    # A compile cache of its own for each run (the workers inherit it): the same seed draws the
+    # same candidates, which a shared cache would hand the second run already built.
+    old_cache = os.environ.get("SHAPESHIFT_CACHE_DIR")
+    os.environ["SHAPESHIFT_CACHE_DIR"] = str(tmp / "node_cache")
+    cluster = RayCluster(f"local:{workers}")
     try:
         out = {"tasks": []}
         start = time.perf_counter()
@@ -83,6 +90,10 @@ def tune_on(workers: int, workloads: list[GemmWorkload], args) -> dict:
         return out
     finally:
         cluster.shutdown()
+        if old_cache is None:
+            os.environ.pop("SHAPESHIFT_CACHE_DIR", None)
+        else:
+            os.environ["SHAPESHIFT_CACHE_DIR"] = old_cache
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -131,7 +142,7 @@ def main() -> None:
     trace = {"task_seconds": one["task_seconds"], "overhead_s": two["overhead_s"],
              "driver_per_round": max(0.0, (one["wall"] - waited) / max(1, rounds)),
              "joint_per_task": [s / len(workloads) for s in [sum(one["joint_seconds"])]]}
-    sims = {w: replay(trace, len(workloads), args.trials, w) for w in WORKERS}
+    sims = {w: replay(trace, len(workloads), args.replay_trials, w) for w in WORKERS}
     text = report(args, runs, trace, sims)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
@@ -143,7 +154,7 @@ def report(args, runs: dict, trace: dict, sims: dict) -> str:
     one, two = runs[1], runs[2]
     lines = ["# Tuning on a Ray cluster: 1 and 2 single-CPU workers, and a replay to 128", "", machine.describe(), "",
              f"Command: `python bench/cluster.py --gemm {args.gemm} --lo {args.lo} --hi {args.hi} --trials "
-             f"{args.trials} --seed {args.seed}`", "",
+             f"{args.trials} --seed {args.seed} --replay-trials {args.replay_trials}`", "",
              "## Measured (local cluster on this machine)", "",
              f"- 1 worker: {one['wall']:.0f} s; 2 workers: {two['wall']:.0f} s; speed-up "
              f"**{one['wall'] / two['wall']:.2f}x** (target >= 1.7x)",
@@ -159,7 +170,7 @@ def report(args, runs: dict, trace: dict, sims: dict) -> str:
             worst = min(worst, ratio)
             lines.append(f"| {a['workload'][:40]} | {m} | {g:.1f} | {b['gflops'].get(m, math.nan):.1f} | {ratio:.2f} |")
     lines += ["", f"Worst 2-worker / 1-worker dispatcher GFLOPS: {worst:.2f} (target: within 5%).", "",
-              "## Replay on W workers", "",
+              f"## Replay on W workers ({args.replay_trials} trials per task, {len(args.gemm.split(','))} tasks)", "",
               "| workers | wall s | speed-up | driver share |", "|---:|---:|---:|---:|"]
     base = sims[1][0]
     for w, (wall, driver) in sims.items():
