@@ -44,12 +44,12 @@ def test_names_lists_every_kernel_module():
     assert {"gemm", "conv", "vmath", "layout"} <= set(fragments.names()) and "prelude" not in fragments.names()
 
 
-def test_every_fragment_but_indexing_is_written_with_the_c_writer():
-    # indexing is still plain text, declared through the regex path.
+def test_every_fragment_is_written_with_the_c_writer():
+    # No declared view is cut out of text any more: every module assembles its fragment.
     for name in fragments.names():
         module = importlib.import_module(f"shapeshift.codegen.kernels.{name}")
-        assert hasattr(module, "fragment") or name == "indexing", name
-        if hasattr(module, "fragment") and name != "gemm":
+        assert hasattr(module, "fragment"), name
+        if name != "gemm":
             assert module.source() == module.fragment().text() == fragments.text(name), name
 
 
@@ -70,16 +70,12 @@ def test_a_fragment_declares_its_entry_points_and_what_other_units_use():
     assert "__attribute__" not in fragments.declared("conv")
 
 
-def test_the_plain_text_path_keeps_a_private_helper_that_an_inline_helper_calls():
-    source = """
-static void ss_t_refill(int* s) { *s = 0; }
-static void ss_t_only_entry(int* s) { *s = 1; }
-static inline int ss_t_next(int* s) { if (*s) ss_t_refill(s); return *s; }
-int ss_t_entry(int* s) { ss_t_only_entry(s); return ss_t_next(s); }
-"""
-    declared = fragments._cut_declared(source, "test")
-    assert "static void ss_t_refill" in declared and "static inline int ss_t_next" in declared
-    assert "ss_t_only_entry" not in declared and re.search(r"int ss_t_entry\(int\* s\);", declared)
+def test_indexing_declares_its_53_entry_points_and_nothing_private():
+    declared = fragments.declared("indexing")
+    text = fragments.text("indexing")
+    assert len(re.findall(r"^\w[\w \t*]*\bss_\w+\([^;{}]*\);$", declared, re.M)) == 53
+    assert "ss_gather_check_i64" in text and "ss_gather_check" not in declared
+    assert "ss_topk_sift" in text and "ss_topk_sift" not in declared and "#define" not in declared
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
