@@ -9,14 +9,13 @@ symbolic parameters).
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 
 from shapeshift.passes.simplify import simplify_model
 
 from .conftest import shared_model
-from .shared_models import FEEDS, feeds
+from .shared_models import FEEDS, assert_same_outputs
 
 pytestmark = pytest.mark.models
 TRANSFORMERS = ["bert.ts.onnx", "distilbert.dynamo.onnx", "gpt2_past.ts.onnx"]
@@ -36,14 +35,7 @@ def test_simplified_model_matches_original(name):
     onnx.checker.check_model(simplified, full_check=True)
     original, candidate = _ort(path), _ort(simplified)
     assert [o.name for o in simplified.graph.output] == [o.name for o in onnx.load(str(path)).graph.output]
-    for index in range(3):
-        feed = feeds(name, index)
-        for want, got in zip(original.run(None, feed), candidate.run(None, feed)):
-            assert want.shape == got.shape and want.dtype == got.dtype
-            if want.dtype.kind == "f":
-                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want).max(initial=0))))
-            else:
-                np.testing.assert_array_equal(got, want)
+    assert_same_outputs(original, candidate, name)
 
 
 @pytest.mark.parametrize("name", TRANSFORMERS)

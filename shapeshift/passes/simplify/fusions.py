@@ -39,8 +39,8 @@ from ...ir.types import DOUBLE, FLOAT, FLOAT16, TensorType, to_numpy_dtype
 from ...symbolic import Expr
 from ..infer_types import infer_node
 from .rewriter import Rewriter
-from .rules import (_axes, _dtype, _has_input, _input_dims, _normalize, _ones, _opset, _producer, _shape,
-                    forward, forward_to, rewrite)
+from .rules import (_axes, _dtype, _has_input, _input_dims, _normalize, _ones, _opset, _producer, _replace,
+                    _shape, forward, forward_to, rewrite)
 
 #: The dtypes folded: numpy computes them exactly as ONNX does, up to rounding.
 _FLOATS = frozenset({FLOAT16, FLOAT, DOUBLE})
@@ -114,13 +114,9 @@ def _substitute(node: Node, rw: Rewriter, op_type: str, inputs: Sequence[Optiona
     """Put one new node in place of ``node`` (which computes the same tensor), placed
     just before it, named and with attribute types taken from ``like`` (default: node)."""
     like = like or node
-    new = rw.add_node(node.graph, op_type, inputs, 1, attrs, before=node, name=like.name)
-    new.attr_types = {k: v for k, v in like.attr_types.items() if k in attrs}
-    old = node.outputs[0]
-    new.outputs[0].type = old.type
-    new.outputs[0].shape_contents = old.shape_contents
-    rw.replace_value(old, new.outputs[0])
-    rw.remove_node(node)
+    types = {k: v for k, v in like.attr_types.items() if k in attrs}
+    new = _replace(node, rw, op_type, inputs, attrs, name=like.name)
+    new.attr_types = types
     return new
 
 

@@ -161,9 +161,11 @@ def _normalize(axes: Sequence[Dim], rank: int) -> Optional[list[int]]:
     return out
 
 
-def _replace(node: Node, rw: Rewriter, op_type: str, inputs: Sequence[Optional[Value]], attrs: dict) -> Node:
-    """Put a new single-output node in place of ``node`` (which computes the same tensor)."""
-    new = rw.add_node(node.graph, op_type, inputs, 1, attrs, before=node, name=node.name)
+def _replace(node: Node, rw: Rewriter, op_type: str, inputs: Sequence[Optional[Value]], attrs: dict,
+             name: Optional[str] = None) -> Node:
+    """Put a new single-output node in place of ``node`` (which computes the same tensor),
+    named ``name`` (default: node's)."""
+    new = rw.add_node(node.graph, op_type, inputs, 1, attrs, before=node, name=node.name if name is None else name)
     old = node.outputs[0]
     new.outputs[0].type = old.type
     new.outputs[0].shape_contents = old.shape_contents
