@@ -83,21 +83,27 @@ def test_a_crashing_or_broken_candidate_fails_once_and_a_good_one_beside_it_is_m
     assert results[2].error and results[2].error.startswith("build failed")
 
 
+def _cmdline(pid) -> list[bytes]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")
+
+
 def _measurement_parents() -> list[int]:
-    """Parent pids of the running measurement processes (python -m shapeshift.tune.worker)."""
+    """The Ray worker processes running a measurement: parents of a measurement process
+    (python -m shapeshift.tune.worker) whose title is Ray's ("ray::..."). Only those: another
+    test on another pytest worker may be measuring at the same time, under that worker."""
     parents = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
+            cmd = _cmdline(pid)
             with open(f"/proc/{pid}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if b"shapeshift.tune.worker" in cmd and _cmdline(ppid)[0].startswith(b"ray::"):
+                parents.append(ppid)
         except OSError:
             continue
-        if b"shapeshift.tune.worker" in cmd:
-            parents.append(ppid)
     return parents
 
 
@@ -112,7 +118,7 @@ def test_a_ray_worker_killed_mid_measurement_is_retried_not_failed(cluster):
     killed = None
     deadline = time.monotonic() + 60
     while killed is None and time.monotonic() < deadline:
-        parents = [p for p in _measurement_parents() if p != os.getpid()]
+        parents = _measurement_parents()
         if parents:
             killed = parents[0]
             os.kill(killed, signal.SIGKILL)
