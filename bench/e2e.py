@@ -187,18 +187,24 @@ def _session(tool: str, path: str, threads: int, tuning_db=None, dynamic=None):
 
 
 def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, tuning_db=None) -> dict:
-    import numpy as np
-
     workdir = Path(workdir)
-    path = _model_path(model, workdir)
-    feeds = _feeds(model, seqs)
-    os.environ["SHAPESHIFT_CACHE_DIR"] = str(workdir / f"cache-{tool}-{model}-{time.time_ns()}")
-    baseline = _reset_peak()
-    start = time.perf_counter()
     # The encoder's native sessions declare the ranges it is run (and tuned) at: with
     # batch left at its default range, its attention matmuls would have two dynamic dims,
     # which no batched tuning record covers.
     dynamic = {"batch": (1, 1), "seq": (1, max(seqs))} if model == BERT else GPT2_RANGES if model == GPT2 else None
+    return measure(tool, _model_path(model, workdir), _feeds(model, seqs), threads, runs, workdir, model,
+                   tuning_db, dynamic)
+
+
+def measure(tool: str, path: str, feeds, threads: int, runs: int, workdir: Path, tag: str, tuning_db=None,
+            dynamic=None) -> dict:
+    """One tool's session on the model at ``path``: load times, each feed's median latency,
+    outputs saved under ``workdir`` (named by ``tag``), peak memory, and for native its fallbacks."""
+    import numpy as np
+
+    os.environ["SHAPESHIFT_CACHE_DIR"] = str(workdir / f"cache-{tool}-{tag}-{time.time_ns()}")
+    baseline = _reset_peak()
+    start = time.perf_counter()
     session = _session(tool, path, threads, tuning_db, dynamic)
     result: dict = {"load_s": time.perf_counter() - start, "latency": {}, "outputs": {}}
     if tool.startswith("native"):
@@ -224,7 +230,7 @@ def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, t
             session.run(None, feed)
             times.append(time.perf_counter() - t)
         result["latency"][label] = statistics.median(times if times else [once])
-        out_path = workdir / f"out-{tool}-{model}-{label.replace(' ', '_')}.npz"
+        out_path = workdir / f"out-{tool}-{tag}-{label.replace(' ', '_')}.npz"
         np.savez(out_path, *[np.asarray(o) for o in outputs])
         result["outputs"][label] = str(out_path)
     result["peak_mb"] = (_vm_kb("VmHWM") - baseline) / 1024

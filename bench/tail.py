@@ -1,0 +1,233 @@
+"""The long tail (issue 32): recurrent nets, skinny products and small models, native vs onnxruntime.
+
+    python bench/tail.py [--threads 1 2] [--models NAME ...] [--no-shared] [--quick]
+                         [--runs 20] [--rounds 2] [--output bench/results/tail.md]
+
+Models: the ones bench/tail_models.py builds (a bidirectional GRU encoder and its decoder
+step, an LSTM-CTC recognizer with the TorchScript exporter's unrolled cell, one LSTM layer
+over 1..512 steps, a byte classifier) and every model in ../shared/models at the three feeds
+of tests/shared_models.py (skipped with a message when the folder is missing).
+
+Every (threads, model, tool) runs in a fresh process through bench/e2e.py's worker
+(``measure``): session creation with an empty build cache ("cold": import, simplify,
+lowering, the C build of the kernels and of the model) and again from the warm cache
+("cache"), then per feed the median of ``--runs`` runs after warm-up. ``OMP_NUM_THREADS``
+and ``OPENBLAS_NUM_THREADS`` are set to the thread count; onnxruntime gets the same
+``intra_op_num_threads`` and its default graph optimizations. The whole set runs
+``--rounds`` times with the tools' order reversed every other round; each feed keeps its
+fastest round's median (this machine's noise only ever adds time).
+
+Issue 32's targets, checked in the report: every model at every shape and thread count
+<= 1.0x onnxruntime, the recurrent models <= 0.8x geomean, cold session creation <= 2 s for
+the models of ../shared/models. Writes bench/results/tail.md and tail.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import e2e  # noqa: E402
+import machine  # noqa: E402
+import tail_models  # noqa: E402
+
+TOOLS = ("native", "onnxruntime")
+RECURRENT = ("gru_encoder", "gru_decoder_step", "lstm_ctc", "lstm_seq", "silero_vad")
+TARGET_EVERY = 1.0
+TARGET_RECURRENT_GEOMEAN = 0.8
+TARGET_COLD_S = 2.0
+
+
+def _shared_models() -> list[str]:
+    if not e2e.MODELS_DIR.is_dir():
+        print(f"note: {e2e.MODELS_DIR} is missing; only the built models are measured")
+        return []
+    return sorted(p.stem for p in e2e.MODELS_DIR.glob("*.onnx"))
+
+
+def worker(tool: str, model: str, threads: int, runs: int, workdir: str, quick: bool) -> dict:
+    workdir = Path(workdir)
+    if model in tail_models.BUILDERS:
+        path = workdir / f"{model}.onnx"
+        feeds = tail_models.feeds(model, quick)
+    else:
+        path = e2e.MODELS_DIR / f"{model}.onnx"
+        feeds = e2e._feeds(model, ())
+        feeds = feeds[:1] if quick else feeds
+    dynamic = e2e.GPT2_RANGES if model == e2e.GPT2 else None
+    return e2e.measure(tool, str(path), feeds, threads, runs, workdir, f"{model}-{threads}t", dynamic=dynamic)
+
+
+def _run_worker(tool: str, model: str, threads: int, args, workdir: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    cmd = [sys.executable, __file__, "--worker", tool, model, "--threads", str(threads), "--runs", str(args.runs),
+           "--workdir", workdir] + (["--quick"] if args.quick else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": " / ".join(tail)}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_all(args, models: list[str], workdir: str) -> dict:
+    """{(threads, model, tool): merged result} over ``args.rounds`` rounds."""
+    merged = {}
+    for threads in args.threads:
+        rounds = []
+        for index in range(max(1, args.rounds)):
+            tools = TOOLS if index % 2 == 0 else TOOLS[::-1]
+            results = {}
+            for model in models:
+                for tool in tools:
+                    print(f"{threads} thread(s), round {index + 1}: {model} / {tool} ...", flush=True)
+                    results[(model, tool)] = _run_worker(tool, model, threads, args, workdir)
+            rounds.append(results)
+        for (model, tool), result in e2e.merge_rounds(rounds).items():
+            merged[(threads, model, tool)] = result
+    return merged
+
+
+def ratios(results: dict, threads: int, model: str) -> dict[str, float]:
+    native, ort = results.get((threads, model, "native"), {}), results.get((threads, model, "onnxruntime"), {})
+    if "latency" not in native or "latency" not in ort:
+        return {}
+    return {label: native["latency"][label] / ort["latency"][label] for label in ort["latency"]
+            if label in native["latency"]}
+
+
+def report(results: dict, models: list[str], args) -> str:
+    import numpy as np
+    import onnxruntime
+
+    lines = ["# The long tail: recurrent nets, skinny products and small models, native vs onnxruntime", "",
+             machine.describe(), "",
+             f"Python {platform.python_version()}, numpy {np.__version__}, onnxruntime {onnxruntime.__version__}; "
+             f"{os.cpu_count()} CPUs. Per feed: the fastest of {args.rounds} round(s) of the median of {args.runs} "
+             "runs after warm-up, each tool in a fresh process. Cold: session creation with an empty build cache "
+             "(kernels included); cache: a second session from the warm cache. Ratio: native / onnxruntime latency "
+             "(> 1: native slower). max |diff|: largest absolute difference from onnxruntime's outputs. "
+             f"Generated by `python bench/tail.py {' '.join(sys.argv[1:])}`.", ""]
+    for threads in args.threads:
+        lines += [f"## {threads} thread(s)", "",
+                  "| model | shape | native ms | onnxruntime ms | ratio | max abs diff |", "|---|---|---|---|---|---|"]
+        for model in models:
+            native = results.get((threads, model, "native"), {})
+            ort = results.get((threads, model, "onnxruntime"), {})
+            for name, r in (("native", native), ("onnxruntime", ort)):
+                if "error" in r:
+                    lines.append(f"| {model} | {name} error: {r['error'][:200]} | | | | |")
+            for label, ratio in ratios(results, threads, model).items():
+                diff = e2e._max_diff(native["outputs"][label], ort["outputs"][label])
+                lines.append(f"| {model} | {label} | {native['latency'][label] * 1e3:.3f} | "
+                             f"{ort['latency'][label] * 1e3:.3f} | {ratio:.2f} | {diff:.1e} |")
+        lines.append("")
+    lines += ["## Session creation", "", "| model | native cold s | native cache s | native fallback ops | "
+              "onnxruntime s |", "|---|---|---|---|---|"]
+    for model in models:
+        native = results.get((args.threads[0], model, "native"), {})
+        ort = results.get((args.threads[0], model, "onnxruntime"), {})
+        if "load_s" not in native:
+            continue
+        fallback = ", ".join(f"{k}x{v}" for k, v in sorted(native.get("fallback", {}).items())) or "none"
+        lines.append(f"| {model} | {native['load_s']:.2f} | {native.get('cache_load_s', math.nan):.2f} | {fallback} | "
+                     f"{ort.get('load_s', math.nan):.3f} |")
+    return "\n".join(lines + [""] + targets(results, models, args)) + "\n"
+
+
+def targets(results: dict, models: list[str], args) -> list[str]:
+    out = ["## Targets (issue 32)", ""]
+    slow = [f"{model} {label} {threads}t ({ratio:.2f})" for threads in args.threads for model in models
+            for label, ratio in ratios(results, threads, model).items() if ratio > TARGET_EVERY]
+    out.append(f"- every model, shape and thread count <= {TARGET_EVERY}x onnxruntime: "
+               + ("met" if not slow else f"NOT met, {len(slow)} above: " + "; ".join(slow)))
+    recurrent = [r for threads in args.threads for model in models if model in RECURRENT
+                 for r in ratios(results, threads, model).values()]
+    if recurrent:
+        geo = e2e._geomean(recurrent)
+        out.append(f"- recurrent models ({', '.join(m for m in models if m in RECURRENT)}), geomean over shapes "
+                   f"and thread counts: {geo:.2f} (target <= {TARGET_RECURRENT_GEOMEAN}) "
+                   f"{'met' if geo <= TARGET_RECURRENT_GEOMEAN else 'NOT met'}")
+    shared = [m for m in models if m not in tail_models.BUILDERS]
+    cold = {m: results.get((args.threads[0], m, "native"), {}).get("load_s", math.nan) for m in shared}
+    if cold:
+        over = [f"{m} {s:.2f} s" for m, s in cold.items() if not s <= TARGET_COLD_S]
+        out.append(f"- cold session creation of the models of ../shared/models <= {TARGET_COLD_S:.0f} s "
+                   "(here with an empty cache, kernel library included): "
+                   + ("met" if not over else "NOT met: " + ", ".join(over)))
+    return out + [""]
+
+
+def plot(results: dict, models: list[str], args, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+        return
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(models) * 3), 4))
+    width = 0.8 / len(args.threads)
+    for k, threads in enumerate(args.threads):
+        labels, values = [], []
+        for model in models:
+            for label, ratio in ratios(results, threads, model).items():
+                labels.append(f"{model} {label}")
+                values.append(ratio)
+        ax.bar([i + k * width for i in range(len(values))], values, width, label=f"{threads} thread(s)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=75, fontsize=6)
+    ax.set_ylabel("native / onnxruntime latency")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--models", nargs="+", default=None, help="built model names and/or names in ../shared/models")
+    parser.add_argument("--no-shared", action="store_true", help="only the models bench/tail_models.py builds")
+    parser.add_argument("--quick", action="store_true", help="two feeds per built model, one per shared model")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--output", default=str(e2e.RESULTS / "tail.md"))
+    parser.add_argument("--worker", nargs=2, metavar=("TOOL", "MODEL"), help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.threads[0], args.runs, args.workdir, args.quick)))
+        return 0
+    models = args.models or list(tail_models.BUILDERS) + ([] if args.no_shared else _shared_models())
+    with tempfile.TemporaryDirectory(prefix="shapeshift-tail-") as workdir:
+        import onnx
+
+        for model in models:
+            if model in tail_models.BUILDERS:
+                onnx.save(tail_models.BUILDERS[model](), str(Path(workdir) / f"{model}.onnx"))
+        results = run_all(args, models, workdir)
+        text = report(results, models, args)
+    print(text)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    plot(results, models, args, output.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

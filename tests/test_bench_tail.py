@@ -1,0 +1,50 @@
+"""bench/tail_models.py: every model bench/tail.py builds runs natively with onnxruntime's
+outputs at the feeds the bench measures (no timing), and bench/tail.py's target lines."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import tail  # noqa: E402
+import tail_models  # noqa: E402
+
+import shapeshift  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(tail_models.BUILDERS))
+def test_built_model_runs_natively_like_onnxruntime(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
+    model = tail_models.BUILDERS[name]()
+    expected_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = shapeshift.InferenceSession(model, backend="native")
+    assert not session._executor.programs()[0].fallback_ops(), "the bench would time a fallback, not a kernel"
+    for label, feed in tail_models.feeds(name, quick=True):
+        expected = expected_session.run(None, feed)
+        got = session.run(None, feed)
+        for e, g in zip(expected, got):
+            assert e.shape == g.shape, label
+            assert np.isfinite(e).all() and np.abs(e).max() > 1e-3, f"{label}: a degenerate model"
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=label)
+
+
+def _result(latency: dict, load_s: float = 1.0) -> dict:
+    return {"latency": latency, "load_s": load_s, "outputs": {}}
+
+
+def test_targets_name_every_shape_above_onnxruntime_and_the_recurrent_geomean():
+    args = type("Args", (), {"threads": [1]})()
+    results = {(1, "lstm_seq", "native"): _result({"seq 1": 0.5, "seq 16": 2.0}),
+               (1, "lstm_seq", "onnxruntime"): _result({"seq 1": 1.0, "seq 16": 1.0}),
+               (1, "yolo", "native"): _result({"a": 1.0}, load_s=2.5),
+               (1, "yolo", "onnxruntime"): _result({"a": 1.0})}
+    lines = tail.targets(results, ["lstm_seq", "yolo"], args)
+    assert "NOT met, 1 above: lstm_seq seq 16 1t (2.00)" in lines[2]
+    assert "geomean over shapes and thread counts: 1.00 (target <= 0.8) NOT met" in lines[3]
+    assert lines[4].endswith("NOT met: yolo 2.50 s")
