@@ -28,6 +28,10 @@ def __getattr__(name: str):
         from .runtime.session import InferenceSession
 
         return InferenceSession
+    if name == "RunOptions":
+        from .runtime.run_options import RunOptions
+
+        return RunOptions
     if name == "Graph":
         from .ir.graph import Graph
 

@@ -35,6 +35,10 @@ class ExecutionError(ShapeshiftError):
     """A node failed while being evaluated."""
 
 
+class RunStoppedError(ExecutionError):
+    """A run stopped by its RunOptions: past its deadline, or terminated from another thread."""
+
+
 class InputError(ShapeshiftError):
     """A feed given to InferenceSession.run is wrong; subclasses say how."""
 

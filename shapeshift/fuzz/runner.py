@@ -7,7 +7,8 @@ backend; its outputs are also compared with the reference's where both ran).
 
 Outcome classes, per mutant and path:
 
-* ``ok``; ``error``: a ShapeshiftError (the clear refusal every bad model should get);
+* ``ok``; ``error``: a ShapeshiftError (the clear refusal every bad model should get; a run
+  past its ``RUN_DEADLINE`` is one);
 * ``bug``: any other exception (its type, message and the innermost frame are kept);
 * ``memory``: a MemoryError under the worker's address-space limit (or the sanitizer's
   malloc limit);
@@ -40,6 +41,11 @@ CLASSES = ("ok", "error", "bug", "memory", "crash", "hang", "mismatch")
 BAD = ("bug", "memory", "crash", "hang")
 MEMORY_LIMIT = 4 << 30
 TIME_LIMIT = 60.0
+# Each run gets this deadline (RunOptions.timeout_s), as a service would give it: a model that
+# asks for billions of Loop iterations is then refused with a RunStoppedError (an ``error``)
+# instead of being killed as a ``hang``; what still passes TIME_LIMIT is a real hang (a
+# single kernel, or the deadline not checked where it should be).
+RUN_DEADLINE = TIME_LIMIT / 2
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -109,7 +115,7 @@ def run_path(path: str, model, feed: dict):
         exported.SerializeToString()
         return None
     session = shapeshift.InferenceSession(model, backend=path)
-    return session.run(None, feed)
+    return session.run(None, feed, run_options=shapeshift.RunOptions(timeout_s=RUN_DEADLINE))
 
 
 def worker(seed: int, indices: Iterable[int], use_shared: bool, memory_limit: int) -> None:

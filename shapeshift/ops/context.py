@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import ExecutionError, ShapeInferenceError
 from ..ir.graph import Graph, Node, SymbolTable
 from ..ir.types import BOOL, INT_TYPES, TensorType, ValueType
+from ..runtime.run_options import check as check_run_options
 from ..symbolic import DEFAULT_HI, Dim, Expr
 
 #: Integer tensors with at most this many elements get their contents tracked.
@@ -151,6 +152,8 @@ class EvalContext(_NodeView):
     def run_subgraph(self, graph: Graph, inputs: list) -> list:
         if self._run_subgraph is None:
             raise ExecutionError(f"{self.describe()}: this executor cannot run subgraphs")
+        # A Loop's or Scan's iterations are where a run's time is not bounded by its shapes.
+        check_run_options(self.describe())
         return self._run_subgraph(graph, inputs)
 
     def fail(self, message: str) -> None:

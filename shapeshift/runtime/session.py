@@ -11,6 +11,9 @@ its magic header, see artifact.py): it runs on the native backend without compil
 Gemm whose constant weight shape has a selection there for the session's thread count runs
 the tuned kernels (see shapeshift/tune/records.py). An artifact carries its own records.
 
+``run(..., run_options=RunOptions(timeout_s=...))`` bounds one run's wall time, and its
+``terminate`` stops it from another thread (see run_options.py).
+
 ``profile=True`` (native backend, not an artifact): every step is timed; ``profile()``
 returns the times so far (see profile.py).
 """
@@ -31,6 +34,7 @@ from ..symbolic import Expr, to_string
 from .artifact import is_artifact, load_artifact
 from .binding import check_feed
 from .reference import ReferenceExecutor, as_feed_array
+from .run_options import active
 
 BACKENDS = ("reference", "native")
 #: The backend of a model's session when none is asked for (an artifact's is always native).
@@ -151,7 +155,8 @@ class InferenceSession:
                              f"got a {type(feed).__name__}; the model's inputs are "
                              f"{', '.join(map(repr, self._input_values))}")
         values, binding = self._check(feed)
-        results = self._executor.run(values, binding)
+        with active(run_options):
+            results = self._executor.run(values, binding)
         return [results[self._outputs[n]] for n in wanted]
 
     def _check(self, feed: Mapping[str, Any]) -> tuple[dict, dict]:
