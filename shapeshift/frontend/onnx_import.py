@@ -34,6 +34,7 @@ from ..passes.infer_types import infer_types
 from ..symbolic import Dim, free_symbols, parse_dim, substitute
 from .attributes import attribute_value, raw_array, raw_dtype, tensor_array
 from .type_protos import type_from_proto
+from .element_types import check_element_types
 from .validate import validate_model
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
@@ -585,6 +586,7 @@ def import_model(source: ModelSource, dynamic: Optional[dict[str, tuple[int, int
     _check_ranges_name_input_dims(ranges, graph, label)
     if infer:
         infer_types(graph)
+        check_element_types(graph, label)
     importer.settle_declared()
     return graph
 

@@ -19,7 +19,9 @@ What is checked, in every graph and subgraph (If, Loop, Scan bodies):
   apart as a cycle or as nodes out of topological order;
 * element types: the model's inputs and outputs, and every initializer, say theirs
   (UNDEFINED is refused: nothing can be fed to, or allocated for, an input of no type;
-  a body's inputs and outputs may leave theirs to inference, as onnx's checker allows);
+  a body's inputs and outputs may leave theirs to inference, as onnx's checker allows;
+  each node's input types against its op's type constraints are checked after type
+  inference, in element_types.py);
 * convolution and pooling windows: pads >= 0, strides, dilations and kernel
   sizes >= 1, none past the largest extent a tensor may have, and a
   ``kernel_shape`` equal to the spatial dims of a weight whose shape is known
