@@ -391,7 +391,18 @@ def _empty(x: np.ndarray, outs, dtype=None) -> np.ndarray:
     return np.zeros(x.shape[:2] + tuple(outs), dtype=dtype or x.dtype)
 
 
+def require_spatial(ctx: EvalContext, x: np.ndarray) -> None:
+    """Pooling over an empty spatial extent has no defined value (a max or a mean of
+    nothing); onnxruntime refuses such an input at run time, and so do both backends (the
+    native one through its contract, codegen/lower/contracts.py)."""
+    for axis in range(2, x.ndim):
+        if x.shape[axis] == 0:
+            ctx.fail(f"input of shape {list(x.shape)}: spatial dimension {axis} is 0, and pooling over an "
+                     "empty extent is undefined")
+
+
 def _max_pool(ctx: EvalContext, x) -> list:
+    require_spatial(ctx, x)
     rank = x.ndim - 2
     placement = place(_pool_window(ctx, rank), x.shape[2:])
     want_indices = ctx.num_outputs > 1
@@ -426,6 +437,7 @@ def _max_indices(ctx: EvalContext, x: np.ndarray, where: np.ndarray, kernel, pla
 
 
 def _average_pool(ctx: EvalContext, x) -> list:
+    require_spatial(ctx, x)
     rank = x.ndim - 2
     window = _pool_window(ctx, rank)
     placement = place(window, x.shape[2:])
@@ -458,6 +470,7 @@ def _same_pads(placement, sizes, axis: int) -> tuple[int, int]:
 
 
 def _lp_pool(ctx: EvalContext, x) -> list:
+    require_spatial(ctx, x)
     rank = x.ndim - 2
     placement = place(_pool_window(ctx, rank), x.shape[2:])
     if 0 in placement.outs:
@@ -474,15 +487,18 @@ def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
 
 
 def _global_average_pool(ctx: EvalContext, x) -> list:
+    require_spatial(ctx, x)
     work = compute_dtype(x.dtype)
     return [x.mean(axis=_spatial_axes(x), keepdims=True, dtype=work).astype(x.dtype, copy=False)]
 
 
 def _global_max_pool(ctx: EvalContext, x) -> list:
+    require_spatial(ctx, x)
     return [x.max(axis=_spatial_axes(x), keepdims=True)]
 
 
 def _global_lp_pool(ctx: EvalContext, x) -> list:
+    require_spatial(ctx, x)
     p = float(ctx.attr("p", 2))
     work = compute_dtype(x.dtype)
     total = (np.abs(x.astype(work, copy=False)) ** p).sum(axis=_spatial_axes(x), keepdims=True)

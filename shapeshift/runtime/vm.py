@@ -516,7 +516,7 @@ def _rejection(step, binding: Mapping[str, int]) -> str:
                 lhs, rhs = evaluate(agreement.lhs, binding), evaluate(agreement.rhs, binding)
             except Exception:  # noqa: BLE001 - a dim not bound yet: this one cannot be told
                 continue
-            if lhs != rhs and not (agreement.broadcast and lhs == 1):
+            if not agreement.holds(lhs, rhs):
                 return f"{node.describe()}: {agreement.what} (got {lhs} and {rhs})"
     return (f"{step.node.describe()}: its kernel rejected the inputs "
             "(an index out of range, a size that is negative or not a number, or shapes that do not broadcast)")

@@ -8,7 +8,8 @@ the other input: results that are wrong, and differ from run to run. (The refere
 backend runs numpy, which raises.)
 
 Each op here lists its agreements as pairs of dims that must be equal (or the first
-may be 1, where it broadcasts); the program builder turns those it cannot prove into
+may be 1, where it broadcasts; or, for a pool's spatial dims, the first must be at least
+the second); the program builder turns those it cannot prove into
 run-time checks ahead of the node's kernel (``return STEP_ERROR``), and on a failed one
 the VM names the agreement, with the values it found, from the same list.
 """
@@ -20,17 +21,30 @@ from typing import Callable, Optional, Sequence
 
 from ...ir.graph import Node, Value
 from ...ir.types import TensorType
-from ...symbolic import Dim, add, mul, prove_eq
+from ...symbolic import Dim, add, bounds, mul, prove_eq
 
 
 @dataclass(frozen=True)
 class Agreement:
-    """``lhs`` must equal ``rhs`` (or be 1 when ``broadcast``); ``what`` says which dims."""
+    """``lhs`` must equal ``rhs`` (or be 1 when ``broadcast``; or, with ``at_least``, be at
+    least ``rhs``); ``what`` says which dims."""
 
     lhs: Dim
     rhs: Dim
     what: str
     broadcast: bool = False
+    at_least: bool = False
+
+    def holds(self, lhs: int, rhs: int) -> bool:
+        if self.at_least:
+            return lhs >= rhs
+        return lhs == rhs or (self.broadcast and lhs == 1)
+
+    def proven(self) -> bool:
+        """Whether the types prove it, whatever the symbols' values in their ranges."""
+        if self.at_least:
+            return bounds(self.lhs)[0] >= bounds(self.rhs)[1]
+        return prove_eq(self.lhs, self.rhs)
 
 
 _RULES: dict[str, Callable[[Node], list[Agreement]]] = {}
@@ -50,7 +64,7 @@ def agreements(node: Node) -> list[Agreement]:
     rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     if rule is None:
         return []
-    return [a for a in rule(node) if not prove_eq(a.lhs, a.rhs)]
+    return [a for a in rule(node) if not a.proven()]
 
 
 def _shape(value: Optional[Value]) -> Optional[tuple]:
@@ -179,12 +193,22 @@ def _recurrent(node: Node) -> list[Agreement]:
     return found
 
 
+@_rule("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
+def _pool(node: Node) -> list[Agreement]:
+    # ops/conv_pool.py require_spatial: the reference backend refuses the same inputs.
+    x = node.inputs[0]
+    sx = _shape(x)
+    return [Agreement(sx[axis], 1, f"{_dim(x, axis)} (spatial) must be at least 1: pooling over an empty "
+                      "extent is undefined", at_least=True) for axis in range(2, len(sx or ()))]
+
+
 def c_checks(items: Sequence[Agreement], dim: Callable[[Dim], str]) -> str:
     """C statements failing the step where an agreement does not hold (``dim``: a dim's C
     expression, the lowering context's)."""
     lines = []
     for a in items:
         lhs, rhs = dim(a.lhs), dim(a.rhs)
-        bad = f"{lhs} != {rhs}" if not a.broadcast else f"{lhs} != {rhs} && {lhs} != 1"
+        bad = (f"{lhs} < {rhs}" if a.at_least else f"{lhs} != {rhs}" if not a.broadcast
+               else f"{lhs} != {rhs} && {lhs} != 1")
         lines.append(f"if ({bad}) return STEP_ERROR;  /* {a.what.replace('*/', '* /')} */")
     return "\n".join(lines)
