@@ -1,4 +1,4 @@
-"""Native lowerings of RNN and GRU (lower/recurrent.py), end to end, against onnxruntime.
+"""Native lowerings of LSTM, GRU and RNN (lower/recurrent.py), end to end, against onnxruntime.
 
 Each model has a symbolic sequence length and batch and runs at three bindings of both.
 A model holds several recurrent nodes side by side (one per direction and variant, each
@@ -23,11 +23,11 @@ pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler
 ort = pytest.importorskip("onnxruntime")
 
 F, I32 = TensorProto.FLOAT, TensorProto.INT32
-GATES = {"RNN": 1, "GRU": 3}
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 BINDINGS = ((1, 1), (3, 2), (7, 5))  # (seq, batch)
 INPUT, HIDDEN = 4, 6
 DIRECTIONS = ("forward", "reverse", "bidirectional")
-VARIANTS = {"rnn": ("RNN", {}), "gru": ("GRU", {}), "gru_lbr": ("GRU", {"linear_before_reset": 1})}
+VARIANTS = {"rnn": ("RNN", {}), "gru": ("GRU", {}), "gru_lbr": ("GRU", {"linear_before_reset": 1}), "lstm": ("LSTM", {})}
 ALL_NODES = [(op, direction, attrs) for op, attrs in VARIANTS.values() for direction in DIRECTIONS]
 
 
@@ -36,34 +36,49 @@ def _rand(rng, shape, scale=1.0):
 
 
 def _recurrent_model(nodes, layout=0, opset=14, with_bias=True, with_state=False, with_lens=False,
-                     outputs=("Y", "Y_h"), weights_as_inputs=False, dtype=F, seed=0):
+                     outputs=("Y", "Y_h", "Y_c"), weights_as_inputs=False, dtype=F, seed=0, hidden=HIDDEN,
+                     input_size=INPUT, peepholes=False, weight_scale=1.0):
     """A model of the recurrent ``nodes`` ((op, direction, attrs) each) reading one
     X [seq, batch, I] (layout 0) or [batch, seq, I]. Node k has weights Wk, Rk, Bk
-    (constants, or graph inputs), initial state h0_k and outputs Y_k, Y_h_k; sequence_lens,
-    when asked for, is shared. Returns the model and the weights by name."""
+    (constants, or graph inputs; LSTM with ``peepholes``: Pk too), initial states h0_k
+    (and c0_k for LSTM) and outputs Y_k, Y_h_k (Y_c_k for LSTM); sequence_lens, when asked
+    for, is shared. Weights are uniform in +-``weight_scale`` (long sequences want a
+    contracting recurrence: with large weights float rounding grows step by step). Returns
+    the model and the weights by name."""
     rng = np.random.default_rng(seed)
     np_dtype = np.float32 if dtype == F else np.float64
-    graph_inputs = [_input("X", ["seq", "batch", INPUT] if layout == 0 else ["batch", "seq", INPUT], dtype)]
+    graph_inputs = [_input("X", ["seq", "batch", input_size] if layout == 0 else ["batch", "seq", input_size], dtype)]
     if with_lens:
         graph_inputs.append(_input("sequence_lens", ["batch"], I32))
     onnx_nodes, initializers, graph_outputs, params = [], [], [], {}
     for k, (op, direction, attrs) in enumerate(nodes):
-        D, G = (2 if direction == "bidirectional" else 1), GATES[op] * HIDDEN
-        weights = {f"W{k}": (D, G, INPUT), f"R{k}": (D, G, HIDDEN), f"B{k}": (D, 2 * G)}
-        for name, shape in list(weights.items())[:3 if with_bias else 2]:
-            params[name] = _rand(rng, shape).astype(np_dtype)
+        D, G = (2 if direction == "bidirectional" else 1), GATES[op] * hidden
+        weights = {f"W{k}": (D, G, input_size), f"R{k}": (D, G, hidden), f"B{k}": (D, 2 * G)}
+        names = list(weights)[:3 if with_bias else 2]
+        lstm = op == "LSTM"
+        if lstm and peepholes:
+            weights[f"P{k}"] = (D, 3 * hidden)
+            names.append(f"P{k}")
+        for name in names:
+            shape = weights[name]
+            params[name] = _rand(rng, shape, weight_scale).astype(np_dtype)
             if weights_as_inputs:
                 graph_inputs.append(_input(name, list(shape), dtype))
             else:
                 initializers.append(_const(name, params[name]))
+        states = ("h0", "c0") if lstm else ("h0",)
         if with_state:
-            graph_inputs.append(_input(f"h0_{k}", [D, "batch", HIDDEN] if layout == 0 else ["batch", D, HIDDEN], dtype))
-        node_inputs = ["X", f"W{k}", f"R{k}", f"B{k}" if with_bias else "", "sequence_lens" if with_lens else "",
-                       f"h0_{k}" if with_state else ""]
-        node_outputs = [f"{name}_{k}" if name in outputs else "" for name in ("Y", "Y_h")]
+            for state in states:
+                graph_inputs.append(_input(f"{state}_{k}", [D, "batch", hidden] if layout == 0 else ["batch", D, hidden],
+                                           dtype))
+        node_inputs = ["X", f"W{k}", f"R{k}", f"B{k}" if with_bias else "", "sequence_lens" if with_lens else ""]
+        node_inputs += [f"{state}_{k}" if with_state else "" for state in states]
+        if lstm:
+            node_inputs.append(f"P{k}" if peepholes else "")
+        node_outputs = [f"{name}_{k}" if name in outputs else "" for name in ("Y", "Y_h", "Y_c")[:3 if lstm else 2]]
         graph_outputs += [_output(name, dtype) for name in node_outputs if name]
         extra = dict(attrs, layout=layout) if opset >= 14 else dict(attrs)
-        onnx_nodes.append(helper.make_node(op, _trim(node_inputs), _trim(node_outputs), hidden_size=HIDDEN,
+        onnx_nodes.append(helper.make_node(op, _trim(node_inputs), _trim(node_outputs), hidden_size=hidden,
                                            direction=direction, **extra))
     return _model(onnx_nodes, graph_inputs, graph_outputs, initializers, opset), params
 
@@ -76,29 +91,34 @@ def _trim(names):
     return names
 
 
-def _feeds(model, params, layout, seed=1):
-    """Inputs at each binding of (seq, batch); lengths include a full one and a shorter one."""
+def _feeds(model, params, layout, seed=1, bindings=BINDINGS, zero_length=False):
+    """Inputs at each binding of (seq, batch); lengths include a full one and a shorter one
+    (and, with ``zero_length``, a row of length 0 where the batch has three rows or more)."""
     rng = np.random.default_rng(seed)
     inputs = {i.name: i for i in model.graph.input}
+    input_size = inputs["X"].type.tensor_type.shape.dim[2].dim_value
     np_dtype = np.float64 if inputs["X"].type.tensor_type.elem_type == TensorProto.DOUBLE else np.float32
     feeds = []
-    for seq, batch in BINDINGS:
-        feed = {"X": _rand(rng, (seq, batch, INPUT) if layout == 0 else (batch, seq, INPUT)).astype(np_dtype)}
+    for seq, batch in bindings:
+        feed = {"X": _rand(rng, (seq, batch, input_size) if layout == 0 else (batch, seq, input_size)).astype(np_dtype)}
         feed.update({k: v for k, v in params.items() if k in inputs})
         if "sequence_lens" in inputs:
             lens = rng.integers(1, seq + 1, batch).astype(np.int32)
             lens[0] = seq
             lens[-1] = max(seq - 2, 1) if batch > 1 else lens[-1]
+            if zero_length and batch >= 3:
+                lens[1] = 0
             feed["sequence_lens"] = lens
-        for name in (n for n in inputs if n.startswith("h0_")):
-            D = inputs[name].type.tensor_type.shape.dim[0 if layout == 0 else 1].dim_value
-            feed[name] = _rand(rng, (D, batch, HIDDEN) if layout == 0 else (batch, D, HIDDEN)).astype(np_dtype)
+        for name in (n for n in inputs if n.startswith(("h0_", "c0_"))):
+            dims = inputs[name].type.tensor_type.shape.dim
+            D, hidden = dims[0 if layout == 0 else 1].dim_value, dims[2].dim_value
+            feed[name] = _rand(rng, (D, batch, hidden) if layout == 0 else (batch, D, hidden)).astype(np_dtype)
         feeds.append(feed)
     return feeds
 
 
 def _batch_first(name):
-    return name == "X" or name.startswith("h0_")
+    return name == "X" or name.startswith(("h0_", "c0_"))
 
 
 def _layout0_twin(model):
@@ -125,10 +145,10 @@ def _to_layout0(feed):
 
 
 def _from_layout0(name, value):
-    return value.transpose(2, 0, 1, 3) if name.startswith("Y_") and not name.startswith("Y_h") else value.swapaxes(0, 1)
+    return value.transpose(2, 0, 1, 3) if value.ndim == 4 else value.swapaxes(0, 1)
 
 
-def _check(model, params, layout=0, fully_native=True, rtol=1e-4, atol=1e-5, reference=None):
+def _check(model, params, layout=0, fully_native=True, rtol=1e-4, atol=1e-5, reference=None, **feed_options):
     """Native outputs against onnxruntime's (or ``reference``'s, a session-like object) at
     every binding; returns the native program."""
     session = shapeshift.InferenceSession(model, backend="native")
@@ -139,7 +159,7 @@ def _check(model, params, layout=0, fully_native=True, rtol=1e-4, atol=1e-5, ref
         reference = ort.InferenceSession((_layout0_twin(model) if layout else model).SerializeToString(),
                                          providers=["CPUExecutionProvider"])
     names = [o.name for o in model.graph.output]
-    for feed in _feeds(model, params, layout):
+    for feed in _feeds(model, params, layout, **feed_options):
         want = reference.run(None, _to_layout0(feed) if layout else feed)
         if layout:
             want = [_from_layout0(n, w) for n, w in zip(names, want)]

@@ -48,6 +48,8 @@ def _fragment(name: str, target: Optional[Target] = None) -> Fragment:
         from .defaults import default_schedule
 
         return module.fragment(default_schedule(target))
+    if name == "rnn":  # its block width and register tiles come from the target
+        return module.fragment(target)
     return module.fragment()
 
 

@@ -2,7 +2,9 @@
 
 A one-node LSTM model (opset 14, layout 0) at each direction, with and without bias and
 initial states, odd sizes, every output or only some; the same random inputs go to the
-kernel, whose workspace starts as NaN so that a read of unwritten scratch shows.
+kernel, whose workspace starts as NaN so that a read of unwritten scratch shows. R goes
+in as it is (packed by the kernel into its workspace) or packed beforehand by
+ss_rnn_pack; the fragment is built for this machine and with -mno-avx512f (ymm blocks).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from shapeshift.codegen.kernels import rnn
+from shapeshift.codegen.build import DEFAULT_FLAGS
+from shapeshift.codegen.kernels import rnn, vmath
 
 from .naive_gemm import build_with_gemm
 
@@ -29,14 +32,39 @@ I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 DIRECTIONS = {"forward": 0, "reverse": 1, "bidirectional": 2}
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    cdll = build_with_gemm(rnn.source(), tmp_path_factory.mktemp("rnn"), "test_rnn").cdll
+I32P, INT = ctypes.POINTER(ctypes.c_int32), ctypes.c_int
+KIND_LSTM = 3
+
+
+@pytest.fixture(scope="module", params=["native", "ymm"])
+def lib(request, tmp_path_factory):
+    flags = (*DEFAULT_FLAGS, "-mno-avx512f") if request.param == "ymm" else None
+    cdll = build_with_gemm(vmath.source() + rnn.source(), tmp_path_factory.mktemp("rnn"), f"test_rnn_{request.param}",
+                           flags=flags).cdll
     cdll.ss_lstm.restype = None
-    cdll.ss_lstm.argtypes = [F32P] * 9 + [I64] * 4 + [ctypes.c_int, F32P]
-    cdll.ss_lstm_work_size.restype = I64
-    cdll.ss_lstm_work_size.argtypes = [I64] * 4
+    cdll.ss_lstm.argtypes = ([F32P] * 6 + [I32P] + [F32P] * 6 + [I64] * 4 + [INT] * 3 + [I32P, F32P, F32P]
+                             + [ctypes.c_float, F32P])
+    cdll.ss_recur_work_size.restype = I64
+    cdll.ss_recur_work_size.argtypes = [I64] * 4 + [INT, INT]
+    cdll.ss_rnn_packed_size.restype = I64
+    cdll.ss_rnn_packed_size.argtypes = [I64, I64, INT]
+    cdll.ss_rnn_pack.restype = None
+    cdll.ss_rnn_pack.argtypes = [F32P, I64, I64, INT, F32P]
     return cdll
+
+
+def lstm(lib, inputs, outs, T, B, I, H, direction, prepacked=False):
+    """ss_lstm on ``inputs`` (ONNX names) into ``outs`` (Y, Y_h, Y_c; None: not asked for),
+    workspace and packed copy NaN-filled."""
+    D = 2 if direction == 2 else 1
+    packed = None
+    if prepacked:
+        packed = np.full(lib.ss_rnn_packed_size(D, H, 4), np.nan, np.float32)
+        lib.ss_rnn_pack(ptr(inputs["R"]), D, H, KIND_LSTM, ptr(packed))
+    work = np.full(max(lib.ss_recur_work_size(T, B, H, D, KIND_LSTM, int(prepacked)), 1), np.nan, np.float32)
+    lib.ss_lstm(ptr(inputs["X"]), ptr(inputs["W"]), None, None if prepacked else ptr(inputs["R"]), ptr(packed),
+                ptr(inputs.get("B")), None, ptr(inputs.get("initial_h")), ptr(inputs.get("initial_c")), None,
+                *(ptr(o) for o in outs), T, B, I, H, direction, 0, 0, None, None, None, -1.0, ptr(work))
 
 
 def ptr(a):
@@ -58,9 +86,10 @@ def run_ort(inputs, hidden, direction):
 
 
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
-@pytest.mark.parametrize("with_bias,with_state", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("with_bias,with_state,prepacked", [(False, False, False), (True, False, True),
+                                                            (False, True, True), (True, True, False)])
 @pytest.mark.parametrize("T,B,I,H", [(1, 1, 1, 1), (5, 3, 7, 9), (9, 2, 4, 17), (3, 33, 10, 40)])
-def test_lstm(lib, direction, with_bias, with_state, T, B, I, H):
+def test_lstm(lib, direction, with_bias, with_state, prepacked, T, B, I, H):
     rng = np.random.default_rng(abs(hash((direction, with_bias, with_state, T, B, I, H))) % 2**32)
     D = 2 if direction == "bidirectional" else 1
 
@@ -73,9 +102,7 @@ def test_lstm(lib, direction, with_bias, with_state, T, B, I, H):
               "initial_c": rand(D, B, H) if with_state else None}
     expected = run_ort(inputs, H, direction)
     Y, Y_h, Y_c = (np.full(e.shape, np.nan, np.float32) for e in expected)
-    work = np.full(lib.ss_lstm_work_size(T, B, I, H), np.nan, np.float32)
-    lib.ss_lstm(ptr(inputs["X"]), ptr(inputs["W"]), ptr(inputs["R"]), ptr(inputs["B"]), ptr(inputs["initial_h"]),
-                ptr(inputs["initial_c"]), ptr(Y), ptr(Y_h), ptr(Y_c), T, B, I, H, DIRECTIONS[direction], ptr(work))
+    lstm(lib, inputs, (Y, Y_h, Y_c), T, B, I, H, DIRECTIONS[direction], prepacked)
     for got, want in zip((Y, Y_h, Y_c), expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -89,7 +116,5 @@ def test_lstm_optional_outputs(lib):
               "R": rng.uniform(-1, 1, (1, 4 * H, H)).astype(np.float32)}
     expected = run_ort(inputs, H, "forward")
     Y_h = np.full(expected[1].shape, np.nan, np.float32)
-    work = np.full(lib.ss_lstm_work_size(T, B, I, H), np.nan, np.float32)
-    lib.ss_lstm(ptr(inputs["X"]), ptr(inputs["W"]), ptr(inputs["R"]), None, None, None, None, ptr(Y_h), None,
-                T, B, I, H, 0, ptr(work))
+    lstm(lib, inputs, (None, Y_h, None), T, B, I, H, 0)
     np.testing.assert_allclose(Y_h, expected[1], rtol=1e-4, atol=1e-5)

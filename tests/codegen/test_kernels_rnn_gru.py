@@ -6,7 +6,10 @@ sequence length the way onnxruntime does (state kept, zero output, zero Y_h for 
 of length 0). Every direction, both layouts, both GRU ``linear_before_reset`` values,
 sizes of 1 and odd sizes, with and without bias, initial state and sequence lengths; the
 kernel's workspace and outputs start as NaN so that a read of unwritten scratch, or a
-value never written, shows.
+value never written, shows. R goes in as it is (the kernel packs it into its workspace)
+in layout 0 and packed beforehand by ss_rnn_pack in layout 1; the fragment is built for
+this machine, with -mno-avx512f (ymm blocks, 16-register row tiles), and with a small
+projection chunk (several chunks per direction).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import shutil
 import numpy as np
 import pytest
 
-from shapeshift.codegen.kernels import rnn
+from shapeshift.codegen.build import DEFAULT_FLAGS
+from shapeshift.codegen.kernels import rnn, vmath
 
 from .naive_gemm import build_with_gemm
 
@@ -32,17 +36,29 @@ GATES = {"RNN": 1, "GRU": 3}
 DEFAULT_ACTIVATIONS = {"RNN": [("tanh", 0.0, 0.0)], "GRU": [("sigmoid", 0.0, 0.0), ("tanh", 0.0, 0.0)]}
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    cdll = build_with_gemm(rnn.source(), tmp_path_factory.mktemp("rnn_gru"), "test_rnn_gru").cdll
-    head = [F32P] * 4 + [I32P] + [F32P] * 3 + [I64] * 4 + [ctypes.c_int] * 2
+# Builds: this machine's; -mno-avx512f (ymm blocks); and input projections computed 97
+# floats at a time (several chunks per direction, in either order, whatever the layout).
+BUILDS = {"native": ((), None), "ymm": (("-mno-avx512f",), None), "chunks": ((), 97)}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
+def lib(request, tmp_path_factory):
+    extra, chunk = BUILDS[request.param]
+    flags = (*DEFAULT_FLAGS, *extra) if extra else None
+    cdll = build_with_gemm(vmath.source() + rnn.source(chunk_floats=chunk), tmp_path_factory.mktemp("rnn_gru"),
+                           f"test_rnn_gru_{request.param}", flags=flags).cdll
+    cdll.chunked = chunk is not None
+    head = [F32P] * 6 + [I32P] + [F32P] * 3 + [I64] * 4 + [ctypes.c_int] * 2
     tail = [I32P, F32P, F32P, ctypes.c_float, F32P]
     cdll.ss_rnn.argtypes = head + tail
     cdll.ss_gru.argtypes = head + [ctypes.c_int] + tail
     cdll.ss_rnn.restype = cdll.ss_gru.restype = None
-    for name in ("ss_rnn_work_size", "ss_gru_work_size"):
-        getattr(cdll, name).restype = I64
-        getattr(cdll, name).argtypes = [I64] * 4
+    cdll.ss_recur_work_size.restype = I64
+    cdll.ss_recur_work_size.argtypes = [I64] * 4 + [ctypes.c_int] * 2
+    cdll.ss_rnn_packed_size.restype = I64
+    cdll.ss_rnn_packed_size.argtypes = [I64, I64, ctypes.c_int]
+    cdll.ss_rnn_pack.restype = None
+    cdll.ss_rnn_pack.argtypes = [F32P, I64, I64, ctypes.c_int, F32P]
     return cdll
 
 
@@ -116,8 +132,10 @@ def ptr(a, kind=F32P):
     return None if a is None else a.ctypes.data_as(kind)
 
 
-def run_kernel(lib, op, inputs, direction, layout=0, lbr=0, acts=None, clip=None, outputs=("Y", "Y_h")):
-    """The kernel's (Y, Y_h), each None where not asked for; unwritten elements stay NaN."""
+def run_kernel(lib, op, inputs, direction, layout=0, lbr=0, acts=None, clip=None, outputs=("Y", "Y_h"),
+               prepacked=None):
+    """The kernel's (Y, Y_h), each None where not asked for; unwritten elements stay NaN.
+    ``prepacked`` (default: in layout 1) packs R with ss_rnn_pack first."""
     X, R = inputs["X"], inputs["R"]
     T, B = X.shape[:2] if layout == 0 else X.shape[1::-1]
     I, H, D = X.shape[2], R.shape[-1], R.shape[0]
@@ -125,8 +143,13 @@ def run_kernel(lib, op, inputs, direction, layout=0, lbr=0, acts=None, clip=None
     s_shape = (D, B, H) if layout == 0 else (B, D, H)
     Y = np.full(y_shape, np.nan, np.float32) if "Y" in outputs else None
     Y_h = np.full(s_shape, np.nan, np.float32) if "Y_h" in outputs else None
-    size_fn = lib.ss_rnn_work_size if op == "RNN" else lib.ss_gru_work_size
-    work = np.full(max(size_fn(T, B, I, H), 1), np.nan, np.float32)
+    kind = 0 if op == "RNN" else (2 if lbr else 1)
+    prepacked = layout == 1 if prepacked is None else prepacked
+    packed = None
+    if prepacked:
+        packed = np.full(max(lib.ss_rnn_packed_size(D, H, GATES[op]), 1), np.nan, np.float32)
+        lib.ss_rnn_pack(ptr(R), D, H, kind, ptr(packed))
+    work = np.full(max(lib.ss_recur_work_size(T, B, H, D, kind, int(prepacked)), 1), np.nan, np.float32)
     codes = alphas = betas = None
     if acts is not None:
         flat = [acts[d][k] for d in range(D) for k in range(len(acts[d]))]
@@ -134,7 +157,8 @@ def run_kernel(lib, op, inputs, direction, layout=0, lbr=0, acts=None, clip=None
         alphas = np.array([a for _, a, _ in flat], np.float32)
         betas = np.array([b for _, _, b in flat], np.float32)
     lens = inputs.get("sequence_lens")
-    args = [ptr(X), ptr(inputs["W"]), ptr(R), ptr(inputs.get("B")), ptr(lens, I32P), ptr(inputs.get("initial_h")),
+    args = [ptr(X), ptr(inputs["W"]), None, None if prepacked else ptr(R), ptr(packed), ptr(inputs.get("B")),
+            ptr(lens, I32P), ptr(inputs.get("initial_h")),
             ptr(Y), ptr(Y_h), T, B, I, H, DIRECTIONS[direction], layout]
     tail = [ptr(codes, I32P), ptr(alphas), ptr(betas), -1.0 if clip is None else clip, ptr(work)]
     if op == "RNN":
@@ -252,6 +276,13 @@ def test_empty_sequence_and_batch(lib, variant):
 
 @pytest.mark.parametrize("T,B,I,H", [(1, 1, 1, 1), (7, 3, 5, 9), (100, 17, 33, 64)])
 def test_work_size_formulas_agree(lib, T, B, I, H):
-    """The lowering sizes the workspace with the Python formulas: they must match the C ones."""
-    assert rnn.rnn_work_floats(T, B, H) == lib.ss_rnn_work_size(T, B, I, H)
-    assert rnn.gru_work_floats(T, B, H) == lib.ss_gru_work_size(T, B, I, H)
+    """The lowering sizes the workspace with the Python formulas: at least the C ones (the
+    projection chunk counted as every step, the packed R at the widest block), and the
+    same when the chunk is every step and R comes prepacked."""
+    for kind in range(4):
+        for D in (1, 2):
+            for prepacked in (True, False):
+                assert rnn.work_floats(T, B, H, D, kind, prepacked) >= lib.ss_recur_work_size(T, B, H, D, kind,
+                                                                                             int(prepacked))
+            if T * B * (4 * H) <= 1024 and not lib.chunked:  # below the default chunk: all T steps
+                assert rnn.work_floats(T, B, H, D, kind, True) == lib.ss_recur_work_size(T, B, H, D, kind, 1)

@@ -1,179 +1,94 @@
-"""Recurrent kernels: LSTM, and RNN and GRU (the ONNX ops of the same names, float32).
+"""Recurrent kernels: LSTM, GRU and RNN (the ONNX ops of those names, float32, every attribute).
 
-Exported C (LSTM: default activations, no peepholes, layout 0)::
+Exported C::
 
-    /* X [T, B, I], W [D, 4H, I], R [D, 4H, H], bias NULL or [D, 8H] (Wb then Rb),
-       h0 / c0 NULL (zeros) or [D, B, H]; outputs Y NULL or [T, D, B, H], Y_h NULL or
-       [D, B, H], Y_c NULL or [D, B, H]. direction: 0 forward, 1 reverse (D = 1),
-       2 bidirectional (D = 2). Gate order i, o, f, c; i, o, f use sigmoid, c and the
-       output tanh. sequence_lens is not supported (the caller falls back).
-       work: at least ss_lstm_work_size(T, B, I, H) floats. */
-    void ss_lstm(const float* X, const float* W, const float* R, const float* bias,
-                 const float* h0, const float* c0, float* Y, float* Y_h, float* Y_c,
-                 int64_t T, int64_t B, int64_t I, int64_t H, int direction, float* work);
-    int64_t ss_lstm_work_size(int64_t T, int64_t B, int64_t I, int64_t H);
-
-Per direction: one ss_gemm computes the input projections of all time steps at once
-(X W^T + Wb + Rb, [T * B, 4H]); each step is then one small ss_gemm (h R^T, with that
-step's projection as the bias operand) and a pointwise gate update. The directions run
-one after the other and reuse the same workspace.
-
-RNN and GRU (every ONNX attribute: layout, sequence_lens, activation lists, clip)::
-
-    /* X [T, B, I] (layout 0) or [B, T, I] (layout 1); W [D, G*H, I], R [D, G*H, H] with
-       G = 1 (RNN) or 3 (GRU, gate order z, r, h); bias NULL or [D, 2*G*H] (Wb then Rb);
-       seq_lens NULL or [B] (int32); h0 NULL (zeros) or [D, B, H] (layout 0) /
-       [B, D, H] (layout 1). Outputs, each NULL or written: Y [T, D, B, H] / [B, T, D, H],
-       Y_h [D, B, H] / [B, D, H]. direction: 0 forward, 1 reverse (D = 1),
-       2 bidirectional (D = 2). acts/alphas/betas: NULL for the defaults (RNN: Tanh; GRU:
-       Sigmoid, Tanh), else A activations per direction ([D * A], A = 1 RNN, 2 GRU; codes in
-       ACTIVATION_CODES) and their alpha and beta. clip < 0: no clipping, else every
-       activation's input is clipped to [-clip, clip]. A row b past its seq_lens[b] keeps
-       its state and gets zero outputs; a row of length 0 reports a zero Y_h (as
-       onnxruntime). work: at least ss_rnn_work_size / ss_gru_work_size(T, B, I, H) floats. */
-    void ss_rnn(const float* X, const float* W, const float* R, const float* bias,
-                const int32_t* seq_lens, const float* h0, float* Y, float* Y_h,
-                int64_t T, int64_t B, int64_t I, int64_t H, int direction, int layout,
-                const int32_t* acts, const float* alphas, const float* betas, float clip,
-                float* work);
-    void ss_gru(const float* X, const float* W, const float* R, const float* bias,
-                const int32_t* seq_lens, const float* h0, float* Y, float* Y_h,
-                int64_t T, int64_t B, int64_t I, int64_t H, int direction, int layout,
-                int linear_before_reset, const int32_t* acts, const float* alphas,
+    /* X [T, B, I] (layout 0) or [B, T, I] (layout 1); W [D, G, I], R [D, G, H] with
+       G = 4H (LSTM, gate order i, o, f, c), 3H (GRU, z, r, h) or H (RNN); Wp NULL or D
+       pointers, direction d's W^T [I, G] packed by ss_gemm_pack_b (then W is not read);
+       Rp NULL or R packed by ss_rnn_pack (then R is not read; NULL: packed into the workspace at
+       each call); bias NULL or [D, 2G] (Wb then Rb); seq_lens NULL or [B] (int32); h0, c0
+       NULL (zeros) or [D, B, H] (layout 0) / [B, D, H] (layout 1); P (LSTM peepholes)
+       NULL or [D, 3H] (i, o, f). Outputs, each NULL or written: Y [T, D, B, H] /
+       [B, T, D, H], Y_h and Y_c [D, B, H] / [B, D, H]. direction: 0 forward, 1 reverse
+       (D = 1), 2 bidirectional (D = 2). acts/alphas/betas: NULL for the defaults (LSTM:
+       Sigmoid, Tanh, Tanh; GRU: Sigmoid, Tanh; RNN: Tanh), else A activations per direction
+       ([D * A]; codes in ACTIVATION_CODES) with their alpha and beta. clip < 0: none, else
+       every gate activation's input is clipped to [-clip, clip] (LSTM's h(c) is not, as
+       in onnxruntime). input_forget (LSTM): f = 1 - i.
+       A row b past its seq_lens[b] keeps its state and gets zero outputs; a row of length
+       0 reports zero Y_h / Y_c (as onnxruntime). work: ss_recur_work_size(...) floats. */
+    void ss_lstm(const float* X, const float* W, const float* const* Wp, const float* R,
+                 const float* Rp, const float* bias, const int32_t* seq_lens, const float* h0,
+                 const float* c0, const float* P, float* Y, float* Y_h, float* Y_c, int64_t T,
+                 int64_t B, int64_t I, int64_t H, int direction, int layout, int input_forget,
+                 const int32_t* acts, const float* alphas, const float* betas, float clip,
+                 float* work);
+    void ss_gru(const float* X, const float* W, const float* const* Wp, const float* R,
+                const float* Rp, const float* bias, const int32_t* seq_lens, const float* h0,
+                float* Y, float* Y_h, int64_t T, int64_t B, int64_t I, int64_t H, int direction,
+                int layout, int linear_before_reset, const int32_t* acts, const float* alphas,
                 const float* betas, float clip, float* work);
-    int64_t ss_rnn_work_size(int64_t T, int64_t B, int64_t I, int64_t H);
-    int64_t ss_gru_work_size(int64_t T, int64_t B, int64_t I, int64_t H);
+    void ss_rnn(const float* X, const float* W, const float* const* Wp, const float* R,
+                const float* Rp, const float* bias, const int32_t* seq_lens, const float* h0,
+                float* Y, float* Y_h, int64_t T, int64_t B, int64_t I, int64_t H, int direction,
+                int layout, const int32_t* acts, const float* alphas, const float* betas,
+                float clip, float* work);
+    /* kind: 0 RNN, 1 GRU, 2 GRU linear_before_reset, 3 LSTM; prepacked: Rp given. */
+    int64_t ss_recur_work_size(int64_t T, int64_t B, int64_t H, int64_t D, int kind, int prepacked);
 
-They run like ss_lstm: per direction one ss_gemm projects every step's input
-(X W^T + the biases that add outside any product, rows in X's own order, so layout 1
-needs no transposition), then each step is one ss_gemm of the state with R (GRU without
-linear_before_reset: two, since the candidate's product reads r * h) and a pointwise
-update, parallel over batch rows. Activations are scalar libm calls, like ss_lstm's:
-the fragment is built without vmath (tests/codegen/test_kernels_rnn.py builds it on gemm
-alone).
+Per direction, GEMMs project the steps' inputs (X W^T plus the biases that add outside
+any product, rows in X's own order, so layout 1 needs no transposition; on W packed at
+load when it is a constant) a chunk of steps at a time, in the order the direction takes
+them, so that the chunk is still in L2 when its steps read it (SS_RNN_CHUNK_FLOATS, from
+the target's L2). Each step is then the packed product of kernels/rnn_step.py, block by block of hidden units,
+each block's gates updated as soon as its product is done (GRU without
+linear_before_reset: two such passes, since the candidate's product reads r * h). The
+state is double-buffered, since every block reads all of the old state. The two
+directions of a bidirectional node run on two threads when the session has two.
 """
 
 from __future__ import annotations
 
-from ..cwriter import Fragment, Function, Private, fill
+from typing import Optional
 
-DEPENDS = ("gemm",)
+from ...target import Target
+from ..cwriter import Fragment, Function, Private
+from . import rnn_gates, rnn_step
 
-_LSTM_DEFINES = r"""
-/* ---- rnn ---- */
-/* Gate elements (B * H) below which the pointwise update stays serial. */
-#define SS_LSTM_PAR_MIN @PAR_MIN@
-"""
+DEPENDS = ("gemm", "vmath")
 
-_LSTM_HELPERS = r"""
-static inline float ss_lstm_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
-
-"""
-
-_LSTM_WORK_SIZE = Function("int64_t", "ss_lstm_work_size", ("int64_t T", "int64_t B", "int64_t I", "int64_t H"), r"""
-    (void)I;
-    return T * B * 4 * H + B * 4 * H + 4 * H + 2 * B * H;""")
-
-_LSTM_DIRECTION = r"""
-/* One direction d: reads W, R, bias of d, writes Y[:, d], Y_h[d], Y_c[d]. */
-static void ss_lstm_direction(const float* X, const float* W, const float* R, const float* bias,
-                              const float* h0, const float* c0, float* Y, float* Y_h, float* Y_c,
-                              int64_t T, int64_t B, int64_t I, int64_t H, int64_t D, int64_t d,
-                              int reverse, float* work) {
-    int64_t G = 4 * H;
-    float* xw = work;
-    float* gates = xw + T * B * G;
-    float* bsum = gates + B * G;
-    float* h = bsum + G;
-    float* c = h + B * H;
-    if (bias)
-        for (int64_t g = 0; g < G; ++g) bsum[g] = bias[d * 2 * G + g] + bias[d * 2 * G + G + g];
-    ss_gemm(T * B, G, I, 1, 1, X, 0, 0, I, 1, W + d * G * I, 0, 0, 1, I, xw, 0, 0, G,
-            1.0f, bias ? bsum : NULL, 1.0f, 0, 1, 0);
-    for (int64_t i = 0; i < B * H; ++i) {
-        h[i] = h0 ? h0[d * B * H + i] : 0.0f;
-        c[i] = c0 ? c0[d * B * H + i] : 0.0f;
-    }
-    for (int64_t s = 0; s < T; ++s) {
-        int64_t t = reverse ? T - 1 - s : s;
-        ss_gemm(B, G, H, 1, 1, h, 0, 0, H, 1, R + d * G * H, 0, 0, 1, H, gates, 0, 0, G,
-                1.0f, xw + t * B * G, 1.0f, G, 1, 0);
-        #pragma omp parallel for if(B * H >= SS_LSTM_PAR_MIN)
-        for (int64_t b = 0; b < B; ++b) {
-            const float* gr = gates + b * G;
-            for (int64_t j = 0; j < H; ++j) {
-                float gi = ss_lstm_sigmoid(gr[j]), go = ss_lstm_sigmoid(gr[H + j]);
-                float gf = ss_lstm_sigmoid(gr[2 * H + j]), gc = tanhf(gr[3 * H + j]);
-                float cn = gf * c[b * H + j] + gi * gc;
-                c[b * H + j] = cn;
-                h[b * H + j] = go * tanhf(cn);
-            }
-        }
-        if (Y) memcpy(Y + ((t * D + d) * B) * H, h, (size_t)(B * H) * sizeof(float));
-    }
-    if (Y_h) memcpy(Y_h + d * B * H, h, (size_t)(B * H) * sizeof(float));
-    if (Y_c) memcpy(Y_c + d * B * H, c, (size_t)(B * H) * sizeof(float));
-}
-
-"""
-
-_LSTM = Function("void", "ss_lstm", ("const float* X", "const float* W", "const float* R", "const float* bias",
-                                     "const float* h0", "const float* c0", "float* Y", "float* Y_h", "float* Y_c",
-                                     "int64_t T", "int64_t B", "int64_t I", "int64_t H", "int direction",
-                                     "float* work"), r"""
-    if (B <= 0 || H <= 0) return;
-    int64_t D = direction == 2 ? 2 : 1;
-    for (int64_t d = 0; d < D; ++d)
-        ss_lstm_direction(X, W, R, bias, h0, c0, Y, Y_h, Y_c, T, B, I, H, D, d,
-                          direction == 1 || d == 1, work);""")
-
-
-# -- RNN and GRU ------------------------------------------------------------------------------
-
-#: ONNX activation name (lowercased) -> the code ss_rnn and ss_gru take in ``acts``.
+#: ONNX activation name (lowercased) -> the code the kernels take in ``acts``.
 ACTIVATION_CODES = {
     "sigmoid": 0, "tanh": 1, "relu": 2, "affine": 3, "leakyrelu": 4, "thresholdedrelu": 5,
     "scaledtanh": 6, "hardsigmoid": 7, "elu": 8, "softsign": 9, "softplus": 10,
 }
+#: Kernel kinds (rnn_step.KIND_SETS).
+KIND_RNN, KIND_GRU, KIND_GRU_LBR, KIND_LSTM = 0, 1, 2, 3
 
-_RECUR_DEFINES = """
-#define SS_RECUR_PAR_MIN @PAR_MIN@
-"""
-
-_RECUR_HELPERS = r"""
-/* ---- rnn: RNN and GRU ---- */
+_HELPERS = r"""
+/* ---- rnn: drivers ---- */
 /* One activation of one direction: a code of ACTIVATION_CODES and its alpha, beta. */
 typedef struct { int kind; float alpha, beta; } ss_recur_act;
 
-/* Where each row lives, in elements, for one layout and D directions; rows are H floats
-   (Y, states) or G floats (the input projection, which keeps X's row order). */
+/* Where each row of H floats (Y, states) lives, in elements, for one layout and D
+   directions. */
 typedef struct {
     int64_t T, B, H, G;
-    int64_t xw_t, xw_b;       /* projection row (t, b) */
     int64_t y_t, y_b, y_d;    /* Y row (t, d, b) */
-    int64_t s_b, s_d;         /* initial_h / Y_h row (d, b) */
+    int64_t s_b, s_d;         /* initial / final state row (d, b) */
 } ss_recur_geom;
 
 static ss_recur_geom ss_recur_geometry(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int layout) {
     ss_recur_geom g;
     g.T = T; g.B = B; g.H = H; g.G = G;
     if (layout == 0) {   /* X [T, B, I], Y [T, D, B, H], states [D, B, H] */
-        g.xw_t = B * G; g.xw_b = G;
         g.y_t = D * B * H; g.y_b = H; g.y_d = B * H;
         g.s_b = H; g.s_d = B * H;
     } else {             /* X [B, T, I], Y [B, T, D, H], states [B, D, H] */
-        g.xw_t = G; g.xw_b = T * G;
         g.y_t = D * H; g.y_b = T * D * H; g.y_d = H;
         g.s_b = D * H; g.s_d = H;
     }
     return g;
-}
-
-static inline float ss_recur_sigmoid(float v) {
-    /* Split by sign so that expf never overflows into inf / inf. */
-    if (v >= 0.0f) return 1.0f / (1.0f + expf(-v));
-    float e = expf(v);
-    return e / (1.0f + e);
 }
 
 static inline float ss_recur_softplus(float v) {
@@ -181,15 +96,26 @@ static inline float ss_recur_softplus(float v) {
 }
 
 /* Clips v[0..n) to [-clip, clip] (clip < 0: no clipping), then applies the activation in
-   place. The switch sits outside the loops so that each loop is a simple one. Comparisons
-   are ordered so that NaN propagates where the reference evaluator's does. */
+   place. Sigmoid and Tanh, the defaults, run on vmath's vectors (scalar twins for the
+   tail); the others are simple loops. Comparisons are ordered so that NaN propagates. */
 static void ss_recur_activate(ss_recur_act a, float clip, float* v, int64_t n) {
     const float al = a.alpha, be = a.beta;
     if (clip >= 0.0f)
         for (int64_t j = 0; j < n; ++j) v[j] = v[j] < -clip ? -clip : (v[j] > clip ? clip : v[j]);
+    int64_t j0 = 0;
     switch (a.kind) {
-    case 0:  /* Sigmoid */ for (int64_t j = 0; j < n; ++j) v[j] = ss_recur_sigmoid(v[j]); break;
-    case 1:  /* Tanh */ for (int64_t j = 0; j < n; ++j) v[j] = tanhf(v[j]); break;
+    case 0:  /* Sigmoid */
+#ifdef __AVX2__
+        for (; j0 + 8 <= n; j0 += 8) _mm256_storeu_ps(v + j0, ss_sigmoid8(_mm256_loadu_ps(v + j0)));
+#endif
+        for (int64_t j = j0; j < n; ++j) v[j] = ss_sigmoidf(v[j]);
+        break;
+    case 1:  /* Tanh */
+#ifdef __AVX2__
+        for (; j0 + 8 <= n; j0 += 8) _mm256_storeu_ps(v + j0, ss_tanh8(_mm256_loadu_ps(v + j0)));
+#endif
+        for (int64_t j = j0; j < n; ++j) v[j] = ss_tanhf(v[j]);
+        break;
     case 2:  /* Relu */ for (int64_t j = 0; j < n; ++j) v[j] = v[j] < 0.0f ? 0.0f : v[j]; break;
     case 3:  /* Affine */ for (int64_t j = 0; j < n; ++j) v[j] = al * v[j] + be; break;
     case 4:  /* LeakyRelu */ for (int64_t j = 0; j < n; ++j) v[j] = v[j] < 0.0f ? al * v[j] : v[j]; break;
@@ -220,260 +146,265 @@ static ss_recur_act ss_recur_act_of(const int32_t* acts, const float* alphas, co
     return a;
 }
 
-/* xw = X W_d^T + bsum (NULL: none): [rows, G], one row per row of X. */
-static void ss_recur_project(const float* X, const float* Wd, const float* bsum, float* xw,
-                             int64_t rows, int64_t G, int64_t I) {
-    ss_gemm(rows, G, I, 1, 1, X, 0, 0, I, 1, Wd, 0, 0, 1, I, xw, 0, 0, G, 1.0f, bsum, 1.0f, 0, 1, 0);
-}
-
-/* out[b, 0..n) (row stride ldo) = state[b] Rrows^T + bias (an n-vector for every row, or
-   NULL); Rrows is [n, H], rows of R. */
-static void ss_recur_step_gemm(const float* state, const float* Rrows, const float* bias, float* out,
-                               int64_t B, int64_t n, int64_t H, int64_t ldo) {
-    ss_gemm(B, n, H, 1, 1, state, 0, 0, H, 1, Rrows, 0, 0, 1, H, out, 0, 0, ldo, 1.0f, bias, 1.0f, 0, 1, 0);
-}
-
 static inline int ss_recur_active(const int32_t* lens, int64_t b, int64_t t) {
     return !lens || t < (int64_t)lens[b];
 }
 
-/* h[b] = initial_h[d, b], zeros without one. */
-static void ss_recur_load_state(const float* h0, float* h, const ss_recur_geom* g, int64_t d) {
+/* s[b] = s0[d, b], zeros without s0. */
+static void ss_recur_load_state(const float* s0, float* s, const ss_recur_geom* g, int64_t d) {
     for (int64_t b = 0; b < g->B; ++b) {
-        if (h0) memcpy(h + b * g->H, h0 + d * g->s_d + b * g->s_b, (size_t)g->H * sizeof(float));
-        else memset(h + b * g->H, 0, (size_t)g->H * sizeof(float));
+        if (s0) memcpy(s + b * g->H, s0 + d * g->s_d + b * g->s_b, (size_t)g->H * sizeof(float));
+        else memset(s + b * g->H, 0, (size_t)g->H * sizeof(float));
     }
 }
 
-/* Y[t, d, b] = row b's new state while the row is active, zeros past its length. */
-static inline void ss_recur_store_output(float* Y, const float* hb, const ss_recur_geom* g,
-                                         int64_t t, int64_t d, int64_t b, int active) {
-    if (!Y) return;
-    float* yr = Y + t * g->y_t + b * g->y_b + d * g->y_d;
-    if (active) memcpy(yr, hb, (size_t)g->H * sizeof(float));
-    else memset(yr, 0, (size_t)g->H * sizeof(float));
-}
-
-/* Y_h[d, b] = h[b]; a row of length 0 reports zeros (onnxruntime's choice), not h0. */
-static void ss_recur_store_state(float* Y_h, const float* h, const int32_t* lens, const ss_recur_geom* g,
+/* out[d, b] = s[b]; a row of length 0 reports zeros (onnxruntime's choice), not s0. */
+static void ss_recur_store_state(float* out, const float* s, const int32_t* lens, const ss_recur_geom* g,
                                  int64_t d) {
-    if (!Y_h) return;
+    if (!out) return;
     for (int64_t b = 0; b < g->B; ++b) {
-        float* out = Y_h + d * g->s_d + b * g->s_b;
-        if (lens && lens[b] <= 0) memset(out, 0, (size_t)g->H * sizeof(float));
-        else memcpy(out, h + b * g->H, (size_t)g->H * sizeof(float));
+        float* o = out + d * g->s_d + b * g->s_b;
+        if (lens && lens[b] <= 0) memset(o, 0, (size_t)g->H * sizeof(float));
+        else memcpy(o, s + b * g->H, (size_t)g->H * sizeof(float));
     }
 }
 
+/* Everything one call shares between its directions and steps. */
+typedef struct {
+    const float *X, *W, *Rp, *bias, *h0, *c0, *peep;
+    const float* const* Wp;
+    const int32_t* lens;
+    float *Y, *Y_h, *Y_c;
+    ss_recur_geom g;
+    int64_t I, D;
+    int direction, layout, kind, flag;   /* flag: linear_before_reset (GRU), input_forget (LSTM) */
+    const int32_t* acts;
+    const float *alphas, *betas;
+    float clip;
+} ss_recur_call;
+
+/* One step's view of one direction: its activations, state buffers and inputs. */
+typedef struct {
+    const ss_recur_call* c;
+    int64_t d, t;
+    const float* xw;        /* this step's projection rows: row b at xw + b * xw_b */
+    int64_t xw_b;
+    const float* P;         /* the direction's packed R */
+    const float* h;         /* state before the step */
+    float* hn;              /* state after it */
+    float* cs;              /* LSTM cell state, updated in place */
+    float* aux;             /* GRU: z [B, H], then r * h [B, H] */
+    const float* rbias;     /* GRU linear_before_reset: Rbh (3H, zeros but the last H), or NULL */
+    const float* peep;      /* LSTM peepholes of the direction (i, o, f), or NULL */
+    ss_recur_act f, gact, hact;
+    int fast;               /* the default activations and no clip: rnn_gates' vector updates */
+} ss_recur_step;
+
+/* Y[t, d, b, j0 .. j0+n) = v, or zeros for an inactive row. */
+static inline void ss_recur_store_y(const ss_recur_step* s, int64_t b, int64_t j0, const float* v, int64_t n,
+                                    int active) {
+    const ss_recur_call* c = s->c;
+    if (!c->Y) return;
+    float* y = c->Y + s->t * c->g.y_t + b * c->g.y_b + s->d * c->g.y_d + j0;
+    if (active) memcpy(y, v, (size_t)n * sizeof(float));
+    else memset(y, 0, (size_t)n * sizeof(float));
+}
 """
 
-_RNN_WORK_SIZE = Function("int64_t", "ss_rnn_work_size", ("int64_t T", "int64_t B", "int64_t I", "int64_t H"), r"""
-    (void)I;
-    return T * B * H + 2 * B * H + H;   /* xw, gates, h, bias sum */""")
-
-_RNN_DIRECTION = r"""
-/* One RNN direction: h = f(xw[t] + h R_d^T), xw holding X W_d^T + Wb + Rb. */
-static void ss_rnn_direction(const float* X, const float* W, const float* R, const float* bias,
-                             const int32_t* lens, const float* h0, float* Y, float* Y_h,
-                             const ss_recur_geom* g, int64_t I, int64_t d, int reverse,
-                             ss_recur_act f, float clip, float* work) {
-    const int64_t T = g->T, B = g->B, H = g->H;
-    float* xw = work;
-    float* gates = xw + T * B * H;
-    float* h = gates + B * H;
-    float* bsum = h + B * H;
-    if (bias)
-        for (int64_t j = 0; j < H; ++j) bsum[j] = bias[d * 2 * H + j] + bias[d * 2 * H + H + j];
-    ss_recur_project(X, W + d * H * I, bias ? bsum : NULL, xw, T * B, H, I);
-    ss_recur_load_state(h0, h, g, d);
-    for (int64_t s = 0; s < T; ++s) {
-        const int64_t t = reverse ? T - 1 - s : s;
-        ss_recur_step_gemm(h, R + d * H * H, NULL, gates, B, H, H, H);
-        #pragma omp parallel for if(B * H >= SS_RECUR_PAR_MIN)
-        for (int64_t b = 0; b < B; ++b) {
-            const int active = ss_recur_active(lens, b, t);
-            float* hb = h + b * H;
-            if (active) {
-                const float* x = xw + t * g->xw_t + b * g->xw_b;
-                const float* gr = gates + b * H;
-                for (int64_t j = 0; j < H; ++j) hb[j] = x[j] + gr[j];
-                ss_recur_activate(f, clip, hb, H);
-            }
-            ss_recur_store_output(Y, hb, g, t, d, b, active);
-        }
-    }
-    ss_recur_store_state(Y_h, h, lens, g, d);
+_DIRECTION = r"""
+/* Steps per projection chunk: about SS_RNN_CHUNK_FLOATS of projection, at least one. */
+static inline int64_t ss_recur_chunk_steps(int64_t T, int64_t B, int64_t G) {
+    const int64_t per_step = B * G > 0 ? B * G : 1;
+    const int64_t tc = SS_RNN_CHUNK_FLOATS / per_step;
+    return tc < 1 ? 1 : (tc > T ? T : tc);
 }
 
-"""
+/* Floats one direction's workspace takes: its projection chunk, two states, the cell,
+   GRU's z and r * h, the summed and the recurrent biases. */
+static inline int64_t ss_recur_direction_work(int64_t T, int64_t B, int64_t H, int64_t G) {
+    return ss_recur_chunk_steps(T, B, G) * B * G + 5 * B * H + 2 * G;
+}
 
-_RNN = Function("void", "ss_rnn", ("const float* X", "const float* W", "const float* R", "const float* bias",
-                                   "const int32_t* seq_lens", "const float* h0", "float* Y", "float* Y_h", "int64_t T",
-                                   "int64_t B", "int64_t I", "int64_t H", "int direction", "int layout",
-                                   "const int32_t* acts", "const float* alphas", "const float* betas", "float clip",
-                                   "float* work"), r"""
-    if (B <= 0 || H <= 0) return;
-    const int64_t D = direction == 2 ? 2 : 1;
-    const ss_recur_geom g = ss_recur_geometry(T, B, H, H, D, layout);
-    for (int64_t d = 0; d < D; ++d)
-        ss_rnn_direction(X, W, R, bias, seq_lens, h0, Y, Y_h, &g, I, d, direction == 1 || d == 1,
-                         ss_recur_act_of(acts, alphas, betas, d, 1, 0, 1), clip, work);""")
-
-_GRU_WORK_SIZE = Function("int64_t", "ss_gru_work_size", ("int64_t T", "int64_t B", "int64_t I", "int64_t H"), r"""
-    (void)I;
-    return 3 * T * B * H + 5 * B * H + 6 * H;   /* xw, gates, h, r * h, bias sum, recurrent bias */""")
-
-_GRU_HELPERS = r"""
-/* The biases of direction d, split by where they add: bsum[3H] joins the input
-   projection (Wb + Rb, but only Wbh for the candidate under linear_before_reset, whose
-   Rbh is multiplied by r), rbias[3H] the recurrent product (zeros but that Rbh). */
-static void ss_gru_biases(const float* bias, int64_t d, int64_t H, int linear_before_reset,
-                          float* bsum, float* rbias) {
-    const float* wb = bias + d * 6 * H;
-    const float* rb = wb + 3 * H;
-    for (int64_t j = 0; j < 3 * H; ++j) {
-        const int recurrent_only = linear_before_reset && j >= 2 * H;
+/* The biases of direction d, split by where they add: bsum[G] joins the input
+   projection (Wb + Rb, but for GRU with linear_before_reset only Wbh for the candidate,
+   whose Rbh is multiplied by r), rbias[G] that Rbh (zeros elsewhere). */
+static void ss_recur_biases(const float* bias, int64_t d, int64_t G, int64_t H, int kind, float* bsum,
+                            float* rbias) {
+    const float* wb = bias + d * 2 * G;
+    const float* rb = wb + G;
+    for (int64_t j = 0; j < G; ++j) {
+        const int recurrent_only = kind == 2 && j >= 2 * H;
         bsum[j] = wb[j] + (recurrent_only ? 0.0f : rb[j]);
         rbias[j] = recurrent_only ? rb[j] : 0.0f;
     }
 }
 
-/* z and r of one row: gr[0..2H) = f(x[0..2H) + gr[0..2H)), in place. */
-static inline void ss_gru_update_reset(float* gr, const float* x, int64_t H, ss_recur_act f, float clip) {
-    for (int64_t j = 0; j < 2 * H; ++j) gr[j] += x[j];
-    ss_recur_activate(f, clip, gr, 2 * H);
+/* xw = the projection of steps [lo, hi) of direction d: [hi - lo, B, G] in layout 0,
+   [B, hi - lo, G] in layout 1 (X's row order either way). */
+static void ss_recur_project(const ss_recur_call* c, int64_t d, int64_t lo, int64_t hi, const float* bsum,
+                             float* xw) {
+    const int64_t T = c->g.T, B = c->g.B, G = c->g.G, I = c->I, n = hi - lo;
+    const float* bias = c->bias ? bsum : NULL;
+    /* Layout 0: one matrix of n * B rows; layout 1: B matrices of n rows (batch0 = B). */
+    const int64_t M = c->layout ? n : n * B, batch = c->layout ? B : 1;
+    const float* A = c->layout ? c->X + lo * I : c->X + lo * B * I;
+    const int64_t sa = T * I, sc = n * G;
+    if (c->Wp)
+        ss_gemm_prepacked(M, G, I, batch, 1, A, sa, 0, I, 1, c->Wp[d], xw, sc, 0, G, 1.0f, bias, 1.0f, 0, 1, 0);
+    else
+        ss_gemm(M, G, I, batch, 1, A, sa, 0, I, 1, c->W + d * G * I, 0, 0, 1, I, xw, sc, 0, G,
+                1.0f, bias, 1.0f, 0, 1, 0);
 }
 
-/* The new state of one row from z (gr[0..H)) and the candidate's pre-activation cand:
-   hb = (1 - z) g(cand) + z hb. */
-static inline void ss_gru_blend(const float* z, float* cand, float* hb, int64_t H, ss_recur_act gact,
-                                float clip) {
-    ss_recur_activate(gact, clip, cand, H);
-    for (int64_t j = 0; j < H; ++j) hb[j] = (1.0f - z[j]) * cand[j] + z[j] * hb[j];
-}
-
-/* One step, linear_before_reset: a single product h R^T (+ Rbh) serves all three gates;
-   the candidate is g(xh + r * (h Rh^T + Rbh)). */
-static void ss_gru_step_linear_before_reset(const float* xw, const float* R_d, const float* rbias,
-                                            float* gates, float* h, float* Y, const int32_t* lens,
-                                            const ss_recur_geom* g, int64_t t, int64_t d,
-                                            ss_recur_act f, ss_recur_act gact, float clip) {
-    const int64_t B = g->B, H = g->H, G = g->G;
-    ss_recur_step_gemm(h, R_d, rbias, gates, B, G, H, G);
-    #pragma omp parallel for if(B * G >= SS_RECUR_PAR_MIN)
-    for (int64_t b = 0; b < B; ++b) {
-        const int active = ss_recur_active(lens, b, t);
-        float* hb = h + b * H;
-        if (active) {
-            const float* x = xw + t * g->xw_t + b * g->xw_b;
-            float* gr = gates + b * G;
-            ss_gru_update_reset(gr, x, H, f, clip);
-            for (int64_t j = 0; j < H; ++j) gr[2 * H + j] = x[2 * H + j] + gr[H + j] * gr[2 * H + j];
-            ss_gru_blend(gr, gr + 2 * H, hb, H, gact, clip);
-        }
-        ss_recur_store_output(Y, hb, g, t, d, b, active);
-    }
-}
-
-/* One step, reset first: z, r from h [Rz; Rr]^T, then the candidate g(xh + (r * h) Rh^T),
-   a second product since it reads r. */
-static void ss_gru_step_reset_first(const float* xw, const float* R_d, float* gates, float* h, float* rh,
-                                    float* Y, const int32_t* lens, const ss_recur_geom* g, int64_t t,
-                                    int64_t d, ss_recur_act f, ss_recur_act gact, float clip) {
-    const int64_t B = g->B, H = g->H, G = g->G;
-    ss_recur_step_gemm(h, R_d, NULL, gates, B, 2 * H, H, G);
-    #pragma omp parallel for if(B * G >= SS_RECUR_PAR_MIN)
-    for (int64_t b = 0; b < B; ++b) {   /* every row: rh must be defined for the product */
-        float* gr = gates + b * G;
-        ss_gru_update_reset(gr, xw + t * g->xw_t + b * g->xw_b, H, f, clip);
-        for (int64_t j = 0; j < H; ++j) rh[b * H + j] = gr[H + j] * h[b * H + j];
-    }
-    ss_recur_step_gemm(rh, R_d + 2 * H * H, NULL, gates + 2 * H, B, H, H, G);
-    #pragma omp parallel for if(B * G >= SS_RECUR_PAR_MIN)
-    for (int64_t b = 0; b < B; ++b) {
-        const int active = ss_recur_active(lens, b, t);
-        float* hb = h + b * H;
-        if (active) {
-            const float* x = xw + t * g->xw_t + b * g->xw_b;
-            float* gr = gates + b * G;
-            for (int64_t j = 0; j < H; ++j) gr[2 * H + j] += x[2 * H + j];
-            ss_gru_blend(gr, gr + 2 * H, hb, H, gact, clip);
-        }
-        ss_recur_store_output(Y, hb, g, t, d, b, active);
-    }
-}
-
-static void ss_gru_direction(const float* X, const float* W, const float* R, const float* bias,
-                             const int32_t* lens, const float* h0, float* Y, float* Y_h,
-                             const ss_recur_geom* g, int64_t I, int64_t d, int reverse,
-                             int linear_before_reset, ss_recur_act f, ss_recur_act gact, float clip,
-                             float* work) {
+/* Direction d: its projection chunk by chunk, and its time loop. */
+static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t d, float* work) {
+    const ss_recur_geom* g = &c->g;
     const int64_t T = g->T, B = g->B, H = g->H, G = g->G;
+    const int64_t tc = ss_recur_chunk_steps(T, B, G);
+    const int layout1 = c->layout;
     float* xw = work;
-    float* gates = xw + T * B * G;
-    float* h = gates + B * G;
-    float* rh = h + B * H;
-    float* bsum = rh + B * H;
+    float* h = xw + tc * B * G;
+    float* hn = h + B * H;
+    float* cs = hn + B * H;
+    float* aux = cs + B * H;
+    float* bsum = aux + 2 * B * H;
     float* rbias = bsum + G;
-    const float* R_d = R + d * G * H;
-    if (bias) ss_gru_biases(bias, d, H, linear_before_reset, bsum, rbias);
-    ss_recur_project(X, W + d * G * I, bias ? bsum : NULL, xw, T * B, G, I);
-    ss_recur_load_state(h0, h, g, d);
-    for (int64_t s = 0; s < T; ++s) {
-        const int64_t t = reverse ? T - 1 - s : s;
-        if (linear_before_reset)
-            ss_gru_step_linear_before_reset(xw, R_d, bias ? rbias : NULL, gates, h, Y, lens, g, t, d, f, gact, clip);
-        else
-            ss_gru_step_reset_first(xw, R_d, gates, h, rh, Y, lens, g, t, d, f, gact, clip);
+    if (c->bias) ss_recur_biases(c->bias, d, G, H, c->kind, bsum, rbias);
+    ss_recur_load_state(c->h0, h, g, d);
+    if (c->kind == 3) ss_recur_load_state(c->c0, cs, g, d);
+    const int nact = c->kind == 0 ? 1 : (c->kind == 3 ? 3 : 2);
+    ss_recur_step s;
+    s.c = c; s.d = d; s.cs = cs; s.aux = aux;
+    s.P = Rp + d * ss_rnn_set_size(H, (int)(G / H));
+    s.rbias = c->bias && c->kind == 2 ? rbias : NULL;
+    s.peep = c->peep ? c->peep + d * 3 * H : NULL;
+    s.f = ss_recur_act_of(c->acts, c->alphas, c->betas, d, nact, 0, c->kind == 0 ? 1 : 0);
+    s.gact = ss_recur_act_of(c->acts, c->alphas, c->betas, d, nact, nact > 1 ? 1 : 0, 1);
+    s.hact = ss_recur_act_of(c->acts, c->alphas, c->betas, d, nact, nact > 2 ? 2 : 0, 1);
+    s.fast = c->clip < 0.0f && (c->kind == 0 ? s.f.kind == 1
+                                : s.f.kind == 0 && s.gact.kind == 1 && (c->kind != 3 || s.hact.kind == 1));
+    const int reverse = c->direction == 1 || d == 1;
+    int64_t lo = 0, hi = 0;   /* the chunk in xw: steps [lo, hi) */
+    for (int64_t step = 0; step < T; ++step) {
+        s.t = reverse ? T - 1 - step : step;
+        if (s.t < lo || s.t >= hi) {
+            lo = reverse ? (s.t + 1 > tc ? s.t + 1 - tc : 0) : s.t;
+            hi = reverse ? s.t + 1 : (s.t + tc < T ? s.t + tc : T);
+            ss_recur_project(c, d, lo, hi, bsum, xw);
+        }
+        s.xw_b = layout1 ? (hi - lo) * G : G;
+        s.xw = xw + (s.t - lo) * (layout1 ? G : B * G);
+        s.h = h;
+        s.hn = hn;
+        ss_recur_run_step(&s);
+        float* swap = h; h = hn; hn = swap;
     }
-    ss_recur_store_state(Y_h, h, lens, g, d);
+    ss_recur_store_state(c->Y_h, h, c->lens, g, d);
+    if (c->kind == 3) ss_recur_store_state(c->Y_c, cs, c->lens, g, d);
 }
 
+/* The directions, on two threads when there are two of each; R packed into the
+   workspace first unless the caller packed it. Workspace: each direction's part, then
+   the packed R. */
+static void ss_recur_run(const ss_recur_call* c, const float* R, float* work) {
+    const ss_recur_geom* g = &c->g;
+    const int64_t per = ss_recur_direction_work(g->T, g->B, g->H, g->G);
+    const float* Rp = c->Rp;
+    if (!Rp) {
+        float* P = work + c->D * per;
+        ss_rnn_pack(R, c->D, g->H, c->kind, P);
+        Rp = P;
+    }
+    if (c->D == 2 && omp_get_max_threads() >= 2) {
+        #pragma omp parallel for num_threads(2) schedule(static, 1)
+        for (int64_t d = 0; d < 2; ++d) ss_recur_direction(c, Rp, d, work + d * per);
+    } else {
+        for (int64_t d = 0; d < c->D; ++d) ss_recur_direction(c, Rp, d, work + d * per);
+    }
+}
+
+static ss_recur_call ss_recur_setup(const float* X, const float* W, const float* const* Wp, const float* Rp,
+                                    const float* bias, const int32_t* seq_lens, const float* h0, float* Y,
+                                    float* Y_h, int64_t T, int64_t B, int64_t I, int64_t H, int direction,
+                                    int layout, int kind, const int32_t* acts, const float* alphas,
+                                    const float* betas, float clip) {
+    ss_recur_call c;
+    memset(&c, 0, sizeof c);
+    c.X = X; c.W = W; c.Wp = Wp; c.Rp = Rp; c.bias = bias; c.lens = seq_lens; c.h0 = h0; c.Y = Y; c.Y_h = Y_h;
+    c.D = direction == 2 ? 2 : 1;
+    c.g = ss_recur_geometry(T, B, H, (int64_t)ss_rnn_kind_gates(kind) * H, c.D, layout);
+    c.I = I; c.direction = direction; c.layout = layout; c.kind = kind;
+    c.acts = acts; c.alphas = alphas; c.betas = betas; c.clip = clip;
+    return c;
+}
 """
 
-_GRU = Function("void", "ss_gru", ("const float* X", "const float* W", "const float* R", "const float* bias",
-                                   "const int32_t* seq_lens", "const float* h0", "float* Y", "float* Y_h", "int64_t T",
-                                   "int64_t B", "int64_t I", "int64_t H", "int direction", "int layout",
-                                   "int linear_before_reset", "const int32_t* acts", "const float* alphas",
+_WORK_SIZE = Function("int64_t", "ss_recur_work_size", ("int64_t T", "int64_t B", "int64_t H", "int64_t D",
+                                                        "int kind", "int prepacked"), r"""
+    const int64_t G = ss_rnn_kind_gates(kind) * H;
+    return D * ss_recur_direction_work(T, B, H, G) + (prepacked ? 0 : ss_rnn_packed_size(D, H, ss_rnn_kind_gates(kind)));""")
+
+_LSTM = Function("void", "ss_lstm", ("const float* X", "const float* W", "const float* const* Wp", "const float* R",
+                                     "const float* Rp",
+                                     "const float* bias", "const int32_t* seq_lens", "const float* h0",
+                                     "const float* c0", "const float* P", "float* Y", "float* Y_h", "float* Y_c",
+                                     "int64_t T", "int64_t B", "int64_t I", "int64_t H", "int direction",
+                                     "int layout", "int input_forget", "const int32_t* acts",
+                                     "const float* alphas", "const float* betas", "float clip", "float* work"), r"""
+    if (B <= 0 || H <= 0) return;
+    ss_recur_call c = ss_recur_setup(X, W, Wp, Rp, bias, seq_lens, h0, Y, Y_h, T, B, I, H, direction, layout, 3,
+                                     acts, alphas, betas, clip);
+    c.c0 = c0; c.peep = P; c.Y_c = Y_c; c.flag = input_forget;
+    ss_recur_run(&c, R, work);""")
+
+_GRU = Function("void", "ss_gru", ("const float* X", "const float* W", "const float* const* Wp", "const float* R",
+                                   "const float* Rp",
+                                   "const float* bias", "const int32_t* seq_lens", "const float* h0", "float* Y",
+                                   "float* Y_h", "int64_t T", "int64_t B", "int64_t I", "int64_t H",
+                                   "int direction", "int layout", "int linear_before_reset", "const int32_t* acts",
+                                   "const float* alphas", "const float* betas", "float clip", "float* work"), r"""
+    if (B <= 0 || H <= 0) return;
+    const ss_recur_call c = ss_recur_setup(X, W, Wp, Rp, bias, seq_lens, h0, Y, Y_h, T, B, I, H, direction, layout,
+                                           linear_before_reset ? 2 : 1, acts, alphas, betas, clip);
+    ss_recur_run(&c, R, work);""")
+
+_RNN = Function("void", "ss_rnn", ("const float* X", "const float* W", "const float* const* Wp", "const float* R",
+                                   "const float* Rp",
+                                   "const float* bias", "const int32_t* seq_lens", "const float* h0", "float* Y",
+                                   "float* Y_h", "int64_t T", "int64_t B", "int64_t I", "int64_t H",
+                                   "int direction", "int layout", "const int32_t* acts", "const float* alphas",
                                    "const float* betas", "float clip", "float* work"), r"""
     if (B <= 0 || H <= 0) return;
-    const int64_t D = direction == 2 ? 2 : 1;
-    const ss_recur_geom g = ss_recur_geometry(T, B, H, 3 * H, D, layout);
-    for (int64_t d = 0; d < D; ++d)
-        ss_gru_direction(X, W, R, bias, seq_lens, h0, Y, Y_h, &g, I, d, direction == 1 || d == 1,
-                         linear_before_reset, ss_recur_act_of(acts, alphas, betas, d, 2, 0, 0),
-                         ss_recur_act_of(acts, alphas, betas, d, 2, 1, 1), clip, work);""")
+    const ss_recur_call c = ss_recur_setup(X, W, Wp, Rp, bias, seq_lens, h0, Y, Y_h, T, B, I, H, direction, layout, 0,
+                                           acts, alphas, betas, clip);
+    ss_recur_run(&c, R, work);""")
 
 
-def rnn_work_floats(T, B, H):
-    """Floats ss_rnn needs (ss_rnn_work_size); works on symbolic dims too."""
-    return T * B * H + 2 * B * H + H
+def work_floats(T, B, H: int, directions: int, kind: int, prepacked: bool):
+    """Floats the kernel of ``kind`` needs (at least ss_recur_work_size: the projection
+    chunk is sized for every step, the packed copy for the widest block); works on
+    symbolic T and B."""
+    G = rnn_step.KIND_GATES[kind] * H
+    packed = 0 if prepacked else rnn_step.packed_floats_bound(directions, H, G // H)
+    return directions * (T * B * G + 5 * B * H + 2 * G) + packed  # the chunk is at most all T steps
 
 
-def gru_work_floats(T, B, H):
-    """Floats ss_gru needs (ss_gru_work_size); works on symbolic dims too."""
-    return 3 * T * B * H + 5 * B * H + 6 * H
-
-
-def fragment(par_min: int = 4096) -> Fragment:
-    """The fragment (LSTM, RNN, GRU); ``par_min`` is the gate count (B * H; B * 3H for GRU)
-    below which a step's pointwise update stays serial."""
+def fragment(target: Optional[Target] = None, step_par_min: int = 1 << 18,
+             chunk_floats: Optional[int] = None) -> Fragment:
+    """The fragment (LSTM, GRU, RNN) for ``target`` (this machine by default);
+    ``step_par_min`` is the rows x gates x H^2 FMAs below which a step stays serial,
+    ``chunk_floats`` the input projection computed ahead (default: a quarter of L2)."""
     return Fragment([
-        Private(fill(_LSTM_DEFINES, PAR_MIN=int(par_min))),
-        Private(_LSTM_HELPERS),
-        _LSTM_WORK_SIZE,
-        Private(_LSTM_DIRECTION),
+        *rnn_step.parts(target, step_par_min, chunk_floats),
+        Private(_HELPERS),
+        Private(rnn_gates.STEPS),
+        Private(_DIRECTION),
+        _WORK_SIZE,
         _LSTM,
-        Private(fill(_RECUR_DEFINES, PAR_MIN=int(par_min))),
-        Private(_RECUR_HELPERS),
-        _RNN_WORK_SIZE,
-        Private(_RNN_DIRECTION),
-        _RNN,
-        _GRU_WORK_SIZE,
-        Private(_GRU_HELPERS),
         _GRU,
+        _RNN,
     ])
 
 
-def source(par_min: int = 4096) -> str:
-    return fragment(par_min).text()
+def source(target: Optional[Target] = None, chunk_floats: Optional[int] = None) -> str:
+    return fragment(target, chunk_floats=chunk_floats).text()

@@ -188,11 +188,17 @@ class LowerContext:
         function that multiplies by it: ``ss_gemm_prepacked`` or, where the tuning records
         have this weight shape (and ``default_layout`` is false), its tuned dispatcher
         (same arguments)."""
-        slot = self._new_slot()
         tuned = self._tuning.get(*matrix.shape) if self._tuning is not None and not default_layout else None
         prefix = tuned.name if tuned is not None else "ss_gemm_"
+        return self.packed_constant(matrix, prefix), f"{prefix}prepacked"
+
+    def packed_constant(self, matrix: np.ndarray, prefix: str) -> int:
+        """Slot of a copy of the constant 2-D float32 ``matrix`` packed once at load by the
+        library's ``<prefix>packed_b_size`` and ``<prefix>pack_b`` (a kernel's own packed
+        layout, as the recurrent kernels' R: kernels/rnn_step.py)."""
+        slot = self._new_slot()
         self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32), prefix))
-        return slot, f"{prefix}prepacked"
+        return slot
 
     def batched_gemm_fn(self, m: Dim, n: Dim, k: Dim, batch: Sequence[Dim], a_strides: Sequence[Dim],
                         b_strides: Sequence[Dim], c_strides: Sequence[Dim]) -> str:

@@ -1,6 +1,6 @@
-"""Neural-network ops: normalizations, convolution, Resize and LSTM (pooling: pooling.py).
+"""Neural-network ops: normalizations, convolution and Resize (pooling: pooling.py; LSTM: recurrent.py).
 
-Each is one kernel call (kernels/normalize.py, conv.py, resize.py, rnn.py);
+Each is one kernel call (kernels/normalize.py, conv.py, resize.py);
 this module only turns ONNX attributes into the kernels' arguments. Conv absorbs the
 activation after it (Relu, Sigmoid, or SiLU written as ``x * Sigmoid(x)``), so YOLO-style
 blocks do not take an extra pass over their output.
@@ -333,36 +333,6 @@ def _same_dim(a: Dim, b: Dim) -> bool:
     from ...symbolic import prove_eq
 
     return prove_eq(a, b)
-
-
-# -- LSTM ------------------------------------------------------------------------------------
-
-DIRECTIONS = {"forward": 0, "reverse": 1, "bidirectional": 2}
-
-
-@lowers("LSTM")
-def lower_lstm(node: Node, ctx: LowerContext, opset: int) -> Optional[Lowered]:
-    _float_only(ctx, node, data_inputs=1)
-    if int(node.attrs.get("layout", 0)) or "clip" in node.attrs or int(node.attrs.get("input_forget", 0)):
-        raise Unsupported("LSTM layout, clip or input_forget")
-    if node.attrs.get("activations") not in (None, ["Sigmoid", "Tanh", "Tanh"], ["Sigmoid", "Tanh", "Tanh"] * 2):
-        raise Unsupported("LSTM activations")
-    inputs = list(node.inputs) + [None] * (8 - len(node.inputs))
-    if inputs[4] is not None or inputs[7] is not None:
-        raise Unsupported("LSTM sequence_lens or peepholes")
-    direction = DIRECTIONS[_text(node, "direction", "forward")]
-    x = inputs[0]
-    if len(ctx.shape(x)) != 3:
-        raise Unsupported(f"LSTM input of rank {len(ctx.shape(x))} (not [seq, batch, input])")
-    t, b, i = ctx.shape(x)
-    hidden = int(node.attrs["hidden_size"])
-    ptr = lambda v: "NULL" if v is None else ctx.ptr(v)  # noqa: E731
-    outs = list(node.outputs) + [None] * (3 - len(node.outputs))
-    code = (f"ss_lstm({ctx.ptr(x)}, {ctx.ptr(inputs[1])}, {ctx.ptr(inputs[2])}, {ptr(inputs[3])}, "
-            f"{ptr(inputs[5])}, {ptr(inputs[6])}, {ptr(outs[0])}, {ptr(outs[1])}, {ptr(outs[2])}, "
-            f"{ctx.dim(t)}, {ctx.dim(b)}, {ctx.dim(i)}, {hidden}, {direction}, (float*)WORK);")
-    work = product([t, b, 4 * hidden, 4, 4])  # generous: gate pre-activations for every step, both directions
-    return Lowered(code, fragments=("rnn",), work_bytes=work)
 
 
 @lowers("LRN")

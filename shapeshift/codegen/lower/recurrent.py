@@ -1,25 +1,29 @@
-"""Lowering of the recurrent ops RNN and GRU to one kernel call each (kernels/rnn.py).
+"""Lowering of the recurrent ops LSTM, GRU and RNN to one kernel call each (kernels/rnn.py).
 
 The kernels take every ONNX attribute as an argument (direction, layout,
-linear_before_reset, activation list, clip), so this module only checks dtypes, turns
-attributes into those arguments, and sizes the workspace. LSTM's rule is still in
-nn.py.
+linear_before_reset, input_forget, activation list, clip), so this module only checks
+dtypes, turns attributes into those arguments, sizes the workspace, and has constant
+weights packed once at load instead of at every call: W, per direction, for the GEMMs that
+project the steps' inputs, R into the layout the step reads (kernels/rnn_step.py).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from ...ir.graph import Node, Value
 from ...ir.types import FLOAT, INT32
-from ..kernels.rnn import ACTIVATION_CODES, gru_work_floats, rnn_work_floats
+from ..kernels.rnn import ACTIVATION_CODES, KIND_GRU, KIND_GRU_LBR, KIND_LSTM, KIND_RNN, work_floats
+from ..kernels.rnn_step import KIND_GATES
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, c_array, float_literal
 
 DIRECTIONS = {"forward": 0, "reverse": 1, "bidirectional": 2}
-# Inputs by position, as ONNX numbers them for both ops.
-X, W, R, BIAS, SEQUENCE_LENS, INITIAL_H = range(6)
-DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh")}
+# Inputs by position, as ONNX numbers them for the three ops (the last two: LSTM only).
+X, W, R, BIAS, SEQUENCE_LENS, INITIAL_H, INITIAL_C, PEEPHOLES = range(8)
+DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
 # (alpha, beta) defaults of the activations that take them, those of the ONNX operators of
 # the same name; a function without an entry (or with None) consumes no value of that list.
 ARG_DEFAULTS = {
@@ -93,10 +97,48 @@ def _consume(values: list, default: Optional[float]) -> float:
     return float(values.pop(0)) if values else default
 
 
+def _kind(node: Node) -> int:
+    if node.op_type == "LSTM":
+        return KIND_LSTM
+    if node.op_type == "GRU":
+        return KIND_GRU_LBR if int(node.attrs.get("linear_before_reset", 0)) else KIND_GRU
+    return KIND_RNN
+
+
+def _recurrent_weights(node: Node, ctx: LowerContext, kind: int, directions: int, hidden: int,
+                       ptr) -> tuple[str, str]:
+    """The kernel's ``R`` and ``Rp`` arguments: a constant R is packed once at load (and
+    R itself no longer read), any other is packed by the kernel at each call."""
+    r = node.inputs[R]
+    want = (directions, KIND_GATES[kind] * hidden, hidden)
+    shape = ctx.shape(r)
+    if all(isinstance(d, int) for d in shape) and tuple(shape) != want:
+        raise Unsupported(f"{node.op_type} {node.name!r}: R of shape {tuple(shape)}, expected {want}")
+    weights = ctx.const(r)
+    if weights is None:
+        return ptr(r), "NULL"
+    matrix = np.asarray(weights, dtype=np.float32).reshape(want[0] * want[1], hidden)
+    slot = ctx.packed_constant(matrix, f"ss_rnn_k{kind}_")
+    return "NULL", f"(const float*)v[{slot}]"
+
+
+def _input_weights(node: Node, ctx: LowerContext, ptr) -> tuple[list[str], str, str]:
+    """C declarations and the kernel's ``W`` and ``Wp`` arguments: a constant W [D, G, I] is
+    packed once at load per direction, as the GEMM operand W_d^T [I, G]."""
+    weights = ctx.const(node.inputs[W])
+    if weights is None or weights.ndim != 3:
+        return [], ptr(node.inputs[W]), "NULL"
+    weights = np.asarray(weights, dtype=np.float32)
+    slots = [ctx.packed_weight(weights[d].T, default_layout=True)[0] for d in range(weights.shape[0])]
+    return [c_array("wp", [f"(const float*)v[{slot}]" for slot in slots], "float*")], "NULL", "wp"
+
+
 def _lower_recurrent(node: Node, ctx: LowerContext, opset: int) -> Lowered:
-    """``ss_rnn(...)`` or ``ss_gru(...)`` for the node; both share every argument but GRU's
-    linear_before_reset."""
+    """``ss_rnn(...)``, ``ss_gru(...)`` or ``ss_lstm(...)`` for the node; they share every
+    argument but GRU's linear_before_reset and LSTM's cell state, peepholes and
+    input_forget."""
     _check_dtypes(node, ctx)
+    kind = _kind(node)
     layout = int(node.attrs.get("layout", 0)) if opset >= 14 else 0
     direction = DIRECTIONS.get(_text(node.attrs.get("direction", "forward")))
     if direction is None:
@@ -115,16 +157,23 @@ def _lower_recurrent(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     def ptr(value: Optional[Value]) -> str:
         return "NULL" if value is None else ctx.ptr(value)
 
-    args = [ptr(_input(node, i)) for i in (X, W, R, BIAS, SEQUENCE_LENS, INITIAL_H)]
-    args += [ptr(_output(node, 0, ctx)), ptr(_output(node, 1, ctx))]
+    r_arg, packed_arg = _recurrent_weights(node, ctx, kind, directions, hidden, ptr)
+    w_decls, w_arg, w_packed = _input_weights(node, ctx, ptr)
+    args = [ptr(_input(node, X)), w_arg, w_packed, r_arg, packed_arg]
+    args += [ptr(_input(node, i)) for i in (BIAS, SEQUENCE_LENS, INITIAL_H)]
+    if kind == KIND_LSTM:
+        args += [ptr(_input(node, INITIAL_C)), ptr(_input(node, PEEPHOLES))]
+    args += [ptr(_output(node, k, ctx)) for k in range(3 if kind == KIND_LSTM else 2)]
     args += [ctx.dim(seq), ctx.dim(batch), ctx.dim(size), str(hidden), str(direction), str(layout)]
-    if node.op_type == "GRU":
-        args.append(str(1 if int(node.attrs.get("linear_before_reset", 0)) else 0))
+    if kind == KIND_LSTM:
+        args.append(str(1 if int(node.attrs.get("input_forget", 0)) else 0))
+    elif node.op_type == "GRU":
+        args.append(str(1 if kind == KIND_GRU_LBR else 0))
     args += ["acts", "alphas", "betas"] if arrays else ["NULL", "NULL", "NULL"]
     args += [float_literal(clip) if clip is not None else "-1.0f", "(float*)WORK"]
-    kernel = "ss_rnn" if node.op_type == "RNN" else "ss_gru"
-    code = "\n".join([*(arrays or []), f"{kernel}({', '.join(args)});"])
-    floats = (rnn_work_floats if node.op_type == "RNN" else gru_work_floats)(seq, batch, hidden)
+    kernel = {"RNN": "ss_rnn", "GRU": "ss_gru", "LSTM": "ss_lstm"}[node.op_type]
+    code = "\n".join([*w_decls, *(arrays or []), f"{kernel}({', '.join(args)});"])
+    floats = work_floats(seq, batch, hidden, directions, kind, prepacked=packed_arg != "NULL")
     return Lowered(code, fragments=("rnn",), work_bytes=floats * 4)
 
 
@@ -135,4 +184,9 @@ def lower_rnn(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 
 @lowers("GRU")
 def lower_gru(node: Node, ctx: LowerContext, opset: int) -> Lowered:
+    return _lower_recurrent(node, ctx, opset)
+
+
+@lowers("LSTM")
+def lower_lstm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     return _lower_recurrent(node, ctx, opset)

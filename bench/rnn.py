@@ -1,0 +1,240 @@
+"""Latency of one-node LSTM and GRU models: shapeshift's native backend against onnxruntime.
+
+    python bench/rnn.py [--quick] [--threads 1 [2]] [--repeats 7] [--sample-ms 30]
+                        [--only SUBSTRING ...] [--gru-lbr 0|1] [--clock wall|cpu] [--no-write]
+
+The grid of issue #32: each of LSTM and GRU (forward, bias, outputs Y and Y_h) at batch
+1, 4, 16, hidden 64, 256, 1024, 1, 16, 128 and 512 steps, input size = hidden; ``--quick``
+runs batch 1 and 16, hidden 64 and 256, 16 and 128 steps. GRU has linear_before_reset = 1
+(PyTorch's export) unless ``--gru-lbr 0``. One model per (op, hidden) with symbolic seq
+and batch, weights constant (so native packs R once at load), built once and run at every
+(batch, steps) of the grid.
+
+Per case and thread count, native (num_threads=t) and onnxruntime (intra_op_num_threads=t,
+default graph optimizations) run interleaved: one sample (enough runs for --sample-ms) of
+each in turn, --repeats times; the table gives the median sample, the ratio native / ort
+and the geomean of the ratios per thread count; beside it the ratio with each runtime's
+per-run floor (a one-Relu model, measured the same way) taken off both times, which is
+the recurrent kernel against onnxruntime's without the session overhead. ``--clock cpu`` times samples with the
+process's CPU time instead of the wall clock: on a shared, loaded machine that leaves out
+the time either side spends descheduled (meaningful at 1 thread only). Prints the table and writes
+bench/results/rnn.md (the header says which grid ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import machine  # noqa: E402
+
+OPS = ("LSTM", "GRU")
+GATES = {"LSTM": 4, "GRU": 3}
+FULL = {"batch": (1, 4, 16), "hidden": (64, 256, 1024), "steps": (1, 16, 128, 512)}
+QUICK = {"batch": (1, 16), "hidden": (64, 256), "steps": (16, 128)}
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    batch: int
+    hidden: int
+    steps: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.op} b{self.batch} h{self.hidden} t{self.steps}"
+
+    def flops(self) -> float:
+        """Multiply-adds x 2 of the products (input and recurrent), per direction."""
+        g = GATES[self.op] * self.hidden
+        return 2.0 * self.steps * self.batch * g * (self.hidden + self.hidden)
+
+
+def build_model(op: str, hidden: int, gru_lbr: int, seed: int = 0) -> onnx.ModelProto:
+    """One forward ``op`` over X [seq, batch, hidden] with constant W, R, B."""
+    rng = np.random.default_rng(seed)
+    g = GATES[op] * hidden
+    scale = 1.0 / np.sqrt(hidden)
+    inits = [numpy_helper.from_array((rng.uniform(-scale, scale, shape)).astype(np.float32), name)
+             for name, shape in (("W", (1, g, hidden)), ("R", (1, g, hidden)), ("B", (1, 2 * g)))]
+    attrs = {"linear_before_reset": gru_lbr} if op == "GRU" else {}
+    node = helper.make_node(op, ["X", "W", "R", "B"], ["Y", "Y_h"], hidden_size=hidden, **attrs)
+    graph = helper.make_graph([node], op.lower(),
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["seq", "batch", hidden])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h")],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def sampler(fn: Callable[[], object], sample_s: float, clock: Callable[[], float] = time.perf_counter
+            ) -> Callable[[], float]:
+    """A function returning seconds per call (by ``clock``), over enough calls to last about sample_s."""
+    start = clock()
+    fn()
+    calls = max(1, int(sample_s / max(clock() - start, 1e-6)))
+
+    def sample() -> float:
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        return (clock() - t0) / calls
+
+    return sample
+
+
+def sessions(model: onnx.ModelProto, threads: int):
+    import onnxruntime as ort
+
+    import shapeshift
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    ref = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ours = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
+    return ours, ref
+
+
+def floor_model() -> onnx.ModelProto:
+    """A one-Relu model over [n, 64]: what a run costs each runtime besides the node's own work."""
+    graph = helper.make_graph([helper.make_node("Relu", ["X"], ["Y"])], "floor",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def run_floor(threads: int, repeats: int, sample_s: float, clock) -> dict[str, float]:
+    """Median seconds of a run of floor_model() per runtime, interleaved like the cases."""
+    ours, ref = sessions(floor_model(), threads)
+    feed = {"X": np.ones((1, 64), np.float32)}
+    samplers = {"native": sampler(lambda: ours.run(None, feed), sample_s, clock),
+                "onnxruntime": sampler(lambda: ref.run(None, feed), sample_s, clock)}
+    times: dict[str, list[float]] = {k: [] for k in samplers}
+    for _ in range(repeats):
+        for name, sample in samplers.items():
+            times[name].append(sample())
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_case(case: Case, ours, ref, repeats: int, sample_s: float, clock=time.perf_counter) -> dict:
+    feed = {"X": np.random.default_rng(1).uniform(-1, 1, (case.steps, case.batch, case.hidden)).astype(np.float32)}
+    expected = ref.run(None, feed)
+    got = ours.run(None, feed)
+    diff = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected))
+    samplers = {"native": sampler(lambda: ours.run(None, feed), sample_s, clock),
+                "onnxruntime": sampler(lambda: ref.run(None, feed), sample_s, clock)}
+    times: dict[str, list[float]] = {k: [] for k in samplers}
+    for _ in range(repeats):
+        for name, sample in samplers.items():
+            times[name].append(sample())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"case": case, "native": med["native"], "onnxruntime": med["onnxruntime"], "diff": diff}
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
+def _net_ratio(r: dict, floors: dict) -> float:
+    """The ratio once each runtime's per-run floor (floor_model) is taken off both times."""
+    floor = floors[r["threads"]]
+    return (r["native"] - floor["native"]) / max(r["onnxruntime"] - floor["onnxruntime"], 1e-12)
+
+
+def table(rows: list[dict], floors: dict) -> str:
+    lines = ["| case | threads | native ms | onnxruntime ms | ratio | ratio less per-run floor | native GFLOP/s "
+             "| max abs diff |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        case, nat, ref = r["case"], r["native"], r["onnxruntime"]
+        lines.append(f"| {case.name} | {r['threads']} | {nat * 1e3:.4f} | {ref * 1e3:.4f} | {nat / ref:.2f} | "
+                     f"{_net_ratio(r, floors):.2f} | {case.flops() / nat / 1e9:.1f} | {r['diff']:.1e} |")
+    for threads in sorted({r["threads"] for r in rows}):
+        for op in OPS:
+            mine = [r for r in rows if r["threads"] == threads and r["case"].op == op]
+            if mine:
+                lines.append(f"| **geomean {op}** | {threads} | | | "
+                             f"**{geomean(r['native'] / r['onnxruntime'] for r in mine):.2f}** | "
+                             f"**{geomean(_net_ratio(r, floors) for r in mine):.2f}** | | |")
+        mine = [r for r in rows if r["threads"] == threads]
+        lines.append(f"| **geomean all** | {threads} | | | **{geomean(r['native'] / r['onnxruntime'] for r in mine):.2f}** "
+                     f"| **{geomean(_net_ratio(r, floors) for r in mine):.2f}** | | |")
+    for threads, floor in sorted(floors.items()):
+        lines.append(f"\nPer-run floor at {threads} thread(s) (a one-Relu model): native "
+                     f"{floor['native'] * 1e6:.1f} us, onnxruntime {floor['onnxruntime'] * 1e6:.1f} us.")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the subset: batch 1, 16; hidden 64, 256; 16, 128 steps")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--sample-ms", type=float, default=30.0)
+    parser.add_argument("--gru-lbr", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--only", nargs="*", default=None, help="run the cases whose name contains one of these")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time samples by the wall clock or by this process's CPU time (1 thread)")
+    parser.add_argument("--no-write", action="store_true", help="do not write the results file")
+    args = parser.parse_args(argv)
+    if args.clock == "cpu" and args.threads != [1]:
+        parser.error("--clock cpu measures one thread only")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    import onnxruntime as ort
+
+    grid = QUICK if args.quick else FULL
+    rows = []
+    floors = {t: run_floor(t, args.repeats, args.sample_ms / 1e3, clock) for t in args.threads}
+    for op, hidden in itertools.product(OPS, grid["hidden"]):
+        cases = [Case(op, b, hidden, t) for b, t in itertools.product(grid["batch"], grid["steps"])]
+        cases = [c for c in cases if not args.only or any(s in c.name for s in args.only)]
+        if not cases:
+            continue
+        model = build_model(op, hidden, args.gru_lbr)
+        for threads in args.threads:
+            ours, ref = sessions(model, threads)
+            for case in cases:
+                row = dict(bench_case(case, ours, ref, args.repeats, args.sample_ms / 1e3, clock), threads=threads)
+                rows.append(row)
+                print(f"{case.name:26s} t{threads} native {row['native'] * 1e3:9.4f} ms  "
+                      f"ort {row['onnxruntime'] * 1e3:9.4f} ms  ratio {row['native'] / row['onnxruntime']:.2f}",
+                      flush=True)
+    text = table(rows, floors)
+    print(text)
+    if not args.no_write:
+        load = os.getloadavg()
+        grid_name = "the quick subset (batch 1, 16; hidden 64, 256; 16, 128 steps)" if args.quick else \
+            "the full grid (batch 1, 4, 16; hidden 64, 256, 1024; 1, 16, 128, 512 steps)"
+        header = ("# LSTM and GRU latency: shapeshift native vs onnxruntime (one-node models)\n\n"
+                  f"Grid: {grid_name}.\n\n"
+                  f"{machine.describe()}\n\n"
+                  f"Python {platform.python_version()}, onnxruntime {ort.__version__}; load average at the end "
+                  f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Forward, bias, input size = hidden, GRU "
+                  f"linear_before_reset={args.gru_lbr}. Median of {args.repeats} interleaved samples of about "
+                  f"{args.sample_ms:g} ms each ({'CPU time of the process' if args.clock == 'cpu' else 'wall clock'}), "
+                  "whole session.run calls. Ratio > 1: native slower. GFLOP/s counts "
+                  "both products. Generated by `python bench/rnn.py" + (" --quick" if args.quick else "")
+                  + (f" --threads {' '.join(map(str, args.threads))}" if args.threads != [1] else "")
+                  + (" --clock cpu" if args.clock == "cpu" else "") + "`.\n\n")
+        (ROOT / "bench" / "results" / "rnn.md").write_text(header + text + "\n")
+
+
+if __name__ == "__main__":
+    main()

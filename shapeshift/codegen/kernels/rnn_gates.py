@@ -1,0 +1,445 @@
+"""The gate updates of the recurrent kernels (kernels/rnn.py): per step, per block of
+hidden units and group of batch rows, the packed product of kernels/rnn_step.py, then
+that block's gates updated at once from the product's small L1 buffer (no [B, G] array
+of pre-activations). Part of the ``rnn`` fragment (no ``source()`` of its own).
+
+Two forms per kind: with the default activations and no clip (``ss_recur_step.fast``),
+the whole update runs on registers, 16 lanes at a time where the blocks are zmm (a
+sigmoid and tanh of its own from vmath's polynomials) or 8 with vmath's ss_sigmoid8 /
+ss_tanh8, vmath's scalar twins for the tail; otherwise each gate goes through ``ss_recur_activate`` (any activation
+of the list, clip). Internal C only (static), used by rnn.py's direction loop::
+
+    static void ss_recur_run_step(const ss_recur_step* s);   one step of one direction
+"""
+
+from ..cwriter import CWriter, fill
+from .vmath import EXP_P, TANH_P, TANH_SWITCH
+
+_STEPS = r"""
+/* ---- rnn: gate updates ---- */
+/* The default activations without clip, lanes [0, n) of one row of one block, on
+   registers: 16 lanes where the blocks are zmm (sigmoid and tanh below, from vmath's
+   polynomials, scaled by 2^n with scalef), else vmath's 8-lane ss_sigmoid8 / ss_tanh8;
+   vmath's scalar twins for the tail. */
+#if SS_RNN_VW == 16
+#define SS_RG_W 16
+typedef __m512 ss_rg_v;
+#define ss_rg_load _mm512_loadu_ps
+#define ss_rg_store _mm512_storeu_ps
+#define ss_rg_set1 _mm512_set1_ps
+#define ss_rg_add _mm512_add_ps
+#define ss_rg_sub _mm512_sub_ps
+#define ss_rg_mul _mm512_mul_ps
+#define ss_rg_fma _mm512_fmadd_ps
+
+static inline __m512 ss_rg_copysign16(__m512 v, __m512 sign) {
+    const __m512i m = _mm512_set1_epi32(0x7fffffff);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), m),
+                                               _mm512_andnot_si512(m, _mm512_castps_si512(sign))));
+}
+
+static inline __m512 ss_rg_abs16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)));
+}
+
+/* exp: vmath's reduction and polynomial; scalef rounds y * 2^n once (inf above, the
+   subnormals and 0 below). max/min keep a NaN x (they return their second operand). */
+static inline __m512 ss_rg_exp16(__m512 x) {
+    const __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-112.0f), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-06f), r);
+@EXP_P@
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+static inline __m512 ss_rg_sigmoid(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = ss_rg_exp16(_mm512_sub_ps(_mm512_setzero_ps(), ss_rg_abs16(x)));
+    const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), one, e);
+    return _mm512_div_ps(num, _mm512_add_ps(one, e));
+}
+
+static inline __m512 ss_rg_tanh(__m512 x) {
+    const __m512 ax = ss_rg_abs16(x);
+    const __m512 z = _mm512_mul_ps(x, x);
+@TANH_P@
+    const __m512 small = ss_rg_copysign16(_mm512_fmadd_ps(_mm512_mul_ps(x, z), p, x), x);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = ss_rg_exp16(_mm512_add_ps(ax, ax));
+    const __m512 large = ss_rg_copysign16(_mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one))), x);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(@TANH_SWITCH@), _CMP_LT_OQ), large, small);
+}
+#elif defined(__AVX2__)
+#define SS_RG_W 8
+typedef __m256 ss_rg_v;
+#define ss_rg_load _mm256_loadu_ps
+#define ss_rg_store _mm256_storeu_ps
+#define ss_rg_set1 _mm256_set1_ps
+#define ss_rg_add _mm256_add_ps
+#define ss_rg_sub _mm256_sub_ps
+#define ss_rg_mul _mm256_mul_ps
+#define ss_rg_fma ss_fmadd8
+#define ss_rg_sigmoid ss_sigmoid8
+#define ss_rg_tanh ss_tanh8
+#endif
+
+/* LSTM: i, o, f, c pre-activations (product only) in gi..gc; x the projection row at the
+   block; cs the cell (updated); peep NULL or (i, o, f) at the block, pstride apart;
+   hn the new state. */
+static inline void ss_lstm_update_fast(const float* gi, const float* go, const float* gf, const float* gc,
+                                       const float* x, int64_t H, float* cs, const float* peep, int64_t pstride,
+                                       int input_forget, float* hn, int64_t n) {
+    int64_t v = 0;
+#ifdef SS_RG_W
+    const ss_rg_v one = ss_rg_set1(1.0f);
+    for (; v + SS_RG_W <= n; v += SS_RG_W) {
+        ss_rg_v i = ss_rg_add(ss_rg_load(gi + v), ss_rg_load(x + v));
+        ss_rg_v o = ss_rg_add(ss_rg_load(go + v), ss_rg_load(x + H + v));
+        ss_rg_v f = ss_rg_add(ss_rg_load(gf + v), ss_rg_load(x + 2 * H + v));
+        ss_rg_v c = ss_rg_add(ss_rg_load(gc + v), ss_rg_load(x + 3 * H + v));
+        const ss_rg_v cp = ss_rg_load(cs + v);
+        if (peep) {
+            i = ss_rg_fma(ss_rg_load(peep + v), cp, i);
+            f = ss_rg_fma(ss_rg_load(peep + 2 * pstride + v), cp, f);
+        }
+        i = ss_rg_sigmoid(i);
+        f = input_forget ? ss_rg_sub(one, i) : ss_rg_sigmoid(f);
+        c = ss_rg_tanh(c);
+        const ss_rg_v cn = ss_rg_fma(f, cp, ss_rg_mul(i, c));
+        ss_rg_store(cs + v, cn);
+        if (peep) o = ss_rg_fma(ss_rg_load(peep + pstride + v), cn, o);
+        ss_rg_store(hn + v, ss_rg_mul(ss_rg_sigmoid(o), ss_rg_tanh(cn)));
+    }
+#endif
+    for (; v < n; ++v) {
+        float i = gi[v] + x[v], o = go[v] + x[H + v], f = gf[v] + x[2 * H + v], c = gc[v] + x[3 * H + v];
+        const float cp = cs[v];
+        if (peep) {
+            i = ss_fmaf(peep[v], cp, i);
+            f = ss_fmaf(peep[2 * pstride + v], cp, f);
+        }
+        i = ss_sigmoidf(i);
+        f = input_forget ? 1.0f - i : ss_sigmoidf(f);
+        c = ss_tanhf(c);
+        const float cn = ss_fmaf(f, cp, i * c);
+        cs[v] = cn;
+        if (peep) o = ss_fmaf(peep[pstride + v], cn, o);
+        hn[v] = ss_sigmoidf(o) * ss_tanhf(cn);
+    }
+}
+
+/* GRU with linear_before_reset: z, r, and the candidate's product (plus Rbh, rbh NULL:
+   none) in z, r, ah; hb the old state. */
+static inline void ss_gru_lbr_update_fast(const float* z, const float* r, const float* ah, const float* rbh,
+                                          const float* x, int64_t H, const float* hb, float* hn, int64_t n) {
+    int64_t v = 0;
+#ifdef SS_RG_W
+    for (; v + SS_RG_W <= n; v += SS_RG_W) {
+        const ss_rg_v zz = ss_rg_sigmoid(ss_rg_add(ss_rg_load(z + v), ss_rg_load(x + v)));
+        const ss_rg_v rr = ss_rg_sigmoid(ss_rg_add(ss_rg_load(r + v), ss_rg_load(x + H + v)));
+        ss_rg_v a = ss_rg_load(ah + v);
+        if (rbh) a = ss_rg_add(a, ss_rg_load(rbh + v));
+        const ss_rg_v cand = ss_rg_tanh(ss_rg_fma(rr, a, ss_rg_load(x + 2 * H + v)));
+        ss_rg_store(hn + v, ss_rg_fma(zz, ss_rg_sub(ss_rg_load(hb + v), cand), cand));
+    }
+#endif
+    for (; v < n; ++v) {
+        const float zz = ss_sigmoidf(z[v] + x[v]), rr = ss_sigmoidf(r[v] + x[H + v]);
+        const float a = ah[v] + (rbh ? rbh[v] : 0.0f);
+        const float cand = ss_tanhf(ss_fmaf(rr, a, x[2 * H + v]));
+        hn[v] = ss_fmaf(zz, hb[v] - cand, cand);
+    }
+}
+
+/* GRU reset first, pass 1: zo = sigmoid(z + xz), rh = sigmoid(r + xr) * hb. */
+static inline void ss_gru_zr_update_fast(const float* z, const float* r, const float* x, int64_t H,
+                                         const float* hb, float* zo, float* rh, int64_t n) {
+    int64_t v = 0;
+#ifdef SS_RG_W
+    for (; v + SS_RG_W <= n; v += SS_RG_W) {
+        ss_rg_store(zo + v, ss_rg_sigmoid(ss_rg_add(ss_rg_load(z + v), ss_rg_load(x + v))));
+        const ss_rg_v rr = ss_rg_sigmoid(ss_rg_add(ss_rg_load(r + v), ss_rg_load(x + H + v)));
+        ss_rg_store(rh + v, ss_rg_mul(rr, ss_rg_load(hb + v)));
+    }
+#endif
+    for (; v < n; ++v) {
+        zo[v] = ss_sigmoidf(z[v] + x[v]);
+        rh[v] = ss_sigmoidf(r[v] + x[H + v]) * hb[v];
+    }
+}
+
+/* hn = (1 - z) g + z hb with g = tanh(a + xh): GRU's blend (reset first, pass 2). */
+static inline void ss_gru_blend_fast(const float* a, const float* xh, const float* z, const float* hb, float* hn,
+                                     int64_t n) {
+    int64_t v = 0;
+#ifdef SS_RG_W
+    for (; v + SS_RG_W <= n; v += SS_RG_W) {
+        const ss_rg_v cand = ss_rg_tanh(ss_rg_add(ss_rg_load(a + v), ss_rg_load(xh + v)));
+        ss_rg_store(hn + v, ss_rg_fma(ss_rg_load(z + v), ss_rg_sub(ss_rg_load(hb + v), cand), cand));
+    }
+#endif
+    for (; v < n; ++v) {
+        const float cand = ss_tanhf(a[v] + xh[v]);
+        hn[v] = ss_fmaf(z[v], hb[v] - cand, cand);
+    }
+}
+
+/* RNN: hn = tanh(a + x). */
+static inline void ss_rnn_update_fast(const float* a, const float* x, float* hn, int64_t n) {
+    int64_t v = 0;
+#ifdef SS_RG_W
+    for (; v + SS_RG_W <= n; v += SS_RG_W) ss_rg_store(hn + v, ss_rg_tanh(ss_rg_add(ss_rg_load(a + v), ss_rg_load(x + v))));
+#endif
+    for (; v < n; ++v) hn[v] = ss_tanhf(a[v] + x[v]);
+}
+
+/* The block jb of rows b0 .. b0+rows: acc[r][g][VW] = h R^T for its gates. Returns the
+   hidden units it covers (VW but at the end). */
+static inline int64_t ss_recur_block(const float* P, const float* h, int64_t H, int ng, int64_t jb, int64_t b0,
+                                     int rows, float* acc) {
+    ss_rnn_dot(P + jb * H * ng * SS_RNN_VW, h + b0 * H, H, H, ng, rows, acc);
+    const int64_t j0 = jb * SS_RNN_VW;
+    return H - j0 < SS_RNN_VW ? H - j0 : SS_RNN_VW;
+}
+
+typedef void (*ss_recur_tile_fn)(const ss_recur_step* s, int64_t jb, int64_t b0, int rows);
+
+/* Runs tile(s, jb, b0, rows) over every (block, row group) of a step, in parallel when
+   the step is large enough to pay for a parallel region. */
+static void ss_recur_tiles(const ss_recur_step* s, int ng, ss_recur_tile_fn tile) {
+    const int64_t B = s->c->g.B, H = s->c->g.H;
+    const int64_t nb = (H + SS_RNN_VW - 1) / SS_RNN_VW;
+    const int mr = ss_rnn_mr(ng);
+    const int64_t tasks = nb * ((B + mr - 1) / mr);
+    if (B * ng * H * H < SS_RNN_STEP_PAR_MIN || tasks < 2 || omp_in_parallel() || omp_get_max_threads() < 2) {
+        /* Not even an inactive OpenMP region: at a few microseconds a step, entering one
+           costs a good part of it. */
+        for (int64_t task = 0; task < tasks; ++task) {
+            const int64_t b0 = task / nb * mr;
+            tile(s, task % nb, b0, (int)(B - b0 < mr ? B - b0 : mr));
+        }
+        return;
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t b0 = task / nb * mr;
+        tile(s, task % nb, b0, (int)(B - b0 < mr ? B - b0 : mr));
+    }
+}
+
+/* LSTM: i, o, f, c from one packed product; peepholes, input_forget, the cell update. */
+static void ss_lstm_tile(const ss_recur_step* s, int64_t jb, int64_t b0, int rows) {
+    const ss_recur_call* c = s->c;
+    const int64_t H = c->g.H;
+    float acc[SS_RNN_VW * 4 * 8], hc[SS_RNN_VW];
+    const int64_t n = ss_recur_block(s->P, s->h, H, 4, jb, b0, rows, acc);
+    const int64_t j0 = jb * SS_RNN_VW;
+    for (int r = 0; r < rows; ++r) {
+        const int64_t b = b0 + r;
+        const int active = ss_recur_active(c->lens, b, s->t);
+        float* hn = s->hn + b * H + j0;
+        if (!active) {
+            memcpy(hn, s->h + b * H + j0, (size_t)n * sizeof(float));
+            ss_recur_store_y(s, b, j0, hn, n, 0);
+            continue;
+        }
+        float* gi = acc + (r * 4) * SS_RNN_VW;
+        float *go = gi + SS_RNN_VW, *gf = gi + 2 * SS_RNN_VW, *gc = gi + 3 * SS_RNN_VW;
+        const float* x = s->xw + b * s->xw_b + j0;
+        float* cs = s->cs + b * H + j0;
+        if (s->fast) {
+            ss_lstm_update_fast(gi, go, gf, gc, x, H, cs, s->peep ? s->peep + j0 : NULL, H, c->flag, hn, n);
+            ss_recur_store_y(s, b, j0, hn, n, 1);
+            continue;
+        }
+        for (int64_t v = 0; v < n; ++v) {
+            gi[v] += x[v];
+            go[v] += x[H + v];
+            gf[v] += x[2 * H + v];
+            gc[v] += x[3 * H + v];
+        }
+        if (s->peep)
+            for (int64_t v = 0; v < n; ++v) {
+                gi[v] += s->peep[j0 + v] * cs[v];
+                gf[v] += s->peep[2 * H + j0 + v] * cs[v];
+            }
+        ss_recur_activate(s->f, c->clip, gi, n);
+        if (c->flag) for (int64_t v = 0; v < n; ++v) gf[v] = 1.0f - gi[v];
+        else ss_recur_activate(s->f, c->clip, gf, n);
+        ss_recur_activate(s->gact, c->clip, gc, n);
+        for (int64_t v = 0; v < n; ++v) cs[v] = gf[v] * cs[v] + gi[v] * gc[v];
+        if (s->peep) for (int64_t v = 0; v < n; ++v) go[v] += s->peep[H + j0 + v] * cs[v];
+        ss_recur_activate(s->f, c->clip, go, n);
+        memcpy(hc, cs, (size_t)n * sizeof(float));
+        ss_recur_activate(s->hact, -1.0f, hc, n);   /* clip bounds the gates' inputs, not the cell's (onnxruntime) */
+        for (int64_t v = 0; v < n; ++v) hn[v] = go[v] * hc[v];
+        ss_recur_store_y(s, b, j0, hn, n, 1);
+    }
+}
+
+/* RNN: h = f(x + h R^T). */
+static void ss_rnn_tile(const ss_recur_step* s, int64_t jb, int64_t b0, int rows) {
+    const ss_recur_call* c = s->c;
+    const int64_t H = c->g.H;
+    float acc[SS_RNN_VW * 8];
+    const int64_t n = ss_recur_block(s->P, s->h, H, 1, jb, b0, rows, acc);
+    const int64_t j0 = jb * SS_RNN_VW;
+    for (int r = 0; r < rows; ++r) {
+        const int64_t b = b0 + r;
+        const int active = ss_recur_active(c->lens, b, s->t);
+        float* hn = s->hn + b * H + j0;
+        if (active) {
+            const float* x = s->xw + b * s->xw_b + j0;
+            const float* a = acc + r * SS_RNN_VW;
+            if (s->fast) {
+                ss_rnn_update_fast(a, x, hn, n);
+            } else {
+                for (int64_t v = 0; v < n; ++v) hn[v] = a[v] + x[v];
+                ss_recur_activate(s->f, c->clip, hn, n);
+            }
+        } else {
+            memcpy(hn, s->h + b * H + j0, (size_t)n * sizeof(float));
+        }
+        ss_recur_store_y(s, b, j0, hn, n, active);
+    }
+}
+
+/* GRU, linear_before_reset: z, r and the candidate's product from one packed product;
+   the candidate is g(xh + r * (h Rh^T + Rbh)). */
+static void ss_gru_lbr_tile(const ss_recur_step* s, int64_t jb, int64_t b0, int rows) {
+    const ss_recur_call* c = s->c;
+    const int64_t H = c->g.H;
+    float acc[SS_RNN_VW * 3 * 8];
+    const int64_t n = ss_recur_block(s->P, s->h, H, 3, jb, b0, rows, acc);
+    const int64_t j0 = jb * SS_RNN_VW;
+    for (int r = 0; r < rows; ++r) {
+        const int64_t b = b0 + r;
+        const int active = ss_recur_active(c->lens, b, s->t);
+        float* hn = s->hn + b * H + j0;
+        const float* hb = s->h + b * H + j0;
+        if (!active) {
+            memcpy(hn, hb, (size_t)n * sizeof(float));
+            ss_recur_store_y(s, b, j0, hn, n, 0);
+            continue;
+        }
+        float* z = acc + (r * 3) * SS_RNN_VW;
+        float *rr = z + SS_RNN_VW, *cand = z + 2 * SS_RNN_VW;
+        const float* x = s->xw + b * s->xw_b + j0;
+        if (s->fast) {
+            ss_gru_lbr_update_fast(z, rr, cand, s->rbias ? s->rbias + 2 * H + j0 : NULL, x, H, hb, hn, n);
+            ss_recur_store_y(s, b, j0, hn, n, 1);
+            continue;
+        }
+        for (int64_t v = 0; v < n; ++v) {
+            z[v] += x[v];
+            rr[v] += x[H + v];
+        }
+        ss_recur_activate(s->f, c->clip, z, n);
+        ss_recur_activate(s->f, c->clip, rr, n);
+        const float* rbh = s->rbias ? s->rbias + 2 * H + j0 : NULL;
+        for (int64_t v = 0; v < n; ++v) cand[v] = x[2 * H + v] + rr[v] * (cand[v] + (rbh ? rbh[v] : 0.0f));
+        ss_recur_activate(s->gact, c->clip, cand, n);
+        for (int64_t v = 0; v < n; ++v) hn[v] = (1.0f - z[v]) * cand[v] + z[v] * hb[v];
+        ss_recur_store_y(s, b, j0, hn, n, 1);
+    }
+}
+
+/* GRU, reset first, pass 1: z into aux[0 .. B*H), r * h into aux[B*H ..), every row (the
+   second product reads r * h of all of them; rows are independent, so an inactive row's
+   values only feed its own, discarded, result). */
+static void ss_gru_zr_tile(const ss_recur_step* s, int64_t jb, int64_t b0, int rows) {
+    const ss_recur_call* c = s->c;
+    const int64_t H = c->g.H, B = c->g.B;
+    float acc[SS_RNN_VW * 2 * 8];
+    const int64_t n = ss_recur_block(s->P, s->h, H, 2, jb, b0, rows, acc);
+    const int64_t j0 = jb * SS_RNN_VW;
+    for (int r = 0; r < rows; ++r) {
+        const int64_t b = b0 + r;
+        float* z = acc + (r * 2) * SS_RNN_VW;
+        float* rr = z + SS_RNN_VW;
+        const float* x = s->xw + b * s->xw_b + j0;
+        if (s->fast) {
+            ss_gru_zr_update_fast(z, rr, x, H, s->h + b * H + j0, s->aux + b * H + j0, s->aux + B * H + b * H + j0, n);
+            continue;
+        }
+        for (int64_t v = 0; v < n; ++v) {
+            z[v] += x[v];
+            rr[v] += x[H + v];
+        }
+        ss_recur_activate(s->f, c->clip, z, n);
+        ss_recur_activate(s->f, c->clip, rr, n);
+        const float* hb = s->h + b * H + j0;
+        float* zo = s->aux + b * H + j0;
+        float* rh = s->aux + B * H + b * H + j0;
+        for (int64_t v = 0; v < n; ++v) {
+            zo[v] = z[v];
+            rh[v] = rr[v] * hb[v];
+        }
+    }
+}
+
+/* GRU, reset first, pass 2: the candidate g(xh + (r * h) Rh^T) and the blend. */
+static void ss_gru_h_tile(const ss_recur_step* s, int64_t jb, int64_t b0, int rows) {
+    const ss_recur_call* c = s->c;
+    const int64_t H = c->g.H, B = c->g.B;
+    float acc[SS_RNN_VW * 8];
+    const float* Ph = s->P + ss_rnn_set_size(H, 2);
+    const int64_t n = ss_recur_block(Ph, s->aux + B * H, H, 1, jb, b0, rows, acc);
+    const int64_t j0 = jb * SS_RNN_VW;
+    for (int r = 0; r < rows; ++r) {
+        const int64_t b = b0 + r;
+        const int active = ss_recur_active(c->lens, b, s->t);
+        float* hn = s->hn + b * H + j0;
+        const float* hb = s->h + b * H + j0;
+        if (active) {
+            float* cand = acc + r * SS_RNN_VW;
+            const float* x = s->xw + b * s->xw_b + 2 * H + j0;
+            const float* z = s->aux + b * H + j0;
+            if (s->fast) {
+                ss_gru_blend_fast(cand, x, z, hb, hn, n);
+                ss_recur_store_y(s, b, j0, hn, n, 1);
+                continue;
+            }
+            for (int64_t v = 0; v < n; ++v) cand[v] += x[v];
+            ss_recur_activate(s->gact, c->clip, cand, n);
+            for (int64_t v = 0; v < n; ++v) hn[v] = (1.0f - z[v]) * cand[v] + z[v] * hb[v];
+        } else {
+            memcpy(hn, hb, (size_t)n * sizeof(float));
+        }
+        ss_recur_store_y(s, b, j0, hn, n, active);
+    }
+}
+
+static void ss_recur_run_step(const ss_recur_step* s) {
+    switch (s->c->kind) {
+    case 0: ss_recur_tiles(s, 1, ss_rnn_tile); break;
+    case 1:
+        ss_recur_tiles(s, 2, ss_gru_zr_tile);
+        ss_recur_tiles(s, 1, ss_gru_h_tile);
+        break;
+    case 2: ss_recur_tiles(s, 3, ss_gru_lbr_tile); break;
+    default: ss_recur_tiles(s, 4, ss_lstm_tile); break;
+    }
+}
+"""
+
+
+def _lit(v: float) -> str:
+    """A C float literal that reads back as float32(v) (as vmath writes its constants)."""
+    text = f"{v:.9g}"
+    return text + ("f" if any(c in text for c in ".en") else ".0f")
+
+
+def _horner16(var: str, coeffs) -> str:
+    """C statements (one level in) leaving sum(coeffs[k] * var**k) in a new __m512 ``p``."""
+    w = CWriter(level=1)
+    w.line(f"__m512 p = _mm512_set1_ps({_lit(coeffs[-1])});")
+    w.lines(f"p = _mm512_fmadd_ps(p, {var}, _mm512_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
+    return w.text().rstrip("\n")
+
+
+#: The steps' C (a Private part of the rnn fragment).
+STEPS = fill(_STEPS, EXP_P=_horner16("r", EXP_P), TANH_P=_horner16("z", TANH_P), TANH_SWITCH=_lit(TANH_SWITCH))

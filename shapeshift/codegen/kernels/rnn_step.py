@@ -1,0 +1,242 @@
+"""The recurrent step of kernels/rnn.py: R packed once, and the per-step product h R^T as
+register-tiled matrix-vector (small-matrix) blocks whose results feed the gate update
+directly. Part of the ``rnn`` fragment (this module has no ``source()`` of its own).
+
+Packed R. The gates of one product ("a set": LSTM's i, o, f, c; GRU's z, r, h with
+linear_before_reset, or z, r then h without it; RNN's one gate) are packed so that one
+block of VW hidden units holds, for every k of the state, the VW weights of each gate
+side by side: ``P[jb][k][g][v] = R[g*H + jb*VW + v, k]`` (zero past H). A step then
+reads each block once per group of batch rows, keeps the gates' accumulators of up to MR
+rows in registers (MR from the target's register file; with few rows, several sets over
+alternate k, so that enough FMA chains hide the FMA latency), and hands the VW x gates results
+of each row to the gate update through a small L1 buffer, never through a [B, G] array.
+
+Exported C (besides the kernels of rnn.py)::
+
+    /* Floats of R packed for D directions of hidden size H and `gates` gates. */
+    int64_t ss_rnn_packed_size(int64_t D, int64_t H, int gates);
+    /* R [D, gates*H, H] -> P; kind: 0 RNN, 1 GRU, 2 GRU linear_before_reset, 3 LSTM. */
+    void ss_rnn_pack(const float* R, int64_t D, int64_t H, int kind, float* P);
+    /* The VM's load-time packing interface (runtime/vm.py, LowerContext.packed_constant):
+       the source is R as a [D*gates*H, H] matrix (rsb = N, csb = 1). */
+    int64_t ss_rnn_k<kind>_packed_b_size(int64_t K, int64_t N);
+    void ss_rnn_k<kind>_pack_b(int64_t K, int64_t N, const float* B, int64_t rsb, int64_t csb, float* packed);
+
+Internal: ``ss_rnn_dot(P, h, ldh, H, ng, rows, out)``: out[r][g][0..VW) = sum_k h[r*ldh + k]
+P[k][g][..] for one block, ``ss_rnn_mr(ng)`` the most rows one call takes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ...target import Target
+from ...target.description import host_target, named_target
+from ..cwriter import CWriter, Function, Private, fill
+
+#: kind code -> the gate sets of one direction's R, in row order.
+KIND_SETS = {0: (1,), 1: (2, 1), 2: (3,), 3: (4,)}
+KIND_GATES = {kind: sum(sets) for kind, sets in KIND_SETS.items()}
+#: Rows per register tile at most (the dispatch table's size).
+MR_CAP = 8
+#: Widest block the kernel may use (floats): what the lowering sizes a workspace with.
+MAX_VW = 16
+
+
+def rows_per_tile(registers: int, ng: int) -> int:
+    """Batch rows whose ``ng`` accumulators fit the register file beside ng weight vectors
+    and one broadcast."""
+    return max(1, min(MR_CAP, (registers - ng - 1) // ng))
+
+
+def k_splits(registers: int, ng: int, rows: int) -> int:
+    """Independent accumulator sets over alternate k: enough FMA chains to hide the FMA
+    latency when rows x gates alone are few (one row of one gate is one chain), as many as
+    the register file holds beside the weights, at most 4."""
+    return max(1, min(4, (registers - ng - 1) // (rows * ng)))
+
+
+def _dot_function(ng: int, rows: int, registers: int) -> str:
+    """``ss_rnn_dot_g<ng>_r<rows>``: one block's product for ``rows`` rows, accumulators named
+    so that they stay in registers, ``k_splits`` sets of them over alternate k, summed at
+    the end."""
+    ks = k_splits(registers, ng, rows)
+    w = CWriter()
+    acc = [[[f"a{s}_{r}_{g}" for g in range(ng)] for r in range(rows)] for s in range(ks)]
+
+    def step(w: CWriter, s: int, k: str) -> None:
+        w.line(f"const float* p{s} = P + ({k}) * {ng} * SS_RNN_VW;")
+        # R streams once per step: fetch SS_RNN_PREFETCH_K values of k ahead (a line a gate).
+        w.lines(f"_mm_prefetch((const char*)(p{s} + (SS_RNN_PREFETCH_K * {ng} + {g}) * SS_RNN_VW), _MM_HINT_T0);"
+                for g in range(ng))
+        w.line("ss_rnn_v " + ", ".join(f"w{s}_{g} = ss_rnn_vload(p{s} + {g} * SS_RNN_VW)" for g in range(ng)) + ";")
+        for r in range(rows):
+            w.line(f"const ss_rnn_v x{s}_{r} = ss_rnn_vset1(h[{r} * ldh + {k}]);")
+            w.lines(f"{acc[s][r][g]} = ss_rnn_vfma(x{s}_{r}, w{s}_{g}, {acc[s][r][g]});" for g in range(ng))
+
+    with w.block(f"static inline void ss_rnn_dot_g{ng}_r{rows}(const float* P, const float* h, int64_t ldh, "
+                 "int64_t H, float* out)"):
+        w.line("ss_rnn_v " + ", ".join(f"{a} = ss_rnn_vzero()" for split in acc for row in split for a in row) + ";")
+        w.line("int64_t k = 0;")
+        if ks > 1:
+            with w.block(f"for (; k + {ks} <= H; k += {ks})"):
+                for s in range(ks):
+                    step(w, s, f"k + {s}")
+        with w.block("for (; k < H; ++k)"):
+            step(w, 0, "k")
+        for s in range(1, ks):
+            w.lines(f"{acc[0][r][g]} = ss_rnn_vadd({acc[0][r][g]}, {acc[s][r][g]});"
+                    for r in range(rows) for g in range(ng))
+        for r in range(rows):
+            w.lines(f"ss_rnn_vstore(out + {r * ng + g} * SS_RNN_VW, {acc[0][r][g]});" for g in range(ng))
+    return w.text()
+
+
+def _vector_branch(registers: int) -> str:
+    """The specialized dots and their dispatch for one register file."""
+    w = CWriter()
+    for ng in (1, 2, 3, 4):
+        for rows in range(1, rows_per_tile(registers, ng) + 1):
+            w.raw(_dot_function(ng, rows, registers))
+    with w.block("static inline int ss_rnn_mr(int ng)"):
+        w.line(f"static const int mr[5] = {{1, {', '.join(str(rows_per_tile(registers, ng)) for ng in (1, 2, 3, 4))}}};")
+        w.line("return mr[ng];")
+    with w.block("static void ss_rnn_dot(const float* P, const float* h, int64_t ldh, int64_t H, int ng, int rows, "
+                 "float* out)"):
+        with w.block("switch (ng * 16 + rows)"):
+            for ng in (1, 2, 3, 4):
+                for rows in range(1, rows_per_tile(registers, ng) + 1):
+                    w.line(f"case {ng * 16 + rows}: ss_rnn_dot_g{ng}_r{rows}(P, h, ldh, H, out); return;")
+            w.line("default: return;")
+    return w.text()
+
+
+_SCALAR_DOT = r"""
+static inline int ss_rnn_mr(int ng) { (void)ng; return 1; }
+
+static void ss_rnn_dot(const float* P, const float* h, int64_t ldh, int64_t H, int ng, int rows, float* out) {
+    for (int r = 0; r < rows; ++r) {
+        float* o = out + r * ng * SS_RNN_VW;
+        for (int i = 0; i < ng * SS_RNN_VW; ++i) o[i] = 0.0f;
+        for (int64_t k = 0; k < H; ++k) {
+            const float x = h[r * ldh + k];
+            const float* p = P + k * ng * SS_RNN_VW;
+            for (int i = 0; i < ng * SS_RNN_VW; ++i) o[i] += x * p[i];
+        }
+    }
+}
+"""
+
+_VECTOR_MACROS = r"""
+/* ---- rnn: packed recurrent step ---- */
+#if @WIDE@ && defined(__AVX512F__)
+#define SS_RNN_VW 16
+typedef __m512 ss_rnn_v;
+#define ss_rnn_vzero _mm512_setzero_ps
+#define ss_rnn_vload _mm512_loadu_ps
+#define ss_rnn_vstore _mm512_storeu_ps
+#define ss_rnn_vset1 _mm512_set1_ps
+#define ss_rnn_vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define ss_rnn_vadd _mm512_add_ps
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SS_RNN_VW 8
+typedef __m256 ss_rnn_v;
+#define ss_rnn_vzero _mm256_setzero_ps
+#define ss_rnn_vload _mm256_loadu_ps
+#define ss_rnn_vstore _mm256_storeu_ps
+#define ss_rnn_vset1 _mm256_set1_ps
+#define ss_rnn_vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define ss_rnn_vadd _mm256_add_ps
+#else
+#define SS_RNN_VW 8
+#endif
+/* Batch rows x gates x hidden^2 FMAs of a step below which it stays on one thread. */
+#define SS_RNN_STEP_PAR_MIN @STEP_PAR_MIN@
+/* How many values of k ahead the product prefetches the packed R. */
+#define SS_RNN_PREFETCH_K @PREFETCH_K@
+/* Floats of input projection computed ahead of the steps that read it (a quarter of L2). */
+#define SS_RNN_CHUNK_FLOATS @CHUNK_FLOATS@
+"""
+
+_PACK = r"""
+/* One set of ng gates (rows Rset[0 .. ng*H) of H) into P[jb][k][g][VW]. */
+static void ss_rnn_pack_set(const float* Rset, int64_t H, int ng, float* P) {
+    const int64_t nb = (H + SS_RNN_VW - 1) / SS_RNN_VW;
+    for (int64_t jb = 0; jb < nb; ++jb)
+        for (int64_t k = 0; k < H; ++k)
+            for (int g = 0; g < ng; ++g) {
+                float* p = P + ((jb * H + k) * ng + g) * SS_RNN_VW;
+                for (int v = 0; v < SS_RNN_VW; ++v) {
+                    const int64_t j = jb * SS_RNN_VW + v;
+                    p[v] = j < H ? Rset[(g * H + j) * H + k] : 0.0f;
+                }
+            }
+}
+
+/* Floats of one direction's packed set of ng gates. */
+static inline int64_t ss_rnn_set_size(int64_t H, int ng) {
+    return (H + SS_RNN_VW - 1) / SS_RNN_VW * SS_RNN_VW * H * ng;
+}
+
+static inline int ss_rnn_kind_gates(int kind) { return kind == 0 ? 1 : (kind == 3 ? 4 : 3); }
+"""
+
+_PACKED_SIZE = Function("int64_t", "ss_rnn_packed_size", ("int64_t D", "int64_t H", "int gates"), r"""
+    return D * ss_rnn_set_size(H, gates);""")
+
+_PACK_ALL = Function("void", "ss_rnn_pack", ("const float* R", "int64_t D", "int64_t H", "int kind", "float* P"), r"""
+    const int gates = ss_rnn_kind_gates(kind);
+    for (int64_t d = 0; d < D; ++d) {
+        const float* Rd = R + d * gates * H * H;
+        float* Pd = P + d * ss_rnn_set_size(H, gates);
+        if (kind == 1) {   /* z, r; then h, which multiplies r * h */
+            ss_rnn_pack_set(Rd, H, 2, Pd);
+            ss_rnn_pack_set(Rd + 2 * H * H, H, 1, Pd + ss_rnn_set_size(H, 2));
+        } else {
+            ss_rnn_pack_set(Rd, H, gates, Pd);
+        }
+    }""")
+
+
+def _vm_interface(kind: int) -> list[Function]:
+    """``ss_rnn_k<kind>_packed_b_size`` / ``_pack_b``: the signatures runtime/vm.py calls at
+    load for a PackRequest of prefix ``ss_rnn_k<kind>_``."""
+    gates = KIND_GATES[kind]
+    size = Function("int64_t", f"ss_rnn_k{kind}_packed_b_size", ("int64_t K", "int64_t N"), fill(r"""
+    return N > 0 ? ss_rnn_packed_size(K / (@GATES@ * N), N, @GATES@) : 0;""", GATES=gates))
+    pack = Function("void", f"ss_rnn_k{kind}_pack_b", ("int64_t K", "int64_t N", "const float* B", "int64_t rsb",
+                                                        "int64_t csb", "float* packed"), fill(r"""
+    (void)rsb; (void)csb;   /* the VM passes R contiguous: rsb = N, csb = 1 */
+    if (N > 0) ss_rnn_pack(B, K / (@GATES@ * N), N, @KIND@, packed);""", GATES=gates, KIND=kind))
+    return [size, pack]
+
+
+def parts(target: Optional[Target] = None, step_par_min: int = 1 << 18, chunk_floats: Optional[int] = None,
+          prefetch_k: int = 16) -> list:
+    """The fragment parts of the packed step, for ``target`` (this machine by default):
+    zmm blocks where it has AVX-512 (and the unit is built with it), else ymm; rows per
+    tile from each branch's register file; the projection chunk (``chunk_floats``) from
+    its L2 unless given."""
+    target = target or host_target()
+    wide = 512 in target.widths
+    ymm_registers = target.vector_registers if not target.has("avx512f") else \
+        named_target("x86-64-v3").vector_registers
+    w = CWriter()
+    w.raw(fill(_VECTOR_MACROS, WIDE=int(wide), STEP_PAR_MIN=int(step_par_min),
+               CHUNK_FLOATS=chunk_floats or max(1024, target.caches.l2 // 4 // 4), PREFETCH_K=prefetch_k))
+    with w.guard(f"{int(wide)} && defined(__AVX512F__)"):
+        w.raw(_vector_branch(target.vector_registers))
+        w.raw("#elif defined(__AVX2__) && defined(__FMA__)")
+        w.raw(_vector_branch(ymm_registers))
+        w.orelse()
+        w.raw(_SCALAR_DOT)
+    w.raw(_PACK)
+    out = [Private(w.text()), _PACKED_SIZE, _PACK_ALL]
+    for kind in KIND_SETS:
+        out += _vm_interface(kind)
+    return out
+
+
+def packed_floats_bound(directions: int, hidden: int, gates: int) -> int:
+    """An upper bound of ss_rnn_packed_size (the block width is at most MAX_VW)."""
+    return directions * -(-hidden // MAX_VW) * MAX_VW * hidden * gates

@@ -1,0 +1,124 @@
+"""The recurrent kernels' variants against onnxruntime: LSTM's own attributes (peepholes,
+input_forget, clip, activation lists, initial cell state), hidden and batch sizes that are
+not multiples of the block width (the packed step's ragged last block and row group),
+rows of length 0, and the AVX2-only build (x86-64-v3) next to this machine's.
+
+Models and feeds come from test_native_recurrent.py's builders: constant weights (R
+packed at load) unless a case says otherwise, every model fully native.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shapeshift
+
+from . import test_native_ops_extra
+from .test_native_backend import _shared_cache  # noqa: F401 - autouse
+from .test_native_recurrent import DIRECTIONS, _check, _feeds, _layout0_twin, _recurrent_model, _to_layout0, \
+    _from_layout0
+
+pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler
+ort = pytest.importorskip("onnxruntime")
+
+LSTM_NODES = [("LSTM", direction, {}) for direction in DIRECTIONS]
+# Every kernel kind in every direction.
+EVERY_KIND = [(op, direction, attrs) for op, attrs in (("RNN", {}), ("GRU", {}), ("GRU", {"linear_before_reset": 1}),
+                                                        ("LSTM", {})) for direction in DIRECTIONS]
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("with_lens", [False, True], ids=["full", "sequence_lens"])
+def test_lstm_peepholes_and_states(layout, with_lens):
+    """Peepholes read the old cell for i and f and the new one for o; initial h and c."""
+    model, params = _recurrent_model(LSTM_NODES, layout, with_state=True, with_lens=with_lens, peepholes=True)
+    _check(model, params, layout)
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_lstm_input_forget_and_clip(layout):
+    nodes = [("LSTM", "forward", {"input_forget": 1}), ("LSTM", "bidirectional", {"clip": 0.3}),
+             ("LSTM", "reverse", {"input_forget": 1, "clip": 0.7})]
+    # hidden 21: a full vector block and a tail, on the fast path (no clip) and the general one
+    model, params = _recurrent_model(nodes, layout, with_state=True, with_lens=True, peepholes=True, hidden=21)
+    _check(model, params, layout)
+
+
+def test_lstm_activation_lists():
+    nodes = [("LSTM", "forward", {"activations": ["HardSigmoid", "Softsign", "Relu"], "activation_alpha": [0.3],
+                                  "activation_beta": [0.45]}),
+             ("LSTM", "bidirectional", {"activations": ["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "ScaledTanh",
+                                                        "Affine"],
+                                        "activation_alpha": [0.25, 1.5, 0.8], "activation_beta": [0.4, 0.6, 0.1]}),
+             ("LSTM", "reverse", {"activations": ["Sigmoid", "LeakyRelu", "Softplus"], "activation_alpha": [0.1]})]
+    model, params = _recurrent_model(nodes, with_state=True, with_lens=True, peepholes=True, hidden=21)
+    _check(model, params)
+
+
+def test_lstm_weights_as_graph_inputs():
+    """R not constant: the kernel packs it at each call."""
+    model, params = _recurrent_model(LSTM_NODES, with_lens=True, with_state=True, weights_as_inputs=True,
+                                     peepholes=True)
+    _check(model, params)
+
+
+@pytest.mark.parametrize("hidden", [1, 5, 17, 64, 100])
+def test_ragged_hidden_and_batch(hidden):
+    """Hidden sizes around the block width (8 or 16) and batches around the row tile; with
+    sequence_lens, initial states and every kind and direction."""
+    model, params = _recurrent_model(EVERY_KIND, with_state=True, with_lens=True, hidden=hidden, input_size=7,
+                                     peepholes=True, seed=hidden)
+    tol = 1e-4 if hidden < 64 else 3e-4  # longer dot products, same float32 rounding per term
+    _check(model, params, rtol=tol, atol=tol, bindings=((1, 1), (4, 3), (6, 5), (3, 11)))
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_rows_of_length_zero(layout):
+    """A row of length 0: zero Y and Y_h / Y_c (onnxruntime's answer), the others unharmed."""
+    model, params = _recurrent_model(EVERY_KIND, layout, with_state=True, with_lens=True, peepholes=True)
+    _check(model, params, layout, bindings=((4, 3), (5, 6)), zero_length=True)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bidirectional_on_two_threads(threads):
+    """The two directions of a bidirectional node on their own threads give the same."""
+    nodes = [(op, "bidirectional", attrs) for op, attrs in (("GRU", {}), ("GRU", {"linear_before_reset": 1}),
+                                                             ("LSTM", {}), ("RNN", {}))]
+    model, params = _recurrent_model(nodes, with_state=True, with_lens=True, hidden=33, input_size=9)
+    session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in _feeds(model, params, 0, bindings=((5, 3), (2, 7))):
+        for got, want in zip(session.run(None, feed), reference.run(None, feed)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_avx2_only_build(layout, tmp_path):
+    """The x86-64-v3 artifact (ymm blocks, 16-register row tiles) against onnxruntime, every
+    kind and direction at ragged sizes, R packed at load."""
+    model, params = _recurrent_model(EVERY_KIND, layout, with_state=True, with_lens=True, hidden=19, input_size=5,
+                                     peepholes=True)
+    artifact = shapeshift.compile(model, tmp_path / "v3.ssa", target="x86-64-v3")
+    assert "-march=x86-64-v3" in artifact.header["flags"]
+    session = shapeshift.InferenceSession(str(artifact.path))
+    reference = ort.InferenceSession((_layout0_twin(model) if layout else model).SerializeToString(),
+                                     providers=["CPUExecutionProvider"])
+    names = [o.name for o in model.graph.output]
+    for feed in _feeds(model, params, layout, bindings=((1, 1), (6, 5), (3, 9))):
+        want = reference.run(None, _to_layout0(feed) if layout else feed)
+        if layout:
+            want = [_from_layout0(n, w) for n, w in zip(names, want)]
+        for name, got, expected in zip(names, session.run(None, feed), want):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_projection_in_chunks(layout):
+    """A sequence whose input projection outgrows the chunk computed ahead (a quarter of
+    L2): several chunks per direction, forward and reverse, on W packed at load."""
+    nodes = [("LSTM", "bidirectional", {}), ("GRU", "bidirectional", {"linear_before_reset": 1}),
+             ("GRU", "reverse", {})]
+    model, params = _recurrent_model(nodes, layout, with_state=True, with_lens=True, hidden=64, input_size=8,
+                                     weight_scale=0.125)
+    _check(model, params, layout, bindings=((300, 9), (5, 2)))
