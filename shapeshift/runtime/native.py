@@ -31,7 +31,9 @@ def prepare_program(graph: Graph, tuning=None, profile: bool = False, target=Non
     """Simplify ``graph`` in place and build its native program (with the tuned GEMM
     dispatchers of ``tuning``, a shapeshift.tune.records.GemmTuning, where it has them;
     with step timers when ``profile``)."""
-    simplify_graph(graph, SimplifyOptions(fold_any_size=NATIVE_FOLD_ANY_SIZE))
+    # shared_weights: products by one constant weight of independent inputs run as one
+    # (passes/simplify/shared_weight.py), so the weight streams once for all their rows.
+    simplify_graph(graph, SimplifyOptions(fold_any_size=NATIVE_FOLD_ANY_SIZE, shared_weights=True))
     restore_output_names(graph)
     return build_program(graph, tuning, profile, target)
 

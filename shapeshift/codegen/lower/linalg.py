@@ -7,6 +7,11 @@ shapes fast:
 - a constant 2-D right operand (a weight) is packed once at load
   (``LowerContext.packed_weight``) and, since the left operand is contiguous, all its
   batch dims fold into M: ``[batch, seq, 768] x [768, 3072]`` is one [batch*seq, 768] GEMM;
+  ``Gemm``'s B is packed as [K, N] whatever ``transB`` (transposed once, at load), and its
+  ``transA`` is a swap of A's strides, so no transposition is left for run time;
+- a product by a packed weight whose M may be 1..4 at run time (M is often a symbolic
+  batch) calls ``ss_gemv_prepacked`` (kernels/gemv.py): the same packed copy, streamed
+  at memory bandwidth for such M, handed on to the GEMM for larger M;
 - epilogues: an ``Add`` of a per-column bias and a following ``Relu`` are absorbed into
   the GEMM's store (``bias``/``act``), so they cost no extra pass over the output.
 
@@ -24,6 +29,7 @@ from ...ir.graph import Node, Value
 from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim, prove_eq
+from ..kernels import gemv
 from . import lowers
 from .attention_fusion import fused_attention
 from .context import LowerContext, Lowered, Unsupported, float_literal
@@ -45,6 +51,15 @@ def _gemm_call(ctx: LowerContext, m: str, n: str, k: str, batch: Sequence[str], 
     sb0, sb1, rsb, csb = b_strides
     return (f"{fn}({m}, {n}, {k}, {batch0}, {batch1}, {a}, {sa0}, {sa1}, {rsa}, {csa}, "
             f"{b}, {sb0}, {sb1}, {rsb}, {csb}, {tail});")
+
+
+def _prepacked_call(m: Dim, fn: str) -> tuple[str, tuple[str, ...]]:
+    """The function multiplying by a weight packed for ``fn`` and the fragments it needs:
+    the GEMV where M can be small and the weight has the default GEMM layout (a tuned
+    dispatcher, which packs its own layout, keeps its calls)."""
+    if fn == "ss_gemm_prepacked" and not (isinstance(m, int) and m > gemv.MAX_ROWS):
+        return "ss_gemv_prepacked", ("gemm", "gemv")
+    return fn, ("gemm",)
 
 
 def _epilogue(node: Node, ctx: LowerContext, n_dim: Dim) -> tuple[list[Node], Optional[Value], int]:
@@ -117,10 +132,11 @@ def lower_matmul(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         # A weight: fold every batch dim of A into M and use the prepacked copy.
         rows = product(list(a_mat[:-1]))
         slot, fn = ctx.packed_weight(b_const)
+        fn, fragments = _prepacked_call(rows, fn)
         code = _gemm_call(ctx, ctx.dim(rows), ctx.dim(n), ctx.dim(k), [], ctx.ptr(a), ["0", "0", ctx.dim(k), "1"],
                           None, (), ctx.ptr(out), ["0", "0", ctx.dim(n)], act=act, packed_b=f"(const float*)v[{slot}]",
                           prepacked_fn=fn, **bias_args)
-        return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed))
+        return Lowered(code, fragments=fragments, absorbed=tuple(absorbed))
     return _lower_batched(node, ctx, a, b, n, absorbed, act, bias_args)
 
 
@@ -186,15 +202,17 @@ def lower_gemm(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     out = absorbed[-1].outputs[0] if absorbed else y
     b_const = ctx.const(b)
     common = dict(alpha=float_literal(alpha), act=act, **bias_args)
+    fragments: tuple[str, ...] = ("gemm",)
     if b_const is not None:
         slot, fn = ctx.packed_weight(b_const.T if trans_b else b_const)
+        fn, fragments = _prepacked_call(m, fn)
         code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), [], ctx.ptr(a), sa, None, (), ctx.ptr(out),
                           ["0", "0", ctx.dim(n)], packed_b=f"(const float*)v[{slot}]", prepacked_fn=fn, **common)
     else:
         sb = ["0", "0", "1", ctx.dim(k)] if trans_b else ["0", "0", ctx.dim(n), "1"]
         code = _gemm_call(ctx, ctx.dim(m), ctx.dim(n), ctx.dim(k), [], ctx.ptr(a), sa, ctx.ptr(b), sb, ctx.ptr(out),
                           ["0", "0", ctx.dim(n)], **common)
-    return Lowered(code, fragments=("gemm",), absorbed=tuple(absorbed))
+    return Lowered(code, fragments=fragments, absorbed=tuple(absorbed))
 
 
 @lowers("Det")

@@ -70,11 +70,13 @@ def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int,
                    strategy: str = "incremental", fold_limit: Optional[int] = None,
                    check: bool = False, consume: bool = False, fusions: bool = True,
                    merge_matmuls: bool = True, external_dir: Optional[str] = None,
-                   ) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
+                   shared_weights: bool = False) -> tuple[onnx.ModelProto, Graph, SimplifyStats]:
     """Import, simplify and export; returns the model, the simplified graph and statistics.
 
     ``fusions``: run the graph fusions (fusions.py); ``merge_matmuls``: among them, merge
-    MatMuls that share their input into one MatMul and a Split.  ``external_dir``: the
+    MatMuls that share their input into one MatMul and a Split; ``shared_weights``: stack
+    the products of independent inputs by one constant weight (shared_weight.py, as the
+    native backend does).  ``external_dir``: the
     folder of a ModelProto read with its external data left in its files
     (``read_model_sized(path, load_external=False)``): a tensor there is read only if
     simplify reads it, and the result still refers to the files for the others (write
@@ -86,7 +88,8 @@ def simplify_model(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int,
     """
     with _cyclic_gc_paused():
         return _simplify_model(model, dynamic, input_shapes, strategy, fold_limit, check, consume,
-                               SimplifyOptions(strategy=strategy, fusions=fusions, merge_matmuls=merge_matmuls),
+                               SimplifyOptions(strategy=strategy, fusions=fusions, merge_matmuls=merge_matmuls,
+                                               shared_weights=shared_weights),
                                external_dir)
 
 

@@ -43,6 +43,7 @@ from ...ops.symbolic_tensor import DOMAIN as SYMBOLIC_DOMAIN
 from ...ops.symbolic_tensor import OP_TYPE as SYMBOLIC_OP
 from .control_flow import inline_if, known_condition
 from . import fusions  # noqa: F401 - registers the fusion rules in the same table
+from . import shared_weight  # noqa: F401 - registers the shared-weight batching rule
 from .rewriter import Rewriter
 from .rules import rules_for
 
@@ -72,6 +73,9 @@ class SimplifyOptions:
     #: With ``fusions``: MatMuls of one input and constant weights merged into one MatMul
     #: and a Split (fewer, wider GEMMs; a deployment may want the separate ones).
     merge_matmuls: bool = True
+    #: MatMul/Gemm nodes of independent inputs and one constant weight stacked into one
+    #: product (shared_weight.py). The native backend sets it; off by default.
+    shared_weights: bool = False
 
 
 @dataclass
