@@ -199,3 +199,52 @@ def test_native_refuses_a_negative_dim_before_any_kernel_runs():
     np.testing.assert_array_equal(session.run(None, {"x": np.arange(8, dtype=np.float32)})[0], [5, 6, 7])
     with pytest.raises(ExecutionError, match=r"'y' would have shape \[-2\] for n=3: a dimension is negative"):
         session.run(None, {"x": np.arange(3, dtype=np.float32)})
+
+
+@pytest.mark.parametrize("backend", ("reference", "native"))
+def test_an_attribute_with_no_type_and_no_value_is_refused_at_load(backend):
+    """``--reproduce 0:7147`` (distilbert.dynamo): a Transpose whose ``perm`` had neither a
+    type nor a value; every reader took it as None, and the native lowering raised a
+    TypeError iterating it."""
+    node = helper.make_node("Transpose", ["x"], ["y"], name="t")
+    node.attribute.add(name="perm")  # no type, no value
+    model = _model([node], [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(InvalidModelError, match=r"node 't' \(Transpose\): attribute 'perm' has no type and no value"):
+        shapeshift.InferenceSession(model, backend=backend)
+
+
+@pytest.mark.parametrize("act", ("Relu", "SiLU"))
+def test_native_conv_output_that_is_also_a_graph_output_keeps_its_value(act):
+    """``--reproduce 0:5353`` (yolov8n with a Conv's output added to the graph's outputs):
+    the Conv absorbed the x * Sigmoid(x) after it and stored the activated value in the one
+    buffer both outputs read, so the Conv's own output came back activated (max error 5.3)."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    else:
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 3, 6, 7])],
+                   [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("c", F, None)],
+                   [weight])
+    feed = {"x": rng.standard_normal((1, 3, 6, 7)).astype(np.float32)}
+    got = shapeshift.InferenceSession(model, backend="native").run(None, feed)
+    for g, e in zip(got, _ort(model, feed)):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ("AveragePool", "MaxPool", "LpPool"))
+@pytest.mark.parametrize("pads", ([0, 0, 64, 1], [3, 0, 1, 1], [0, 2, 0, 0]))
+def test_a_pool_pad_not_smaller_than_its_kernel_is_refused_at_load(op, pads):
+    """``--reproduce 0:5872`` (conv_net, AveragePool pads [0, 0, 64, 1] over a 2x2 kernel):
+    windows wholly in the padding averaged nothing, NaN on the reference backend and 0
+    natively; onnxruntime refuses such pads at load, and so do both backends now."""
+    node = helper.make_node(op, ["x"], ["y"], name="pool", kernel_shape=[2, 2], pads=pads)
+    model = _model([node], [helper.make_tensor_value_info("x", F, [1, 2, 5, 6])],
+                   [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(Exception):
+        _ort(model, {"x": np.zeros((1, 2, 5, 6), np.float32)})
+    for backend in ("reference", "native"):
+        with pytest.raises(InvalidModelError, match=r"node 'pool'.*'pads'.*not smaller than its kernel size 2"):
+            shapeshift.InferenceSession(model, backend=backend)

@@ -22,8 +22,8 @@ What is checked, in every graph and subgraph (If, Loop, Scan bodies):
   a body's inputs and outputs may leave theirs to inference, as onnx's checker allows;
   each node's input types against its op's type constraints are checked after type
   inference, in element_types.py);
-* convolution and pooling windows: pads >= 0, strides, dilations and kernel
-  sizes >= 1, none past the largest extent a tensor may have, and a
+* convolution and pooling windows: pads >= 0 (and, for a pool, smaller than its kernel),
+  strides, dilations and kernel sizes >= 1, none past the largest extent a tensor may have, and a
   ``kernel_shape`` equal to the spatial dims of a weight whose shape is known
   here (an initializer or Constant).
 
@@ -47,6 +47,9 @@ from ..symbolic.expr import DEFAULT_HI
 A = AttributeProto
 _SINGLE = defs.OpSchema.FormalParameterOption.Single
 _VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
+
+#: Pools whose pads must each be smaller than the kernel along their axis (onnxruntime's rule).
+POOLS_PADDED_LESS_THAN_KERNEL = ("MaxPool", "AveragePool", "LpPool")
 
 #: The largest pad, stride, dilation or kernel size accepted: the largest extent a
 #: symbolic dim may take. A pad of 2**40 asked numpy for exbibytes; one this large
@@ -241,6 +244,11 @@ class _Validator:
                 expected = spec.attr_types.get(attr.name)
                 if expected is not None and kind != expected and kind and not attr.ref_attr_name:
                     self.fail(f"{at}: attribute {attr.name!r} is {_kind_name(kind)}, expected {_kind_name(expected)}")
+                if expected is not None and not kind and not attr.ref_attr_name:
+                    # Neither a type nor a value: every reader took it as None, where a
+                    # rule expected the attribute's default or a list.
+                    self.fail(f"{at}: attribute {attr.name!r} has no type and no value, expected "
+                              f"{_kind_name(expected)}")
             if kind == A.GRAPH or kind == A.GRAPHS:
                 inner = f" in attribute {attr.name!r} of {at}"
                 for body in ([attr.g] if kind == A.GRAPH else attr.graphs):
@@ -309,6 +317,18 @@ class _Validator:
         inputs = at.node.input
         if weight is not None and kernel is not None and weight < len(inputs):
             self.kernel_matches_weight(kernel, inputs[weight], shapes.get(inputs[weight]), at)
+        if at.node.op_type in POOLS_PADDED_LESS_THAN_KERNEL and kernel is not None and "pads" in attrs:
+            self.pads_within_kernel(attrs["pads"], kernel, at)
+
+    def pads_within_kernel(self, pads: list[int], kernel: list[int], at: NodeAt) -> None:
+        """A pool's window must reach into the input: one that lies wholly in the padding
+        has no value (an average of nothing came out NaN on one backend and 0 on the other);
+        onnxruntime refuses such pads at load ("Pad should be smaller than kernel")."""
+        axes = len(kernel)
+        for axis in range(min(axes, len(pads) // 2)):
+            if pads[axis] >= kernel[axis] or pads[axis + axes] >= kernel[axis]:
+                self.fail(f"{at}: attribute 'pads' is {pads}: a pad of axis {axis} is not smaller than its "
+                          f"kernel size {kernel[axis]}, so a window would lie wholly in the padding")
 
     def window_lengths(self, attrs: dict[str, list[int]], at: NodeAt) -> None:
         """strides, dilations and kernel_shape have one value per spatial axis, pads two."""

@@ -203,17 +203,13 @@ def _conv_activation(ctx: LowerContext, out: Value) -> tuple[list[Node], int]:
     users = [u for u, _ in out.users]
     if ctx.single_use(out) and users[0].op_type in ("Relu", "Sigmoid") and users[0].domain in ("", "ai.onnx"):
         return [users[0]], ACT_RELU if users[0].op_type == "Relu" else ACT_SIGMOID
-    if len(users) == 2 and not ctx.single_use(out) and len(out.users) == 2 and not _escapes(ctx, out):
+    if len(users) == 2 and not ctx.single_use(out) and len(out.users) == 2 and not ctx.escapes(out):
         sig = next((u for u in users if u.op_type == "Sigmoid"), None)
         mul = next((u for u in users if u.op_type == "Mul"), None)
         if sig is not None and mul is not None and ctx.single_use(sig.outputs[0]) \
                 and sig.outputs[0].users[0][0] is mul and set(map(id, mul.inputs)) == {id(out), id(sig.outputs[0])}:
             return [sig, mul], ACT_SILU
     return [], 0
-
-
-def _escapes(ctx: LowerContext, value: Value) -> bool:
-    return not ctx.single_use(value) and len(value.users) == 0
 
 
 @lowers("Conv")
