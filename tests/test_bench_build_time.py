@@ -14,9 +14,13 @@ def test_report_gives_medians_and_ratios_to_onnxruntime(monkeypatch, tmp_path):
     # The report names the machine and its measured peak: measured into a cache of the test's own.
     monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
     times = {("m", "empty cache"): [9.0, 7.0, 8.0], ("m", "fragments cached"): [2.0, 3.0, 2.5],
-             ("m", "cache hit"): [0.5, 0.6, 0.4], ("m", "onnxruntime"): [0.5, 0.4, 0.6]}
-    text = build_bench.report(times, ["m"], runs=3)
+             ("m", "cache hit"): [0.5, 0.6, 0.4], ("m", "onnxruntime"): [0.5, 0.4, 0.6],
+             ("m", "hit: build"): [0.03, 0.05, 0.04], ("m", "import"): [1.0, 1.2, 1.1]}
+    overhead = {("native", "wall"): 12e-6, ("native", "cpu"): 11e-6, ("onnxruntime", "wall"): 6e-6,
+                ("onnxruntime", "cpu"): 5.5e-6}
+    text = build_bench.report(times, ["m"], runs=3, overhead=overhead)
     row = next(line for line in text.splitlines() if line.startswith("| m |"))
-    assert row == "| m | 8.00 | 2.50 | 0.50 | 0.50 | 16.0x | 5.0x | 1.0x |"
+    assert row == "| m | 8.00 | 2.50 | 0.50 | 0.50 | 0.04 | 1.10 | 16.0x | 5.0x | 1.0x |"
+    assert "| native / onnxruntime | 2.00x | 2.00x |" in text
     assert "median of 3" in text
     assert "measured FMA peak" in text

@@ -371,3 +371,71 @@ def test_openmp_wait_policy_defaults_only_where_the_user_set_none(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "active")
     use_openmp_defaults()
     assert "GOMP_SPINCOUNT" not in os.environ
+
+
+def _opt_of(cmd: list[str]) -> list[str]:
+    return [flag for flag in cmd if flag.startswith("-O")]
+
+
+def test_with_opt_replaces_the_optimization_level():
+    assert build.with_opt(("-O3", "-march=native", "-c"), ("-O0",)) == ("-O0", "-march=native", "-c")
+    assert build.with_opt(("-O3", "-fPIC"), ()) == ("-O3", "-fPIC")
+
+
+def test_objects_and_the_source_compile_at_their_own_level(tmp_path, compiles):
+    lib = compile_library(_caller(0), cache_dir=tmp_path, objects=[("twice", TWICE_OBJECT, ("-O0",))],
+                          source_opt=("-O1",))
+    assert call_add(lib, 20, 2) == 42
+    levels = sorted(_opt_of(c)[0] for c in compiles if "-shared" not in c)
+    assert levels == ["-O0", "-O1"], compiles
+    (link,) = [c for c in compiles if "-shared" in c]
+    assert _opt_of(link) == ["-O3"]  # the library's flags, untouched
+    meta = json.loads(next(tmp_path.rglob("*.o")).with_suffix(".json").read_text())
+    assert meta["flags"][0] == "-O0"
+
+
+def test_the_optimization_level_is_part_of_the_keys(tmp_path, compiles):
+    keys = set()
+    for opt, source_opt in (((), ()), (("-O0",), ()), (("-O1",), ()), (("-O1",), ("-O0",))):
+        objects = [("twice", TWICE_OBJECT, opt)] if opt else [("twice", TWICE_OBJECT)]
+        lib = compile_library(_caller(0), cache_dir=tmp_path, objects=objects, source_opt=source_opt)
+        assert call_add(lib, 1, 2) == 4
+        keys.add(lib.key)
+    assert len(keys) == 4
+    assert len(_objects(tmp_path)) == 3  # one object per level; the library's own are scratch
+
+
+def test_units_compile_at_most_one_per_core_largest_first(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    running, peak, started = [0], [0], []
+    lock = threading.Lock()
+    real = build._run_compiler
+
+    def tracking(cmd):
+        if "-shared" in cmd:
+            return real(cmd)
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            started.append(Path(cmd[cmd.index("-o") - 1]).read_text())
+        try:
+            time.sleep(0.2)  # long enough that the pool's other workers start meanwhile
+            return real(cmd)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(build, "_run_compiler", tracking)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    units = [(f"unit{i}", f"int unit{i}(void) {{ return {i}; }}\n" + "/* padding */\n" * (10 * i), ("-O0",))
+             for i in range(6)]
+    caller = "int unit5(void);\nint five(void) { return unit5(); }\n"
+    lib = compile_library(caller, cache_dir=tmp_path, objects=units)
+    lib.cdll.five.restype = ctypes.c_int
+    assert lib.cdll.five() == 5
+    assert peak[0] == 2
+    sizes = [len(text) for text in started]
+    # The two largest went first (in either order: the pool's two workers start together).
+    assert sorted(sizes[:2], reverse=True) == sorted(sizes, reverse=True)[:2]

@@ -6,7 +6,9 @@ models by lowering ``UNIT_CHARS``."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def small_units(monkeypatch):
     monkeypatch.setattr(emit, "UNIT_CHARS", 1500)
+    monkeypatch.setattr(emit, "SMALL_PROGRAM_CHARS", 0)
 
 
 def _encoder_feed(batch: int, seq: int) -> dict:
@@ -61,7 +64,10 @@ def test_an_error_in_a_later_part_is_passed_on(small_units):
     session = shapeshift.InferenceSession(model, backend="native")
     program = session._executor.program
     assert not program.fallback_ops()
-    assert "lookup" not in program.source and "lookup" in program.parts[-1]
+    # The Gather is glue, in the first unit but in the segment's last part (the Adds are hot).
+    text = program.full_source()
+    part = re.findall(r"int ss_segment\w*_part(\d+)\(", text[:text.index("lookup")])[-1]
+    assert int(part) >= 1
     x = np.linspace(-1, 1, 5, dtype=np.float32)
     assert session.run(None, {"x0": x, "ids": np.array([3, 0], np.int64)})[1].shape == (2, 2)
     with pytest.raises(ExecutionError, match="lookup"):
@@ -84,3 +90,48 @@ def test_units_depend_on_size_only(encoder_path, small_units, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     second = shapeshift.InferenceSession(encoder_path, backend="native")._executor.program
     assert len(first.parts) >= 2 and first.full_source() == second.full_source()
+
+
+def test_units_of_each_kind_compile_at_their_level_and_match_onnxruntime(small_units, monkeypatch, tmp_path):
+    # Hot: elementwise over a symbolic size; warm: elementwise over a small static input;
+    # glue: a MatMul and a Gather, calls into the kernel objects only.
+    import onnxruntime as ort
+
+    from shapeshift.codegen import build
+
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
+    commands: list = []
+    real = build._run_compiler
+    monkeypatch.setattr(build, "_run_compiler", lambda cmd: commands.append(cmd) or real(cmd))
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Tanh", ["a"], ["t"]),
+             helper.make_node("MatMul", ["t", "w"], ["m"]), helper.make_node("Sigmoid", ["s"], ["sg"]),
+             helper.make_node("Mul", ["sg", "sg"], ["sq"]),
+             helper.make_node("Gather", ["table", "ids"], ["g"], axis=0)]
+    graph = helper.make_graph(
+        nodes, "kinds",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 37]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [3, 5]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["k"])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("m", "sq", "g")],
+        initializer=[numpy_helper.from_array(rng.standard_normal((37, 9)).astype(np.float32), "w"),
+                     numpy_helper.from_array(rng.standard_normal((6, 3)).astype(np.float32), "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = shapeshift.InferenceSession(model, backend="native")
+    program = session._executor.program
+    assert set(program.unit_kinds) == {emit.HOT, emit.WARM, emit.GLUE} and program.unit_kinds[0] == emit.GLUE
+    units = [program.source, *program.parts]
+    compiled = {}  # unit index -> the -O flags it was compiled with
+    for cmd in (cmd for cmd in commands if "-shared" not in cmd):  # the link reads objects
+        text = Path(cmd[cmd.index("-o") - 1]).read_text()
+        if text in units:
+            compiled[units.index(text)] = tuple(f for f in cmd if f.startswith("-O"))
+    assert compiled == {u: emit.OPT_FLAGS[kind] for u, kind in enumerate(program.unit_kinds)}
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 7, 33):
+        feed = {"x": rng.standard_normal((n, 37)).astype(np.float32),
+                "s": rng.standard_normal((3, 5)).astype(np.float32),
+                "ids": rng.integers(-6, 6, n).astype(np.int64)}
+        for got, want in zip(session.run(None, feed), reference.run(None, feed)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

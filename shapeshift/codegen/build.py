@@ -32,8 +32,12 @@ so is one where any of its files is not a regular file (a directory, a symlink, 
 cache writes none, and reading a fifo would block), and a lock that is not one is replaced.
 
 A library that links objects compiles its own source to an object while the objects it
-lacks are built, each under its own lock, in parallel (gcc runs in processes of its own),
-then links them all.
+lacks are built, each under its own lock, in parallel (gcc runs in processes of its own,
+at most one per core, the largest sources first so that the last to finish is a small
+one), then links them all. An object, and the library's own source, may be compiled at an
+optimization level of its own (``opt``: flags that replace the -O flag of ``flags``; a
+model's calls into the kernels at -O0, its small loops at -O1, its elementwise loops over
+whole tensors at -O3, see codegen/emit.py); the level is part of its key.
 """
 
 from __future__ import annotations
@@ -176,22 +180,30 @@ def cache_key(source: str, flags: Sequence[str], version: str, linked: Sequence[
 
 
 def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Sequence[str]] = None,
-                    cache_dir: Optional[Path] = None, objects: Sequence[tuple[str, str]] = ()) -> CompiledLibrary:
+                    cache_dir: Optional[Path] = None, objects: Sequence[tuple] = (),
+                    source_opt: Sequence[str] = ()) -> CompiledLibrary:
     """Build ``source`` into a shared library (or take it from the cache) and load it.
 
     ``flags`` replace ``DEFAULT_FLAGS`` (extend them with ``[*DEFAULT_FLAGS, ...]``); they
     must still make a shared library. ``name_hint`` only labels the metadata and error
-    messages: the same source under two names is one entry. ``objects``: (name, source) of
-    translation units compiled on their own (with ``flags`` less ``-shared``, cached) and
-    linked into the library; ``source`` declares what it calls of them.
+    messages: the same source under two names is one entry. ``objects``: (name, source) or
+    (name, source, opt) of translation units compiled on their own (with ``flags`` less
+    ``-shared``, their -O flag replaced by ``opt`` where given; cached) and linked into the
+    library; ``source`` declares what it calls of them. ``source_opt``: the same for
+    ``source`` itself, when it is compiled to an object (with ``objects``).
     Raises CompilerNotFoundError, or CompileError naming the kept source file.
     """
     flags = tuple(DEFAULT_FLAGS if flags is None else flags)
     cc = find_compiler()
     version = compiler_version(cc)
     object_flags = _object_flags(flags)
-    linked = [(name, src, cache_key(src, object_flags, version)) for name, src in objects]
-    key = cache_key(source, flags, version, [k for _, _, k in linked])
+    linked = []
+    for name, src, *opt in objects:
+        unit_flags = with_opt(object_flags, opt[0] if opt else ())
+        linked.append(_Linked(name, src, unit_flags, cache_key(src, unit_flags, version)))
+    own_flags = with_opt(object_flags, source_opt) if linked else None
+    key = cache_key(source, flags if not (linked and source_opt) else (*flags, "\0own\0", *own_flags), version,
+                    [unit.key for unit in linked])
     entry = _entry(cache_dir, key, ".so")
 
     # Fast path, no lock: a complete entry is never modified, only replaced whole.
@@ -210,7 +222,7 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
         if entry.output.exists() or entry.meta.exists():
             log.warning("rebuilding corrupt cache entry %s: %s", entry.output, problem)
         _remove(entry)
-        _build(entry, source, name_hint, flags, cc, version, linked, cache_dir)
+        _build(entry, source, name_hint, flags, cc, version, linked, cache_dir, own_flags)
         try:
             return _load(entry)
         except OSError as exc:
@@ -220,6 +232,24 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
 
 def _object_flags(flags: Sequence[str]) -> tuple[str, ...]:
     return (*[f for f in flags if f != "-shared"], "-c")
+
+
+def with_opt(flags: Sequence[str], opt: Sequence[str]) -> tuple[str, ...]:
+    """``flags`` with their -O flag replaced by ``opt`` (unchanged when ``opt`` is empty)."""
+    if not opt:
+        return tuple(flags)
+    kept = [f for f in flags if not f.startswith("-O")]
+    return (*opt, *kept)
+
+
+@dataclass(frozen=True)
+class _Linked:
+    """An object a library links: its name (for messages), source, flags and cache key."""
+
+    name: str
+    source: str
+    flags: tuple[str, ...]
+    key: str
 
 
 def _cache_folder(cache_dir: Optional[Path], *parts: str) -> Path:
@@ -370,19 +400,25 @@ def _remove(entry: _Entry) -> None:
 
 
 def _build(entry: _Entry, source: str, name_hint: str, flags: tuple[str, ...], cc: str, version: str,
-           linked: Sequence[tuple[str, str, str]] = (), cache_dir: Optional[Path] = None) -> None:
-    """Compile ``source`` into ``entry``'s output. With ``linked`` objects ((name, source,
-    key) each): compile ``source`` to an object while they are fetched from the cache or
+           linked: Sequence[_Linked] = (), cache_dir: Optional[Path] = None,
+           own_flags: Optional[tuple[str, ...]] = None) -> None:
+    """Compile ``source`` into ``entry``'s output. With ``linked`` objects: compile
+    ``source`` to an object (with ``own_flags``) while they are fetched from the cache or
     built, all in parallel, then link everything."""
     _write_atomic(entry.source, source.encode())
     with _scratch(entry, entry.suffix) as tmp, _scratch(entry, ".o") as own:
         if linked:
-            object_flags = _object_flags(flags)
-            with ThreadPoolExecutor(max_workers=max(1, min(len(linked) + 1, os.cpu_count() or 1))) as pool:
-                pending = [pool.submit(_cached_object, name, src, key, object_flags, cc, version, cache_dir)
-                           for name, src, key in linked]
-                _compile(entry, name_hint, [cc, *object_flags, str(entry.source), "-o", str(own)])
-                objects = [str(p.result()) for p in pending]
+            own_cmd = [cc, *(own_flags or _object_flags(flags)), str(entry.source), "-o", str(own)]
+            jobs = [(len(source), lambda: _compile(entry, name_hint, own_cmd))]
+            jobs += [(len(unit.source), functools.partial(_cached_object, unit.name, unit.source, unit.key,
+                                                          unit.flags, cc, version, cache_dir))
+                     for unit in linked]
+            # Largest first: on a few cores the build ends soon after its longest unit does.
+            order = sorted(range(len(jobs)), key=lambda i: -jobs[i][0])
+            with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+                futures = {i: pool.submit(jobs[i][1]) for i in order}
+                results = [futures[i].result() for i in range(len(jobs))]
+            objects = [str(path) for path in results[1:]]
             _compile(entry, f"{name_hint} (linking)", [cc, *flags, str(own), *objects, "-o", str(tmp)],
                      keep_source=False)
         else:
@@ -395,7 +431,7 @@ def _build(entry: _Entry, source: str, name_hint: str, flags: tuple[str, ...], c
             "so_size": len(data), "so_sha256": hashlib.sha256(data).hexdigest(),
             "flags": list(flags), "compiler": cc, "compiler_version": version,
             "shapeshift_version": __version__, "cache_format": CACHE_FORMAT,
-            "linked": [key for _, _, key in linked],
+            "linked": [unit.key for unit in linked],
         }
         _write_atomic(entry.meta, json.dumps(meta, indent=1).encode())
         os.replace(tmp, entry.output)

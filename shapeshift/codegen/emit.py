@@ -3,22 +3,51 @@
 Every native step is a braced block of C statements; a segment is one exported function
 ``int ss_segment<prefix>_<k>(void* const* v, const int64_t* e)`` running its blocks in
 order. A model that lowers completely is a single segment, so splitting by segment would
-not split it: a large program's blocks are cut, in order, into *parts*
-(``ss_segment<prefix>_<k>_part<j>``, same signature, same error codes), spread over a few
+not split it: a program's blocks are cut, in order, into *parts*
+(``ss_segment<prefix>_<k>_part<j>``, same signature, same error codes), spread over
 units, and the segment becomes a function in the first unit that calls its parts in turn
-and passes any error code on. gcc then compiles the units at once, one process each
+and passes any error code on. gcc then compiles the units at once, one process per core
 (codegen/build.py), instead of one -O3 run over the whole program.
 
-How many units depends only on the program's size, never on the machine, so that one
-program always prints the same text (a compiled artifact is checked against it).
-A profiled program or one that calls tuned dispatchers stays one unit: its counters and
-dispatchers are private to the unit that defines them.
+Blocks are of three kinds, compiled at three optimization levels (``OPT_FLAGS``):
+
+- **hot** (-O3, vectorized): a parallel loop of the block's own (``#pragma omp
+  parallel``: the elementwise chains, which the lowering writes over whole tensors) over
+  outputs not known to be small (a symbolic size, or more than ``SMALL_ELEMENTS``
+  elements): work per element of a large tensor;
+- **warm** (-O1): other loops: serial ones over index-sized data (a NonZero's scan, a
+  GatherND's rows, a reduction over a few elements), which their lowering does not
+  parallelize because they are small, and elementwise loops over a few thousand elements
+  at most (SSDlite's score thresholds per class: 3234 elements each, 66 of them took
+  2.3 s of gcc -O3);
+- **glue** (-O0): no loop at all: the block computes arguments and calls kernel entry
+  points, which live in the fragment objects, built at -O3 once for every model
+  (codegen/fragments.py). Optimizing it would save nanoseconds per call.
+
+Most of the step code is glue or warm (bert.ts: a third, and it compiles 3.6x faster at -O1
+than at -O3; SSDlite: nine tenths, its post-processing repeated for 90 classes), and it
+was most of the build.
+
+Units hold blocks of one kind, at most ``UNIT_CHARS`` characters of hot code (times
+``UNIT_CHARS_FACTOR`` for the cheaper kinds), so their count grows with the model and each
+takes a bounded time; a segment's part is a run of consecutive blocks in one unit. The
+first unit, glue, holds the segment functions.
+
+How many units there are depends only on the program's size, never on the machine, so
+that one program always prints the same text (a compiled artifact is checked against it).
+A small program, a profiled one or one that calls tuned dispatchers stays one unit, built
+at -O3: the profiled program's counters and the dispatchers are private to the unit that
+defines them.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from ..ir.graph import Value
 from ..target import Target
 from .fragments import declarations
 from .kernels.prelude import HEADER, PRELUDE
@@ -26,62 +55,118 @@ from .kernels.prelude import HEADER, PRELUDE
 if TYPE_CHECKING:  # program.py imports this module
     from .program import Program
 
-#: Characters of step code per unit. gcc -O3 takes about 3 s per 100 KB of it here, and
-#: each unit pays about 0.4 s for the includes and fragment declarations it starts with.
-UNIT_CHARS = 64_000
-MAX_UNITS = 8
+HOT, WARM, GLUE = "hot", "warm", "glue"
+KINDS = (GLUE, WARM, HOT)  # the order of their units, after the first
+#: What replaces the -O flag of the library's flags for a unit of each kind.
+OPT_FLAGS: dict[str, tuple[str, ...]] = {HOT: ("-O3",), WARM: ("-O1",), GLUE: ("-O0",)}
+#: Characters of hot step code per unit: gcc -O3 takes about 3 s per 100 KB of it here
+#: (bert.ts), and each unit pays about 0.2 s for the includes and declarations it starts with.
+UNIT_CHARS = 32_000
+#: How much more code of each kind a unit holds: -O1 compiles about 2-3x faster, -O0
+#: about 3x faster again (SSDlite's post-processing, bert.ts's step code).
+UNIT_CHARS_FACTOR = {HOT: 1, WARM: 2, GLUE: 4}
+#: Below this many characters of step code a program is one unit (one header to parse).
+SMALL_PROGRAM_CHARS = 8_000
+#: Outputs of at most this many elements in all, every dim static, make a loop warm.
+SMALL_ELEMENTS = 16_384
 _SIGNATURE = "(void* const* v, const int64_t* e)"
+# A parallel region of the block's own (code, not a comment: at the start of a line).
+_PARALLEL = re.compile(r"^\s*#\s*pragma\s+omp\s+parallel\b", re.MULTILINE)
+# A loop: C's three loop statements.
+_LOOP = re.compile(r"\b(for|while)\s*\(|\bdo\s*\{")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One translation unit and the kind of code it holds (the key of ``OPT_FLAGS``)."""
+
+    text: str
+    kind: str
+
+
+def block_kind(code: str, outputs: Sequence[Value]) -> str:
+    """The kind of a step whose C is ``code`` and whose node has ``outputs`` (see above)."""
+    if not _LOOP.search(code):
+        return GLUE
+    if not _PARALLEL.search(code):
+        return WARM
+    total = 0
+    for value in outputs:
+        shape = getattr(value.type, "shape", None)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return HOT
+        total += math.prod(shape)
+    return HOT if total > SMALL_ELEMENTS else WARM
 
 
 def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Sequence[str] = (),
-               target: Optional[Target] = None) -> list[str]:
+               target: Optional[Target] = None) -> list[Unit]:
     """The translation units of ``programs`` (a root and its branch programs): the first
     starts with the prelude and defines every segment function; the others define parts."""
     blocks = {(id(p), k): _step_blocks(p, indices) for p in programs for k, indices in enumerate(p.segments)}
-    total = sum(len(b) for bs in blocks.values() for b in bs)
-    count = 1 if tuned or any(p.profiled for p in programs) else max(1, min(MAX_UNITS, round(total / UNIT_CHARS)))
     head = declarations(fragments, target)
-    if count == 1:
-        return [PRELUDE + head + "".join(tuned) + "".join(
-            _profile_counters(p) + "".join(_function(p.segment_name(k), blocks[id(p), k])
+    totals = dict.fromkeys(KINDS, 0)
+    for bs in blocks.values():
+        for b, kind in bs:
+            totals[kind] += len(b)
+    if tuned or any(p.profiled for p in programs) or sum(totals.values()) < SMALL_PROGRAM_CHARS:
+        return [Unit(PRELUDE + head + "".join(tuned) + "".join(
+            _profile_counters(p) + "".join(_function(p.segment_name(k), [b for b, _ in blocks[id(p), k]])
                                            for k in range(len(p.segments)))
-            for p in programs)]
+            for p in programs), HOT)]
 
-    bodies: list[list[str]] = [[] for _ in range(count)]
+    if 0 < totals[WARM] < SMALL_PROGRAM_CHARS:  # too little for a unit's header: built with the hot code
+        blocks = {key: [(b, HOT if kind == WARM else kind) for b, kind in bs] for key, bs in blocks.items()}
+        totals[HOT], totals[WARM] = totals[HOT] + totals[WARM], 0
+    # Units of each kind, filled in program order to an even share of that kind's code.
+    counts = {kind: max(1, math.ceil(totals[kind] / (UNIT_CHARS * UNIT_CHARS_FACTOR[kind]))) for kind in KINDS}
+    index: dict[tuple[str, int], int] = {}
+    kinds: list[str] = []
+    for kind in KINDS:  # glue first: the first unit is glue unit 0
+        for u in range(counts[kind]):
+            index[kind, u] = len(kinds)
+            kinds.append(kind)
+    bodies: list[list[str]] = [[] for _ in kinds]
+    filled, current = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
     segments: list[str] = []
-    target, filled, unit = total / count, 0, 0
     for p in programs:
         for k in range(len(p.segments)):
             parts: list[tuple[int, list[str]]] = []
-            for block in blocks[id(p), k]:
-                while unit < count - 1 and filled >= target * (unit + 1):
-                    unit += 1
+            for block, kind in blocks[id(p), k]:
+                share = totals[kind] / counts[kind]
+                while current[kind] < counts[kind] - 1 and filled[kind] >= share * (current[kind] + 1):
+                    current[kind] += 1
+                unit = index[kind, current[kind]]
                 if not parts or parts[-1][0] != unit:
                     parts.append((unit, []))
                 parts[-1][1].append(block)
-                filled += len(block)
+                filled[kind] += len(block)
             name = p.segment_name(k)
             for j, (u, part) in enumerate(parts):
                 bodies[u].append(_function(f"{name}_part{j}", part))
             segments.append(_calling(name, [f"{name}_part{j}" for j in range(len(parts))]))
-    first = PRELUDE + head + "".join(segments) + "".join(bodies[0])
-    return [first] + [HEADER + head + "".join(body) for body in bodies[1:]]
+    texts = [PRELUDE + head + "".join(segments) + "".join(bodies[0])]
+    texts += [HEADER + head + "".join(body) for body in bodies[1:]]
+    # A kind without code leaves an empty unit behind: dropped (the first always stays).
+    return [Unit(text, kind) for u, (text, kind) in enumerate(zip(texts, kinds)) if u == 0 or bodies[u]]
 
 
-def _step_blocks(program: "Program", indices: list[int]) -> list[str]:
-    """One braced block per step. A profiled program's steps each add their wall time and
-    one call to its counters (omp_get_wtime: one clock read before and one after each step)."""
+def _step_blocks(program: "Program", indices: list[int]) -> list[tuple[str, str]]:
+    """One braced block per step, with its kind (``block_kind``). A profiled program's steps
+    each add their wall time and one call to its counters (omp_get_wtime: one clock read
+    before and one after each step)."""
     counters = f"ss_profile{program.prefix}"
     blocks = []
     for i in indices:
         step = program.steps[i]
+        kind = block_kind(step.lowered.code, step.node.outputs)
         code = _indent(step.lowered.code.replace("STEP_ERROR", str(i + 1)), 8)
         if program.profiled:
             code = (f"        const double ss_started = omp_get_wtime();\n        {{\n{_indent(code, 4)}\n"
                     f"        }}\n        {counters}[{2 * i}] += omp_get_wtime() - ss_started;\n"
                     f"        {counters}[{2 * i + 1}] += 1;")
         label = f"    /* step {i}: {step.node.op_type} {_comment(step.node.name)} */\n"
-        blocks.append(label + "    {\n" + code + "\n    }\n")
+        blocks.append((label + "    {\n" + code + "\n    }\n", kind))
     return blocks
 
 

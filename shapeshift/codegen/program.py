@@ -35,7 +35,7 @@ from ..ir.types import TensorType, to_numpy_dtype
 from ..symbolic import Dim, Expr, free_symbols
 from ..target import Target
 from .build import CompiledLibrary, compile_library, target_flags
-from .emit import emit_units
+from .emit import OPT_FLAGS, emit_units
 from .fragments import dependency_order, object_sources
 from .lower import rule_for
 from .lower.attention_fusion import fusion_order
@@ -115,12 +115,21 @@ class Program:
     target: Optional[Target] = None
     # The other translation units of a large program, compiled in parallel with ``source``.
     parts: list[str] = field(default_factory=list)
+    # The kind of each unit, ``source`` first (codegen/emit.py: GLUE, WARM or HOT), which
+    # sets the optimization level it is compiled at (none given: the library's, -O3).
+    unit_kinds: list[str] = field(default_factory=list)
 
     def objects(self) -> list[tuple[str, str]]:
         """(name, source) of the objects its library links: the kernel fragments it calls
         (codegen/fragments.py) and its own other units."""
-        own = [(f"{self.graph.name} program, unit {u + 2}", text) for u, text in enumerate(self.parts)]
+        opts = [OPT_FLAGS[kind] for kind in self.unit_kinds[1:]] or [()] * len(self.parts)
+        own = [(f"{self.graph.name} program, unit {u + 2}", text, opt)
+               for u, (text, opt) in enumerate(zip(self.parts, opts, strict=True))]
         return object_sources(self.fragments, self.target) + own
+
+    def source_opt(self) -> tuple[str, ...]:
+        """The optimization flags ``source`` is compiled with (codegen/emit.py)."""
+        return OPT_FLAGS[self.unit_kinds[0]] if self.unit_kinds else ()
 
     def has_code(self) -> bool:
         """Whether it or a branch program has compiled code (and so a library)."""
@@ -259,8 +268,9 @@ class _Builder:
             for each in programs:
                 each.profiled = self.profile
                 each.target = self.target
-            program.source, *program.parts = emit_units(programs, program.fragments, self._tuned_sources(program),
-                                                        self.target)
+            units = emit_units(programs, program.fragments, self._tuned_sources(program), self.target)
+            program.source, *program.parts = [unit.text for unit in units]
+            program.unit_kinds = [unit.kind for unit in units]
             program.unread_consts = _unread_consts(programs)
         return program
 
@@ -579,7 +589,8 @@ def compile_program(program: Program, cache_dir=None) -> CompiledLibrary:
     """The library of ``program`` (a root): its units and the kernel objects they call, built
     or taken from the cache (codegen/build.py)."""
     return compile_library(program.source, name_hint=f"{program.graph.name} program", cache_dir=cache_dir,
-                           objects=program.objects(), flags=target_flags(program.target))
+                           objects=program.objects(), flags=target_flags(program.target),
+                           source_opt=program.source_opt())
 
 
 def build_program(graph: Graph, tuning=None, profile: bool = False, target: Optional[Target] = None) -> Program:

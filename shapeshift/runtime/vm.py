@@ -261,7 +261,7 @@ class NativeVM:
         for index, nbytes in plan.direct_bytes.items():
             buffer = self._outputs.aligned(nbytes, ALIGNMENT)
             self._direct[index] = buffer
-            address = buffer.ctypes.data
+            address = _address(buffer)
             ptrs[index] = address
             self._set_views(ptrs, index, address)
         arrays: dict[int, Any] = {}  # slot -> array, for inputs and fallback results
