@@ -9,10 +9,14 @@ into the conv), MobileNetV3 / PP-OCR-style depthwise 3x3 and 5x5 convs at stride
 with 16-480 channels (ReLU), a strided 1x1 conv, and whisper's Conv1d stem (80 -> 384,
 k3, over 3000 frames; 384 -> 384, k3, stride 2).
 
-Both run on one thread (native: num_threads=1; onnxruntime: intra_op_num_threads=1). Per
-shape, the two run interleaved: one sample (enough runs for --sample-ms) of each in turn,
---repeats times; the table gives the median sample. Prints the table and writes
-bench/results/conv.md.
+Both run on one thread (native: num_threads=1; onnxruntime: intra_op_num_threads=1). The
+native backend runs each model twice: with the blocked layout (NCHWc, codegen/lower/
+layout_assign.py; the default) and without it (SHAPESHIFT_NCHWC=0: the NCHW kernels of
+kernels/conv.py). A one-node model in NCHWc pays for its layout conversions (the output back
+to NCHW; the input to blocks unless the conv reads it plain), which a conv inside a trunk
+does not. Per shape, the three run interleaved: one sample (enough runs for --sample-ms) of
+each in turn, --repeats times; the table gives the median sample. Prints the table and
+writes bench/results/conv.md.
 """
 
 from __future__ import annotations
@@ -143,39 +147,58 @@ def sampler(fn: Callable[[], object], sample_s: float) -> Callable[[], float]:
 def bench_case(case: Case, repeats: int, sample_s: float) -> dict:
     import onnxruntime as ort
 
-    import shapeshift
-
     model = build_model(case)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     ref = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    ours = shapeshift.InferenceSession(model, backend="native", num_threads=1)
+    ours = {"native": _native_session(model, nchwc=True), "native NCHW": _native_session(model, nchwc=False)}
     spatial = [case.w] if case.one_d else [case.h, case.w]
     feed = {"x": np.random.default_rng(1).standard_normal((1, case.c, *spatial)).astype(np.float32)}
     expected = ref.run(None, feed)[0]
-    got = ours.run(None, feed)[0]
-    diff = float(np.max(np.abs(got - expected))) if expected.size else 0.0
-    samplers = {"native": sampler(lambda: ours.run(None, feed), sample_s),
-                "onnxruntime": sampler(lambda: ref.run(None, feed), sample_s)}
+    diff = max(float(np.max(np.abs(s.run(None, feed)[0] - expected))) if expected.size else 0.0 for s in ours.values())
+    samplers = {name: sampler(lambda s=s: s.run(None, feed), sample_s) for name, s in ours.items()}
+    samplers["onnxruntime"] = sampler(lambda: ref.run(None, feed), sample_s)
     times: dict[str, list[float]] = {k: [] for k in samplers}
     for _ in range(repeats):
         for name, sample in samplers.items():
             times[name].append(sample())
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"case": case, "native": med["native"], "onnxruntime": med["onnxruntime"], "diff": diff}
+    return {"case": case, **med, "diff": diff}
+
+
+def _native_session(model, nchwc: bool):
+    """A one-thread native session with the NCHWc layout pass on or off (it reads
+    SHAPESHIFT_NCHWC when the program is built)."""
+    import os
+
+    import shapeshift
+
+    saved = os.environ.get("SHAPESHIFT_NCHWC")
+    os.environ["SHAPESHIFT_NCHWC"] = "1" if nchwc else "0"
+    try:
+        return shapeshift.InferenceSession(model, backend="native", num_threads=1)
+    finally:
+        if saved is None:
+            del os.environ["SHAPESHIFT_NCHWC"]
+        else:
+            os.environ["SHAPESHIFT_NCHWC"] = saved
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| conv | GMAC | native ms | onnxruntime ms | ratio | native GFLOP/s | max abs diff |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| conv | GMAC | native ms (NCHWc) | native ms (NCHW) | onnxruntime ms | ratio NCHWc | ratio NCHW | "
+             "native GFLOP/s (NCHWc) | max abs diff |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        case, nat, ref = r["case"], r["native"], r["onnxruntime"]
+        case, nat, plain, ref = r["case"], r["native"], r["native NCHW"], r["onnxruntime"]
         gmac = case.macs() / 1e9
-        lines.append(f"| {case.name} | {gmac:.3f} | {nat * 1e3:.3f} | {ref * 1e3:.3f} | {nat / ref:.2f} | "
-                     f"{2 * gmac / nat:.1f} | {r['diff']:.1e} |")
-    ratios = [r["native"] / r["onnxruntime"] for r in rows]
-    geo = float(np.exp(np.mean(np.log(ratios)))) if ratios else float("nan")
-    lines.append(f"| **geomean** | | | | **{geo:.2f}** | | |")
+        lines.append(f"| {case.name} | {gmac:.3f} | {nat * 1e3:.3f} | {plain * 1e3:.3f} | {ref * 1e3:.3f} | "
+                     f"{nat / ref:.2f} | {plain / ref:.2f} | {2 * gmac / nat:.1f} | {r['diff']:.1e} |")
+
+    def geomean(key: str) -> float:
+        ratios = [r[key] / r["onnxruntime"] for r in rows]
+        return float(np.exp(np.mean(np.log(ratios)))) if ratios else float("nan")
+
+    lines.append(f"| **geomean** | | | | | **{geomean('native'):.2f}** | **{geomean('native NCHW'):.2f}** | | |")
     return "\n".join(lines)
 
 
@@ -184,7 +207,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--sample-ms", type=float, default=30.0)
     parser.add_argument("--only", nargs="*", default=None, help="run the cases whose name contains one of these")
-    parser.add_argument("--no-write", action="store_true", help="do not write bench/results/conv.md")
+    parser.add_argument("--no-write", action="store_true", help="do not write the results file")
+    parser.add_argument("--out", default="conv.md", help="results file name under bench/results (default conv.md)")
     args = parser.parse_args(argv)
     import onnxruntime as ort
 
@@ -193,17 +217,25 @@ def main(argv=None) -> None:
     for case in cases:
         row = bench_case(case, args.repeats, args.sample_ms / 1e3)
         rows.append(row)
-        print(f"{case.name:40s} native {row['native'] * 1e3:8.3f} ms  ort {row['onnxruntime'] * 1e3:8.3f} ms  "
-              f"ratio {row['native'] / row['onnxruntime']:.2f}", flush=True)
+        print(f"{case.name:40s} native {row['native'] * 1e3:8.3f} ms  NCHW {row['native NCHW'] * 1e3:8.3f} ms  "
+              f"ort {row['onnxruntime'] * 1e3:8.3f} ms  ratio {row['native'] / row['onnxruntime']:.2f} "
+              f"(NCHW {row['native NCHW'] / row['onnxruntime']:.2f})", flush=True)
     text = table(rows)
     print(text)
     if not args.no_write:
+        import os
+
+        from machine import describe
+
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         header = ("# Conv latency: shapeshift native vs onnxruntime (one-node models, 1 thread)\n\n"
-                  f"Python {platform.python_version()}, onnxruntime {ort.__version__}; {platform.machine()}. "
-                  f"Median of {args.repeats} interleaved samples of about {args.sample_ms:g} ms each, whole "
-                  "session.run calls (feed checks included). Ratio > 1: native slower. "
-                  "Generated by `python bench/conv.py`.\n\n")
-        (ROOT / "bench" / "results" / "conv.md").write_text(header + text + "\n")
+                  f"{describe()}\n\n"
+                  f"Python {platform.python_version()}, onnxruntime {ort.__version__}; load average at the end "
+                  f"{load}. Median of {args.repeats} interleaved samples of about {args.sample_ms:g} ms each, whole "
+                  "session.run calls (feed checks included). Ratio > 1: native slower. NCHWc: the default "
+                  "(blocked layout, conversions of the one-node model's input and output included); NCHW: "
+                  "SHAPESHIFT_NCHWC=0. Generated by `python bench/conv.py`.\n\n")
+        (ROOT / "bench" / "results" / args.out).write_text(header + text + "\n")
 
 
 if __name__ == "__main__":

@@ -317,9 +317,11 @@ def test_expand_tile_pad_gather():
     _run_both(model, [{"x": _rand(rng, (n, 4)), "ids": rng.integers(-10, 10, (2, n))} for n in (1, 3, 6)])
 
 
-def test_conv_on_small_planes_reads_prepacked_weights():
+def test_conv_on_small_planes_reads_prepacked_weights(monkeypatch):
     # Below conv.SMALL_PLANE output pixels ss_conv2d multiplies by the weights packed once at
     # load; above, by the per-call path. One session serves both, and a grouped conv gets none.
+    # (The NCHW kernels: with the blocked layout on, these convs run in NCHWc instead.)
+    monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
     rng = np.random.default_rng(21)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"]),
@@ -334,10 +336,11 @@ def test_conv_on_small_planes_reads_prepacked_weights():
     assert sum("(const float*)v[" in s.lowered.code for s in program.steps if s.lowered) == 1
 
 
-def test_dense_convs_get_prepacked_weights_where_a_path_reads_them():
+def test_dense_convs_get_prepacked_weights_where_a_path_reads_them(monkeypatch):
     # Every dense k x k conv's weights are packed at load (the implicit GEMM reads them); a
     # 1x1 conv's only where its static plane takes the small-plane path: 90 pixels with 96
-    # output channels, not with 8. A grouped conv gets none.
+    # output channels, not with 8. A grouped conv gets none. (The NCHW kernels, as above.)
+    monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
     from shapeshift.codegen.kernels.conv import small_plane_ok
 
     assert small_plane_ok(90, 96) and not small_plane_ok(90, 8) and not small_plane_ok(300, 512)

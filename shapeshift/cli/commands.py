@@ -118,6 +118,12 @@ def _print_native_coverage(graph: Graph) -> None:
           f"{len(program.segments)} compiled segment(s)")
     print("  compiled: " + (", ".join(f"{op} x{n}" for op, n in native.most_common()) or "none"))
     print("  reference fallback: " + (", ".join(f"{op} x{n}" for op, n in fallback.most_common()) or "none"))
+    layout = graph.metadata.get("nchwc")
+    from ..codegen.lower.layout_assign import mode as nchwc_mode
+
+    print("  layout: " + (layout.describe() if layout is not None else
+                          "NCHW (NCHWc off: SHAPESHIFT_NCHWC=0)" if nchwc_mode() == "off" else
+                          "NCHW (no depthwise conv; SHAPESHIFT_NCHWC=1 runs the conv trunk in NCHWc anyway)"))
     guards = find_guards(graph) if fallback or program.branches else []
     if guards:
         print(f"  {len(guards)} If(s) decided by the input shapes or small inputs' values "

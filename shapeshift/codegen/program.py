@@ -598,6 +598,9 @@ def build_program(graph: Graph, tuning=None, profile: bool = False, target: Opti
     dispatchers by weight shape (shapeshift/tune/records.py ``GemmTuning``), or None.
     ``profile``: time every native step (see ``Program.profiled``). ``target``: the
     target description to build for (None: this machine; shapeshift.target.named_target)."""
+    from .lower.layout_assign import assign_layouts
+
+    assign_layouts(graph, target)  # the conv trunk in NCHWc (off with SHAPESHIFT_NCHWC=0)
     program = _Builder(graph, tuning=tuning, profile=profile, target=target).build()
     fallback = program.fallback_ops()
     if fallback:

@@ -37,7 +37,7 @@ def rule_for(node: Node) -> Optional[LowerFn]:
 
 def _load_families() -> None:
     # Imported for their registrations; deferred so that the package imports cheaply.
-    from . import (attention, elementwise, layout, linalg, losses, lp, misc, nn, pooling,  # noqa: F401
+    from . import (attention, elementwise, layout, linalg, losses, lp, misc, nchwc, nn, pooling,  # noqa: F401
                    recurrent, reduce, sampling, selection)
 
 

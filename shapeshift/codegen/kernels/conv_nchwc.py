@@ -1,0 +1,452 @@
+"""Convolutions over the blocked channel layout NCHWc (see nchwc.py for the layout).
+
+Exported C (L = 8 or 16, the block; one set per width)::
+
+    /* Dense or grouped 2-D conv (1-D is H = 1) into y [N, ceil(M/L), OH, OW, L].
+       x: blocked [N, ceil(C/L), H, W, L] when xblk == L, or plain [N, C, H, W] when
+       xblk == 1 (group 1 only: a network's first conv reads its image as it comes, with no
+       reorder and no padding of its 3 channels to a block).
+       w: packed by pack_dense() as [ceil(M/L), IB, KH, KW, xblk, L], IB = input blocks per
+       group (ceil(C/group/L)) or, plain, C channels; lanes past M (and past C) zero.
+       bias: NULL or [ceil(M/L) * L], zero past M. Grouped convs need C/group and M/group
+       to be multiples of L (the caller checks), so that no block straddles two groups.
+       Begin pads ph, pw (end pads implied by OH, OW); strides sh, sw; dilations dh, dw.
+       Epilogue: v = act(acc + bias; a0, a1); when res (y's layout) is not NULL
+       v = act2(v + res; b0, b1); lanes past M stored as zero (nchwc.py's codes). */
+    void ss_conv_nchwc_L(const float* x, const float* w, const float* bias, float* y,
+                         int64_t N, int64_t C, int64_t H, int64_t W, int64_t M,
+                         int64_t KH, int64_t KW, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+                         int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t group, int64_t xblk,
+                         const float* res, int act, float a0, float a1, int act2, float b0, float b1);
+
+    /* Depthwise conv (group == C == M), channels in lanes: x [N, ceil(C/L), H, W, L],
+       w packed by pack_depthwise() as [ceil(C/L), KH, KW, L], the same epilogue. */
+    void ss_dwconv_nchwc_L(const float* x, const float* w, const float* bias, float* y,
+                           int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                           int64_t dh, int64_t dw,
+                           const float* res, int act, float a0, float a1, int act2, float b0, float b1);
+
+How: the dense conv computes register tiles of RX output pixels along a row x 2 output
+blocks (RX from the register file: 6 for 16 registers, 12 for 32, so that 2 * RX
+accumulators, 2 weight vectors and a broadcast fit), accumulating over input blocks, taps
+and the L lanes of each input block: every step is one broadcast of an input value and
+two vector loads of weights, the weights being in the order the loop reads them. No
+image is copied or padded: tiles whose taps all fall inside the row (nearly all of them)
+take a path with no bounds checks, the few at the borders one that checks each pixel. A
+1x1 stride-1 unpadded conv is called with the plane as one row (H = 1, W = H * W), which
+makes it a GEMM [pixels x C] x [C x M] that reads the activations in place: no packing,
+no transposes. The depthwise conv keeps the channels in the lanes: tiles of 8 output
+pixels, each tap one vector load of input per pixel and one of weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cwriter import Fragment, Function, Private, fill
+from .nchwc import WIDTHS
+
+DEPENDS = ("nchwc",)
+#: Depthwise tile: output pixels per register tile (one accumulator each).
+DW_PIXELS = 8
+
+
+def dense_pixels(lanes: int, registers: int) -> int:
+    """Output pixels per dense register tile: 2 blocks x RX accumulators, 2 weight vectors
+    and one broadcast within the register file (16 ymm with AVX2, 32 with AVX-512)."""
+    return max(1, min(12, (registers - 4) // 2))
+
+
+def registers_for(lanes: int) -> int:
+    """The register file the width's kernels are written for: 32 where zmm exist, else 16
+    (the target description's ``vector_registers``)."""
+    return 32 if lanes == 16 else 16
+
+
+_FMA = r"""
+/* a * b + c in one rounding: the fragment is compiled as ISO C, where gcc does not
+   contract a * b + c on its own. */
+static inline ss_vf@L@ ss_cnc_fma_@L@(ss_vf@L@ a, ss_vf@L@ b, ss_vf@L@ c)
+{
+#if @L@ == 16 && defined(__AVX512F__)
+    return (ss_vf@L@)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+    union { ss_vf@L@ v; __m256 h[@L@ / 8]; } x = {a}, y = {b}, z = {c};
+    for (int k = 0; k < @L@ / 8; k++) z.h[k] = _mm256_fmadd_ps(x.h[k], y.h[k], z.h[k]);
+    return z.v;
+#else
+    return a * b + c;
+#endif
+}
+
+/* s in every lane (one vbroadcastss; 0 + s would be a scalar add first). */
+static inline ss_vf@L@ ss_cnc_splat_@L@(float s)
+{
+#if @L@ == 16 && defined(__AVX512F__)
+    return (ss_vf@L@)_mm512_set1_ps(s);
+#elif defined(__AVX__)
+    union { ss_vf@L@ v; __m256 h[@L@ / 8]; } x;
+    for (int k = 0; k < @L@ / 8; k++) x.h[k] = _mm256_set1_ps(s);
+    return x.v;
+#else
+    ss_vf@L@ v;
+    for (int l = 0; l < @L@; l++) v[l] = s;
+    return v;
+#endif
+}
+"""
+
+_DENSE_TILE = r"""
+/* What a tap in the zero padding reads (a whole block: a plain input reads lane 0 only). */
+static const float ss_cnc_zeros_@L@[@L@] __attribute__((aligned(64))) = {0};
+/* One tile: acc[j][b] += sum over input blocks, taps and lanes, for j < RX pixels of the
+   row and b < nb output blocks. nb, xblk and edge are constants at each call site. */
+static inline __attribute__((always_inline)) void ss_cnc_tile_@L@(
+    const float* xg, const float* wo, int64_t wob, const int nb, const int xblk, const int edge, const int rx,
+    int64_t IB, int64_t KH, int64_t KW, int64_t bs, int64_t rs, int64_t H, int64_t W,
+    int64_t iy0, int64_t dh, int64_t ix0, int64_t sw, int64_t dw, ss_vf@L@ acc[@RX@][2])
+{
+    for (int64_t ib = 0; ib < IB; ib++) {
+        const float* xb = xg + ib * bs;
+        const float* wb = wo + ib * KH * KW * xblk * @L@;
+        for (int64_t ky = 0; ky < KH; ky++) {
+            const int64_t iy = iy0 + ky * dh;
+            if (iy < 0 || iy >= H) continue;
+            const float* xr = xb + iy * rs;
+            for (int64_t kx = 0; kx < KW; kx++) {
+                const int64_t ixk = ix0 + kx * dw;
+                const float* wp = wb + (ky * KW + kx) * xblk * @L@;
+                /* A pixel of a border tile whose tap falls in the pad reads a block of zeros. */
+                const float* px[@RX@];
+                for (int j = 0; j < rx; j++) {
+                    const int64_t ix = ixk + j * sw;
+                    px[j] = edge && (ix < 0 || ix >= W) ? ss_cnc_zeros_@L@ : xr + ix * xblk;
+                }
+                #pragma GCC unroll 16
+                for (int cl = 0; cl < xblk; cl++) {
+                    const ss_vf@L@ w0 = *(const ss_vfu@L@*)(wp + cl * @L@);
+                    ss_vf@L@ w1 = {0};
+                    if (nb > 1) w1 = *(const ss_vfu@L@*)(wp + wob + cl * @L@);
+                    #pragma GCC unroll 16
+                    for (int j = 0; j < rx; j++) {
+                        const float xs = px[j][cl];
+                        const ss_vf@L@ xv = ss_cnc_splat_@L@(xs);
+                        acc[j][0] = ss_cnc_fma_@L@(xv, w0, acc[j][0]);
+                        if (nb > 1) acc[j][1] = ss_cnc_fma_@L@(xv, w1, acc[j][1]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static __attribute__((noinline)) void ss_cnc_tile_any_@L@(
+    const float* xg, const float* wo, int64_t wob, int nb, int xblk, int edge, int rx,
+    int64_t IB, int64_t KH, int64_t KW, int64_t bs, int64_t rs, int64_t H, int64_t W,
+    int64_t iy0, int64_t dh, int64_t ix0, int64_t sw, int64_t dw, ss_vf@L@ acc[@RX@][2])
+{
+    ss_cnc_tile_@L@(xg, wo, wob, nb, xblk, edge, rx, IB, KH, KW, bs, rs, H, W, iy0, dh, ix0, sw, dw, acc);
+}
+
+/* A tile of rx pixels taken in row-major order over the whole output plane (planes narrower
+   than 2 RX: row tiles would be mostly borders and short tails there): each pixel's
+   address per tap, or the zero block where the tap falls in the pad. */
+static inline __attribute__((always_inline)) void ss_cnc_flat_@L@(
+    const float* xg, const float* wo, int64_t wob, const int nb, const int xblk, const int rx,
+    int64_t IB, int64_t KH, int64_t KW, int64_t bs, int64_t rs, int64_t H, int64_t W,
+    const int64_t* iy0, const int64_t* ix0, int64_t dh, int64_t dw, ss_vf@L@ acc[@RX@][2])
+{
+    for (int64_t ib = 0; ib < IB; ib++) {
+        const float* xb = xg + ib * bs;
+        const float* wb = wo + ib * KH * KW * xblk * @L@;
+        for (int64_t ky = 0; ky < KH; ky++)
+            for (int64_t kx = 0; kx < KW; kx++) {
+                const float* wp = wb + (ky * KW + kx) * xblk * @L@;
+                const float* px[@RX@];
+                for (int j = 0; j < rx; j++) {
+                    const int64_t iy = iy0[j] + ky * dh, ix = ix0[j] + kx * dw;
+                    px[j] = iy < 0 || iy >= H || ix < 0 || ix >= W ? ss_cnc_zeros_@L@ : xb + iy * rs + ix * xblk;
+                }
+                #pragma GCC unroll 16
+                for (int cl = 0; cl < xblk; cl++) {
+                    const ss_vf@L@ w0 = *(const ss_vfu@L@*)(wp + cl * @L@);
+                    ss_vf@L@ w1 = {0};
+                    if (nb > 1) w1 = *(const ss_vfu@L@*)(wp + wob + cl * @L@);
+                    #pragma GCC unroll 16
+                    for (int j = 0; j < rx; j++) {
+                        const ss_vf@L@ xv = ss_cnc_splat_@L@(px[j][cl]);
+                        acc[j][0] = ss_cnc_fma_@L@(xv, w0, acc[j][0]);
+                        if (nb > 1) acc[j][1] = ss_cnc_fma_@L@(xv, w1, acc[j][1]);
+                    }
+                }
+            }
+    }
+}
+
+/* bias, act, residual, act2 and the zeroed lanes past M, then the store. */
+static inline ss_vf@L@ ss_cnc_epilogue_@L@(ss_vf@L@ v, const float* res, int act, float a0, float a1,
+                                         int act2, float b0, float b1, int last, ss_vi@L@ keep)
+{
+    v = ss_nchwc_act_@L@(v, act, a0, a1);
+    if (res) v = ss_nchwc_act_@L@(v + *(const ss_vfu@L@*)res, act2, b0, b1);
+    if (last) v = (ss_vf@L@)((ss_vi@L@)v & keep);
+    return v;
+}
+"""
+
+_DENSE = r"""
+const int64_t MB = (M + @L@ - 1) / @L@;
+const int64_t MBg = MB / group;
+const int64_t IB = xblk == @L@ ? (C / group + @L@ - 1) / @L@ : C / group;
+const int64_t x_img = (xblk == @L@ ? (C + @L@ - 1) / @L@ * @L@ : C) * H * W;
+const int64_t bs = H * W * xblk, rs = W * xblk;
+const int64_t wob = IB * KH * KW * xblk * @L@;
+const int64_t NP = (MBg + 1) / 2;
+/* Output pixels whose taps all fall inside the row: ox in [ox_lo, ox_hi]. */
+const int64_t ox_lo = (pw + sw - 1) / sw;
+const int64_t span = W - 1 - (KW - 1) * dw + pw;
+const int64_t ox_hi = span < 0 ? -1 : span / sw;
+ss_vi@L@ keep;
+for (int l = 0; l < @L@; l++) keep[l] = (MB - 1) * @L@ + l < M ? -1 : 0;
+if (OW < 2 * @RX@ && OH * OW >= @RX@ && xblk == @L@) {
+    /* Narrow planes: tiles of RX pixels in row-major order over the plane (the last one
+       overlapping the one before). */
+    const int64_t P = OH * OW, T = (P + @RX@ - 1) / @RX@;
+    #pragma omp parallel for collapse(3) if(N * M * P * (C / group) * KH * KW >= SS_CNC_PAR_MIN)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t gp = 0; gp < group * NP; gp++)
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t g = gp / NP, ob = g * MBg + 2 * (gp % NP);
+                const int nb = ob + 1 < (g + 1) * MBg ? 2 : 1;
+                const float* xg = x + n * x_img + g * IB * bs;
+                const float* wo = w + ob * wob;
+                const int64_t p0 = t * @RX@ + @RX@ <= P ? t * @RX@ : P - @RX@;
+                int64_t iy0[@RX@], ix0[@RX@];
+                for (int j = 0; j < @RX@; j++) {
+                    const int64_t oy = (p0 + j) / OW, ox = (p0 + j) % OW;
+                    iy0[j] = oy * sh - ph;
+                    ix0[j] = ox * sw - pw;
+                }
+                ss_vf@L@ acc[@RX@][2];
+                for (int j = 0; j < @RX@; j++)
+                    for (int b = 0; b < 2; b++)
+                        acc[j][b] = bias && b < nb ? *(const ss_vfu@L@*)(bias + (ob + b) * @L@) : (ss_vf@L@){0};
+                if (nb == 2) ss_cnc_flat_@L@(xg, wo, wob, 2, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
+                else ss_cnc_flat_@L@(xg, wo, wob, 1, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
+                for (int b = 0; b < nb; b++) {
+                    const int64_t off = ((n * MB + ob + b) * P + p0) * @L@;
+                    for (int j = 0; j < @RX@; j++)
+                        *(ss_vfu@L@*)(y + off + j * @L@) = ss_cnc_epilogue_@L@(
+                            acc[j][b], res ? res + off + j * @L@ : NULL, act, a0, a1, act2, b0, b1, ob + b == MB - 1, keep);
+                }
+            }
+    return;
+}
+#pragma omp parallel for collapse(3) if(N * M * OH * OW * (C / group) * KH * KW >= SS_CNC_PAR_MIN)
+for (int64_t n = 0; n < N; n++)
+    for (int64_t gp = 0; gp < group * NP; gp++)
+        for (int64_t oy = 0; oy < OH; oy++) {
+            const int64_t g = gp / NP, ob = g * MBg + 2 * (gp % NP);
+            const int nb = ob + 1 < (g + 1) * MBg ? 2 : 1;
+            const float* xg = x + n * x_img + g * IB * bs;
+            const float* wo = w + ob * wob;
+            const int64_t iy0 = oy * sh - ph;
+            ss_vf@L@ bv[2] = {{0}, {0}};
+            for (int b = 0; b < nb; b++)
+                if (bias) bv[b] = *(const ss_vfu@L@*)(bias + (ob + b) * @L@);
+            /* Border pixels one at a time with bounds checks; the inside in tiles of RX (the last one
+               overlapping the one before), or of 4 and 1 in a row narrower than RX. */
+            const int64_t lo = ox_lo < OW ? ox_lo : OW;
+            const int64_t hi = ox_hi + 1 < lo ? lo : (ox_hi + 1 < OW ? ox_hi + 1 : OW);
+            int64_t ox = 0;
+/* The hot tiles are inlined with their shape as constants (the stride too where it is 1
+   or 2: the pixels' addresses are then one register plus constant offsets); border tiles,
+   single pixels and anything else go through one out-of-line copy that takes every
+   parameter at run time, which keeps the object small. */
+#define SS_CNC_FAST(RXT, XB, SW) do { \
+                if (nb == 2) ss_cnc_tile_@L@(xg, wo, wob, 2, XB, 0, RXT, IB, KH, KW, bs, rs, H, W, iy0, dh, ix0, SW, dw, acc); \
+                else ss_cnc_tile_@L@(xg, wo, wob, 1, XB, 0, RXT, IB, KH, KW, bs, rs, H, W, iy0, dh, ix0, SW, dw, acc); \
+            } while (0)
+#define SS_CNC_TILE(RXT, EDGE) do { \
+                ss_vf@L@ acc[@RX@][2]; \
+                for (int j = 0; j < RXT; j++) { acc[j][0] = bv[0]; acc[j][1] = bv[1]; } \
+                const int64_t ix0 = ox * sw - pw; \
+                if (EDGE || RXT == 1 || (xblk != @L@ && RXT != @RX@)) \
+                    ss_cnc_tile_any_@L@(xg, wo, wob, nb, (int)xblk, EDGE, RXT, IB, KH, KW, bs, rs, H, W, iy0, dh, ix0, sw, \
+                                        dw, acc); \
+                else if (xblk != @L@ && sw == 2) SS_CNC_FAST(RXT, 1, 2); \
+                else if (xblk != @L@) SS_CNC_FAST(RXT, 1, sw); \
+                else if (RXT == @RX@ && sw == 1) SS_CNC_FAST(RXT, @L@, 1); \
+                else if (RXT == @RX@ && sw == 2) SS_CNC_FAST(RXT, @L@, 2); \
+                else SS_CNC_FAST(RXT, @L@, sw); \
+                for (int b = 0; b < nb; b++) { \
+                    const int64_t off = (((n * MB + ob + b) * OH + oy) * OW + ox) * @L@; \
+                    for (int j = 0; j < RXT; j++) \
+                        *(ss_vfu@L@*)(y + off + j * @L@) = ss_cnc_epilogue_@L@( \
+                            acc[j][b], res ? res + off + j * @L@ : NULL, act, a0, a1, act2, b0, b1, ob + b == MB - 1, keep); \
+                } \
+            } while (0)
+            while (ox < lo) {
+                if (ox + 4 <= OW) { SS_CNC_TILE(4, 1); ox += 4; } else { SS_CNC_TILE(1, 1); ox++; }
+            }
+            for (; ox + @RX@ <= hi; ox += @RX@) SS_CNC_TILE(@RX@, 0);
+            if (ox < hi && hi - lo >= @RX@) {  /* the rest as one tile overlapping the last: same values again */
+                ox = hi - @RX@;
+                SS_CNC_TILE(@RX@, 0);
+                ox = hi;
+            }
+            for (; ox + 4 <= hi; ox += 4) SS_CNC_TILE(4, 0);
+            if (ox < hi && hi - lo >= 4) { ox = hi - 4; SS_CNC_TILE(4, 0); ox = hi; }
+            for (; ox < hi; ox++) SS_CNC_TILE(1, 0);
+            while (ox < OW) {
+                if (ox + 4 <= OW) { SS_CNC_TILE(4, 1); ox += 4; }
+                else if (OW >= 4) { ox = OW - 4; SS_CNC_TILE(4, 1); ox = OW; }
+                else { SS_CNC_TILE(1, 1); ox++; }
+            }
+#undef SS_CNC_TILE
+#undef SS_CNC_FAST
+        }
+"""
+
+_DW_TILE = r"""
+static inline __attribute__((always_inline)) void ss_dwc_tile_@L@(
+    const float* xp, const float* wc, const int edge, const int rx, int64_t KH, int64_t KW, int64_t H, int64_t W,
+    int64_t iy0, int64_t dh, int64_t ix0, int64_t sw, int64_t dw, ss_vf@L@ acc[@DWX@])
+{
+    for (int64_t ky = 0; ky < KH; ky++) {
+        const int64_t iy = iy0 + ky * dh;
+        if (iy < 0 || iy >= H) continue;
+        const float* xr = xp + iy * W * @L@;
+        for (int64_t kx = 0; kx < KW; kx++) {
+            const ss_vf@L@ wv = *(const ss_vfu@L@*)(wc + (ky * KW + kx) * @L@);
+            const int64_t ixk = ix0 + kx * dw;
+            #pragma GCC unroll 16
+            for (int j = 0; j < rx; j++) {
+                const int64_t ix = ixk + j * sw;
+                const float* p = edge && (ix < 0 || ix >= W) ? ss_cnc_zeros_@L@ : xr + ix * @L@;
+                acc[j] = ss_cnc_fma_@L@(*(const ss_vfu@L@*)p, wv, acc[j]);
+            }
+        }
+    }
+}
+"""
+
+_DW = r"""
+const int64_t CB = (C + @L@ - 1) / @L@;
+const int64_t ox_lo = (pw + sw - 1) / sw;
+const int64_t span = W - 1 - (KW - 1) * dw + pw;
+const int64_t ox_hi = span < 0 ? -1 : span / sw;
+ss_vi@L@ keep;
+for (int l = 0; l < @L@; l++) keep[l] = (CB - 1) * @L@ + l < C ? -1 : 0;
+#pragma omp parallel for collapse(3) if(N * C * OH * OW * KH * KW >= SS_CNC_PAR_MIN)
+for (int64_t n = 0; n < N; n++)
+    for (int64_t cb = 0; cb < CB; cb++)
+        for (int64_t oy = 0; oy < OH; oy++) {
+            const float* xp = x + (n * CB + cb) * H * W * @L@;
+            const float* wc = w + cb * KH * KW * @L@;
+            const ss_vf@L@ bv = bias ? *(const ss_vfu@L@*)(bias + cb * @L@) : (ss_vf@L@){0};
+            const int64_t iy0 = oy * sh - ph;
+            const int64_t row = ((n * CB + cb) * OH + oy) * OW * @L@;
+            const int64_t lo = ox_lo < OW ? ox_lo : OW;
+            const int64_t hi = ox_hi + 1 < lo ? lo : (ox_hi + 1 < OW ? ox_hi + 1 : OW);
+            int64_t ox = 0;
+#define SS_DWC_TILE(RXT, EDGE) do { \
+                ss_vf@L@ acc[@DWX@]; \
+                for (int j = 0; j < RXT; j++) acc[j] = bv; \
+                ss_dwc_tile_@L@(xp, wc, EDGE, RXT, KH, KW, H, W, iy0, dh, ox * sw - pw, sw, dw, acc); \
+                for (int j = 0; j < RXT; j++) { \
+                    const int64_t off = row + (ox + j) * @L@; \
+                    *(ss_vfu@L@*)(y + off) = ss_cnc_epilogue_@L@(acc[j], res ? res + off : NULL, act, a0, a1, \
+                                                                act2, b0, b1, cb == CB - 1, keep); \
+                } \
+            } while (0)
+            while (ox < lo) {
+                if (ox + 4 <= OW) { SS_DWC_TILE(4, 1); ox += 4; } else { SS_DWC_TILE(1, 1); ox++; }
+            }
+            for (; ox + @DWX@ <= hi; ox += @DWX@) SS_DWC_TILE(@DWX@, 0);
+            if (ox < hi && hi - lo >= @DWX@) {  /* the rest as one tile overlapping the last */
+                ox = hi - @DWX@;
+                SS_DWC_TILE(@DWX@, 0);
+                ox = hi;
+            }
+            for (; ox + 2 <= hi; ox += 2) SS_DWC_TILE(2, 0);
+            for (; ox < hi; ox++) SS_DWC_TILE(1, 0);
+            while (ox < OW) {
+                if (ox + 4 <= OW) { SS_DWC_TILE(4, 1); ox += 4; }
+                else if (OW >= 4) { ox = OW - 4; SS_DWC_TILE(4, 1); ox = OW; }
+                else { SS_DWC_TILE(1, 1); ox++; }
+            }
+#undef SS_DWC_TILE
+        }
+"""
+
+_EPILOGUE_PARAMS = ("const float* res", "int act", "float a0", "float a1", "int act2", "float b0", "float b1")
+
+
+def _functions(lanes: int, par_min: int) -> list:
+    rx = dense_pixels(lanes, registers_for(lanes))
+    dense = Function("void", f"ss_conv_nchwc_{lanes}",
+                     ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
+                      "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
+                      "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw",
+                      "int64_t group", "int64_t xblk", *_EPILOGUE_PARAMS), fill(_DENSE, L=lanes, RX=rx))
+    depthwise = Function("void", f"ss_dwconv_nchwc_{lanes}",
+                         ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N",
+                          "int64_t C", "int64_t H", "int64_t W", "int64_t KH", "int64_t KW", "int64_t OH",
+                          "int64_t OW", "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh",
+                          "int64_t dw", *_EPILOGUE_PARAMS), fill(_DW, L=lanes, DWX=DW_PIXELS))
+    return [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx)), Private(fill(_DW_TILE, L=lanes, DWX=DW_PIXELS)),
+            dense, depthwise]
+
+
+def fragment(par_min: int = 1 << 17) -> Fragment:
+    """``par_min``: multiply-adds below which a conv runs on one thread."""
+    parts: list = [Private(f"#define SS_CNC_PAR_MIN {int(par_min)}\n")]
+    for lanes in WIDTHS:
+        parts.extend(_functions(lanes, par_min))
+    return Fragment(parts)
+
+
+def source(**params) -> str:
+    return fragment(**params).text()
+
+
+# -- weight packing (numpy, once at build time) ------------------------------------------------
+
+
+def pad_channels(vector: np.ndarray, lanes: int) -> np.ndarray:
+    """A per-channel vector [C] padded with zeros to whole blocks."""
+    blocks = -(-vector.shape[0] // lanes)
+    out = np.zeros(blocks * lanes, np.float32)
+    out[:vector.shape[0]] = vector
+    return out
+
+
+def pack_dense(w: np.ndarray, group: int, lanes: int, xblk: int) -> np.ndarray:
+    """ONNX weights [M, C/group, KH, KW] as ss_conv_nchwc_L reads them:
+    [ceil(M/L), IB, KH, KW, xblk, L], IB = ceil((C/group)/L) blocked (xblk == L) or C/group
+    plain (xblk == 1); zeros in every lane past M or past C/group."""
+    m, cg, kh, kw = w.shape
+    mb = -(-m // lanes)
+    ib = -(-cg // lanes) if xblk == lanes else cg
+    out = np.zeros((mb * lanes, ib * xblk, kh, kw), np.float32)
+    mg = m // group
+    for g in range(group):
+        # A group's output channels read its own input channels, at block 0 of its input range.
+        out[g * mg:(g + 1) * mg, :cg] = w[g * mg:(g + 1) * mg]
+    # [MB, L, IB, xblk, KH, KW] -> [MB, IB, KH, KW, xblk, L]
+    out = out.reshape(mb, lanes, ib, xblk, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+    return np.ascontiguousarray(out)
+
+
+def pack_depthwise(w: np.ndarray, lanes: int) -> np.ndarray:
+    """ONNX depthwise weights [C, 1, KH, KW] as [ceil(C/L), KH, KW, L], zero past C."""
+    c, _, kh, kw = w.shape
+    cb = -(-c // lanes)
+    out = np.zeros((cb * lanes, kh, kw), np.float32)
+    out[:c] = w[:, 0]
+    return np.ascontiguousarray(out.reshape(cb, lanes, kh, kw).transpose(0, 2, 3, 1))
+
+
+__all__ = ["DEPENDS", "dense_pixels", "fragment", "pack_dense", "pack_depthwise", "pad_channels", "source"]

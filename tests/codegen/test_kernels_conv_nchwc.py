@@ -1,0 +1,276 @@
+"""The NCHWc kernels (kernels/nchwc.py, conv_nchwc.py) against onnxruntime.
+
+Each case runs a one-node Conv (or a Conv followed by its epilogue ops) in onnxruntime,
+blocks the input and packs the weights as the lowering does, runs the kernel and unblocks
+its output. Ragged channel counts (3, 5, 17, 24, 33, 100 against blocks of 8 and 16), odd
+planes (7, 13, 31), pads, strides, dilations, groups, every epilogue; both widths, in the
+native build and in one without AVX-512 (where the 16-lane vectors are two ymm halves).
+The lanes past C in each output's last block must come back zero.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from shapeshift.codegen.build import DEFAULT_FLAGS, compile_library
+from shapeshift.codegen.kernels import conv_nchwc, nchwc
+from shapeshift.codegen.kernels.prelude import PRELUDE
+
+ort = pytest.importorskip("onnxruntime")
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("SHAPESHIFT_CC"),
+    reason="no C compiler on this machine")
+
+I64, F32P, INT, F32 = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_float
+SOURCE = PRELUDE + nchwc.source() + conv_nchwc.source()
+
+
+def _typed(cdll):
+    for lanes in nchwc.WIDTHS:
+        for name in ("ss_nchwc_block", "ss_nchwc_unblock"):
+            fn = getattr(cdll, f"{name}_{lanes}")
+            fn.restype, fn.argtypes = None, [F32P, F32P, I64, I64, I64]
+        fn = getattr(cdll, f"ss_pool_nchwc_{lanes}")
+        fn.restype, fn.argtypes = None, [F32P, F32P] + [I64] * 13 + [INT]
+        fn = getattr(cdll, f"ss_gap_nchwc_{lanes}")
+        fn.restype, fn.argtypes = None, [F32P, F32P, I64, I64]
+        epi = [F32P, INT, F32, F32, INT, F32, F32]
+        fn = getattr(cdll, f"ss_conv_nchwc_{lanes}")
+        fn.restype, fn.argtypes = None, [F32P] * 4 + [I64] * 17 + epi
+        fn = getattr(cdll, f"ss_dwconv_nchwc_{lanes}")
+        fn.restype, fn.argtypes = None, [F32P] * 4 + [I64] * 14 + epi
+    return cdll
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return _typed(compile_library(SOURCE, "test_nchwc", cache_dir=tmp_path_factory.mktemp("nchwc")).cdll)
+
+
+@pytest.fixture(scope="module")
+def ymm_lib(tmp_path_factory):
+    """Built without AVX-512: the 8-lane kernels as an AVX2 machine runs them."""
+    return _typed(compile_library(SOURCE, "test_nchwc_ymm", flags=(*DEFAULT_FLAGS, "-mno-avx512f"),
+                                  cache_dir=tmp_path_factory.mktemp("nchwc_ymm")).cdll)
+
+
+def ptr(a):
+    return None if a is None else a.ctypes.data_as(F32P)
+
+
+def run_ort(nodes, inputs, opset=17):
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)[0]
+
+
+def block(x, lanes):
+    n, c = x.shape[:2]
+    cb = -(-c // lanes)
+    out = np.zeros((n, cb * lanes, *x.shape[2:]), np.float32)
+    out[:, :c] = x
+    return np.ascontiguousarray(out.reshape(n, cb, lanes, *x.shape[2:]).transpose(0, 1, 3, 4, 2))
+
+
+def unblock(y, c):
+    n, cb, h, w, lanes = y.shape
+    return y.transpose(0, 1, 4, 2, 3).reshape(n, cb * lanes, h, w)[:, :c]
+
+
+def padding_lanes(y, c):
+    """The lanes past channel c of a blocked tensor."""
+    n, cb, h, w, lanes = y.shape
+    return y.transpose(0, 1, 4, 2, 3).reshape(n, cb * lanes, h, w)[:, c:]
+
+
+# Epilogues: (ONNX nodes after the conv "t" -> "y", kernel act code, a0, a1, with residual, act2)
+EPILOGUES = {
+    "none": ([helper.make_node("Identity", ["t"], ["y"])], 0, 0.0, 0.0, False, 0),
+    "relu": ([helper.make_node("Relu", ["t"], ["y"])], 1, 0.0, 0.0, False, 0),
+    "clip": ([helper.make_node("Clip", ["t", "lo", "hi"], ["y"])], 2, -0.5, 0.75, False, 0),
+    "hardswish": ([helper.make_node("HardSwish", ["t"], ["y"])], 3, 0.0, 0.0, False, 0),
+    "hardsigmoid": ([helper.make_node("HardSigmoid", ["t"], ["y"], alpha=0.3, beta=0.4)], 4, 0.3, 0.4, False, 0),
+    "sigmoid": ([helper.make_node("Sigmoid", ["t"], ["y"])], 5, 0.0, 0.0, False, 0),
+    "silu": ([helper.make_node("Sigmoid", ["t"], ["s"]), helper.make_node("Mul", ["t", "s"], ["y"])],
+             6, 0.0, 0.0, False, 0),
+    "leaky": ([helper.make_node("LeakyRelu", ["t"], ["y"], alpha=0.1)], 7, 0.1, 0.0, False, 0),
+    "add": ([helper.make_node("Add", ["t", "r"], ["y"])], 0, 0.0, 0.0, True, 0),
+    "add_relu": ([helper.make_node("Add", ["t", "r"], ["u"]), helper.make_node("Relu", ["u"], ["y"])],
+                 0, 0.0, 0.0, True, 1),
+    "silu_add": ([helper.make_node("Sigmoid", ["t"], ["s"]), helper.make_node("Mul", ["t", "s"], ["u"]),
+                  helper.make_node("Add", ["u", "r"], ["y"])], 6, 0.0, 0.0, True, 0),
+}
+
+
+def reference(x, w, b, kernel_attrs, epilogue, r):
+    nodes, *_ = EPILOGUES[epilogue]
+    inputs = {"x": x, "w": w, "b": b}
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["t"], **kernel_attrs)
+    if epilogue == "clip":
+        inputs.update(lo=np.array(-0.5, np.float32), hi=np.array(0.75, np.float32))
+    if r is not None:
+        inputs["r"] = r
+    return run_ort([conv, *nodes], inputs)
+
+
+def run_case(lib, lanes, xshape, m, kernel, strides, pads, dilations, group, epilogue, plain_input=False, seed=0):
+    rng = np.random.default_rng(seed)
+    n, c, h, wd = xshape
+    x = rng.standard_normal(xshape).astype(np.float32)
+    w = (rng.standard_normal((m, c // group, *kernel)) / np.sqrt(c // group * kernel[0] * kernel[1])).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = dict(kernel_shape=list(kernel), strides=list(strides), pads=list(pads), dilations=list(dilations),
+                 group=group)
+    oh = (h + pads[0] + pads[2] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    _, act, a0, a1, with_res, act2 = EPILOGUES[epilogue]
+    r = rng.standard_normal((n, m, oh, ow)).astype(np.float32) if with_res else None
+    expect = reference(x, w, b, attrs, epilogue, r)
+    mb = -(-m // lanes)
+    y = np.full((n, mb, oh, ow, lanes), np.nan, np.float32)
+    rb = block(r, lanes) if r is not None else None
+    bias = conv_nchwc.pad_channels(b, lanes)
+    depthwise = group == c == m and not plain_input
+    if depthwise:
+        wp = conv_nchwc.pack_depthwise(w, lanes)
+        getattr(lib, f"ss_dwconv_nchwc_{lanes}")(
+            ptr(block(x, lanes)), ptr(wp), ptr(bias), ptr(y), n, c, h, wd, kernel[0], kernel[1], oh, ow,
+            strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1], ptr(rb), act, a0, a1, act2, 0.0, 0.0)
+    else:
+        xblk = 1 if plain_input else lanes
+        xin = np.ascontiguousarray(x) if plain_input else block(x, lanes)
+        wp = conv_nchwc.pack_dense(w, group, lanes, xblk)
+        getattr(lib, f"ss_conv_nchwc_{lanes}")(
+            ptr(xin), ptr(wp), ptr(bias), ptr(y), n, c, h, wd, m, kernel[0], kernel[1], oh, ow, strides[0],
+            strides[1], pads[0], pads[1], dilations[0], dilations[1], group, xblk, ptr(rb), act, a0, a1, act2,
+            0.0, 0.0)
+    np.testing.assert_allclose(unblock(y, m), expect, rtol=2e-4, atol=2e-4)
+    assert not np.any(padding_lanes(y, m)), "lanes past M must stay zero"
+
+
+# x shape, M, kernel, strides, pads (begin..., end...), dilations, group
+DENSE = [
+    ((1, 3, 7, 7), 5, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((2, 17, 13, 13), 24, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 33, 7, 31), 17, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 24, 13, 7), 100, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 5, 13, 13), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 17, 31, 13), 24, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 24, 13, 13), 17, (3, 3), (2, 1), (0, 1, 2, 1), (1, 1), 1),
+    ((1, 33, 13, 31), 5, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),
+    ((1, 17, 7, 13), 24, (5, 5), (1, 2), (2, 2, 2, 2), (1, 1), 1),
+    ((1, 100, 7, 7), 33, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), 1),
+    ((1, 3, 31, 13), 24, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 5, 2, 3), 17, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # plane smaller than a tile, all edges
+]
+GROUPED = [  # C/group and M/group multiples of both widths
+    ((1, 32, 13, 7), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    ((2, 64, 7, 13), 48 * 2, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 2),
+    ((1, 64, 13, 13), 64, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 4),
+]
+DEPTHWISE = [
+    ((1, c, h, wd), c, (k, k), (s, s), (k // 2,) * 4, (1, 1), c)
+    for c, h, wd, k, s in [(3, 7, 7, 3, 1), (5, 13, 13, 3, 2), (17, 31, 13, 5, 1), (24, 13, 31, 5, 2),
+                           (33, 7, 13, 7, 1), (100, 13, 13, 7, 2), (24, 31, 31, 3, 1), (17, 7, 7, 5, 2)]
+] + [((2, 33, 13, 7), 33, (3, 3), (1, 2), (0, 1, 2, 1), (2, 1), 33),
+     ((1, 100, 5, 9), 100, (3, 3), (2, 2), (0, 0, 1, 1), (1, 1), 100)]
+
+
+def _id(case):
+    xs, m, k, s, p, d, g = case
+    return f"x{'x'.join(map(str, xs))}_m{m}_k{k[0]}{k[1]}_s{s[0]}{s[1]}_p{''.join(map(str, p))}_d{d[0]}{d[1]}_g{g}"
+
+
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("case", DENSE + GROUPED + DEPTHWISE, ids=_id)
+def test_conv_nchwc(lib, lanes, case):
+    run_case(lib, lanes, *case, epilogue="relu")
+
+
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("case", [DENSE[4], DENSE[1], DEPTHWISE[3], GROUPED[0]], ids=_id)
+def test_conv_nchwc_epilogues(lib, lanes, case, epilogue):
+    run_case(lib, lanes, *case, epilogue=epilogue, seed=1)
+
+
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("case", [c for c in DENSE if c[6] == 1], ids=_id)
+def test_conv_nchwc_plain_input(lib, lanes, case):
+    """A first conv reads the image plain (xblk 1) and writes blocks."""
+    run_case(lib, lanes, *case, epilogue="hardswish", plain_input=True, seed=2)
+
+
+@pytest.mark.parametrize("case", DENSE[:6] + GROUPED[:1] + DEPTHWISE[:4], ids=_id)
+@pytest.mark.parametrize("epilogue", ["silu_add", "hardsigmoid"])
+def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
+    run_case(ymm_lib, 8, *case, epilogue=epilogue, seed=3)
+    run_case(ymm_lib, 16, *case, epilogue=epilogue, seed=3)
+
+
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("shape", [(1, 3, 7, 7), (2, 17, 13, 5), (1, 33, 31, 13), (1, 100, 1, 1), (0, 5, 3, 3)])
+def test_block_roundtrip(lib, lanes, shape):
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    n, c, h, w = shape
+    cb = -(-c // lanes)
+    y = np.full((n, cb, h, w, lanes), np.nan, np.float32)
+    getattr(lib, f"ss_nchwc_block_{lanes}")(ptr(x), ptr(y), n, c, h * w)
+    np.testing.assert_array_equal(y, block(x, lanes))
+    back = np.full_like(x, np.nan)
+    getattr(lib, f"ss_nchwc_unblock_{lanes}")(ptr(y), ptr(back), n, c, h * w)
+    np.testing.assert_array_equal(back, x)
+
+
+POOLS = [  # op, attrs, x shape
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (1, 17, 13, 13)),
+    ("MaxPool", dict(kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2]), (2, 24, 7, 31)),
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), (1, 33, 13, 7)),
+    ("MaxPool", dict(kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2]), (1, 5, 13, 13)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (1, 17, 13, 13)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1),
+     (1, 100, 7, 7)),
+    ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2]), (2, 3, 31, 13)),
+]
+
+
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("op,attrs,shape", POOLS)
+def test_pool_nchwc(lib, lanes, op, attrs, shape):
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    expect = run_ort([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x})
+    n, c, h, w = shape
+    oh, ow = expect.shape[2:]
+    k = attrs["kernel_shape"]
+    s = attrs.get("strides", [1, 1])
+    p = attrs.get("pads", [0, 0, 0, 0])
+    d = attrs.get("dilations", [1, 1])
+    mode = 0 if op == "MaxPool" else (1 if attrs.get("count_include_pad", 0) else 2)
+    cb = -(-c // lanes)
+    y = np.full((n, cb, oh, ow, lanes), np.nan, np.float32)
+    getattr(lib, f"ss_pool_nchwc_{lanes}")(ptr(block(x, lanes)), ptr(y), n * cb, h, w, oh, ow, k[0], k[1], s[0], s[1],
+                                           p[0], p[1], d[0], d[1], mode)
+    np.testing.assert_allclose(unblock(y, c), expect, rtol=1e-5, atol=1e-6)
+    assert not np.any(padding_lanes(y, c))
+
+
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("shape", [(1, 17, 13, 13), (2, 100, 7, 7), (1, 3, 1, 31)])
+def test_gap_nchwc(lib, lanes, shape):
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    n, c, h, w = shape
+    cb = -(-c // lanes)
+    y = np.full((n, cb, 1, 1, lanes), np.nan, np.float32)
+    getattr(lib, f"ss_gap_nchwc_{lanes}")(ptr(block(x, lanes)), ptr(y), n * cb, h * w)
+    np.testing.assert_allclose(unblock(y, c), x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+    assert not np.any(padding_lanes(y, c))
