@@ -21,27 +21,12 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from onnx import TensorProto, defs
+from onnx import TensorProto
 
 from ..errors import InvalidModelError
 from ..ir.graph import Graph, Node
 from ..ir.types import TensorType
-
-_VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
-
-
-@functools.lru_cache(maxsize=1024)
-def _constraints(op_type: str, version: int) -> Optional[tuple[tuple, dict]]:
-    """((type string, variadic, homogeneous) of each formal input, {constraint: allowed})."""
-    try:
-        schema = defs.get_schema(op_type, version, "")
-    except defs.SchemaError:
-        return None
-    if schema.deprecated:
-        return None
-    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
-    formals = tuple((f.type_str, f.option == _VARIADIC, f.is_homogeneous) for f in schema.inputs)
-    return formals, allowed
+from .validate import op_spec
 
 
 @functools.lru_cache(maxsize=64)
@@ -62,10 +47,10 @@ def check_element_types(graph: Graph, label: str = "model") -> None:
 
 
 def _check_node(node: Node, version: int, label: str) -> None:
-    spec = _constraints(node.op_type, version)
+    spec = op_spec("", node.op_type, version)
     if spec is None:
         return
-    formals, allowed = spec
+    formals, allowed = spec.input_types, spec.type_constraints
     bound: dict[str, tuple[str, int]] = {}  # constraint -> (its first type, the input that set it)
     for index, value in enumerate(node.inputs):
         if value is None or not formals:

@@ -93,6 +93,8 @@ class OpSpec:
     max_outputs: int
     attr_types: dict  # attribute name -> AttributeProto type
     required_attrs: tuple
+    input_types: tuple  # (type string, variadic, homogeneous) of each formal input
+    type_constraints: dict  # type string ("T") -> frozenset of the type strings it allows
 
     @classmethod
     def of(cls, schema: defs.OpSchema) -> "OpSpec":
@@ -100,7 +102,9 @@ class OpSpec:
         return cls(tuple((f.name, f.option) for f in schema.inputs), tuple((f.name, f.option) for f in schema.outputs),
                    schema.min_input, schema.max_input, schema.min_output, schema.max_output,
                    {name: int(a.type) for name, a in attributes.items()},
-                   tuple(name for name, a in attributes.items() if a.required))
+                   tuple(name for name, a in attributes.items() if a.required),
+                   tuple((f.type_str, f.option == _VARIADIC, f.is_homogeneous) for f in schema.inputs),
+                   {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints})
 
 
 class NodeAt(NamedTuple):

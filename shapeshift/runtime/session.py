@@ -155,8 +155,11 @@ class InferenceSession:
                              f"got a {type(feed).__name__}; the model's inputs are "
                              f"{', '.join(map(repr, self._input_values))}")
         values, binding = self._check(feed)
-        with active(run_options):
+        if run_options is None:  # the common case: no context to enter on every run
             results = self._executor.run(values, binding)
+        else:
+            with active(run_options):
+                results = self._executor.run(values, binding)
         return [results[self._outputs[n]] for n in wanted]
 
     def _check(self, feed: Mapping[str, Any]) -> tuple[dict, dict]:
