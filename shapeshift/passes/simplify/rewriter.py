@@ -19,7 +19,10 @@ visits.  A producer with other outputs still read is queued for a visit instead
 (:meth:`enqueue_for_liveness`): a rule may wait for one output to go unread.
 
 Removal is lazy: a removed node is detached at once (def-use lists updated)
-and dropped from its graph's node list in one sweep by :meth:`compact`.
+and dropped from its graph's node list in one sweep by :meth:`compact`.  So is
+placement: a node added before another is appended to the list at once and
+moved to its place by the same sweep, since finding the anchor in the list on
+every addition made a 48-layer encoder's simplify quadratic in its size.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class Rewriter:
         self._order: dict[int, float] = {}
         self._tiebreak = itertools.count()
         self._dirty_graphs: set[int] = set()
+        # id(graph) -> id(anchor) -> the nodes added to go just before the anchor, in
+        # the order they were added (compact_graph puts them there).
+        self._placements: dict[int, dict[int, list[Node]]] = {}
         self._removed: list[Node] = []
         self.changes = 0
         #: Nodes removed because nothing read them any more (see _reader_gone).
@@ -314,11 +320,15 @@ class Rewriter:
         ``before`` in the node list is O(n).
         """
         index = 0 if at_start else None
-        if before is not None and not at_start:
-            # No compaction first: the removed nodes still in the list keep their
-            # places, and the live nodes end up in the same order.
-            index = graph.nodes.index(before)
+        placed = before is not None and not at_start
+        if placed and before.graph is not graph:
+            # An anchor removed already may have left the list: find it there now
+            # (list.index raises if it is gone), as the sweep could not.
+            index, placed = graph.nodes.index(before), False
         node = graph.add_node(op_type, inputs, num_outputs, attrs, name=name, index=index)
+        if placed:
+            self._placements.setdefault(id(graph), {}).setdefault(id(before), []).append(node)
+            self._dirty_graphs.add(id(graph))
         anchor = self.order(before) if before is not None else float(len(self._order))
         self._order[id(node)] = anchor - 0.5 / (1 + next(self._tiebreak) % 1000)
         self.enqueue(node)
@@ -351,8 +361,11 @@ class Rewriter:
 
     # -- sweeping ------------------------------------------------------------------
     def compact_graph(self, graph: Graph) -> None:
+        """Put the nodes added before others in their places; drop the removed ones."""
         if id(graph) in self._dirty_graphs:
-            graph.nodes = [n for n in graph.nodes if n.graph is graph]
+            placements = self._placements.pop(id(graph), None)
+            nodes = _placed(graph.nodes, placements) if placements else graph.nodes
+            graph.nodes = [n for n in nodes if n.graph is graph]
             self._dirty_graphs.discard(id(graph))
 
     def release_removed(self) -> None:
@@ -383,6 +396,31 @@ def _add_graph(graphs: list[Graph], graph: Graph) -> None:
 
 def _still_returned(root: Graph, value: Value) -> bool:
     return any(v is value for g in _graphs(root) for v in g.outputs)
+
+
+def _placed(nodes: list[Node], placements: dict[int, list[Node]]) -> list[Node]:
+    """``nodes`` with each node of ``placements`` moved to just before its anchor.
+
+    The result is what inserting each node before its anchor at once would have
+    given: nodes added before one anchor keep the order they were added in, and a
+    node added before an added node goes before that one.
+    """
+    moved = {id(n) for group in placements.values() for n in group}
+    result: list[Node] = []
+    for node in nodes:
+        if id(node) in moved:
+            continue
+        # Depth-first: an anchor's added nodes (and theirs) come before it.
+        stack = [(node, iter(placements.get(id(node), ())))]
+        while stack:
+            current, pending = stack[-1]
+            child = next(pending, None)
+            if child is None:
+                stack.pop()
+                result.append(current)
+            else:
+                stack.append((child, iter(placements.get(id(child), ()))))
+    return result
 
 
 def _graphs(root: Graph):
