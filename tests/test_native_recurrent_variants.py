@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import shapeshift
+from shapeshift.codegen.kernels import rnn_step
 
 from . import test_native_ops_extra
 from .test_native_backend import _shared_cache  # noqa: F401 - autouse
@@ -82,15 +83,39 @@ def test_rows_of_length_zero(layout):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bidirectional_on_two_threads(threads):
-    """The two directions of a bidirectional node on their own threads give the same."""
+    """The two directions of a bidirectional node on their own threads give the same: at
+    the larger binding each direction has the work that sends it to a thread of its own
+    (rnn_step.DIR_PAR_MIN), at the smaller one not."""
+    hidden, input_size, big = 65, 9, (64, 8)
     nodes = [(op, "bidirectional", attrs) for op, attrs in (("GRU", {}), ("GRU", {"linear_before_reset": 1}),
                                                              ("LSTM", {}), ("RNN", {}))]
-    model, params = _recurrent_model(nodes, with_state=True, with_lens=True, hidden=33, input_size=9)
+    # The RNN node (1 gate) is the smallest; every node crosses the threshold at the larger binding.
+    assert big[0] * big[1] * hidden * (input_size + hidden) >= rnn_step.DIR_PAR_MIN
+    assert 2 * 3 * 4 * hidden * (input_size + hidden) < rnn_step.DIR_PAR_MIN
+    model, params = _recurrent_model(nodes, with_state=True, with_lens=True, hidden=hidden, input_size=input_size,
+                                     weight_scale=0.25)
     session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for feed in _feeds(model, params, 0, bindings=((5, 3), (2, 7))):
+    for feed in _feeds(model, params, 0, bindings=(big, (2, 3))):
         for got, want in zip(session.run(None, feed), reference.run(None, feed)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_steps_on_two_threads(threads):
+    """Steps whose product is split between threads (rnn_step.STEP_PAR_MIN and SEQ_PAR_MIN:
+    hidden 256 at batch 1 and 16 steps crosses both; 3 steps do not) give the same."""
+    hidden = 256
+    assert 4 * hidden * hidden >= rnn_step.STEP_PAR_MIN and 16 * 4 * hidden * hidden >= rnn_step.SEQ_PAR_MIN
+    assert 3 * 3 * hidden * hidden < rnn_step.SEQ_PAR_MIN
+    model, params = _recurrent_model([("LSTM", "forward", {}), ("GRU", "reverse", {"linear_before_reset": 1})],
+                                     with_state=True, with_lens=True, hidden=hidden, input_size=5,
+                                     weight_scale=0.0625)
+    session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in _feeds(model, params, 0, bindings=((16, 1), (17, 2), (3, 1))):
+        for got, want in zip(session.run(None, feed), reference.run(None, feed)):
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
 @pytest.mark.parametrize("layout", [0, 1])

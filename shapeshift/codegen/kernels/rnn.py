@@ -303,7 +303,8 @@ static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t 
     if (c->kind == 3) ss_recur_store_state(c->Y_c, cs, c->lens, g, d);
 }
 
-/* The directions, on two threads when there are two of each; R packed into the
+/* The directions, on two threads when there are two of each and enough work to pay for
+   waking the second (SS_RNN_DIR_PAR_MIN FMAs a direction); R packed into the
    workspace first unless the caller packed it. Workspace: each direction's part, then
    the packed R. */
 static void ss_recur_run(const ss_recur_call* c, const float* R, float* work) {
@@ -315,7 +316,7 @@ static void ss_recur_run(const ss_recur_call* c, const float* R, float* work) {
         ss_rnn_pack(R, c->D, g->H, c->kind, P);
         Rp = P;
     }
-    if (c->D == 2 && omp_get_max_threads() >= 2) {
+    if (c->D == 2 && omp_get_max_threads() >= 2 && g->T * g->B * g->G * (c->I + g->H) >= SS_RNN_DIR_PAR_MIN) {
         #pragma omp parallel for num_threads(2) schedule(static, 1)
         for (int64_t d = 0; d < 2; ++d) ss_recur_direction(c, Rp, d, work + d * per);
     } else {
@@ -389,13 +390,16 @@ def work_floats(T, B, H: int, directions: int, kind: int, prepacked: bool):
     return directions * (T * B * G + 5 * B * H + 2 * G) + packed  # the chunk is at most all T steps
 
 
-def fragment(target: Optional[Target] = None, step_par_min: int = 1 << 18,
-             chunk_floats: Optional[int] = None) -> Fragment:
+def fragment(target: Optional[Target] = None, step_par_min: int = rnn_step.STEP_PAR_MIN,
+             chunk_floats: Optional[int] = None, seq_par_min: int = rnn_step.SEQ_PAR_MIN,
+             dir_par_min: int = rnn_step.DIR_PAR_MIN) -> Fragment:
     """The fragment (LSTM, GRU, RNN) for ``target`` (this machine by default);
     ``step_par_min`` is the rows x gates x H^2 FMAs below which a step stays serial,
-    ``chunk_floats`` the input projection computed ahead (default: a quarter of L2)."""
+    ``seq_par_min`` the same over all steps, ``dir_par_min`` the FMAs of one direction
+    below which two run one after the other, ``chunk_floats`` the input projection
+    computed ahead (default: a quarter of L2)."""
     return Fragment([
-        *rnn_step.parts(target, step_par_min, chunk_floats),
+        *rnn_step.parts(target, step_par_min, chunk_floats, seq_par_min=seq_par_min, dir_par_min=dir_par_min),
         Private(_HELPERS),
         Private(rnn_gates.STEPS),
         Private(_DIRECTION),

@@ -214,9 +214,12 @@ static void ss_recur_tiles(const ss_recur_step* s, int ng, ss_recur_tile_fn tile
     const int64_t nb = (H + SS_RNN_VW - 1) / SS_RNN_VW;
     const int mr = ss_rnn_mr(ng);
     const int64_t tasks = nb * ((B + mr - 1) / mr);
-    if (B * ng * H * H < SS_RNN_STEP_PAR_MIN || tasks < 2 || omp_in_parallel() || omp_get_max_threads() < 2) {
+    const int64_t step_fmas = B * ng * H * H;
+    if (step_fmas < SS_RNN_STEP_PAR_MIN || s->c->g.T * step_fmas < SS_RNN_SEQ_PAR_MIN || tasks < 2 ||
+        omp_in_parallel() || omp_get_max_threads() < 2) {
         /* Not even an inactive OpenMP region: at a few microseconds a step, entering one
-           costs a good part of it. */
+           costs a good part of it; and a short sequence does not pay for waking the
+           other threads, which sleep between runs. */
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t b0 = task / nb * mr;
             tile(s, task % nb, b0, (int)(B - b0 < mr ? B - b0 : mr));

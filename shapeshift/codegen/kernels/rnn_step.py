@@ -127,6 +127,14 @@ static void ss_rnn_dot(const float* P, const float* h, int64_t ldh, int64_t H, i
 }
 """
 
+# When steps and directions go parallel (the SS_RNN_*_PAR_MIN macros below say what each
+# counts). A region costs a few microseconds when the other thread spins, but tens to
+# hundreds when it has gone to sleep between runs (0.4 ms measured in a VM: one LSTM step
+# of hidden 256 took 0.44 ms at 2 threads against 0.03 at 1, bench/results/tail.md).
+STEP_PAR_MIN = 1 << 18
+SEQ_PAR_MIN = 1 << 22
+DIR_PAR_MIN = 1 << 21
+
 _VECTOR_MACROS = r"""
 /* ---- rnn: packed recurrent step ---- */
 #if @WIDE@ && defined(__AVX512F__)
@@ -150,8 +158,13 @@ typedef __m256 ss_rnn_v;
 #else
 #define SS_RNN_VW 8
 #endif
-/* Batch rows x gates x hidden^2 FMAs of a step below which it stays on one thread. */
+/* Batch rows x gates x hidden^2 FMAs of a step below which it stays on one thread; the
+   same summed over the steps of a call (the threads sleep between runs, and waking them
+   costs tens to hundreds of microseconds); and the FMAs of one direction (input
+   projection and steps) below which the two directions run on one thread. */
 #define SS_RNN_STEP_PAR_MIN @STEP_PAR_MIN@
+#define SS_RNN_SEQ_PAR_MIN @SEQ_PAR_MIN@
+#define SS_RNN_DIR_PAR_MIN @DIR_PAR_MIN@
 /* How many values of k ahead the product prefetches the packed R. */
 #define SS_RNN_PREFETCH_K @PREFETCH_K@
 /* Floats of input projection computed ahead of the steps that read it (a quarter of L2). */
@@ -211,8 +224,8 @@ def _vm_interface(kind: int) -> list[Function]:
     return [size, pack]
 
 
-def parts(target: Optional[Target] = None, step_par_min: int = 1 << 18, chunk_floats: Optional[int] = None,
-          prefetch_k: int = 16) -> list:
+def parts(target: Optional[Target] = None, step_par_min: int = STEP_PAR_MIN, chunk_floats: Optional[int] = None,
+          prefetch_k: int = 16, seq_par_min: int = SEQ_PAR_MIN, dir_par_min: int = DIR_PAR_MIN) -> list:
     """The fragment parts of the packed step, for ``target`` (this machine by default):
     zmm blocks where it has AVX-512 (and the unit is built with it), else ymm; rows per
     tile from each branch's register file; the projection chunk (``chunk_floats``) from
@@ -222,7 +235,8 @@ def parts(target: Optional[Target] = None, step_par_min: int = 1 << 18, chunk_fl
     ymm_registers = target.vector_registers if not target.has("avx512f") else \
         named_target("x86-64-v3").vector_registers
     w = CWriter()
-    w.raw(fill(_VECTOR_MACROS, WIDE=int(wide), STEP_PAR_MIN=int(step_par_min),
+    w.raw(fill(_VECTOR_MACROS, WIDE=int(wide), STEP_PAR_MIN=int(step_par_min), SEQ_PAR_MIN=int(seq_par_min),
+               DIR_PAR_MIN=int(dir_par_min),
                CHUNK_FLOATS=chunk_floats or max(1024, target.caches.l2 // 4 // 4), PREFETCH_K=prefetch_k))
     with w.guard(f"{int(wide)} && defined(__AVX512F__)"):
         w.raw(_vector_branch(target.vector_registers))
