@@ -174,7 +174,7 @@ class NativeVM:
             return
         for program in self.program.all_programs():
             for pack in program.packs:
-                pack.source = None
+                pack.source = pack.origin = None
         for value in self.program.unread_consts:
             value.const = None
 

@@ -82,6 +82,12 @@ class PackRequest:
     # Names the packing functions ``<prefix>packed_b_size`` and ``<prefix>pack_b``: the
     # default kernel's ``ss_gemm_``, or a tuned dispatcher's (shapeshift/tune/records.py).
     prefix: str = "ss_gemm_"
+    # What the matrix was made from, as the rule passed it: (prefix, address, shape,
+    # strides, dtype), equal for two requests of one weight (the same constant, or views
+    # of it alike), which then share one packed copy; and that array itself, held so that
+    # its memory is not reused for another matrix while requests are made.
+    key: tuple = ()
+    origin: Optional[np.ndarray] = None
 
 
 class LowerContext:
@@ -196,8 +202,15 @@ class LowerContext:
         """Slot of a copy of the constant 2-D float32 ``matrix`` packed once at load by the
         library's ``<prefix>packed_b_size`` and ``<prefix>pack_b`` (a kernel's own packed
         layout, as the recurrent kernels' R: kernels/rnn_step.py)."""
+        # One copy per weight: a recurrence the exporter unrolled multiplies by the same
+        # weight at every step (40 Gemm nodes of one 16 MB weight: 40 packed copies, each
+        # streamed from DRAM, where one stays in L3).
+        key = (prefix, matrix.__array_interface__["data"][0], matrix.shape, matrix.strides, matrix.dtype.str)
+        for request in self._packs:
+            if request.key == key:
+                return request.slot
         slot = self._new_slot()
-        self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32), prefix))
+        self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32), prefix, key, matrix))
         return slot
 
     def batched_gemm_fn(self, m: Dim, n: Dim, k: Dim, batch: Sequence[Dim], a_strides: Sequence[Dim],
