@@ -61,9 +61,11 @@ def test_a_tune_on_the_cluster_records_what_it_measured(tmp_path, cluster):
     cache = tmp_path / "driver_cache"
     cache.mkdir()
     before = sum(cluster.counts.values())
+    joint_before = len(cluster.joint_tasks)
     config = TuneConfig(trials=4, batch=2, samples=3, runner=FAST)
     with Database(tmp_path / "t.db") as db:
-        result = Tuner(WORKLOAD, db, cache, config, log=lambda s: None, cluster=cluster).run()
+        tuner = Tuner(WORKLOAD, db, cache, config, log=lambda s: None, cluster=cluster)
+        result = tuner.run()
         wid = db.workload_id(WORKLOAD)
         rows = db.measurements(wid, 1)
         keys = {k for (k,) in db.conn.execute("SELECT DISTINCT target FROM measurements")}
@@ -72,6 +74,20 @@ def test_a_tune_on_the_cluster_records_what_it_measured(tmp_path, cluster):
     assert sum(cluster.counts.values()) > before
     # Nothing was compiled on the driver: the nodes built every candidate in their own cache.
     assert not any(cache.iterdir())
+    # The shortlist was timed in one task per chunk of Ms, a chunk per slot, each M in one.
+    shortlist = [ms for ms, _ in cluster.joint_tasks[joint_before:joint_before + 2]]
+    assert len(shortlist) == 2 and sorted(shortlist[0] + shortlist[1]) == tuner.select_ms
+
+
+def test_wait_hands_back_what_finished_first_not_what_was_submitted_first(cluster):
+    """A slow candidate submitted first, a quick one after it: on two CPUs ``wait`` returns the
+    quick one alone, while the slow one runs on."""
+    slow = cluster.submit(measurement_source(SMALL, source_fn=_slow), WORKLOAD, [4], FAST)
+    quick = cluster.submit(measurement_source(SMALL), WORKLOAD, [1], FAST)
+    first = cluster.wait([slow, quick])
+    assert [t for t, _ in first] == [quick] and first[0][1].error is None
+    (ticket, result), = cluster.wait([slow])
+    assert ticket == slow and result.error is None and set(result.seconds) == {4}
 
 
 def test_a_crashing_or_broken_candidate_fails_once_and_a_good_one_beside_it_is_measured(cluster):

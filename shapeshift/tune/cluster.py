@@ -14,6 +14,13 @@ SQLite database, which only it writes. A measurement becomes a Ray task:
 - it returns the node it ran on and that node's CPU (target key), which the database
   records with the measurement.
 
+The interface is the one the search measures through (runner.LocalRunner has it too):
+``submit`` a candidate and get a ticket; ``wait`` returns the results ready now (at least
+one) so that the search draws the next candidates while the others run, and no slot waits
+for the slowest candidate of a round; ``time_together`` times kernels together with the
+Ms split into chunks, one task each, so that the joint timings also shrink with the nodes
+(kernels are compared at one M, and each M is timed in one process).
+
 Failures: a kernel that crashes or hangs its worker process is that candidate's error,
 returned like any result and recorded once as failed (the task itself succeeded: it is not
 retried elsewhere). A Ray worker process or node that dies mid-task (the task's process,
@@ -33,18 +40,17 @@ Addresses: ``auto`` (``RAY_ADDRESS``, or a cluster started on this machine), ``l
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import re
 import socket
 import time
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from ..errors import ShapeshiftError
 from ..target import Target
 from ..target.description import host_target, target_from_json, target_to_json
-from ..codegen.build import compile_library
-from .builder import Built
-from .runner import Result, RunnerConfig, measure, measure_together
+from .runner import Result, RunnerConfig, build_source, measure, measure_together
 
 INSTALL_HINT = "pip install 'shapeshift[cluster]'"
 # Runs of a task whose Ray worker process or node died, before the tune stops.
@@ -100,28 +106,20 @@ def _node() -> tuple[str, dict]:
     return ray.get_runtime_context().get_node_id(), target_to_json(host_target())
 
 
-def _build(source: str) -> Built:
-    """The candidate's library, compiled on this node into its own cache (a compile error
-    fails the candidate, as a local build does)."""
-    try:
-        return Built(None, compile_library(source, name_hint="tune_candidate").path)
-    except ShapeshiftError as exc:
-        return Built(None, None, f"build failed: {str(exc).splitlines()[0]}")
-
-
 def _measure_task(source: str, workload, ms: list[int], config: RunnerConfig) -> tuple[Result, str, dict, float]:
     """One candidate built and measured on whichever node runs it: the driver compiles
     nothing, so a round of candidates scales with the nodes, not with the driver's cores.
     Also returns the node, its CPU and the task's seconds on the node."""
     start = time.perf_counter()
-    result = measure(_build(source), workload, ms, config)
+    # Compiled on this node into its own cache (a compile error fails the candidate).
+    result = measure(build_source(source), workload, ms, config)
     return (result, *_node(), time.perf_counter() - start)
 
 
 def _together_task(sources: Sequence[str], workload, ms: list[int], config: RunnerConfig,
                    timeout_s: Optional[float]) -> tuple[list[Result], str, dict, float]:
     start = time.perf_counter()
-    results = measure_together([_build(s) for s in sources], workload, ms, config, timeout_s)
+    results = measure_together([build_source(s) for s in sources], workload, ms, config, timeout_s)
     return (results, *_node(), time.perf_counter() - start)
 
 
@@ -152,9 +150,12 @@ class RayCluster:
         self._measure = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_measure_task)
         self._together = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_together_task)
         self.counts: collections.Counter = collections.Counter()  # measurements per node
-        # Seconds each task took on its node: candidates (build + measurement), joint timings.
+        # Seconds each task took on its node: candidates (build + measurement), and each
+        # joint timing's chunks as (Ms, seconds).
         self.task_seconds: list[float] = []
-        self.joint_seconds: list[float] = []
+        self.joint_tasks: list[tuple[list[int], float]] = []
+        self._refs: dict[int, object] = {}  # ticket -> the running task's ObjectRef
+        self._tickets = itertools.count()
         self.target = self._cluster_target()
 
     # ---- the nodes ---------------------------------------------------------------------
@@ -203,27 +204,60 @@ class RayCluster:
         """Measurements of ``threads`` threads the cluster runs at once."""
         return max(1, sum(c for _, _, c in self.nodes()) // max(1, threads))
 
-    def measure_many(self, jobs: Sequence[tuple[str, list[int]]], workload, config: RunnerConfig) -> list[Result]:
-        """Every (candidate's measurement source, Ms) built and measured as its own task, all at once."""
-        refs = [self._measure.options(num_cpus=config.threads).remote(source, workload, list(ms), config)
-                for source, ms in jobs]
+    def submit(self, source: str, workload, ms: Sequence[int], config: RunnerConfig) -> int:
+        """One candidate built and measured as a task of its own; a ticket for ``wait``."""
+        ticket = next(self._tickets)
+        self._refs[ticket] = self._measure.options(num_cpus=config.threads).remote(source, workload, list(ms),
+                                                                                   config)
+        return ticket
+
+    def wait(self, tickets: Collection[int]) -> list[tuple[int, Result]]:
+        """The results of ``tickets`` ready now, at least one (blocks until then), in the
+        order they were submitted: with one worker, tasks finish in that order, and a search
+        that takes them one by one is as reproducible as a synchronous one."""
+        refs = {self._refs[t]: t for t in tickets}
+        self.ray.wait(list(refs), num_returns=1)
+        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
         out = []
-        for ref in refs:
-            result, node, _, seconds = self._get(ref, "a measurement")
+        for ticket in sorted(refs[r] for r in ready):
+            result, node, _, seconds = self._get(self._refs.pop(ticket), "a measurement")
             self.counts[node[:8]] += 1
             self.task_seconds.append(seconds)
-            out.append(result)
+            out.append((ticket, result))
         return out
 
-    def measure_together(self, sources: Sequence[str], workload, ms: Sequence[int], config: RunnerConfig,
-                         timeout_s: Optional[float] = None) -> list[Result]:
-        """The candidates built and timed together in one task (runner.measure_together)."""
-        ref = self._together.options(num_cpus=config.threads).remote(list(sources), workload, list(ms), config,
-                                                                     timeout_s)
-        results, node, _, seconds = self._get(ref, "the joint timing")
-        self.counts[node[:8]] += 1
-        self.joint_seconds.append(seconds)
-        return results
+    def cancel(self, tickets: Collection[int]) -> None:
+        """Stop tasks whose results are no longer wanted (a tune that stopped)."""
+        for ticket in tickets:
+            ref = self._refs.pop(ticket, None)
+            if ref is not None:
+                try:
+                    self.ray.cancel(ref, force=True)
+                except Exception:  # already finished, or its worker already gone: nothing to stop
+                    pass
+
+    def measure_many(self, jobs: Sequence[tuple[str, list[int]]], workload, config: RunnerConfig) -> list[Result]:
+        """Every (candidate's measurement source, Ms) as its own task, all at once; the results
+        in the order of ``jobs``."""
+        tickets = [self.submit(source, workload, ms, config) for source, ms in jobs]
+        results: dict[int, Result] = {}
+        while len(results) < len(tickets):
+            results.update(self.wait([t for t in tickets if t not in results]))
+        return [results[t] for t in tickets]
+
+    def time_together(self, sources: Sequence[str], workload, chunks: Sequence[Sequence[int]], config: RunnerConfig,
+                      timeouts: Sequence[float]) -> list[list[Result]]:
+        """The kernels built and timed together (runner.measure_together), one task per chunk
+        of Ms, all at once; per chunk, a Result per kernel."""
+        refs = [self._together.options(num_cpus=config.threads).remote(list(sources), workload, list(ms), config, t)
+                for ms, t in zip(chunks, timeouts)]
+        out = []
+        for ms, ref in zip(chunks, refs):
+            results, node, _, seconds = self._get(ref, "a joint timing")
+            self.counts[node[:8]] += 1
+            self.joint_tasks.append((list(ms), seconds))
+            out.append(results)
+        return out
 
     def summary(self) -> str:
         return "measurements per node: " + (", ".join(f"{node} {n}" for node, n in sorted(self.counts.items()))

@@ -5,19 +5,29 @@ that crashes or hangs must fail only its candidate: a non-zero exit, unreadable 
 a run past ``timeout_s`` is recorded as that candidate's error and tuning goes on.
 ``measure_together`` is the exception: kernels already measured alone, timed in one
 process so that their times compare (worker.py).
+
+``LocalRunner`` puts this machine behind the interface the search measures through, which
+a Ray cluster (tune/cluster.py) also has: ``submit`` a candidate's source and Ms, ``wait``
+for results as they come, ``time_together`` kernels in chunks of M (one process each).
+Here a ``wait`` builds everything submitted (a few compiles at a time) and measures it one
+candidate after another: the search's synchronous round, as before there was a cluster.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
+from ..codegen.build import compile_library
+from ..errors import ShapeshiftError
 from .builder import Built
 
 
@@ -103,3 +113,56 @@ def _run_worker(libraries: dict, workload, ms: Sequence[int], config: RunnerConf
     if "error" in out:
         return Result(error=out["error"])
     return out
+
+
+def build_source(source: str, cache_dir: Optional[Path] = None) -> Built:
+    """A candidate's measurement library compiled from its source (builder.measurement_source)
+    into ``cache_dir`` (None: the default cache, a cluster node's own); a compile error fails
+    the candidate only."""
+    try:
+        return Built(None, compile_library(source, name_hint="tune_candidate", cache_dir=cache_dir).path)
+    except ShapeshiftError as exc:
+        return Built(None, None, f"build failed: {str(exc).splitlines()[0]}")
+
+
+class LocalRunner:
+    """This machine as the search's measurer (module docstring). One slot: measurements share
+    the cores. ``measure_fn`` and ``together_fn`` are what times a built library (by default
+    this module's; the tuner passes the ones it imported, which tests replace to count the
+    worker processes)."""
+
+    def __init__(self, cache_dir: Path, jobs: int = 2, measure_fn: Callable = measure,
+                 together_fn: Callable = measure_together):
+        self.cache_dir, self.jobs = cache_dir, max(1, jobs)
+        self.measure_fn, self.together_fn = measure_fn, together_fn
+        self._queue: dict[int, tuple] = {}  # ticket -> (source, workload, ms, config), in submission order
+        self._tickets = itertools.count()
+
+    def slots(self, threads: int) -> int:
+        return 1
+
+    def _build(self, sources: Sequence[str]) -> list[Built]:
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            return list(pool.map(lambda s: build_source(s, self.cache_dir), sources))
+
+    def submit(self, source: str, workload, ms: Sequence[int], config: RunnerConfig) -> int:
+        ticket = next(self._tickets)
+        self._queue[ticket] = (source, workload, list(ms), config)
+        return ticket
+
+    def wait(self, tickets: Collection[int]) -> list[tuple[int, Result]]:
+        """Every queued candidate built, then measured one at a time: all of them, in order."""
+        queued, self._queue = self._queue, {}
+        built = self._build([source for source, *_ in queued.values()])
+        return [(ticket, self.measure_fn(b, workload, ms, config))
+                for (ticket, (_, workload, ms, config)), b in zip(queued.items(), built)]
+
+    def cancel(self, tickets: Collection[int]) -> None:
+        for ticket in tickets:
+            self._queue.pop(ticket, None)
+
+    def time_together(self, sources: Sequence[str], workload, chunks: Sequence[Sequence[int]], config: RunnerConfig,
+                      timeouts: Sequence[float]) -> list[list[Result]]:
+        """The kernels timed together, one worker process per chunk of Ms, one after another."""
+        built = self._build(sources)
+        return [self.together_fn(built, workload, list(ms), config, timeout_s=t) for ms, t in zip(chunks, timeouts)]

@@ -32,6 +32,17 @@ by up to 15% from one worker process to the next (in one tuning a kernel's whole
 measurement ran at one core's speed, half its speed in the next), which decided labels
 between kernels measured in different processes.
 
+Measuring. The search measures through one interface (``submit``, ``wait``,
+``time_together``; runner.LocalRunner here, tune/cluster.py's RayCluster on a cluster) and
+draws ``step`` candidates whenever that many of ``in_flight`` are free, recording each
+result as it comes and refitting the cost model every ``batch`` results. On this machine
+that is a synchronous round (``batch`` drawn, measured, the model refit). On a cluster it is
+asynchronous (two in flight per slot, one drawn per result), so no slot waits for a
+round's slowest candidate; the joint timings are split by M over the slots
+(``split_by_cost``). Results are taken one at a time in the order they finish, and what is
+drawn depends only on them: with one worker (tasks finish in the order submitted) a seed
+gives one sequence.
+
 Resuming. Every measurement goes to the database as it is made, and a Tuner starts from
 every stored one of its task on this CPU and thread count (``_load``): a run killed and
 started again, or run again when done, measures nothing that is stored. The trials are
@@ -49,24 +60,26 @@ fresh run did.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import math
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
 import numpy as np
 
 from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch
-from .builder import SourceFn, build_many, measurement_source
+from .builder import SourceFn, measurement_source
 from .cost_model import CostModel
 from .database import Database
 from .deps import require_tuning_dependencies
-from .runner import COLD_BYTES, RunnerConfig, measure, measure_together
+from .runner import COLD_BYTES, LocalRunner, Result, RunnerConfig, measure, measure_together
 from .task import Schedule, TuningTask
 from .workload import uniform_samples
 
@@ -106,6 +119,9 @@ MEASURE_CAP = 2048
 # seconds the worker process takes to start.
 CHECK_GFLOPS = 5.0
 WORKER_START_S = 0.3
+# On a cluster, candidates in flight per measurement slot: one running, one queued behind it,
+# so that a slot never idles while the driver records a result and draws the next.
+IN_FLIGHT_PER_SLOT = 2
 # Estimated seconds one candidate's build took (a resumed run's stored measurements count in
 # its tuning time by estimate: ``Tuner.reused_s``); ~1.5-3 s each, two at a time.
 BUILD_S = 2.5
@@ -144,6 +160,18 @@ def dense_points(lo: int, hi: int, per_octave: int = DENSE_PER_OCTAVE) -> list[i
         points.extend(p for p in ((base + i * step + step // 2) | 1 for i in range(per_octave)) if lo <= p <= hi)
         m = 2 * base
     return points
+
+
+def split_by_cost(points: Sequence[int], costs: Sequence[float], parts: int) -> list[list[int]]:
+    """``points`` in at most ``parts`` chunks of about equal estimated cost (costliest point
+    first onto the cheapest chunk), each sorted; no empty chunk."""
+    chunks: list[list[int]] = [[] for _ in range(max(1, min(parts, len(points))))]
+    loads = [0.0] * len(chunks)
+    for cost, m in sorted(zip(costs, points), key=lambda cm: (-cm[0], cm[1])):
+        i = loads.index(min(loads))
+        chunks[i].append(m)
+        loads[i] += cost
+    return [sorted(c) for c in chunks if c]
 
 
 def _fold_above(ms: list[int], weights: np.ndarray, top: int, hi: int, uniform: bool
@@ -216,6 +244,25 @@ class TuneResult:
         return self.workload.flops(m) / self.seconds[m] / 1e9 if m in self.seconds else float("nan")
 
 
+class _ScoreCache:
+    """Predicted log GFLOPS of schedules at the Ms of one search, under one fit of the cost
+    model: between two refits the asynchronous search draws from the same pool many times."""
+
+    def __init__(self, tuner: "Tuner", ms: list[int]):
+        self.tuner, self.ms = tuner, ms
+        self.rows: dict[Schedule, np.ndarray] = {}
+
+    def __call__(self, schedules: list[Schedule]) -> np.ndarray:
+        missing = [s for s in dict.fromkeys(schedules) if s not in self.rows]
+        if missing:
+            start = time.perf_counter()
+            self.rows.update(zip(missing, self.tuner._scores(missing, self.ms)))
+            # Counted apart from the draw that asked (bench/cluster.py): it grows with the pool.
+            self.tuner._spent("score", start)
+            self.tuner.driver_n["scored"] += len(missing) * len(self.ms)
+        return np.array([self.rows[s] for s in schedules]).reshape(len(schedules), len(self.ms))
+
+
 class Tuner:
     def __init__(self, workload: TuningTask, db: Database, cache_dir: Path, config: TuneConfig = TuneConfig(),
                  source_fn: Optional[SourceFn] = None, log: Callable[[str], None] = print, cluster=None):
@@ -233,12 +280,34 @@ class Tuner:
         self.rng = random.Random(config.seed)
         # The machine the candidates are drawn for and measured on, and its untuned schedule.
         # ``cluster`` (tune/cluster.py): measurements run as Ray tasks on its nodes, whose one
-        # CPU model the candidates are drawn for and the database records.
+        # CPU model the candidates are drawn for and the database records. Either way the
+        # search measures through one interface (submit, wait, time_together: runner.py).
         self.cluster = cluster
         self.target = cluster.target if cluster is not None else host_target()
+        self.measurer = cluster if cluster is not None else LocalRunner(cache_dir, config.jobs, measure,
+                                                                        measure_together)
         db.target_key = self.target.key
-        # Candidates measured per round: on a cluster, at least one per measurement slot.
-        self.batch = max(config.batch, cluster.slots(config.runner.threads)) if cluster is not None else config.batch
+        self.slots = self.measurer.slots(config.runner.threads)
+        # Results per round, between refits of the cost model: on a cluster, at least one per
+        # measurement slot (a round of ``batch`` on 32 slots would refit 8 times as often as
+        # the slots deliver new information, for a driver that has the other work too).
+        self.batch = max(config.batch, self.slots)
+        # How many candidates are in flight at most, and how many must have come back before
+        # more are drawn. Here, a round: ``batch`` drawn together, measured, the model refit.
+        # On a cluster, asynchronous: a candidate drawn as each result comes, so no slot waits
+        # for a round's slowest candidate; the model is refit every ``batch`` results.
+        self.in_flight, self.step = ((IN_FLIGHT_PER_SLOT * self.slots, 1) if cluster is not None
+                                     else (self.batch, self.batch))
+        # Candidates submitted and not yet back: ticket -> (candidate id, schedule, Ms).
+        self.pending: dict[int, tuple[int, Schedule, list[int]]] = {}
+        # The driver's own seconds by kind (record, pick, pool, fit, score: within pick and
+        # pool) and how often; ``search_rows``: (candidate, M) measured by the searches.
+        # bench/cluster.py replays them.
+        self.driver_s: collections.Counter = collections.Counter()
+        self.driver_n: collections.Counter = collections.Counter()
+        # The estimated seconds at each M of every joint timing (``_time_together``), for the replay.
+        self.joint_costs: list[dict[int, float]] = []
+        self.search_rows = 0
         self.default = self.family.default(self.target)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
@@ -255,6 +324,7 @@ class Tuner:
         # probed ones once probed (each with the smallest sample weight).
         self.select_ms, self.select_weights = list(self.ms), self.weights
         self.schedules: dict[int, Schedule] = {}
+        self._cid_of: dict[Schedule, int] = {}  # the reverse of ``schedules``
         self.times: dict[int, dict[int, float]] = {}  # candidate id -> M -> seconds
         # candidate id -> every M it was measured at, failures included (what counts as tried).
         self.tried: dict[int, set[int]] = {}
@@ -275,7 +345,8 @@ class Tuner:
             self.log(f"  {unknown} measurement(s) stored before measurements named their CPU are used as this "
                      f"machine's")
         for cid, m, seconds, error in self.db.measurements(self.wid, self.cfg.threads):
-            self.schedules.setdefault(cid, self.db.schedule(cid, self.family))
+            if cid not in self.schedules:
+                self._remember(cid, self.db.schedule(cid, self.family))
             self.tried.setdefault(cid, set()).add(m)
             if error is not None:
                 self.failed.add(cid)
@@ -285,12 +356,17 @@ class Tuner:
             self._cost_s([s], m) for by_m in self.times.values() for m, s in by_m.items())
         self._fit()
 
+    def _remember(self, cid: int, schedule: Schedule) -> None:
+        self.schedules[cid] = schedule
+        self._cid_of.setdefault(schedule, cid)
+
     def _tried_at(self, ms: list[int]) -> int:
         """How many candidates were measured (or failed) at one of ``ms``."""
         wanted = set(ms)
         return sum(1 for done in self.tried.values() if done & wanted)
 
     def _fit(self) -> None:
+        start = time.perf_counter()
         rows, ys = [], []
         for cid, by_m in self.times.items():
             if cid in self.failed:
@@ -299,6 +375,12 @@ class Tuner:
                 rows.append((self.schedules[cid], m))
                 ys.append(math.log(self.w.flops(m) / s / 1e9))
         self.model.fit(rows, ys)
+        self._spent("fit", start)
+
+    def _spent(self, kind: str, start: float) -> None:
+        """The driver's seconds since ``start`` go to ``kind`` (``driver_s``)."""
+        self.driver_s[kind] += time.perf_counter() - start
+        self.driver_n[kind] += 1
 
     def _best_measured(self, m: int) -> float:
         """Best measured log GFLOPS at m, -inf if none."""
@@ -309,31 +391,52 @@ class Tuner:
         """A candidate's measurement library source (what a cluster node compiles)."""
         return measurement_source(schedule, self.family, self.source_fn)
 
-    def _measure(self, picks: list[tuple[Schedule, list[int]]]) -> None:
-        # What is stored (by this run, an earlier one or another process) is neither built nor
-        # measured again.
-        todos = []
-        for schedule, ms in picks:
-            cid = self.db.candidate_id(schedule, self.family)
-            self.schedules[cid] = schedule
-            todo = [m for m in ms if m not in self.db.measured_ms(self.wid, cid, self.cfg.threads)]
-            if todo:
-                todos.append((cid, schedule, todo))
-        if self.cluster is not None:  # all at once, each built and measured on a node
-            results = self.cluster.measure_many([(self._source(s), todo) for _, s, todo in todos], self.w,
-                                                self.runner)
+    def _submit(self, schedule: Schedule, ms: list[int]) -> bool:
+        """Send a candidate to be measured at those of ``ms`` it has not been measured at (by
+        this run, an earlier one or another process: not built nor measured again); False if
+        there are none."""
+        cid = self.db.candidate_id(schedule, self.family)
+        self._remember(cid, schedule)
+        stored = self.db.measured_ms(self.wid, cid, self.cfg.threads)
+        todo = [m for m in ms if m not in stored]
+        if not todo:
+            return False
+        self.pending[self.measurer.submit(self._source(schedule), self.w, todo, self.runner)] = (cid, schedule, todo)
+        return True
+
+    def _results(self):
+        """The candidates in flight as they come back, one at a time, each recorded (the
+        database, ``times``, ``failed``) before it is yielded as (candidate id, its Ms).
+        Whatever stops the caller (an error, a lost cluster) cancels the rest."""
+        try:
+            while self.pending:
+                for ticket, result in self.measurer.wait(list(self.pending)):
+                    start = time.perf_counter()
+                    cid, _, todo = self.pending.pop(ticket)
+                    self._record(cid, todo, result)
+                    self._spent("record", start)
+                    yield cid, todo
+        finally:
+            if self.pending:
+                self.measurer.cancel(list(self.pending))
+                self.pending.clear()
+
+    def _record(self, cid: int, todo: list[int], result: Result) -> None:
+        self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
+        self.tried.setdefault(cid, set()).update(todo)
+        if result.error:
+            self.failed.add(cid)
+            self.first_error = self.first_error or result.error
+            self.log(f"  candidate {cid} failed: {result.error}")
         else:
-            built = build_many([s for _, s, _ in todos], self.cache_dir, self.cfg.jobs, self.source_fn, self.family)
-            results = (measure(b, self.w, todo, self.runner) for (_, _, todo), b in zip(todos, built))
-        for (cid, schedule, todo), result in zip(todos, results):
-            self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
-            self.tried.setdefault(cid, set()).update(todo)
-            if result.error:
-                self.failed.add(cid)
-                self.first_error = self.first_error or result.error
-                self.log(f"  candidate {cid} failed: {result.error}")
-            else:
-                self.times.setdefault(cid, {}).update(result.seconds)
+            self.times.setdefault(cid, {}).update(result.seconds)
+
+    def _measure(self, picks: list[tuple[Schedule, list[int]]]) -> None:
+        """Measure every pick (all at once on a cluster) and wait for them all."""
+        for schedule, ms in picks:
+            self._submit(schedule, ms)
+        for _ in self._results():
+            pass
         self._fit()
 
     # ---- the evolutionary loop ----------------------------------------------------------
@@ -341,11 +444,11 @@ class Tuner:
         pred = self.model.predict([(s, m) for s in pool for m in ms])
         return pred.reshape(len(pool), len(ms))
 
-    def _next_pool(self, pool: list[Schedule], ms: list[int]) -> list[Schedule]:
+    def _next_pool(self, pool: list[Schedule], ms: list[int], score: "_ScoreCache") -> list[Schedule]:
         """Keep the best half by weighted score (log ratio to each M's predicted optimum,
         averaged over M), add mutants of the best and fresh random schedules."""
         pool = list(dict.fromkeys(pool + list(self.schedules.values())))
-        scores = self._scores(pool, ms)
+        scores = score(pool)
         rel = (scores - scores.max(axis=0)) @ self._weights_of(ms) / len(ms)
         ranked = [pool[i] for i in np.argsort(-rel)]
         keep = ranked[: self.cfg.population // 2]
@@ -360,37 +463,49 @@ class Tuner:
         w = np.array([self.weights[self.ms.index(m)] if m in self.ms else 1.0 for m in ms])
         return w / w.mean()
 
-    def _measured_at(self, schedule: Schedule, m: int) -> bool:
-        cid = next((c for c, s in self.schedules.items() if s == schedule), None)
-        return cid is not None and (cid in self.failed or m in self.times.get(cid, {}))
+    def _measured_at(self, schedule: Schedule, m: int, flying: Collection[int] = ()) -> bool:
+        """Measured (or failed) at ``m``, or in flight (``flying``: not drawn again until back)."""
+        cid = self._cid_of.get(schedule)
+        return cid is not None and (cid in self.failed or m in self.times.get(cid, {}) or cid in flying)
 
-    def _pick(self, pool: list[Schedule], ms: list[int], count: int) -> list[tuple[Schedule, list[int]]]:
-        scores = self._scores(pool, ms)
+    def _pick(self, pool: list[Schedule], ms: list[int], count: int, score: "_ScoreCache"
+              ) -> list[tuple[Schedule, list[int]]]:
+        scores = score(pool)
         w = self._weights_of(ms)
         regret = [w[j] * (scores[:, j].max() - self._best_measured(m)) for j, m in enumerate(ms)]
         picks: list[int] = []
         targets: dict[int, set[int]] = {}
-        order = sorted(range(len(ms)), key=lambda j: -regret[j])
+        flying = {cid for cid, _, _ in self.pending.values()}
         # Round robin over M, worst regret first, until the batch is full (with one M, as in
-        # per-shape and pad-max, that M takes every slot).
+        # per-shape and pad-max, that M takes every slot). The Ms that candidates in flight
+        # are measuring come after the others: a search that draws one candidate as each
+        # result comes would otherwise draw every one for the M of worst regret.
+        covered = [sum(m in todo for _, _, todo in self.pending.values()) for m in ms]
+        order = sorted(range(len(ms)), key=lambda j: (covered[j], -regret[j]))
         for _ in range(count):
             for j in order:
                 if len(picks) >= count:
                     break
                 for i in np.argsort(-scores[:, j]):
-                    if int(i) not in picks and not self._measured_at(pool[i], ms[j]):
+                    if int(i) not in picks and not self._measured_at(pool[i], ms[j], flying):
                         picks.append(int(i))
                         targets[int(i)] = {ms[j]}
                         break
         if not picks:
             return []
-        # Each pick also runs at every M where it is predicted best among the picks.
+        # Each pick also runs at every M where it is predicted best among the picks and the
+        # candidates in flight (measured together, in a round; measured now, asynchronously).
+        rivals = score([s for _, s, _ in self.pending.values()]).max(axis=0) if self.pending else None
         best = np.array(picks)[np.argmax(scores[picks], axis=0)]
         for j, i in enumerate(best):
-            targets[int(i)].add(ms[j])
+            if rivals is None or scores[i, j] > rivals[j]:
+                targets[int(i)].add(ms[j])
         return [(pool[i], sorted(m for m in targets[i] if not self._measured_at(pool[i], m))) for i in picks]
 
     def evolve(self, ms: list[int], trials: int, deadline: float) -> None:
+        """Measure ``trials`` candidates in all at ``ms``: drawn ``step`` at a time whenever
+        that many of ``in_flight`` are free, each result recorded as it comes, the cost model
+        refit and the pool evolved every ``batch`` results (a round; see ``__init__``)."""
         # The target's default seeds the pool: the search starts from what ships today.
         pool = [self.default] + [self.family.random(self.rng, self.target) for _ in range(self.cfg.population - 1)]
         # Candidates stored with a measurement at these Ms are trials already made (module docstring).
@@ -399,20 +514,53 @@ class Tuner:
         if done:
             self.log(f"  {done} of {trials} trials at M {' '.join(map(str, ms))} are in the database: "
                      f"{'nothing to measure' if done >= trials else f'{trials - done} to go'}")
-        while done < trials and time.monotonic() < deadline:
-            pool = self._next_pool(pool, ms)
-            picks = self._pick(pool, ms, min(self.batch, trials - done))
-            if not picks:
-                break
-            self._measure(picks)
-            done += len(picks)
-            self.trials += len(picks)
-            rnd += 1
+        drawn, since_fit = done, 0
+        score: Optional[_ScoreCache] = None  # the pool's scores under the current fit; None: draw a new pool
+
+        def draw() -> bool:
+            """Draw and submit candidates if enough slots are free; False if none was drawn."""
+            nonlocal pool, score, drawn
+            free = self.in_flight - len(self.pending)
+            want = min(free, trials - drawn)
+            if free < self.step or want <= 0 or time.monotonic() >= deadline:
+                return False
+            start = time.perf_counter()
+            if score is None:
+                score = _ScoreCache(self, ms)
+                pool = self._next_pool(pool, ms, score)
+                self._spent("pool", start)
+                start = time.perf_counter()
+            picks = self._pick(pool, ms, want, score)
+            for schedule, pick_ms in picks:
+                if not self._submit(schedule, pick_ms):  # stored meanwhile: a trial made already
+                    self.trials += 1
+            drawn += len(picks)
+            self._spent("pick", start)
+            return bool(picks)
+
+        def end_round() -> None:
+            nonlocal rnd, since_fit, score
+            self._fit()
+            rnd, since_fit, score = rnd + 1, 0, None
             best = " ".join(f"{m}:{math.exp(self._best_measured(m)):.1f}" if self._best_measured(m) > -math.inf
                             else f"{m}:-" for m in ms)
             rho = self.model.holdout_spearman
             self.log(f"  round {rnd}: trials {self.trials}, best GFLOPS per M {best}"
                      + (f", cost model Spearman {rho:.2f}" if rho is not None else ""))
+
+        while draw() or self.pending:
+            # Each result is recorded, may end a round, and frees a slot before the next one
+            # is taken: what is drawn depends on the results in the order they came only.
+            with contextlib.closing(self._results()) as results:
+                for _, todo in results:
+                    self.search_rows += len(todo)
+                    self.trials += 1
+                    since_fit += 1
+                    if since_fit >= self.batch:
+                        end_round()
+                    draw()
+        if since_fit:
+            end_round()
 
     # ---- selection ---------------------------------------------------------------------
     def measured(self, cid: int, m: int) -> Optional[float]:
@@ -527,21 +675,27 @@ class Tuner:
     def _time_together(self, cids: list[int], ms: list[int]) -> bool:
         """Time ``cids`` together at ``ms`` (``runner.measure_together``) into ``together``;
         new (kernel, M) points also go to the database and the cost model. False (logged)
-        if the worker failed."""
+        if a worker failed. With several measurement slots the Ms are split into chunks of
+        about equal estimated cost, one worker process each (``split_by_cost``): the kernel
+        set is chosen and the tree trained by comparing kernels at one M, and each M is still
+        timed in one process."""
         estimate = self._time_matrix(cids, ms)
-        # A generous limit: one process times every kernel at every M.
-        timeout = max(self.runner.timeout_s, 4 * sum(self._cost_s(estimate[:, j], m) for j, m in enumerate(ms)))
-        if self.cluster is not None:
-            results = self.cluster.measure_together([self._source(self.schedules[c]) for c in cids], self.w, ms,
-                                                    self.runner, timeout_s=timeout)
-        else:
-            built = build_many([self.schedules[c] for c in cids], self.cache_dir, self.cfg.jobs, self.source_fn,
-                               self.family)
-            results = measure_together(built, self.w, ms, self.runner, timeout_s=timeout)
-        if results[0].error:
-            self.log(f"  timing {len(cids)} kernels together failed ({results[0].error})")
+        costs = {m: self._cost_s(estimate[:, j], m) for j, m in enumerate(ms)}
+        self.joint_costs.append(costs)
+        chunks = split_by_cost(ms, [costs[m] for m in ms], self.slots)
+        # A generous limit: one process times every kernel at every M of its chunk.
+        timeouts = [max(self.runner.timeout_s, 4 * sum(costs[m] for m in chunk)) for chunk in chunks]
+        parts = self.measurer.time_together([self._source(self.schedules[c]) for c in cids], self.w, chunks,
+                                            self.runner, timeouts)
+        error = next((results[0].error for results in parts if results[0].error), None)
+        if error:
+            self.log(f"  timing {len(cids)} kernels together failed ({error})")
             return False
-        for c, result in zip(cids, results):
+        merged = [Result() for _ in cids]
+        for results in parts:
+            for into, result in zip(merged, results):
+                into.seconds.update(result.seconds)
+        for c, result in zip(cids, merged):
             self.together.setdefault(c, {}).update(result.seconds)
             new = {m: t for m, t in result.seconds.items() if m not in self.times.get(c, {})}
             if new:
@@ -630,8 +784,10 @@ class Tuner:
 
         def tuning_s() -> float:
             # The budgets below are fractions of the tuning time so far: a resumed run's own,
-            # and what the stored measurements it reused took to make.
-            return time.monotonic() - start + self.reused_s
+            # and what the stored measurements it reused took to make; in one worker's
+            # seconds, as the joint timings' costs are estimated: with S slots the run had S
+            # workers' time, and its joint timings are split S ways (``_time_together``).
+            return (time.monotonic() - start) * self.slots + self.reused_s
 
         if self.cfg.strategy == "dietcode":
             # Choose among the shortlist timed together; should that fail, as the others do.
