@@ -18,7 +18,8 @@ IN_FLIGHT_PER_SLOT x W candidates in flight, one worker each as workers free up 
 first out); the driver takes the results one at a time in the order they finish, spends its
 measured seconds per result (recording it) and per draw (drawing the next candidate), and
 every max(batch, W) results refits the cost model and evolves the pool (the fit's seconds
-measured here at the replay's row counts; the scoring after it, the measured seconds per
+measured here at the replay's row counts, with the held-out Spearman's second fit where the
+rows grew by half since it was last taken, as search.Tuner._fit does; the scoring after it, the measured seconds per
 (schedule, M) predicted times the pool, the measured candidates and those in flight).
 Then the post-search candidates (probes, validation) go out at once, and each joint timing
 is split by M into W chunks (search.split_by_cost, on the tuner's own estimates), one task
@@ -143,9 +144,11 @@ def joint_fixed(cluster: RayCluster, workload: GemmWorkload) -> float:
     return min(seconds)
 
 
-def fit_seconds(workload: GemmWorkload, rows: tuple[int, ...] = FIT_ROWS) -> dict[int, float]:
+def fit_seconds(workload: GemmWorkload, rows: tuple[int, ...] = FIT_ROWS,
+                holdout: bool = False) -> dict[int, float]:
     """The driver's seconds to fit the cost model on each number of rows (random schedules of
-    this machine at the sampled Ms; the fit's time does not depend on the values)."""
+    this machine at the sampled Ms; the fit's time does not depend on the values), with or
+    without the held-out Spearman's second fit."""
     from shapeshift.target import host_target
     from shapeshift.tune.gemm_family import GEMM
     from shapeshift.tune.workload import uniform_samples
@@ -159,12 +162,12 @@ def fit_seconds(workload: GemmWorkload, rows: tuple[int, ...] = FIT_ROWS) -> dic
         model = CostModel(workload, 1)
         model.fit(data[:16], ys[:16])  # the first fit imports scikit-learn
         start = time.perf_counter()
-        model.fit(data, ys)
+        model.fit(data, ys, holdout=holdout)
         out[n] = time.perf_counter() - start
     return out
 
 
-def make_trace(one: dict, fits: dict[int, float]) -> dict:
+def make_trace(one: dict, fits: dict[int, float], holdout_fits: dict[int, float]) -> dict:
     """What the replay needs, from the 1-worker run (tasks one after another: no contention)."""
     tasks = one["tasks"]
 
@@ -188,6 +191,7 @@ def make_trace(one: dict, fits: dict[int, float]) -> dict:
             "joint_fixed_s": one["joint_fixed_s"], "record_s": per("record"), "draw_s": draw_s,
             "score_row_s": total("score") / max(1, total("scored", "driver_n")),
             "samples": tasks[0]["samples"], "fit_rows": {str(n): s for n, s in fits.items()},
+            "holdout_fit_rows": {str(n): s for n, s in holdout_fits.items()},
             "rows_per_result": sum(t["search_rows"] for t in tasks) / max(1, sum(t["trials"] for t in tasks)),
             "trials": sum(t["trials"] for t in tasks) / len(tasks),
             "post_tasks": sum(t["candidate_tasks"] - t["trials"] for t in tasks) / len(tasks),
@@ -205,6 +209,10 @@ class Replay:
         self.durations = itertools.cycle(trace["task_seconds"])
         rows = sorted((int(n), s) for n, s in trace["fit_rows"].items())
         self._fit_rows, self._fit_s = [n for n, _ in rows], [s for _, s in rows]
+        # A trace from before the held-out fit was occasional timed every fit with it.
+        rows = sorted((int(n), s) for n, s in trace.get("holdout_fit_rows", trace["fit_rows"]).items())
+        self._holdout_rows, self._holdout_s = [n for n, _ in rows], [s for _, s in rows]
+        self._last_holdout = 0.0  # rows at the last held-out fit
 
     def drive(self, seconds: float) -> None:
         self.t += seconds
@@ -219,6 +227,9 @@ class Replay:
 
     def fit(self, results: int) -> float:
         rows = results * self.trace["rows_per_result"]
+        if rows >= 1.5 * self._last_holdout:
+            self._last_holdout = rows
+            return float(max(0.0, _interp(rows, self._holdout_rows, self._holdout_s)))
         return float(max(0.0, _interp(rows, self._fit_rows, self._fit_s)))
 
     def refit(self, results: int, in_flight: int) -> float:
@@ -300,7 +311,7 @@ def main() -> None:
     else:
         workloads = [GemmWorkload(*map(int, spec.split("x")), args.lo, args.hi) for spec in args.gemm.split(",")]
         runs = {w: tune_on(w, workloads, args) for w in (1, 2)}
-        trace = make_trace(runs[1], fit_seconds(workloads[-1]))
+        trace = make_trace(runs[1], fit_seconds(workloads[-1]), fit_seconds(workloads[-1], holdout=True))
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.with_suffix(".json").write_text(json.dumps(trace, indent=1))
     sims = {w: replay(trace, args.replay_trials, w) for w in WORKERS}
@@ -336,6 +347,9 @@ def report(args, runs, trace: dict, sims: dict) -> str:
                              f"{ratio:.2f} |")
         lines += ["", f"Worst 2-worker / 1-worker dispatcher GFLOPS: {worst:.2f} (target: within 5%).", ""]
     fits = ", ".join(f"{n} rows {s:.2f} s" for n, s in trace["fit_rows"].items())
+    if "holdout_fit_rows" in trace:
+        fits += " (with the held-out Spearman's fit: " + ", ".join(
+            f"{s:.2f}" for s in trace["holdout_fit_rows"].values()) + " s)"
     lines += [f"## Replay on W workers ({args.replay_trials} trials per task, {len(trace['joint'])} tasks)", "",
               f"Inputs (1-worker run): {len(trace['task_seconds'])} candidate tasks, median "
               f"{statistics.median(trace['task_seconds']):.2f} s, mean {statistics.mean(trace['task_seconds']):.2f} s; "

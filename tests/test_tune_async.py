@@ -12,6 +12,7 @@ import pytest
 
 from shapeshift.codegen.kernels import gemm
 from shapeshift.target import host_target
+from shapeshift.tune.builder import source_text
 from shapeshift.tune.cluster import ClusterError
 from shapeshift.tune.database import Database
 from shapeshift.tune.runner import Result, RunnerConfig
@@ -56,6 +57,7 @@ class FakeCluster:
         return self.n
 
     def submit(self, source, workload, ms, config) -> int:
+        source = source_text(source)  # the tuner sends family and schedule; compared here as C
         ticket = len(self.submitted)
         self.twice_in_flight += any(s == source for _, s, _ in self.jobs.values())
         i = self.free.index(min(self.free))
@@ -89,7 +91,7 @@ class FakeCluster:
 
     def time_together(self, sources, workload, chunks, config, timeouts):
         self.chunks.append([list(c) for c in chunks])
-        return [[Result(seconds=_seconds(s, ms)) for s in sources] for ms in chunks]
+        return [[Result(seconds=_seconds(source_text(s), ms)) for s in sources] for ms in chunks]
 
 
 def _tune(tmp_path, cluster, source_fn=None, name="t.db", **config):
@@ -103,7 +105,7 @@ def _tune(tmp_path, cluster, source_fn=None, name="t.db", **config):
 
 
 def _source_of(tuner, cid) -> str:
-    return tuner._source(tuner.schedules[cid])
+    return source_text(tuner._source(tuner.schedules[cid]))
 
 
 def test_results_out_of_order_are_recorded_under_their_own_candidate(tmp_path):
@@ -186,7 +188,7 @@ def test_a_failing_candidate_is_recorded_once_and_not_drawn_again(tmp_path):
     assert failed, "no candidate of this seed was made to fail"
     assert len(failed) == len(set(failed))  # each sent once
     assert tuner.failed and all(any(e for c, _, _, e in rows if c == cid) for cid in tuner.failed)
-    assert result.kernels and not any(BROKEN in tuner._source(k) for k in result.kernels)
+    assert result.kernels and not any(BROKEN in source_text(tuner._source(k)) for k in result.kernels)
 
 
 def test_losing_every_worker_stops_with_the_error_and_keeps_what_was_measured(tmp_path):
@@ -201,3 +203,17 @@ def test_losing_every_worker_stops_with_the_error_and_keeps_what_was_measured(tm
     assert len(back) == 6 and {_source_of(tuner, c) for c in stored} == back
     # What was still in flight is cancelled, not left running on the cluster.
     assert cluster.cancelled and not cluster.jobs and not tuner.pending
+
+
+def test_a_candidate_source_writes_the_same_c_as_the_driver_did():
+    """The driver sends family and schedule (builder.CandidateSource); the C the measuring
+    process writes from them is the C the driver wrote before, for schedules of every width."""
+    import random
+
+    from shapeshift.tune.builder import CandidateSource, measurement_source
+    from shapeshift.tune.gemm_family import GEMM
+
+    rng, target = random.Random(3), host_target()
+    for schedule in [GEMM.default(target)] + [GEMM.random(rng, target) for _ in range(6)]:
+        sent = CandidateSource(GEMM.name, GEMM.to_json(schedule))
+        assert source_text(sent) == measurement_source(schedule, GEMM)

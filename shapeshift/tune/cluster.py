@@ -5,9 +5,9 @@ instead of an RPC layer of our own. The driver keeps everything else where it is
 search, the cost model, the builds (one compiler per candidate, a few at a time) and the
 SQLite database, which only it writes. A measurement becomes a Ray task:
 
-- it carries the candidate's C source, which the node compiles into its own cache (no
-  shared filesystem to set up, and the driver compiles nothing: a round of candidates
-  scales with the nodes), then runs the same worker process a local measurement runs
+- it carries the candidate's family and schedule (builder.CandidateSource), which the node
+  writes out as C and compiles into its own cache (no shared filesystem to set up, and the
+  driver neither writes nor compiles C: a round of candidates scales with the nodes), then runs the same worker process a local measurement runs
   (tune/runner.py);
 - it asks for ``num_cpus`` = the thread count it measures with, so two measurements never
   share a core;
@@ -50,6 +50,7 @@ from typing import Collection, Optional, Sequence
 from ..errors import ShapeshiftError
 from ..target import Target
 from ..target.description import host_target, target_from_json, target_to_json
+from .builder import CandidateSource
 from .runner import Result, RunnerConfig, build_source, measure, measure_together
 
 INSTALL_HINT = "pip install 'shapeshift[cluster]'"
@@ -106,7 +107,8 @@ def _node() -> tuple[str, dict]:
     return ray.get_runtime_context().get_node_id(), target_to_json(host_target())
 
 
-def _measure_task(source: str, workload, ms: list[int], config: RunnerConfig) -> tuple[Result, str, dict, float]:
+def _measure_task(source: "str | CandidateSource", workload, ms: list[int], config: RunnerConfig
+                  ) -> tuple[Result, str, dict, float]:
     """One candidate built and measured on whichever node runs it: the driver compiles
     nothing, so a round of candidates scales with the nodes, not with the driver's cores.
     Also returns the node, its CPU and the task's seconds on the node."""
@@ -116,7 +118,7 @@ def _measure_task(source: str, workload, ms: list[int], config: RunnerConfig) ->
     return (result, *_node(), time.perf_counter() - start)
 
 
-def _together_task(sources: Sequence[str], workload, ms: list[int], config: RunnerConfig,
+def _together_task(sources: Sequence["str | CandidateSource"], workload, ms: list[int], config: RunnerConfig,
                    timeout_s: Optional[float]) -> tuple[list[Result], str, dict, float]:
     start = time.perf_counter()
     results = measure_together([build_source(s) for s in sources], workload, ms, config, timeout_s)
@@ -204,7 +206,7 @@ class RayCluster:
         """Measurements of ``threads`` threads the cluster runs at once."""
         return max(1, sum(c for _, _, c in self.nodes()) // max(1, threads))
 
-    def submit(self, source: str, workload, ms: Sequence[int], config: RunnerConfig) -> int:
+    def submit(self, source: "str | CandidateSource", workload, ms: Sequence[int], config: RunnerConfig) -> int:
         """One candidate built and measured as a task of its own; a ticket for ``wait``."""
         ticket = next(self._tickets)
         self._refs[ticket] = self._measure.options(num_cpus=config.threads).remote(source, workload, list(ms),
@@ -245,7 +247,8 @@ class RayCluster:
             results.update(self.wait([t for t in tickets if t not in results]))
         return [results[t] for t in tickets]
 
-    def time_together(self, sources: Sequence[str], workload, chunks: Sequence[Sequence[int]], config: RunnerConfig,
+    def time_together(self, sources: Sequence["str | CandidateSource"], workload, chunks: Sequence[Sequence[int]],
+                      config: RunnerConfig,
                       timeouts: Sequence[float]) -> list[list[Result]]:
         """The kernels built and timed together (runner.measure_together), one task per chunk
         of Ms, all at once; per chunk, a Result per kernel."""

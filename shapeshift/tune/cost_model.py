@@ -59,8 +59,9 @@ class CostModel:
             log_work.append(math.log(work))
         return np.array(x), np.array(log_work)
 
-    def fit(self, rows: Sequence[tuple], log_gflops: Sequence[float]) -> None:
-        """Retrain on all rows; first on 80% of them, to report Spearman on the other 20%."""
+    def fit(self, rows: Sequence[tuple], log_gflops: Sequence[float], holdout: bool = True) -> None:
+        """Retrain on all rows; first, with ``holdout``, on 80% of them, to report Spearman on
+        the other 20% (a second fit: the search asks for it only now and then)."""
         if len(rows) < MIN_TRAIN_ROWS:
             return
         from sklearn.ensemble import GradientBoostingRegressor
@@ -76,7 +77,7 @@ class CostModel:
         # Fewer than 5 held-out points make the correlation meaningless (it is +-1 at 2).
         held = order[: max(5, len(y) // 5)]
         train = order[len(held):]
-        if len(train) >= MIN_TRAIN_ROWS:
+        if holdout and len(train) >= MIN_TRAIN_ROWS:
             probe = make().fit(x[train], y[train])
             # Ranked on log GFLOPS, what the search compares.
             self.holdout_spearman = spearman(probe.predict(x[held]) - log_work[held], y[held] - log_work[held])

@@ -75,7 +75,7 @@ import numpy as np
 from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch
-from .builder import SourceFn, measurement_source
+from .builder import CandidateSource, SourceFn, measurement_source
 from .cost_model import CostModel
 from .database import Database
 from .deps import require_tuning_dependencies
@@ -311,6 +311,7 @@ class Tuner:
         self.default = self.family.default(self.target)
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
+        self._holdout_rows = 0  # rows at the last held-out Spearman (_fit)
         # dietcode measures Ms up to ``top`` only (``measure_cap``); the others, the whole range.
         capped = config.strategy == "dietcode" and 0 < config.measure_cap < workload.hi
         self.top = max(workload.lo, config.measure_cap) if capped else workload.hi
@@ -374,7 +375,13 @@ class Tuner:
             for m, s in by_m.items():
                 rows.append((self.schedules[cid], m))
                 ys.append(math.log(self.w.flops(m) / s / 1e9))
-        self.model.fit(rows, ys)
+        # The held-out Spearman takes a second fit; it is reported, not searched by, so it is
+        # taken again only once the rows grew by half (on a cluster every fit is the driver's
+        # time, while the workers wait for candidates).
+        holdout = len(rows) >= 1.5 * self._holdout_rows
+        self.model.fit(rows, ys, holdout=holdout)
+        if holdout:
+            self._holdout_rows = len(rows)
         self._spent("fit", start)
 
     def _spent(self, kind: str, start: float) -> None:
@@ -387,9 +394,13 @@ class Tuner:
         vals = [by_m[m] for cid, by_m in self.times.items() if m in by_m and cid not in self.failed]
         return math.log(self.w.flops(m) / min(vals) / 1e9) if vals else -math.inf
 
-    def _source(self, schedule: Schedule) -> str:
-        """A candidate's measurement library source (what a cluster node compiles)."""
-        return measurement_source(schedule, self.family, self.source_fn)
+    def _source(self, schedule: Schedule) -> "str | CandidateSource":
+        """A candidate's measurement library source (what a cluster node compiles): its family
+        and schedule, which the building process writes out as C, or the C itself where a
+        ``source_fn`` of the caller's writes it."""
+        if self.source_fn is not None:
+            return measurement_source(schedule, self.family, self.source_fn)
+        return CandidateSource(self.family.name, self.family.to_json(schedule))
 
     def _submit(self, schedule: Schedule, ms: list[int]) -> bool:
         """Send a candidate to be measured at those of ``ms`` it has not been measured at (by
