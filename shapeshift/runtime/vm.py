@@ -397,6 +397,12 @@ class NativeVM:
         for value, result in zip(node.outputs, results):
             if value is None:
                 continue
+            if isinstance(result, np.ndarray) and np.may_share_memory(result, self._arena):
+                # A view of an input's buffer in the arena (NumPy's Reshape, Transpose, Slice
+                # and the like return views): the plan frees that buffer after its last
+                # reader, this step, and a later step's output may then be written over it
+                # while this result is still read. A copy is this step's own.
+                result = result.copy()
             index = self.program.slot_of.get(id(value))
             if index is not None and isinstance(result, np.ndarray):
                 expected = plan.shapes.get(index)
