@@ -48,9 +48,13 @@ def _signal_status(pid: int) -> str:
 def test_sigint_prints_one_line_and_exits_130(tmp_path, delay):
     """Interrupted while importing (the first two delays) or while running the model over
     and over (the last)."""
+    # SIGINT as a terminal's foreground command gets it: a shell starts a background job
+    # (`./.ci/run &`) with SIGINT ignored, children inherit that, and Python then leaves it
+    # ignored (it did: all three cases hung, the child's SigIgn had SIGINT set).
     proc = subprocess.Popen([sys.executable, "-m", "shapeshift.cli.main", "run", _model(tmp_path), "--random",
                              "--dynamic", "n=1:8", "--backend", "reference", "--repeat", "100000000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     try:
