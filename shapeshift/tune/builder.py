@@ -3,16 +3,14 @@
 A measurement library holds one schedule under the default ``ss_`` names (the family's
 ``source``) plus the family's C loops that time it (``bench_source``): through ctypes a call
 costs microseconds, more than the smallest kernels. Libraries are built with
-``compile_library`` into the tuning's cache directory, a few at a time (the compiler is a
-separate process, so threads suffice).
+``compile_library`` into the tuning's cache directory.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from ..codegen.build import compile_library
 from ..codegen.kernels.prelude import PRELUDE
@@ -57,16 +55,17 @@ def source_text(source: "str | CandidateSource") -> str:
     return source if isinstance(source, str) else source.text()
 
 
-def build_one(schedule, cache_dir: Path, source_fn: Optional[SourceFn] = None, family: KernelFamily = GEMM) -> Built:
+def build_source(source: "str | CandidateSource", cache_dir: Optional[Path] = None) -> Built:
+    """A candidate's measurement library compiled from its source (``measurement_source``,
+    or a CandidateSource written out here) into ``cache_dir`` (None: the default cache, a
+    cluster node's own); a compile error fails the candidate only."""
     try:
-        lib = compile_library(measurement_source(schedule, family, source_fn), name_hint="tune_candidate",
-                              cache_dir=cache_dir)
-    except ShapeshiftError as exc:  # a compile error fails this candidate only
-        return Built(schedule, None, f"build failed: {str(exc).splitlines()[0]}")
-    return Built(schedule, lib.path)
+        return Built(None, compile_library(source_text(source), name_hint="tune_candidate", cache_dir=cache_dir).path)
+    except ShapeshiftError as exc:
+        return Built(None, None, f"build failed: {str(exc).splitlines()[0]}")
 
 
-def build_many(schedules: Sequence, cache_dir: Path, jobs: int = 2, source_fn: Optional[SourceFn] = None,
-               family: KernelFamily = GEMM) -> list[Built]:
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda s: build_one(s, cache_dir, source_fn, family), schedules))
+def build_one(schedule, cache_dir: Path, source_fn: Optional[SourceFn] = None, family: KernelFamily = GEMM) -> Built:
+    """``build_source`` of one schedule's measurement library, the schedule recorded."""
+    built = build_source(measurement_source(schedule, family, source_fn), cache_dir)
+    return Built(schedule, built.library, built.error)

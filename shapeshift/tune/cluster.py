@@ -50,8 +50,8 @@ from typing import Collection, Optional, Sequence
 from ..errors import ShapeshiftError
 from ..target import Target
 from ..target.description import host_target, target_from_json, target_to_json
-from .builder import CandidateSource
-from .runner import Result, RunnerConfig, build_source, measure, measure_together
+from .builder import CandidateSource, build_source
+from .runner import Result, RunnerConfig, measure, measure_together
 
 INSTALL_HINT = "pip install 'shapeshift[cluster]'"
 # Runs of a task whose Ray worker process or node died, before the tune stops.

@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
 
-from ..codegen.build import compile_library
-from ..errors import ShapeshiftError
-from .builder import Built, CandidateSource, source_text
+from .builder import Built, build_source
 
 
 # Bytes of B copies a cold measurement cycles through: several times any last-level cache.
@@ -113,16 +111,6 @@ def _run_worker(libraries: dict, workload, ms: Sequence[int], config: RunnerConf
     if "error" in out:
         return Result(error=out["error"])
     return out
-
-
-def build_source(source: "str | CandidateSource", cache_dir: Optional[Path] = None) -> Built:
-    """A candidate's measurement library compiled from its source (builder.measurement_source,
-    or a CandidateSource written out here) into ``cache_dir`` (None: the default cache, a
-    cluster node's own); a compile error fails the candidate only."""
-    try:
-        return Built(None, compile_library(source_text(source), name_hint="tune_candidate", cache_dir=cache_dir).path)
-    except ShapeshiftError as exc:
-        return Built(None, None, f"build failed: {str(exc).splitlines()[0]}")
 
 
 class LocalRunner:
