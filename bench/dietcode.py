@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dietcode_report as report  # noqa: E402
+import machine  # noqa: E402
 from shapeshift.codegen.kernels.gemm import GemmSchedule  # noqa: E402
 from shapeshift.tune.database import Database  # noqa: E402
 from shapeshift.tune.runner import RunnerConfig  # noqa: E402
@@ -232,8 +233,7 @@ def run_timing(spec: dict, threads: int, tmp: Path) -> dict:
     out_path = spec_path.with_suffix(".out.json")
     spec_path.write_text(json.dumps(dict(spec, cache_dir=str(tmp / "timing_cache"))))
     # Short spin-waits: three thread pools share one process and the cores.
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               GOMP_SPINCOUNT="10000", OPENBLAS_THREAD_TIMEOUT="4")
+    env = dict(os.environ, **machine.peer_env(threads), GOMP_SPINCOUNT="10000", OPENBLAS_THREAD_TIMEOUT="4")
     subprocess.run([sys.executable, str(TIMING_SCRIPT), str(spec_path), str(out_path)], env=env, check=True)
     return json.loads(out_path.read_text())
 
@@ -313,6 +313,7 @@ METHOD = """How it was measured:
   over the sampled shapes is not used for it: its kernel-set validation measures every chosen kernel at every
   sampled M, which tuning each T alone does not do.
 - Timing: one child process per task with OPENBLAS_NUM_THREADS and OMP_NUM_THREADS equal to the thread count
+  and OpenBLAS on the kernel it picks for this CPU (bench/machine.py's peer_env)
   (onnxruntime: intra_op_num_threads, inter_op 1, all graph optimizations, spinning off; short spin-waits for
   OpenMP and OpenBLAS, so idle pools do not hold the cores). At every point each method runs once and its
   output is checked against numpy's; then the methods are sampled in turn, interleaved (samples of about
@@ -353,7 +354,8 @@ def header(load_before: float, started: str) -> dict:
 def describe_blas(results: list[dict]) -> str:
     pools = next((r["blas"] for r in results if r.get("blas")), [])
     blas = [p for p in pools if p["internal_api"] in ("openblas", "mkl", "blis")]
-    return ", ".join(f"{p['internal_api']} {p['version']}" for p in blas) or "BLAS unknown (no threadpoolctl)"
+    return ", ".join(f"{p['internal_api']} {p['version']}" + (f" ({p['architecture']} kernels)" if p.get("architecture") else "")
+                     for p in blas) or "BLAS unknown (no threadpoolctl)"
 
 
 def _plain(value):

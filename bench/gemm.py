@@ -292,8 +292,7 @@ def main() -> None:
         for threads in args.threads:
             # Both thread pools live in one process: short spin-waits, so that one library's
             # idle threads do not hold the cores the other one's threads need.
-            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-                       OPENBLAS_THREAD_TIMEOUT="4", GOMP_SPINCOUNT="10000")
+            env = dict(os.environ, **machine.peer_env(threads), OPENBLAS_THREAD_TIMEOUT="4", GOMP_SPINCOUNT="10000")
             cmd = [sys.executable, __file__, "--child", str(threads), "--ts", *map(str, args.ts),
                    "--repeats", str(args.repeats), "--sample-ms", str(args.sample_ms), "--cache-dir", cache,
                    *(["--cold"] if args.cold else [])]
@@ -306,7 +305,7 @@ def main() -> None:
               "| ours % peak | numpy % peak | numpy µs/call |", "|---|---|---|---|---|---|---|---|---|---|"]
     table = "\n".join(header + [_format_row(r, PEAK) for r in rows])
     text = (
-        "# GEMM benchmark\n\n" + machine.describe() + "\n\n"
+        "# GEMM benchmark\n\n" + machine.describe() + " " + machine.describe_peer() + "\n\n"
         f"`python bench/gemm.py{' --cold' if args.cold else ''}` on {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"numpy {np.__version__} (OpenBLAS). Each thread count ran in its own process with OPENBLAS_NUM_THREADS "
         "equal to it, so numpy used the same number of threads as ours. Median of "

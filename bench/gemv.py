@@ -301,7 +301,7 @@ def main() -> None:
     bandwidth, rows = [], []
     with tempfile.TemporaryDirectory() as cache:
         for threads in args.threads:
-            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+            env = dict(os.environ, **machine.peer_env(threads))
             cmd = [sys.executable, __file__, "--child", str(threads), "--ms", *map(str, args.ms), "--repeats",
                    str(args.repeats), "--sample-ms", str(args.sample_ms), "--dram-mb", str(args.dram_mb),
                    "--stat", args.stat,
@@ -326,7 +326,8 @@ def main() -> None:
     gv += [_row(r) for r in rows]
     text = (
         # The shared description's closing sentence is about '% peak' columns this table has not.
-        "# GEMV benchmark\n\n" + machine.describe().split(" '% peak' below")[0] + f" L3 {caches.l3 >> 20} MiB.\n\n"
+        "# GEMV benchmark\n\n" + machine.describe().split(" '% peak' below")[0] + f" L3 {caches.l3 >> 20} MiB. "
+        + machine.describe_peer() + "\n\n"
         f"`python bench/gemv.py {' '.join(sys.argv[1:])}`".replace(" `", "`") + f" on {platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}, onnxruntime "
         f"{ort.__version__}. Levels from the target description's caches; a level's label says where the "
