@@ -13,7 +13,10 @@ from shapeshift.codegen.defaults import default_schedule
 from shapeshift.codegen.kernels.gemm import tile_registers
 from shapeshift.errors import ShapeshiftError
 from shapeshift.target import host_target, measure_fma, named_target
+from shapeshift.target.calibrate import FmaCalibration, WidthFacts
 from shapeshift.target.cpu import Caches, parse_cpuinfo, parse_size, read_caches
+from shapeshift.target.microarch import width_rate_mismatch
+from shapeshift.target.report import describe
 from shapeshift.target.description import X86_64_V3, X86_64_V4, target_from_cpu
 
 SAMPLES = Path(__file__).parent / "target_samples"
@@ -32,6 +35,7 @@ def _sysfs(root: Path, levels: dict) -> Path:
 
 SPR_CACHES = [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"), (3, "Unified", "107520K")]
 ZEN4_CACHES = [(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"), (3, "Unified", "32768K")]
+ZEN5_CACHES = [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"), (3, "Unified", "32768K")]
 SKL_CACHES = [(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "256K"), (3, "Unified", "8192K")]
 
 
@@ -62,6 +66,42 @@ def test_zen4(tmp_path):
     s = default_schedule(t)
     assert (s.mr, s.nr, s.lanes, s.registers) == (6, 16, 16, 32)
     assert s.kc == 256  # the hand-tuned kc of this tile on Zen 4's 32 KiB L1d, from the rule
+
+
+def test_zen5(tmp_path):
+    t = _target("zen5", ZEN5_CACHES, tmp_path)
+    assert (t.cpu.vendor, t.cpu.family, t.cpu.model) == ("AuthenticAMD", 26, 2)
+    assert t.avx512 and t.vnni and not t.amx and t.widths == (256, 512)
+    assert t.microarch.name == "amd-zen5" and t.microarch.zmm_full_rate
+    s = default_schedule(t)
+    assert (s.mr, s.nr, s.lanes, s.registers) == (8, 48, 16, 32)
+    assert tile_registers(s.mr, s.nr, s.lanes) <= 32
+    assert s.kc * (s.mr + s.nr) * 4 <= 48 * 1024 * 3 // 4 < (s.kc + 32) * (s.mr + s.nr) * 4
+
+
+def _calibration(zmm_gflops: float, ymm_gflops: float) -> FmaCalibration:
+    def facts(bits, gflops):
+        lanes = bits // 32
+        return WidthFacts(bits=bits, lanes=lanes, fma_per_ns=gflops / lanes / 2, latency_ns=1.0, peak_gflops=gflops)
+    return FmaCalibration(target_key="k", cpu_model="m", widths=(facts(256, ymm_gflops), facts(512, zmm_gflops)))
+
+
+@pytest.mark.parametrize("sample,caches", [("zen4", ZEN4_CACHES), ("zen5", ZEN5_CACHES),
+                                           ("sapphire_rapids", SPR_CACHES)])
+def test_measured_width_rate_checks_the_class(sample, caches, tmp_path):
+    """A class's assumption about the 512-bit FMA rate is checked against the calibration:
+    silent where they agree, a warning naming the measured ratio where they do not (a Zen 5
+    laptop core issues zmm FMAs as two halves, though its family says Zen 5)."""
+    target = _target(sample, caches, tmp_path)
+    klass = target.microarch
+    full, halves = _calibration(250.0, 125.0), _calibration(112.0, 112.0)
+    agreeing, contradicting = (full, halves) if klass.zmm_full_rate else (halves, full)
+    assert width_rate_mismatch(klass, agreeing) is None
+    message = width_rate_mismatch(klass, contradicting)
+    assert message is not None and klass.name in message
+    assert ("2.00" if contradicting is full else "1.00") in message
+    assert any(line.startswith("warning:") and klass.name in line for line in describe(target, contradicting))
+    assert not any(line.startswith("warning:") for line in describe(target, agreeing))
 
 
 def test_avx2_only_cpu(tmp_path):

@@ -5,13 +5,27 @@ registers with AVX-512, 16 without) and the cache blocking (from the cache sizes
 register tile of those that fit runs fastest depends on how the core issues FMAs and
 loads, which no CPUID flag says; each class below names its GEMM tile and the
 measurement that chose it. A CPU matching no class takes the AVX2 entry.
+
+The class follows the CPU's identity (vendor and family), so that a recorded target gives
+the same schedules wherever it is read. What a class assumes of the FMA units (a 512-bit
+FMA at twice the 256-bit rate, or at the same rate) is checked against the measured
+calibration by ``width_rate_mismatch``, which ``shapeshift info --machine`` reports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 from .cpu import CpuIdentity
+
+if TYPE_CHECKING:
+    from .calibrate import FmaCalibration
+
+# AMD's family numbers: 25 (19h) is Zen 3 and Zen 4 (only Zen 4 has AVX-512), 26 (1Ah) Zen 5.
+AMD_ZEN5_FAMILY = 26
+# A measured zmm / ymm peak ratio above this is a full-rate 512-bit FMA (ideal 2.0 against 1.0).
+FULL_RATE_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,9 @@ class MicroarchClass:
     lanes: int  # floats per vector of the GEMM tile: 8 (ymm) or 16 (zmm)
     tile: tuple[int, int]  # (mr, nr) of the dense GEMM's register tile
     chosen_by: str  # the measurement that chose the tile
+    # Whether a 512-bit FMA issues at the 256-bit rate (two full-width ports) or half of it
+    # (issued as two halves); None where the class has no 512-bit kernels.
+    zmm_full_rate: Optional[bool] = None
 
 
 INTEL_AVX512 = MicroarchClass(
@@ -35,7 +52,21 @@ INTEL_AVX512 = MicroarchClass(
               "on BERT-base weights at M = 16, 128, 512, best of 15 interleaved samples against "
               "OpenBLAS: 8x48 1.23x and 1.48x geomean in two sweeps (kc 192 / mc 144 in the "
               "second), 14x32 1.21x and 1.40x, 6x64 1.21x and 1.43x, 12x32 1.15-1.16x, the old "
-              "6x16 0.89x")
+              "6x16 0.89x (OpenBLAS there most likely ran the Haswell kernel that these machines' "
+              "OPENBLAS_CORETYPE forced, numpy at 44-65% of peak: the ranking of the tiles "
+              "stands, the ratios against OpenBLAS overstate)",
+    zmm_full_rate=True)
+ZEN5 = MicroarchClass(
+    name="amd-zen5",
+    summary="AMD Zen 5 (family 26) with AVX-512 on a full 512-bit datapath: two 512-bit FMA "
+            "pipes, zmm peak twice ymm (~250 GFLOPS a core), 32 zmm registers",
+    lanes=16, tile=(8, 48),
+    chosen_by="an AMD EPYC of family 26 model 2 (measured FMA peak: zmm 252 GFLOPS a core, ymm 127, "
+              "latency ~1.0 ns), 1 thread, the dense GEMM on BERT-base weights at M = 16, 128, 512, "
+              "best of 9 interleaved samples against OpenBLAS 0.3.31's SkylakeX kernel: 8x48 216-231 "
+              "GFLOPS at M >= 128 (86-92% of peak), 1.36x geomean (min 1.02x); 6x64 1.35x; 14x32 "
+              "1.28x; the Zen 4 tile 6x16 159-167 GFLOPS, 0.97x",
+    zmm_full_rate=True)
 ZEN4 = MicroarchClass(
     name="amd-zen4",
     summary="AMD Zen 4 and later with AVX-512: a 512-bit FMA issues as two 256-bit halves, "
@@ -43,7 +74,8 @@ ZEN4 = MicroarchClass(
     lanes=16, tile=(6, 16),
     chosen_by="Zen 4, 1 thread: the zmm 6x16 tile ran 768x3072 at M = 512 at 95-102 GFLOPS like "
               "OpenBLAS's AVX-512 kernel, where the ymm 6x16 tile reached 84-92 (the commit that "
-              "added the zmm micro-kernel)")
+              "added the zmm micro-kernel)",
+    zmm_full_rate=False)
 AVX2 = MicroarchClass(
     name="avx2",
     summary="x86-64 with AVX2 and FMA, 16 ymm registers (and any CPU no other class matches)",
@@ -51,7 +83,7 @@ AVX2 = MicroarchClass(
     chosen_by="the hand-tuned tile of the AVX2 GEMM (issue 4): 12 accumulators + 2 B vectors + 1 "
               "broadcast of the 16 ymm registers, 2 FMA ports x latency 4-5 covered")
 
-CLASSES = (INTEL_AVX512, ZEN4, AVX2)
+CLASSES = (INTEL_AVX512, ZEN5, ZEN4, AVX2)
 
 
 def classify(cpu: CpuIdentity | None, flags: frozenset[str]) -> MicroarchClass:
@@ -59,5 +91,20 @@ def classify(cpu: CpuIdentity | None, flags: frozenset[str]) -> MicroarchClass:
     if "avx512f" not in flags:
         return AVX2
     if cpu is not None and cpu.vendor == "AuthenticAMD":
-        return ZEN4
+        return ZEN5 if cpu.family >= AMD_ZEN5_FAMILY else ZEN4
     return INTEL_AVX512
+
+
+def width_rate_mismatch(klass: MicroarchClass, calibration: "FmaCalibration") -> Optional[str]:
+    """A sentence when the measured zmm / ymm FMA rate contradicts what ``klass`` assumes
+    (a Zen 5 laptop core issues 512-bit FMAs as two halves, as Zen 4 does), else None."""
+    zmm, ymm = calibration.width(512), calibration.width(256)
+    if klass.zmm_full_rate is None or zmm is None or ymm is None:
+        return None
+    ratio = zmm.peak_gflops / ymm.peak_gflops
+    full = ratio > FULL_RATE_RATIO
+    if full == klass.zmm_full_rate:
+        return None
+    measured = "a full-rate 512-bit FMA" if full else "a 512-bit FMA issued as two halves"
+    return (f"measured zmm / ymm peak {ratio:.2f}: {measured}, which class {klass.name} does not assume; "
+            "its untuned tile may not be this CPU's best (`shapeshift tune` searches the tiles that fit)")

@@ -6,6 +6,7 @@ from typing import Optional
 
 from .calibrate import FmaCalibration
 from .description import Target
+from .microarch import width_rate_mismatch
 
 
 def describe(target: Target, calibration: Optional[FmaCalibration] = None) -> list[str]:
@@ -25,6 +26,9 @@ def describe(target: Target, calibration: Optional[FmaCalibration] = None) -> li
         for w in calibration.widths:
             lines.append(f"fma {w.bits}:    {w.peak_gflops:.1f} GFLOPS a core (float32), {w.fma_per_ns:.2f} FMAs/ns, "
                          f"latency {w.latency_ns:.2f} ns, {w.chains} independent FMAs to reach it")
+        mismatch = width_rate_mismatch(target.microarch, calibration)
+        if mismatch:
+            lines.append(f"warning:    {mismatch}")
     s = default_schedule(target)
     width = "zmm" if s.lanes == 16 else "ymm"
     lines.append(f"gemm:       untuned tile {s.mr}x{s.nr} in {width} ({s.registers} registers), kc {s.kc}, "
