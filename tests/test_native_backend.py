@@ -357,6 +357,30 @@ def test_dense_convs_get_prepacked_weights_where_a_path_reads_them(monkeypatch):
     assert [p.source.shape for p in session._executor.program.packs] == [(4 * 9, 12), (12, 96)]
 
 
+def test_dense_convs_either_side_of_the_implicit_gemm_switch(monkeypatch):
+    # Planes of at most conv_igemm_min_plane(target) pixels (64 with the 8x48 zmm GEMM tile,
+    # 9 with 6x16) take the small-plane GEMM over prepacked weights, larger ones the
+    # implicit GEMM: both, at ragged channel counts (neither a multiple of 8 or 16), stride
+    # 2 with dilation 2 and uneven pads, batch 1 and 3, at planes just under, at and over the
+    # switch, agree with onnxruntime. (The NCHW kernels, as above.)
+    monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
+    from shapeshift.codegen.defaults import conv_igemm_min_plane
+
+    switch = conv_igemm_min_plane()
+    rng = np.random.default_rng(23)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], strides=[2, 2], dilations=[2, 2], pads=[2, 1, 1, 2])]
+    inits = [_const("w", _rand(rng, (70, 13, 3, 3))), _const("b", _rand(rng, (70,))),
+             _const("w2", _rand(rng, (37, 70, 3, 3)))]
+    model = _model(nodes, [_input("x", ["n", 13, "h", "w"])], [_output("y")], inits)
+    sides = {(h * w <= switch) for h, w in ((2, 3), (7, 9), (8, 8), (5, 13), (11, 9), (16, 19))}
+    assert sides == {True, False}
+    feeds = [{"x": _rand(rng, (n, 13, h, w))} for n, (h, w) in
+             zip((1, 3, 1, 3, 1, 1), ((2, 3), (7, 9), (8, 8), (5, 13), (11, 9), (16, 19)))]
+    _run_both(model, feeds, rtol=1e-4, atol=1e-4)
+
+
 def test_gather_index_out_of_range_names_the_node():
     model = _model([helper.make_node("Gather", ["table", "ids"], ["g"], axis=0, name="lookup")],
                    [_input("ids", ["n"], I64)], [_output("g")], [_const("table", np.ones((4, 2), np.float32))])

@@ -12,6 +12,12 @@ The dense and batched GEMM (kernels/gemm.py), and the fused attention that calls
   most 3/4 of L1d, so that the B micro-panel stays in L1 while A micro-panels stream past;
 - mc: A blocks of at most a quarter of L2 (2 to 24 micro-panels);
 - nc and the small-M path: as hand-tuned (nc 3072 columns, rounded to whole panels).
+
+``conv_igemm_min_plane(target)``: the output planes (in pixels) up to which a dense k x k
+conv with prepacked weights runs as one GEMM over its im2col matrix with the weights as
+the GEMM's prepacked B (kernels/conv.py's small-plane path) rather than the implicit GEMM
+(kernels/conv_igemm.py), whose 48-pixel blocks of 6-pixel tiles a plane of a few dozen
+pixels fills badly. Which wins depends on the GEMM tile the target gets.
 """
 
 from __future__ import annotations
@@ -41,3 +47,24 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
     small_nc = -(-256 // nr) * nr
     return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, small_nc=small_nc, lanes=lanes,
                         registers=target.vector_registers)
+
+
+# Planes up to which the small-plane GEMM beats the implicit GEMM. Measured at 1 thread,
+# 3x3 convs with bias and ReLU, C = M in 64..512, against onnxruntime in the same process:
+# - 6x16 tiles (Zen 4, issue 28's first conv work): 4x4 planes ran 1.11-1.26x slower on
+#   the small-plane path with 64 and 128 channels, so it kept only planes of 9 pixels;
+# - 8x48 zmm tiles (an AMD Zen 5): the small-plane path ran 4x4 to 8x8 planes 1.05-2.8x
+#   faster with 128-512 channels (512 on 7x7: 1977 -> 1179 us, onnxruntime 1081) and alike
+#   with 64; on 10x10 and 14x14 planes it was within 10% either way, and 2.5x slower with
+#   64 channels, so the switch stays at the small-plane path's own 64 pixels. ResNet-50 at
+#   224x224, 1 thread: 49.7 -> 43.4 ms. The Xeon class's 8x48 tile takes the same switch,
+#   not measured there.
+IGEMM_MIN_PLANE_NARROW = 9
+IGEMM_MIN_PLANE_WIDE = 64
+WIDE_TILE_COLUMNS = 32
+
+
+def conv_igemm_min_plane(target: Optional[Target] = None) -> int:
+    """Output planes of at most this many pixels take the small-plane GEMM (see above)."""
+    schedule = default_schedule(target)
+    return IGEMM_MIN_PLANE_WIDE if schedule.nr >= WIDE_TILE_COLUMNS else IGEMM_MIN_PLANE_NARROW

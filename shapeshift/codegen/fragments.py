@@ -50,6 +50,10 @@ def _fragment(name: str, target: Optional[Target] = None) -> Fragment:
         return module.fragment(default_schedule(target))
     if name == "rnn":  # its block width and register tiles come from the target
         return module.fragment(target)
+    if name == "conv_igemm":  # which planes it leaves to the small-plane GEMM follows the GEMM's tile
+        from .defaults import conv_igemm_min_plane
+
+        return module.fragment(min_plane=conv_igemm_min_plane(target))
     return module.fragment()
 
 

@@ -36,7 +36,9 @@ weights prepacked; a C harness in one process): 64->64 3x3 on 8x8 1.44x and on 1
 1.29x faster, 128->64 on 8x8 1.45x, 16->32 3x3 stride 2 on 64x64 1.35x. On planes of a few
 pixels the small-plane path's single GEMM does better: with prepacked weights at batch 3,
 2x3 and 3x3 planes ran 5-10% faster there, 4x4 ones 1.11-1.26x slower (64 and 128
-channels; even with 256), so ss_conv2d keeps it up to SS_CONV_IGEMM_MIN_PLANE (9) pixels.
+channels; even with 256), so ss_conv2d keeps it up to SS_CONV_IGEMM_MIN_PLANE (9) pixels
+there; with the 8x48 GEMM tile of a full-rate AVX-512 core that path won up to 64 pixels
+(codegen/defaults.py's conv_igemm_min_plane, which a build follows).
 1x1 convs keep the GEMM on the NCHW data (0.5x here without an activation).
 
 A header-only fragment: ``ss_conv_scratch`` (the caller's scratch, or a malloc; the direct
@@ -59,7 +61,8 @@ DEPENDS = ("gemm", "vmath")
 
 #: Output pixels per block of work (a multiple of the 12-pixel pair tile).
 BLOCK = 48
-#: Planes of at most this many pixels keep the small-plane GEMM when weights are prepacked.
+#: Planes of at most this many pixels keep the small-plane GEMM when weights are prepacked
+#: (the default here; a build takes codegen/defaults.py's conv_igemm_min_plane of its target).
 MIN_PLANE = 9
 
 # Markers: @BLOCK@, @MIN_PLANE@, @PAR_MIN@ (fragment's parameters).
