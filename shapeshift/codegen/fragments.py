@@ -48,12 +48,8 @@ def _fragment(name: str, target: Optional[Target] = None) -> Fragment:
         from .defaults import default_schedule
 
         return module.fragment(default_schedule(target))
-    if name == "rnn":  # its block width and register tiles come from the target
+    if name in ("rnn", "conv_igemm"):  # rnn's tiles and conv_igemm's small-plane switch follow the target
         return module.fragment(target)
-    if name == "conv_igemm":  # which planes it leaves to the small-plane GEMM follows the GEMM's tile
-        from .defaults import conv_igemm_min_plane
-
-        return module.fragment(min_plane=conv_igemm_min_plane(target))
     return module.fragment()
 
 

@@ -36,9 +36,12 @@ weights prepacked; a C harness in one process): 64->64 3x3 on 8x8 1.44x and on 1
 1.29x faster, 128->64 on 8x8 1.45x, 16->32 3x3 stride 2 on 64x64 1.35x. On planes of a few
 pixels the small-plane path's single GEMM does better: with prepacked weights at batch 3,
 2x3 and 3x3 planes ran 5-10% faster there, 4x4 ones 1.11-1.26x slower (64 and 128
-channels; even with 256), so ss_conv2d keeps it up to SS_CONV_IGEMM_MIN_PLANE (9) pixels
+channels; even with 256), so ss_conv2d kept it up to SS_CONV_IGEMM_MIN_PLANE (9) pixels
 there; with the 8x48 GEMM tile of a full-rate AVX-512 core that path won up to 64 pixels
-(codegen/defaults.py's conv_igemm_min_plane, which a build follows).
+(codegen/defaults.py's conv_igemm_min_plane: the fragment's default for its target). A
+third 16-channel panel in the zmm tile (18 accumulators, one GEMM panel of 48, so its
+prepacked weights serve unpacked) ran ResNet-50's 3x3 convs at 157-178 GFLOPS on that
+core against two panels' 199-223 (1 thread), prepacked or not: not taken.
 1x1 convs keep the GEMM on the NCHW data (0.5x here without an activation).
 
 A header-only fragment: ``ss_conv_scratch`` (the caller's scratch, or a malloc; the direct
@@ -55,15 +58,15 @@ offsets would overflow 32 bits. ``act`` is vmath's activation code (ss_act8).
 
 from __future__ import annotations
 
+from typing import Optional
+
+from ...target import Target
 from ..cwriter import Fragment, Shared, fill
 
 DEPENDS = ("gemm", "vmath")
 
 #: Output pixels per block of work (a multiple of the 12-pixel pair tile).
 BLOCK = 48
-#: Planes of at most this many pixels keep the small-plane GEMM when weights are prepacked
-#: (the default here; a build takes codegen/defaults.py's conv_igemm_min_plane of its target).
-MIN_PLANE = 9
 
 # Markers: @BLOCK@, @MIN_PLANE@, @PAR_MIN@ (fragment's parameters).
 _TEMPLATE = r"""
@@ -324,19 +327,24 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
 """
 
 
-def fragment(block: int = BLOCK, min_plane: int = MIN_PLANE, par_min: int = 32768) -> Fragment:
+def fragment(target: Optional[Target] = None, block: int = BLOCK, min_plane: Optional[int] = None,
+             par_min: int = 32768) -> Fragment:
     """The fragment, header-only: ss_conv2d's unit (kernels/conv.py) inlines all of it.
 
-    ``block``: output pixels per unit of work (a positive multiple of 12, the pair tile's
-    pixels, itself a multiple of the ymm tile's 6); ``min_plane``:
-    output planes of at most this many pixels keep ss_conv2d's small-plane path when the
-    caller has prepacked weights; ``par_min``: the multiply-adds below which a conv runs on
-    one thread.
+    ``target``: the CPU (this machine's when None), whose GEMM tile gives the default of
+    ``min_plane`` (codegen/defaults.py's conv_igemm_min_plane). ``block``: output pixels per
+    unit of work (a positive multiple of 12, the pair tile's pixels, itself a multiple of
+    the ymm tile's 6); ``min_plane``: output planes of at most this many pixels keep
+    ss_conv2d's small-plane path when the caller has prepacked weights; ``par_min``: the
+    multiply-adds below which a conv runs on one thread.
     """
+    from ..defaults import conv_igemm_min_plane  # defaults imports the kernels package
+
+    min_plane = conv_igemm_min_plane(target) if min_plane is None else min_plane
     if int(block) < 12 or int(block) % 12:
         raise ValueError(f"block must be a positive multiple of 12, got {block}")
     return Fragment([Shared(fill(_TEMPLATE, BLOCK=int(block), MIN_PLANE=int(min_plane), PAR_MIN=int(par_min)))])
 
 
-def source(block: int = BLOCK, min_plane: int = MIN_PLANE, par_min: int = 32768) -> str:
-    return fragment(block, min_plane, par_min).text()
+def source(target: Optional[Target] = None, **parameters) -> str:
+    return fragment(target, **parameters).text()
