@@ -10,6 +10,8 @@ late dims change from run to run); the expected fallback steps are named.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -211,3 +213,45 @@ def test_window_functions_of_a_size_given_at_run_time(op, periodic):
     # Size 1 in symmetric mode divides 0 by 0: NaN in both.
     feeds = [{"size": np.array(n, dtype=np.int64)} for n in (8, 3, 17, 2)]
     _compare(model, feeds, {})
+
+
+def test_late_buffers_are_reused_only_when_nothing_holds_them():
+    # A late buffer is kept for the next run and its sizes remembered per late value: the
+    # same input length with a different NonZero count must size it anew, an output the
+    # caller still holds must keep its values through later runs, and a run whose outputs
+    # were dropped must take the same buffer again instead of a new one.
+    nodes = [_scalar("zero_f", 0.0), helper.make_node("Greater", ["x", "zero_f"], ["positive"]),
+             helper.make_node("NonZero", ["positive"], ["where"]),
+             _scalar("zero_i", 0, I64), helper.make_node("Gather", ["where", "zero_i"], ["index"], axis=0),
+             helper.make_node("Gather", ["x", "index"], ["picked"], axis=0),
+             helper.make_node("Exp", ["picked"], ["y"])]
+    model = _model(nodes, [_input("x", ["n"])], [_output("y")])
+    session = shapeshift.InferenceSession(model, backend="native")
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.standard_normal(16).astype(np.float32)} for _ in range(6)]
+    feeds += [{"x": np.abs(feeds[0]["x"])}, {"x": -np.abs(feeds[0]["x"])}, feeds[0]]  # 16, 0 and again
+    held = [session.run(None, f)[0] for f in feeds]  # all held while the later runs go
+    assert len({h.shape for h in held}) > 2  # the late count changed at one input length
+    for got, f in zip(held, feeds):
+        np.testing.assert_allclose(got, reference.run(None, f)[0], rtol=1e-6)
+    vm = session._executor.vm
+    del held, got
+    session.run(None, feeds[1])
+    first = {index: weakref.ref(entry[0]) for index, entry in vm._late_buffers.items()}  # not holding them
+    assert first
+    for _ in range(3):
+        out = session.run(None, feeds[1])[0]
+        np.testing.assert_allclose(out, reference.run(None, feeds[1])[0], rtol=1e-6)
+        del out
+        assert all(vm._late_buffers[index][0] is buffer() for index, buffer in first.items())
+    # Anything that still views a late buffer (here a view taken by hand; in a run, a
+    # fallback's result over it) keeps it from the next run: that run takes a new buffer
+    # and the view's bytes stay as they were.
+    index, entry = next(iter(vm._late_buffers.items()))
+    view = entry[0][:]
+    before = view.copy()
+    del entry
+    session.run(None, feeds[2])
+    assert vm._late_buffers[index][0] is not view.base
+    np.testing.assert_array_equal(view, before)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import sys
 import threading
 import time
 import weakref
@@ -48,6 +49,8 @@ from .reference import ReferenceExecutor, materialize
 
 ALIGNMENT = 64
 PLAN_CACHE_SIZE = 64
+# Late sizes kept per plan (Plan.late_sizes): enough for a few hundred distinct late values.
+LATE_SIZES_KEPT = 1024
 #: Poisoned bytes after each buffer of a fenced arena (a multiple of ALIGNMENT): an access
 #: that far past a buffer's end is caught; ASan's own heap redzones are of this order.
 REDZONE = 256
@@ -74,6 +77,11 @@ class Plan:
     direct_bytes: dict = field(default_factory=dict)
     # A fenced arena's (offset, size) of every gap between its buffers (see _fenced_offsets).
     gaps: tuple = ()
+    # (binding step, late symbols' values) -> the late extents and buffer sizes it makes
+    # computable: a size step's results are the same run after run for the same input
+    # shapes, and evaluating those expressions each time was most of a small model's
+    # Python time (yolov8n: 11 binding steps, about 54 evaluations a run).
+    late_sizes: dict = field(default_factory=dict)
 
 
 class NativeVM:
@@ -130,6 +138,11 @@ class NativeVM:
         # What each binding step makes computable: (late extent indices, LATE slots), keyed
         # by id(step), so that a run with many late symbols evaluates each thing once.
         self._late_ready = _late_ready(program)
+        self._late_names = tuple(sorted(program.late_symbols))
+        # Slot -> (buffer, its address, its aligned address): each LATE slot's last buffer,
+        # taken again by the next run when nothing else holds it and it is large enough (so,
+        # like the arena, it keeps the largest size a run needed).
+        self._late_buffers: dict[int, tuple[np.ndarray, int, int]] = {}
         self._release_unread_constants()
         # Profiled programs: native steps count into the library's table, fallback steps here.
         self._counters = _profile_counters(program, self.library)
@@ -436,14 +449,29 @@ class NativeVM:
             binding[symbol] = value
         program = self.program
         extents, slots = self._late_ready.get(id(step), ((), ()))
-        for index in extents:
-            plan.extents[index] = evaluate(program.extents[index], binding)
-        for slot in slots:
-            nbytes = evaluate(slot.nbytes, binding)
-            buffer = _allocate(max(nbytes, 1) + ALIGNMENT, f"{step.node.describe()}: its output needs")
-            address = _aligned_base(buffer)
+        key = (id(step), tuple(binding.get(name) for name in self._late_names))
+        sizes = plan.late_sizes.get(key)
+        if sizes is None:
+            sizes = ([evaluate(program.extents[index], binding) for index in extents],
+                     [max(evaluate(slot.nbytes, binding), 1) + ALIGNMENT for slot in slots])
+            if len(plan.late_sizes) < LATE_SIZES_KEPT:  # late values that vary every run fill it once
+                plan.late_sizes[key] = sizes
+        for index, extent in zip(extents, sizes[0]):
+            plan.extents[index] = extent
+        for slot, nbytes in zip(slots, sizes[1]):
+            entry = self._late_buffers.get(slot.index)
+            # (buffer, its address, the aligned address): reused when large enough and held
+            # by nothing but this entry (getrefcount counts the tuple and its own argument):
+            # a returned output, or any view of one, holds it, and then it is left to its
+            # holder. Never under the sanitizer, whose runs must each see fresh memory. The
+            # addresses are kept because asking numpy for one costs microseconds.
+            if entry is None or entry[0].nbytes < nbytes or sys.getrefcount(entry[0]) > 2 or self._fenced:
+                buffer = _allocate(nbytes, f"{step.node.describe()}: its output needs")
+                entry = (buffer, buffer.ctypes.data, _aligned_base(buffer))
+                self._late_buffers[slot.index] = entry
+            buffer, start, address = entry
             # Kept as the raw buffer: _array views it at its aligned start.
-            arrays[slot.index] = buffer[address - buffer.ctypes.data:]
+            arrays[slot.index] = buffer[address - start:]
             ptrs[slot.index] = address
             self._set_views(ptrs, slot.index, address)
 
