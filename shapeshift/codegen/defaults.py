@@ -11,6 +11,7 @@ The dense and batched GEMM (kernels/gemm.py), and the fused attention that calls
 - kc: the largest multiple of 32 whose A and B micro-panels (kc x (mr + nr) floats) take at
   most 3/4 of L1d, so that the B micro-panel stays in L1 while A micro-panels stream past;
 - mc: A blocks of at most a quarter of L2 (2 to 24 micro-panels);
+- kc and mc from the class instead where it names them (``blocking``, with the measurement);
 - nc and the small-M path: as hand-tuned (nc 3072 columns, rounded to whole panels).
 
 ``conv_igemm_min_plane(target)``: the output planes (in pixels) up to which a dense k x k
@@ -43,6 +44,8 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
     kc = max(KC_RANGE[0], min(KC_RANGE[1], (floats_l1 * 3 // 4) // (mr + nr) // 32 * 32))
     panels = (target.caches.l2 // 4 // 4) // (kc * mr)
     mc = mr * max(MC_PANELS[0], min(MC_PANELS[1], panels))
+    if klass.blocking is not None and (mr, nr) == klass.tile:  # measured over the rule
+        kc, mc = klass.blocking
     nc = -(-3072 // nr) * nr
     small_nc = -(-256 // nr) * nr
     return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, small_nc=small_nc, lanes=lanes,
