@@ -69,7 +69,7 @@ ZEN5 = MicroarchClass(
               "GFLOPS at M >= 128 (86-92% of peak), 1.36x geomean (min 1.02x); 6x64 1.35x; 14x32 "
               "1.28x; the Zen 4 tile 6x16 159-167 GFLOPS, 0.97x. Blocking: kc 384, mc 96 over the "
               "cache rule's kc 160, mc 192 in two more such sweeps, at or above it in 23 of 24 rows "
-              "(+0.4-6%; 235-248 GFLOPS at M >= 128 in the second, 93-99% of peak)",
+              "(+0.3-6%; 235-248 GFLOPS at M >= 128 in the second, 93-99% of peak)",
     zmm_full_rate=True, blocking=(384, 96))
 ZEN4 = MicroarchClass(
     name="amd-zen4",
