@@ -354,8 +354,9 @@ def header(load_before: float, started: str) -> dict:
 def describe_blas(results: list[dict]) -> str:
     pools = next((r["blas"] for r in results if r.get("blas")), [])
     blas = [p for p in pools if p["internal_api"] in ("openblas", "mkl", "blis")]
-    return ", ".join(f"{p['internal_api']} {p['version']}" + (f" ({p['architecture']} kernels)" if p.get("architecture") else "")
-                     for p in blas) or "BLAS unknown (no threadpoolctl)"
+    named = [f"{p['internal_api']} {p['version']}" + (f" ({p['architecture']} kernels)" if p.get("architecture") else "")
+             for p in blas]
+    return ", ".join(named) or "BLAS unknown (no threadpoolctl)"
 
 
 def _plain(value):

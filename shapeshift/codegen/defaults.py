@@ -40,12 +40,13 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
     lanes = 16 if target.avx512 and klass.lanes == 16 else 8
     # A class whose tile is zmm, on a target without the full AVX-512 set: the AVX2 tile.
     mr, nr = klass.tile if lanes == klass.lanes else AVX2.tile
-    floats_l1 = target.caches.l1d // 4
-    kc = max(KC_RANGE[0], min(KC_RANGE[1], (floats_l1 * 3 // 4) // (mr + nr) // 32 * 32))
-    panels = (target.caches.l2 // 4 // 4) // (kc * mr)
-    mc = mr * max(MC_PANELS[0], min(MC_PANELS[1], panels))
-    if klass.blocking is not None and (mr, nr) == klass.tile:  # measured over the rule
-        kc, mc = klass.blocking
+    if klass.blocking is not None and (mr, nr) == klass.tile:
+        kc, mc = klass.blocking  # measured where the cache rule below lost
+    else:
+        floats_l1 = target.caches.l1d // 4
+        kc = max(KC_RANGE[0], min(KC_RANGE[1], (floats_l1 * 3 // 4) // (mr + nr) // 32 * 32))
+        panels = (target.caches.l2 // 4 // 4) // (kc * mr)
+        mc = mr * max(MC_PANELS[0], min(MC_PANELS[1], panels))
     nc = -(-3072 // nr) * nr
     small_nc = -(-256 // nr) * nr
     return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, small_nc=small_nc, lanes=lanes,
