@@ -7,7 +7,8 @@ by greedy cover, and a decision tree over M dispatches each call to one of them.
 Modules, one job each (after TVM MetaSchedule): ``task`` (the protocol every kernel family
 and task follows), ``gemm_family`` (the GEMM family), ``workload`` (the GEMM tasks), ``space``
 (the schedules), ``builder`` (C sources and compiled libraries), ``runner`` (measurement in
-worker processes), ``database`` (SQLite), ``cost_model``, ``search`` (the strategies) and
+worker processes), ``database`` (SQLite), ``cost_model`` (and ``background_fit``, its fit in
+a child process on a cluster), ``search`` (the strategies) and
 ``dispatch`` (kernel set, decision tree, the dispatcher's C), plus ``extract`` (a model's
 tasks: one per constant weight shape) and ``records`` (what the native backend reads back
 from the database: a tuned dispatcher per weight shape). See docs/tune.md.

@@ -38,8 +38,9 @@ draws ``step`` candidates whenever that many of ``in_flight`` are free, recordin
 result as it comes and refitting the cost model every ``batch`` results. On this machine
 that is a synchronous round (``batch`` drawn, measured, the model refit). On a cluster it is
 asynchronous (two in flight per slot, one drawn per result), so no slot waits for a
-round's slowest candidate; the joint timings are split by M over the slots
-(``split_by_cost``). Results are taken one at a time in the order they finish, and what is
+round's slowest candidate, and with BACKGROUND_FIT_SLOTS slots or more the refit runs in a
+child process while the search draws from the last model (background_fit.py); the joint
+timings are split by M over the slots (``split_by_cost``). Results are taken one at a time in the order they finish, and what is
 drawn depends only on them: with one worker (tasks finish in the order submitted) a seed
 gives one sequence.
 
@@ -75,6 +76,7 @@ import numpy as np
 from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch
+from .background_fit import BackgroundFit
 from .builder import CandidateSource, SourceFn, measurement_source
 from .cost_model import CostModel
 from .database import Database
@@ -122,6 +124,10 @@ WORKER_START_S = 0.3
 # On a cluster, candidates in flight per measurement slot: one running, one queued behind it,
 # so that a slot never idles while the driver records a result and draws the next.
 IN_FLIGHT_PER_SLOT = 2
+# On a cluster of at least this many measurement slots the cost model is fit in a child
+# process while the search draws from the last fit (background_fit.py): with 32 slots the
+# fits in line were most of the driver's time, and the driver a fifth of the wall time.
+BACKGROUND_FIT_SLOTS = 4
 # Estimated seconds one candidate's build took (a resumed run's stored measurements count in
 # its tuning time by estimate: ``Tuner.reused_s``); ~1.5-3 s each, two at a time.
 BUILD_S = 2.5
@@ -251,6 +257,15 @@ class _ScoreCache:
     def __init__(self, tuner: "Tuner", ms: list[int]):
         self.tuner, self.ms = tuner, ms
         self.rows: dict[Schedule, np.ndarray] = {}
+        self._pool: Optional[list[Schedule]] = None
+        self._pool_scores = np.zeros((0, len(ms)))
+
+    def pool(self, schedules: list[Schedule]) -> np.ndarray:
+        """The scores of the search's pool: the same list is asked for at every draw until the
+        next refit, so its matrix is kept (it is not to be changed in place)."""
+        if schedules is not self._pool:
+            self._pool, self._pool_scores = schedules, self(schedules)
+        return self._pool_scores
 
     def __call__(self, schedules: list[Schedule]) -> np.ndarray:
         missing = [s for s in dict.fromkeys(schedules) if s not in self.rows]
@@ -312,6 +327,13 @@ class Tuner:
         self.wid = db.workload_id(workload)
         self.model = CostModel(workload, config.threads, config.seed)
         self._holdout_rows = 0  # rows at the last held-out Spearman (_fit)
+        # Fits in a child process (on a cluster of BACKGROUND_FIT_SLOTS slots or more), a refit
+        # asked for while one ran, and (rows, child seconds) of each such fit, for the replay.
+        self.fitter = BackgroundFit() if cluster is not None and self.slots >= BACKGROUND_FIT_SLOTS else None
+        self._refit_wanted = False
+        self._stale = False  # measurements came since the last fit (``_predict``)
+        self._fit_rows = 0  # rows of the fit in the child
+        self.child_fits: list[tuple[int, float]] = []
         # dietcode measures Ms up to ``top`` only (``measure_cap``); the others, the whole range.
         capped = config.strategy == "dietcode" and 0 < config.measure_cap < workload.hi
         self.top = max(workload.lo, config.measure_cap) if capped else workload.hi
@@ -330,6 +352,7 @@ class Tuner:
         # candidate id -> every M it was measured at, failures included (what counts as tried).
         self.tried: dict[int, set[int]] = {}
         self.failed: set[int] = set()
+        self._best_s: Optional[dict[int, float]] = None  # best measured seconds per M (``_best_seconds``)
         self.first_error: Optional[str] = None  # what the first failed candidate said
         # Times taken together with other kernels, in one process (``_time_together``): candidate -> M -> s.
         self.together: dict[int, dict[int, float]] = {}
@@ -350,9 +373,9 @@ class Tuner:
                 self._remember(cid, self.db.schedule(cid, self.family))
             self.tried.setdefault(cid, set()).add(m)
             if error is not None:
-                self.failed.add(cid)
+                self._add_failure(cid)
             else:
-                self.times.setdefault(cid, {})[m] = seconds
+                self._add_times(cid, {m: seconds})
         self.reused_s = sum(BUILD_S / max(1, self.cfg.jobs) + WORKER_START_S for _ in self.tried) + sum(
             self._cost_s([s], m) for by_m in self.times.values() for m, s in by_m.items())
         self._fit()
@@ -366,8 +389,15 @@ class Tuner:
         wanted = set(ms)
         return sum(1 for done in self.tried.values() if done & wanted)
 
-    def _fit(self) -> None:
+    def _fit(self, background: bool = False) -> bool:
+        """Refit the cost model on every measurement: in line (True: the new model is in), or,
+        with ``background`` and a fitter (background_fit.py), in the child process (False:
+        ``_take_fit`` takes the model in once it is done; a refit asked for while one runs
+        starts then, on the rows of then)."""
         start = time.perf_counter()
+        if background and self.fitter is not None and self.fitter.busy:
+            self._refit_wanted = True
+            return False
         rows, ys = [], []
         for cid, by_m in self.times.items():
             if cid in self.failed:
@@ -379,20 +409,76 @@ class Tuner:
         # taken again only once the rows grew by half (on a cluster every fit is the driver's
         # time, while the workers wait for candidates).
         holdout = len(rows) >= 1.5 * self._holdout_rows
-        self.model.fit(rows, ys, holdout=holdout)
         if holdout:
             self._holdout_rows = len(rows)
+        if background and self.fitter is not None:
+            job = self.model.fit_job(rows, ys, holdout)
+            if job is not None:
+                self.fitter.start(job)
+                self._fit_rows = len(rows)
+            self._spent("fit_send", start)
+            return False
+        if self.fitter is not None:  # a fit in line supersedes one in the child
+            self.fitter.drop()
+            self._refit_wanted = False
+        self.model.fit(rows, ys, holdout=holdout)
+        self._stale = False
         self._spent("fit", start)
+        return True
+
+    def _take_fit(self) -> bool:
+        """Take in the child's fit if it is done (True: the model changed)."""
+        if self.fitter is None or not self.fitter.done():
+            return False
+        start = time.perf_counter()
+        try:
+            trained = self.fitter.take()
+        except ShapeshiftError as exc:
+            self.log(f"  {exc}: the cost model is fit in line from now on")
+            self.fitter.close()
+            self.fitter = None
+            self._refit_wanted = False
+            return self._fit()
+        self.model.adopt(trained)
+        self.child_fits.append((self._fit_rows, trained[2]))
+        self._spent("fit_take", start)
+        if self._refit_wanted:
+            self._refit_wanted = False
+            self._fit(background=True)
+        return True
 
     def _spent(self, kind: str, start: float) -> None:
         """The driver's seconds since ``start`` go to ``kind`` (``driver_s``)."""
         self.driver_s[kind] += time.perf_counter() - start
         self.driver_n[kind] += 1
 
+    def _add_times(self, cid: int, seconds: dict[int, float]) -> None:
+        self.times.setdefault(cid, {}).update(seconds)
+        if self._best_s is not None and cid not in self.failed:
+            for m, t in seconds.items():
+                if t < self._best_s.get(m, math.inf):
+                    self._best_s[m] = t
+
+    def _add_failure(self, cid: int) -> None:
+        self.failed.add(cid)
+        self._best_s = None  # its earlier times, if any, no longer count
+
+    def _best_seconds(self) -> dict[int, float]:
+        """The best measured seconds at each M, over the candidates that never failed: kept up
+        to date as results come (every draw asks, and a pass over all times was a third of it)."""
+        if self._best_s is None:
+            self._best_s = {}
+            for cid, by_m in self.times.items():
+                if cid not in self.failed:
+                    for m, t in by_m.items():
+                        if t < self._best_s.get(m, math.inf):
+                            self._best_s[m] = t
+        return self._best_s
+
     def _best_measured(self, m: int) -> float:
         """Best measured log GFLOPS at m, -inf if none."""
-        vals = [by_m[m] for cid, by_m in self.times.items() if m in by_m and cid not in self.failed]
-        return math.log(self.w.flops(m) / min(vals) / 1e9) if vals else -math.inf
+        best = self._best_seconds().get(m)
+        return math.log(self.w.flops(m) / best / 1e9) if best is not None else -math.inf
 
     def _source(self, schedule: Schedule) -> "str | CandidateSource":
         """A candidate's measurement library source (what a cluster node compiles): its family
@@ -436,11 +522,11 @@ class Tuner:
         self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
         self.tried.setdefault(cid, set()).update(todo)
         if result.error:
-            self.failed.add(cid)
+            self._add_failure(cid)
             self.first_error = self.first_error or result.error
             self.log(f"  candidate {cid} failed: {result.error}")
         else:
-            self.times.setdefault(cid, {}).update(result.seconds)
+            self._add_times(cid, result.seconds)
 
     def _measure(self, picks: list[tuple[Schedule, list[int]]]) -> None:
         """Measure every pick (all at once on a cluster) and wait for them all."""
@@ -448,11 +534,20 @@ class Tuner:
             self._submit(schedule, ms)
         for _ in self._results():
             pass
-        self._fit()
+        self._stale = True
 
     # ---- the evolutionary loop ----------------------------------------------------------
+    def _predict(self, rows: list[tuple[Schedule, int]]) -> np.ndarray:
+        """The cost model's predictions, refit first if measurements came since it was last fit
+        outside the search (``_stale``: probes and joint timings; a fit in line after each of
+        them was most of the driver's time after the search on a cluster, and only the next
+        prediction needs it)."""
+        if self._stale:
+            self._fit()
+        return self.model.predict(rows)
+
     def _scores(self, pool: list[Schedule], ms: list[int]) -> np.ndarray:
-        pred = self.model.predict([(s, m) for s in pool for m in ms])
+        pred = self._predict([(s, m) for s in pool for m in ms])
         return pred.reshape(len(pool), len(ms))
 
     def _next_pool(self, pool: list[Schedule], ms: list[int], score: "_ScoreCache") -> list[Schedule]:
@@ -474,19 +569,34 @@ class Tuner:
         w = np.array([self.weights[self.ms.index(m)] if m in self.ms else 1.0 for m in ms])
         return w / w.mean()
 
-    def _measured_at(self, schedule: Schedule, m: int, flying: Collection[int] = ()) -> bool:
-        """Measured (or failed) at ``m``, or in flight (``flying``: not drawn again until back)."""
-        cid = self._cid_of.get(schedule)
-        return cid is not None and (cid in self.failed or m in self.times.get(cid, {}) or cid in flying)
+    def _measured(self, pool: list[Schedule], ms: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Which of ``pool`` are measured (or failed) at each of ``ms`` ([pool, M] booleans), and
+        which are in flight (not drawn again until back)."""
+        flying = {cid for cid, _, _ in self.pending.values()}
+        measured = np.zeros((len(pool), len(ms)), dtype=bool)
+        in_flight = np.zeros(len(pool), dtype=bool)
+        for i, schedule in enumerate(pool):
+            cid = self._cid_of.get(schedule)
+            if cid is None:
+                continue
+            in_flight[i] = cid in flying
+            if cid in self.failed:
+                measured[i] = True
+            elif cid in self.times:
+                done = self.times[cid]
+                measured[i] = [m in done for m in ms]
+        return measured, in_flight
 
     def _pick(self, pool: list[Schedule], ms: list[int], count: int, score: "_ScoreCache"
               ) -> list[tuple[Schedule, list[int]]]:
-        scores = score(pool)
+        scores = score.pool(pool)
         w = self._weights_of(ms)
         regret = [w[j] * (scores[:, j].max() - self._best_measured(m)) for j, m in enumerate(ms)]
         picks: list[int] = []
         targets: dict[int, set[int]] = {}
-        flying = {cid for cid, _, _ in self.pending.values()}
+        measured, in_flight = self._measured(pool, ms)
+        # Drawable at each M: not measured there, not in flight, not picked already.
+        open_at = ~measured & ~in_flight[:, None]
         # Round robin over M, worst regret first, until the batch is full (with one M, as in
         # per-shape and pad-max, that M takes every slot). The Ms that candidates in flight
         # are measuring come after the others: a search that draws one candidate as each
@@ -497,11 +607,11 @@ class Tuner:
             for j in order:
                 if len(picks) >= count:
                     break
-                for i in np.argsort(-scores[:, j]):
-                    if int(i) not in picks and not self._measured_at(pool[i], ms[j], flying):
-                        picks.append(int(i))
-                        targets[int(i)] = {ms[j]}
-                        break
+                if open_at[:, j].any():  # the best-predicted one open at this M
+                    i = int(np.argmax(np.where(open_at[:, j], scores[:, j], -np.inf)))
+                    picks.append(i)
+                    open_at[i] = False
+                    targets[i] = {ms[j]}
         if not picks:
             return []
         # Each pick also runs at every M where it is predicted best among the picks and the
@@ -511,7 +621,8 @@ class Tuner:
         for j, i in enumerate(best):
             if rivals is None or scores[i, j] > rivals[j]:
                 targets[int(i)].add(ms[j])
-        return [(pool[i], sorted(m for m in targets[i] if not self._measured_at(pool[i], m))) for i in picks]
+        return [(pool[i], sorted(m for j, m in enumerate(ms) if m in targets[i] and not measured[i, j]))
+                for i in picks]
 
     def evolve(self, ms: list[int], trials: int, deadline: float) -> None:
         """Measure ``trials`` candidates in all at ``ms``: drawn ``step`` at a time whenever
@@ -535,6 +646,8 @@ class Tuner:
             want = min(free, trials - drawn)
             if free < self.step or want <= 0 or time.monotonic() >= deadline:
                 return False
+            if self._take_fit():
+                score = None  # a new model: the pool is evolved and scored again
             start = time.perf_counter()
             if score is None:
                 score = _ScoreCache(self, ms)
@@ -549,10 +662,11 @@ class Tuner:
             self._spent("pick", start)
             return bool(picks)
 
-        def end_round() -> None:
+        def end_round(background: bool = True) -> None:
             nonlocal rnd, since_fit, score
-            self._fit()
-            rnd, since_fit, score = rnd + 1, 0, None
+            if self._fit(background):
+                score = None
+            rnd, since_fit = rnd + 1, 0
             best = " ".join(f"{m}:{math.exp(self._best_measured(m)):.1f}" if self._best_measured(m) > -math.inf
                             else f"{m}:-" for m in ms)
             rho = self.model.holdout_spearman
@@ -570,8 +684,11 @@ class Tuner:
                     if since_fit >= self.batch:
                         end_round()
                     draw()
-        if since_fit:
-            end_round()
+        # What comes after the search (probes, the shortlist) is predicted by a model of every
+        # result: a fit still running in the child, or asked for, is replaced by one in line.
+        stale = self.fitter is not None and (self.fitter.busy or self._refit_wanted)
+        if since_fit or stale:
+            end_round(background=False)
 
     # ---- selection ---------------------------------------------------------------------
     def measured(self, cid: int, m: int) -> Optional[float]:
@@ -582,7 +699,7 @@ class Tuner:
 
     def _time_matrix(self, cids: list[int], ms: list[int]) -> np.ndarray:
         """Seconds of each candidate at each M: ``measured``, else predicted by the model."""
-        pred = self.model.predict([(self.schedules[c], m) for c in cids for m in ms]).reshape(len(cids), len(ms))
+        pred = self._predict([(self.schedules[c], m) for c in cids for m in ms]).reshape(len(cids), len(ms))
         out = np.empty((len(cids), len(ms)))
         for i, c in enumerate(cids):
             for j, m in enumerate(ms):
@@ -711,9 +828,9 @@ class Tuner:
             new = {m: t for m, t in result.seconds.items() if m not in self.times.get(c, {})}
             if new:
                 self.db.add_measurements(self.wid, c, self.cfg.threads, new, None, list(new))
-                self.times.setdefault(c, {}).update(new)
+                self._add_times(c, new)
                 self.tried.setdefault(c, set()).update(new)
-        self._fit()
+        self._stale = True
         return True
 
     def _time_dense(self, chosen: list[int], elapsed_s: float) -> None:
@@ -763,6 +880,13 @@ class Tuner:
                                                                          TREE_LEAVES_PER_KERNEL * len(chosen)))
 
     def run(self) -> TuneResult:
+        try:
+            return self._run()
+        finally:
+            if self.fitter is not None:
+                self.fitter.close()
+
+    def _run(self) -> TuneResult:
         start = time.monotonic()
         deadline = start + self.cfg.time_budget_s
         trials0 = self.trials

@@ -111,8 +111,10 @@ def mutate(schedule: GemmSchedule, rng: random.Random, target: Target) -> GemmSc
 
 
 def to_json(schedule: GemmSchedule) -> str:
-    """Canonical JSON (sorted keys): the candidate's identity in the database."""
-    return json.dumps(dataclasses.asdict(schedule), sort_keys=True)
+    """Canonical JSON (sorted keys): the candidate's identity in the database. The fields
+    are plain ints, so the dataclass's own dict serves (``dataclasses.asdict`` copies
+    recursively, and this runs twice for every candidate a search sends)."""
+    return json.dumps(vars(schedule), sort_keys=True)
 
 
 def from_json(text: str) -> GemmSchedule:
