@@ -137,8 +137,10 @@ class RayCluster:
         try:
             if local:
                 cpus = int(local.group(1)) if local.group(1) else os.cpu_count()
-                # Our own cluster on this machine only: nothing listens beyond 127.0.0.1.
-                ray.init(num_cpus=cpus, **kwargs)
+                # Our own cluster on this machine only: nothing listens beyond 127.0.0.1. A new
+                # one (address "local"): without it ray.init joins a Ray already running here
+                # (or at RAY_ADDRESS), whose CPUs are not the N asked for.
+                ray.init(address="local", num_cpus=cpus, **kwargs)
             else:
                 if address != "auto":
                     _check_reachable(address)
