@@ -534,17 +534,27 @@ class Tuner:
             self._submit(schedule, ms)
         for _ in self._results():
             pass
-        self._stale = True
+        self._measured_outside()
 
     # ---- the evolutionary loop ----------------------------------------------------------
     def _predict(self, rows: list[tuple[Schedule, int]]) -> np.ndarray:
-        """The cost model's predictions, refit first if measurements came since it was last fit
-        outside the search (``_stale``: probes and joint timings; a fit in line after each of
-        them was most of the driver's time after the search on a cluster, and only the next
-        prediction needs it)."""
-        if self._stale:
+        """The cost model's predictions. Measurements that came outside the search (probes,
+        joint timings: ``_measured_outside``) are fit in line first, only now that a
+        prediction needs them (a fit after each was most of the driver's time after the
+        search); with a background fitter, the newest model it has returned serves, as in the
+        search: its fit of those measurements ran while the next ones were made."""
+        if self.fitter is not None:
+            self._take_fit()
+        elif self._stale:
             self._fit()
         return self.model.predict(rows)
+
+    def _measured_outside(self) -> None:
+        """New measurements outside the search: the model is stale; a background fitter
+        starts on them at once."""
+        self._stale = True
+        if self.fitter is not None:
+            self._fit(background=True)
 
     def _scores(self, pool: list[Schedule], ms: list[int]) -> np.ndarray:
         pred = self._predict([(s, m) for s in pool for m in ms])
@@ -603,7 +613,7 @@ class Tuner:
         # result comes would otherwise draw every one for the M of worst regret.
         covered = [sum(m in todo for _, _, todo in self.pending.values()) for m in ms]
         order = sorted(range(len(ms)), key=lambda j: (covered[j], -regret[j]))
-        for _ in range(count):
+        while len(picks) < count and open_at.any():
             for j in order:
                 if len(picks) >= count:
                     break
@@ -649,12 +659,18 @@ class Tuner:
             if self._take_fit():
                 score = None  # a new model: the pool is evolved and scored again
             start = time.perf_counter()
-            if score is None:
+            fresh = score is None
+            if fresh:
                 score = _ScoreCache(self, ms)
                 pool = self._next_pool(pool, ms, score)
                 self._spent("pool", start)
                 start = time.perf_counter()
             picks = self._pick(pool, ms, want, score)
+            if not picks and not fresh:
+                # Every candidate of the pool is measured or in flight (many slots, a model not
+                # yet refit): the next generation, from the same model, rather than idle slots.
+                pool = self._next_pool(pool, ms, score)
+                picks = self._pick(pool, ms, want, score)
             for schedule, pick_ms in picks:
                 if not self._submit(schedule, pick_ms):  # stored meanwhile: a trial made already
                     self.trials += 1
@@ -684,11 +700,11 @@ class Tuner:
                     if since_fit >= self.batch:
                         end_round()
                     draw()
-        # What comes after the search (probes, the shortlist) is predicted by a model of every
-        # result: a fit still running in the child, or asked for, is replaced by one in line.
-        stale = self.fitter is not None and (self.fitter.busy or self._refit_wanted)
-        if since_fit or stale:
-            end_round(background=False)
+        # The last results: fit in line (probes and the shortlist are predicted by a model of
+        # every result), or, with a background fitter, there, while the probes are measured
+        # on what the model it last returned predicts.
+        if since_fit:
+            end_round(background=self.fitter is not None)
 
     # ---- selection ---------------------------------------------------------------------
     def measured(self, cid: int, m: int) -> Optional[float]:
@@ -697,14 +713,23 @@ class Tuner:
         s = self.together.get(cid, {}).get(m)
         return s if s is not None else self.times.get(cid, {}).get(m)
 
-    def _time_matrix(self, cids: list[int], ms: list[int]) -> np.ndarray:
-        """Seconds of each candidate at each M: ``measured``, else predicted by the model."""
-        pred = self._predict([(self.schedules[c], m) for c in cids for m in ms]).reshape(len(cids), len(ms))
+    def _time_matrix(self, cids: list[int], ms: list[int], estimate: bool = False) -> np.ndarray:
+        """Seconds of each candidate at each M: ``measured``, else predicted by the model (only
+        those pairs are predicted). ``estimate``: for a cost estimate (a budget, a timeout), which
+        the model as it stands serves: it is not refit for it (``_predict``)."""
         out = np.empty((len(cids), len(ms)))
+        missing: list[tuple[int, int]] = []
         for i, c in enumerate(cids):
             for j, m in enumerate(ms):
                 s = self.measured(c, m)
-                out[i, j] = s if s is not None else self.w.flops(m) / (math.exp(pred[i, j]) * 1e9)
+                out[i, j] = s if s is not None else math.nan
+                if s is None:
+                    missing.append((i, j))
+        if missing:
+            rows = [(self.schedules[cids[i]], ms[j]) for i, j in missing]
+            pred = self.model.predict(rows) if estimate else self._predict(rows)
+            for (i, j), p in zip(missing, pred):
+                out[i, j] = self.w.flops(ms[j]) / (math.exp(p) * 1e9)
         return out
 
     def _select(self, validated: bool = False, among: Optional[list[int]] = None) -> list[int]:
@@ -807,7 +832,7 @@ class Tuner:
         about equal estimated cost, one worker process each (``split_by_cost``): the kernel
         set is chosen and the tree trained by comparing kernels at one M, and each M is still
         timed in one process."""
-        estimate = self._time_matrix(cids, ms)
+        estimate = self._time_matrix(cids, ms, estimate=True)
         costs = {m: self._cost_s(estimate[:, j], m) for j, m in enumerate(ms)}
         self.joint_costs.append(costs)
         chunks = split_by_cost(ms, [costs[m] for m in ms], self.slots)
@@ -830,7 +855,7 @@ class Tuner:
                 self.db.add_measurements(self.wid, c, self.cfg.threads, new, None, list(new))
                 self._add_times(c, new)
                 self.tried.setdefault(c, set()).update(new)
-        self._stale = True
+        self._measured_outside()
         return True
 
     def _time_dense(self, chosen: list[int], elapsed_s: float) -> None:
@@ -842,7 +867,7 @@ class Tuner:
         # (at batch 16 up to 2 minutes of a 9-minute tuning).
         if self.cfg.dense_budget <= 0 or not points or len(chosen) < 2:
             return
-        estimate = self._time_matrix(chosen, points)
+        estimate = self._time_matrix(chosen, points, estimate=True)
         budget = self.cfg.dense_budget * elapsed_s - WORKER_START_S
         extra, spent = [], 0.0
         for cost, m in sorted((self._cost_s(estimate[:, j], m), m) for j, m in enumerate(points)):
