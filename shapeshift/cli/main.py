@@ -136,10 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="SQLite tuning database; measurements in it are reused (default: %(default)s)")
     tune.add_argument("--trials", type=int, default=32,
                       help="candidates to measure, per task (default: %(default)s)")
-    tune.add_argument("--time-budget", type=float, default=None, metavar="MINUTES")
+    tune.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                      help="wall time for the whole run, shared by the tasks (and, on a cluster of several CPU "
+                           "models, by the models in turn)")
     tune.add_argument("--cluster", default=None, metavar="ADDRESS",
                       help="measure on a Ray cluster: a Ray address, 'auto' (RAY_ADDRESS) or local[:N] (an "
-                           "in-process Ray with N CPUs); needs pip install 'shapeshift[cluster]'")
+                           "in-process Ray with N CPUs); a cluster of several CPU models is tuned once per "
+                           "model, on its own nodes, each recorded for its model; needs pip install "
+                           "'shapeshift[cluster]'")
     tune.add_argument("--strategy", choices=("dietcode", "per-shape", "pad-max"), default="dietcode")
     tune.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default: %(default)s)")
     tune.add_argument("--max-kernels", type=int, default=8)

@@ -6,10 +6,14 @@ tune/extract.py); the task list is printed first with FLOPs and an estimated tim
 turn (most work first) with a progress line per search round, then a summary table.
 ``compile --db`` and ``InferenceSession(..., tuning_db=)`` use the records.
 With ``--gemm`` one GEMM is tuned. ``--show`` prints the kernels and each decision tree as C.
+With ``--cluster`` the measurements run on a Ray cluster (tune/cluster.py); on a cluster of
+several CPU models everything is tuned once per model, in turn, on that model's nodes, and
+recorded under its target key.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -135,9 +139,10 @@ def cmd_tune(args) -> int:
     cache_dir = Path(args.cache_dir) if args.cache_dir else db_path.with_name(db_path.name + ".cache")
     cluster = _connect(args.cluster)
     try:
-        if args.model is not None:
-            return _tune_model(args, db_path, cache_dir, cluster)
-        return _tune_gemm(args, db_path, cache_dir, cluster)
+        tune = _tune_model if args.model is not None else _tune_gemm
+        if cluster is not None and len(cluster.models) > 1:
+            return _tune_each_model(tune, args, db_path, cache_dir, cluster)
+        return tune(args, db_path, cache_dir, cluster)
     finally:
         if cluster is not None:
             print(cluster.summary())
@@ -153,6 +158,35 @@ def _connect(address: Optional[str]):
     cluster = RayCluster(address)
     print(cluster.describe(), flush=True)
     return cluster
+
+
+def _tune_each_model(tune, args, db_path: Path, cache_dir: Path, cluster) -> int:
+    """A cluster of several CPU models: everything tuned once per model, one model after
+    another, each on its own nodes (tune/cluster.py's ModelNodes), so that each model's
+    measurements and selections are its own (the Tuner records them under its target key)."""
+    models = cluster.models
+    deadline = time.monotonic() + args.time_budget * 60 if args.time_budget else math.inf
+    for i, model in enumerate(models):
+        own = copy.copy(args)
+        nodes = model.nodes()
+        line = (f"\nCPU model {i + 1}/{len(models)}: {model.target.cpu_model} (target key {model.target.key}), "
+                f"{len(nodes)} node(s), {sum(c for _, _, c in nodes)} CPU(s)")
+        if args.time_budget:
+            # The models run in turn, so --time-budget is wall time for them all, shared as
+            # the tasks of one model share theirs: the time left, evenly among the models
+            # still to tune (what one leaves unused goes to those after it).
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print(line + ": no time left in the budget, its tasks keep the default schedule", flush=True)
+                continue
+            own.time_budget = left / 60 / (len(models) - i)
+            line += f", budget {own.time_budget:.3g} min"
+        if args.plot:  # a plot per model, beside the one named
+            plot = Path(args.plot)
+            own.plot = str(plot.with_name(f"{plot.stem}-{model.target.key[:8]}{plot.suffix}"))
+        print(line, flush=True)
+        tune(own, db_path, cache_dir, model)
+    return 0
 
 
 def _tune_gemm(args, db_path: Path, cache_dir: Path, cluster) -> int:

@@ -7,6 +7,20 @@ this machine (-march=native); ``named_target("x86-64-v3")`` and ``"x86-64-v4"`` 
 the psABI levels, for code that must run on any CPU of that level. Measured facts (FMA
 throughput and latency per width) come from target/calibrate.py, on the host only.
 
+Describing another machine: ``SHAPESHIFT_DESCRIBE_CPU=FILE`` (a /proc/cpuinfo text, such as
+tests/target_samples/*.cpuinfo) makes ``host_target()`` of that process, and of every process
+it starts, describe the CPU in FILE instead of its own: its model name and flags, hence its
+target key, with the generic cache sizes (FILE says nothing of sysfs). It is for tests (a
+Ray node on this machine that stands for another CPU model: tests/test_tune_cluster_models.py)
+and for tuning records: which selections a machine of that model takes (tune/records.py).
+What is measured under it is this machine's timing filed under the other model's key: a
+database meant for real machines of that model is not tuned with it set. The code is still
+built with -march=native and runs here, so FILE may not claim an instruction set the code
+generator uses (``CODEGEN_FEATURES``) that this CPU lacks, and an unreadable FILE, or one
+without a model name and flags, is an error rather than a silent fall back to this machine:
+either would record measurements under a key they were not made for. What is measured
+under it (target/calibrate.py) is cached under the described key, never this CPU's own.
+
 Kernels, schedule spaces, default schedules and cost-model features read what they need
 from here; no kernel file knows a register count of its own.
 """
@@ -15,11 +29,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from ..errors import ShapeshiftError
-from .cpu import Caches, CpuIdentity, read_host
+from .cpu import Caches, CpuIdentity, parse_cpuinfo, read_host
 from .microarch import MicroarchClass, classify
 
 # The x86-64 psABI levels, as /proc/cpuinfo spells their features (lzcnt is "abm" there).
@@ -32,6 +48,11 @@ LEVELS = {"x86-64-v3": X86_64_V3, "x86-64-v4": X86_64_V4}
 GENERIC_CACHES = Caches(l1d=32 << 10, l2=1 << 20, l3=8 << 20)
 # Features the native backend needs whatever the target.
 REQUIRED = frozenset({"avx2", "fma"})
+# Every extension a Target's properties read, so kernels may be generated for: what a
+# described CPU (``DESCRIBE_CPU_ENV``) may claim only where this CPU has it too.
+CODEGEN_FEATURES = X86_64_V4 | frozenset("avx512_vnni avx_vnni avx512_bf16 avx512_fp16 amx_tile".split())
+# Names a /proc/cpuinfo text this process describes as its CPU (the module docstring).
+DESCRIBE_CPU_ENV = "SHAPESHIFT_DESCRIBE_CPU"
 
 
 @dataclass(frozen=True)
@@ -130,12 +151,36 @@ def target_from_cpu(cpu: CpuIdentity, caches: Caches) -> Target:
 
 @functools.cache
 def host_target() -> Target:
-    """This machine, as /proc/cpuinfo and sysfs describe it (read once per process)."""
+    """This machine, as /proc/cpuinfo and sysfs describe it (read once per process), or the
+    CPU that ``$SHAPESHIFT_DESCRIBE_CPU`` describes (the module docstring)."""
     cpu, caches = read_host()
+    described = os.environ.get(DESCRIBE_CPU_ENV)
+    if described:
+        return described_target(Path(described), cpu)
     if cpu is None:
         # Not Linux, or no /proc: assume the level every supported machine has.
         return named_target("x86-64-v3")
     return target_from_cpu(cpu, caches)
+
+
+def described_target(path: Path, real: Optional[CpuIdentity]) -> Target:
+    """The CPU the cpuinfo text at ``path`` describes, standing for this machine, whose own
+    identity is ``real`` (None: unknown, taken as x86-64-v3); a ShapeshiftError if it cannot
+    stand for it (the module docstring)."""
+    where = f"{DESCRIBE_CPU_ENV}={path}"
+    try:
+        cpu = parse_cpuinfo(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ShapeshiftError(f"{where}: cannot read the CPU description: {getattr(exc, 'strerror', None) or exc}"
+                              ) from None
+    if not cpu.model_name or not cpu.flags:
+        raise ShapeshiftError(f"{where}: not a /proc/cpuinfo text (no 'model name' and 'flags' lines)")
+    have = real.flags if real is not None else X86_64_V3
+    beyond = sorted((cpu.flags - have) & CODEGEN_FEATURES)
+    if beyond:
+        raise ShapeshiftError(f"{where}: describes {cpu.model_name} with {', '.join(beyond)}, which this CPU lacks: "
+                              f"kernels built for it would not run here")
+    return target_from_cpu(cpu, Caches(0, 0, 0))
 
 
 def named_target(name: str) -> Target:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from .calibrate import FmaCalibration
-from .description import Target
+from .description import DESCRIBE_CPU_ENV, Target
 from .microarch import width_rate_mismatch
 
 
@@ -22,6 +23,10 @@ def describe(target: Target, calibration: Optional[FmaCalibration] = None) -> li
              f"vectors:    {', '.join(f'{w}-bit' for w in target.widths)}; {target.vector_registers} registers",
              f"caches:     L1d {_kib(caches.l1d)}, L2 {_kib(caches.l2)} (per core), L3 {_kib(caches.l3)}",
              f"class:      {target.microarch.name}: {target.microarch.summary}"]
+    described = os.environ.get(DESCRIBE_CPU_ENV)
+    if described and target.name == "native":
+        lines.append(f"warning:    the CPU above is described by {DESCRIBE_CPU_ENV}={described}, "
+                     "not this machine's own")
     if calibration is not None:
         for w in calibration.widths:
             lines.append(f"fma {w.bits}:    {w.peak_gflops:.1f} GFLOPS a core (float32), {w.fma_per_ns:.2f} FMAs/ns, "

@@ -7,12 +7,13 @@ SQLite database, which only it writes. A measurement becomes a Ray task:
 
 - it carries the candidate's family and schedule (builder.CandidateSource), which the node
   writes out as C and compiles into its own cache (no shared filesystem to set up, and the
-  driver neither writes nor compiles C: a round of candidates scales with the nodes), then runs the same worker process a local measurement runs
-  (tune/runner.py);
+  driver neither writes nor compiles C: a round of candidates scales with the nodes), then
+  runs the same worker process a local measurement runs (tune/runner.py);
 - it asks for ``num_cpus`` = the thread count it measures with, so two measurements never
   share a core;
-- it returns the node it ran on and that node's CPU (target key), which the database
-  records with the measurement.
+- it returns the node it ran on and that node's CPU (target description), which the driver
+  checks against the CPU model it sent the task to, under whose target key the database
+  records the measurement.
 
 The interface is the one the search measures through (runner.LocalRunner has it too):
 ``submit`` a candidate and get a ticket; ``wait`` returns the results ready now (at least
@@ -24,13 +25,31 @@ Ms split into chunks, one task each, so that the joint timings also shrink with 
 Failures: a kernel that crashes or hangs its worker process is that candidate's error,
 returned like any result and recorded once as failed (the task itself succeeded: it is not
 retried elsewhere). A Ray worker process or node that dies mid-task (the task's process,
-not the measurement's) makes Ray run the task again on another one (``MAX_RETRIES``), and
-the candidate is not marked failed. A task that still cannot run (every worker lost) stops
-the tune with a ShapeshiftError; what was measured before is in the database.
+not the measurement's) makes Ray run the task again on another one of the same CPU model
+(``MAX_RETRIES``), and the candidate is not marked failed. A task that still cannot run
+(every worker of its model lost) stops the tune with a ClusterError; what was measured
+before is in the database.
 
-Every node must have one CPU model and flag set: candidates are compared only within one
-CPU model, and the run's measurements and selection are recorded for it. A cluster of
-mixed machines is refused, naming the models (tune each kind on a cluster of its own).
+CPU models: candidates are compared only within one CPU model (target key: model name and
+flags). At connection a probe task on every node returns its CPU, and the nodes are grouped
+by model, one ``ModelNodes`` each (``RayCluster.models``): the measuring interface above, on
+that model's nodes only, whose CPUs alone its ``slots`` count. A tune (search.Tuner) runs on
+one of them and records its measurements and selection under that model's key; ``shapeshift
+tune --cluster`` tunes every task once per model, in turn (cli/tune_cmd.py), so a session
+applies the selection made on its own CPU model (tune/records.py). Every result names the
+node that made it and that node's CPU, checked against the model's: a measurement is never
+recorded under another model's key.
+
+- A cluster of one model measures on any node Ray picks (nodes that join later included),
+  and ``RayCluster`` itself offers that model's interface (``target``, ``submit``, ...:
+  ``ONE_MODEL_INTERFACE``).
+- On a mixed cluster each task carries a Ray label selector on the node id (``ray.io/node-id``
+  in the model's nodes): Ray still balances among them, and a task retried after its node
+  died runs on another node of the same model. Ray holds a task whose model has no live node
+  left (waiting for one to join), so a wait that sees no result for ``LIVENESS_S`` checks
+  that one is alive, and stops the tune with a ClusterError when none is. Nodes that join
+  later are not used (they were not probed). A Ray without label selectors refuses a mixed
+  cluster, naming the fix.
 
 Addresses: ``auto`` (``RAY_ADDRESS``, or a cluster started on this machine), ``local`` or
 ``local:N`` (an in-process Ray with N CPUs, every core by default), or a Ray address
@@ -56,6 +75,13 @@ from .runner import Result, RunnerConfig, measure, measure_together
 INSTALL_HINT = "pip install 'shapeshift[cluster]'"
 # Runs of a task whose Ray worker process or node died, before the tune stops.
 MAX_RETRIES = 3
+# Seconds a wait sees no result before it checks that the model still has a live node.
+LIVENESS_S = 10.0
+# The label Ray gives every node, its node id: what keeps a task on one model's nodes.
+NODE_ID_LABEL = "ray.io/node-id"
+# What a cluster of one CPU model offers itself, as its ModelNodes does.
+ONE_MODEL_INTERFACE = frozenset({"target", "slots", "submit", "wait", "cancel", "measure_many", "time_together",
+                                 "counts", "task_seconds", "joint_tasks"})
 _LOCAL = re.compile(r"local(?::(\d+))?")
 
 
@@ -125,34 +151,21 @@ def _together_task(sources: Sequence["str | CandidateSource"], workload, ms: lis
     return (results, *_node(), time.perf_counter() - start)
 
 
-class RayCluster:
-    """A connection to a Ray cluster that measures candidates (see the module docstring)."""
+def _node_lines(nodes: list[tuple[str, str, int]]) -> list[str]:
+    return [f"  node {node[:8]} at {addr}: {cpus} CPU(s)" for node, addr, cpus in nodes]
 
-    def __init__(self, address: str):
-        local = _LOCAL.fullmatch(address)
-        ray = _import_ray(local=bool(local))
-        self.ray = ray
-        self.address = address
-        kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        try:
-            if local:
-                cpus = int(local.group(1)) if local.group(1) else os.cpu_count()
-                # Our own cluster on this machine only: nothing listens beyond 127.0.0.1. A new
-                # one (address "local"): without it ray.init joins a Ray already running here
-                # (or at RAY_ADDRESS), whose CPUs are not the N asked for.
-                ray.init(address="local", num_cpus=cpus, **kwargs)
-            else:
-                if address != "auto":
-                    _check_reachable(address)
-                ray.init(address=None if address == "auto" else address, **kwargs)
-        except ConnectionError as exc:
-            raise ClusterError(f"cannot reach the Ray cluster at {address!r}: {exc} (start one with "
-                               "`ray start --head`, or use --cluster local:N)") from None
-        except (RuntimeError, ValueError) as exc:
-            raise ClusterError(f"Ray cluster at {address!r} refused the connection: {str(exc).splitlines()[0]} "
-                               f"(the cluster's Ray version must match this one, {ray.__version__})") from None
-        self._measure = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_measure_task)
-        self._together = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_together_task)
+
+class ModelNodes:
+    """The nodes of one CPU model, measuring candidates (the module docstring): what
+    search.Tuner measures through, and what ``shapeshift tune --cluster`` tunes on."""
+
+    def __init__(self, cluster: "RayCluster", target: Target, node_ids: Optional[frozenset[str]] = None):
+        self.cluster, self.ray, self.target = cluster, cluster.ray, target
+        # None: every node (a cluster of one model). Else the label selector that keeps each
+        # task, and each retry of it, on these nodes.
+        self.node_ids = node_ids
+        self._placement = {} if node_ids is None else {
+            "label_selector": {NODE_ID_LABEL: f"in({','.join(sorted(node_ids))})"}}
         self.counts: collections.Counter = collections.Counter()  # measurements per node
         # Seconds each task took on its node: candidates (build + measurement), and each
         # joint timing's chunks as (Ms, seconds).
@@ -160,59 +173,55 @@ class RayCluster:
         self.joint_tasks: list[tuple[list[int], float]] = []
         self._refs: dict[int, object] = {}  # ticket -> the running task's ObjectRef
         self._tickets = itertools.count()
-        self.target = self._cluster_target()
 
-    # ---- the nodes ---------------------------------------------------------------------
     def nodes(self) -> list[tuple[str, str, int]]:
-        """(node id, address, CPUs) of every live node."""
-        return [(n["NodeID"], n.get("NodeManagerAddress", "?"), int(n.get("Resources", {}).get("CPU", 0)))
-                for n in self.ray.nodes() if n.get("Alive")]
-
-    def _cluster_target(self) -> Target:
-        """The one CPU every node has (a probe task per node); a ClusterError naming the
-        models when they differ."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        probe = self.ray.remote(num_cpus=0)(_node)
-        refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-                for node, _, _ in self.nodes()]
-        found = {}
-        for node, data in self.ray.get(refs):
-            target = target_from_json(data)
-            found.setdefault(target.key, (target, []))[1].append(node[:8])
-        if len(found) > 1:
-            models = "; ".join(f"{t.cpu_model} (target key {key}) on {', '.join(nodes)}"
-                               for key, (t, nodes) in sorted(found.items()))
-            raise ClusterError(f"the cluster mixes CPU models, whose measurements do not compare: {models}; "
-                               "tune on a cluster of one kind of machine")
-        return next(iter(found.values()))[0]
+        """(node id, address, CPUs) of this model's live nodes."""
+        return [n for n in self.cluster.nodes() if self.node_ids is None or n[0] in self.node_ids]
 
     def describe(self) -> str:
+        """The model, its nodes and CPUs (one line), then a line per node."""
         nodes = self.nodes()
-        cpus = sum(c for _, _, c in nodes)
-        lines = [f"cluster {self.address}: {len(nodes)} node(s), {cpus} CPU(s), {self.target.cpu_model} "
-                 f"(target key {self.target.key})"]
-        lines += [f"  node {node[:8]} at {addr}: {c} CPU(s)" for node, addr, c in nodes]
-        return "\n".join(lines)
+        lines = [f"{self.target.cpu_model} (target key {self.target.key}): {len(nodes)} node(s), "
+                 f"{sum(c for _, _, c in nodes)} CPU(s)"]
+        return "\n".join(lines + _node_lines(nodes))
 
     # ---- measuring ---------------------------------------------------------------------
+    def _ready(self, refs: list) -> list:
+        """Those of ``refs`` that are done, at least one (blocks until then); a ClusterError
+        once no node of this model is alive (Ray would hold its tasks for one to join)."""
+        while not self.ray.wait(refs, num_returns=1, timeout=LIVENESS_S)[0]:
+            if not self.nodes():
+                raise ClusterError(f"every node of {self.target.cpu_model} (target key {self.target.key}) was lost: "
+                                   "the tune stops (what was measured is in the database)")
+        return self.ray.wait(refs, num_returns=len(refs), timeout=0)[0]
+
     def _get(self, ref, what: str):
+        """A finished task's value and seconds on its node, counted for the node, which must
+        be of this model."""
         try:
-            return self.ray.get(ref)
-        except (self.ray.exceptions.WorkerCrashedError, self.ray.exceptions.NodeDiedError,
-                self.ray.exceptions.RayTaskError, self.ray.exceptions.RaySystemError) as exc:
-            raise ClusterError(f"the cluster could not run {what} after {MAX_RETRIES + 1} tries "
-                               f"(every worker lost?): {str(exc).splitlines()[0]}") from None
+            value, node, cpu, seconds = self.ray.get(ref)
+        except self.ray.exceptions.RayError as exc:  # workers or nodes lost, none left to place it on, ...
+            raise ClusterError(f"the cluster could not run {what} on {self.target.cpu_model} (target key "
+                               f"{self.target.key}) after {MAX_RETRIES + 1} tries (every worker lost?): "
+                               f"{str(exc).splitlines()[0]}") from None
+        made_on = target_from_json(cpu)
+        if made_on.key != self.target.key:
+            # A node that joined after the probe: its result is not recorded under our key.
+            raise ClusterError(f"node {node[:8]} ran {what} on {made_on.cpu_model} (target key {made_on.key}), not "
+                               f"{self.target.cpu_model} (target key {self.target.key}): a node of another CPU model "
+                               "joined the cluster; run the tune again to measure on each model apart")
+        self.counts[node[:8]] += 1
+        return value, seconds
 
     def slots(self, threads: int) -> int:
-        """Measurements of ``threads`` threads the cluster runs at once."""
+        """Measurements of ``threads`` threads this model's nodes run at once."""
         return max(1, sum(c for _, _, c in self.nodes()) // max(1, threads))
 
     def submit(self, source: "str | CandidateSource", workload, ms: Sequence[int], config: RunnerConfig) -> int:
         """One candidate built and measured as a task of its own; a ticket for ``wait``."""
         ticket = next(self._tickets)
-        self._refs[ticket] = self._measure.options(num_cpus=config.threads).remote(source, workload, list(ms),
-                                                                                   config)
+        self._refs[ticket] = self.cluster._measure.options(num_cpus=config.threads, **self._placement).remote(
+            source, workload, list(ms), config)
         return ticket
 
     def wait(self, tickets: Collection[int]) -> list[tuple[int, Result]]:
@@ -220,12 +229,9 @@ class RayCluster:
         order they were submitted: with one worker, tasks finish in that order, and a search
         that takes them one by one is as reproducible as a synchronous one."""
         refs = {self._refs[t]: t for t in tickets}
-        self.ray.wait(list(refs), num_returns=1)
-        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
         out = []
-        for ticket in sorted(refs[r] for r in ready):
-            result, node, _, seconds = self._get(self._refs.pop(ticket), "a measurement")
-            self.counts[node[:8]] += 1
+        for ticket in sorted(refs[r] for r in self._ready(list(refs))):
+            result, seconds = self._get(self._refs.pop(ticket), "a measurement")
             self.task_seconds.append(seconds)
             out.append((ticket, result))
         return out
@@ -254,18 +260,118 @@ class RayCluster:
                       timeouts: Sequence[float]) -> list[list[Result]]:
         """The kernels built and timed together (runner.measure_together), one task per chunk
         of Ms, all at once; per chunk, a Result per kernel."""
-        refs = [self._together.options(num_cpus=config.threads).remote(list(sources), workload, list(ms), config, t)
-                for ms, t in zip(chunks, timeouts)]
+        refs = [self.cluster._together.options(num_cpus=config.threads, **self._placement).remote(
+            list(sources), workload, list(ms), config, t) for ms, t in zip(chunks, timeouts)]
         out = []
         for ms, ref in zip(chunks, refs):
-            results, node, _, seconds = self._get(ref, "a joint timing")
-            self.counts[node[:8]] += 1
+            self._ready([ref])
+            results, seconds = self._get(ref, "a joint timing")
             self.joint_tasks.append((list(ms), seconds))
             out.append(results)
         return out
 
+
+class RayCluster:
+    """A connection to a Ray cluster that measures candidates on its nodes, grouped by CPU
+    model (``models``; see the module docstring)."""
+
+    def __init__(self, address: str):
+        local = _LOCAL.fullmatch(address)
+        ray = _import_ray(local=bool(local))
+        self.ray = ray
+        self.address = address
+        kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        try:
+            if local:
+                cpus = int(local.group(1)) if local.group(1) else os.cpu_count()
+                # Our own cluster on this machine only: nothing listens beyond 127.0.0.1. A new
+                # one (address "local"): without it ray.init joins a Ray already running here
+                # (or at RAY_ADDRESS), whose CPUs are not the N asked for.
+                ray.init(address="local", num_cpus=cpus, **kwargs)
+            else:
+                if address != "auto":
+                    _check_reachable(address)
+                ray.init(address=None if address == "auto" else address, **kwargs)
+        except ConnectionError as exc:
+            raise ClusterError(f"cannot reach the Ray cluster at {address!r}: {exc} (start one with "
+                               "`ray start --head`, or use --cluster local:N)") from None
+        except (RuntimeError, ValueError) as exc:
+            raise ClusterError(f"Ray cluster at {address!r} refused the connection: {str(exc).splitlines()[0]} "
+                               f"(the cluster's Ray version must match this one, {ray.__version__})") from None
+        self._measure = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_measure_task)
+        self._together = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(_together_task)
+        self.models: list[ModelNodes] = self._probe()
+
+    def __getattr__(self, name: str):
+        # A cluster of one CPU model measures as that model's nodes do (what search.Tuner and
+        # bench/cluster.py use); a mixed one only through ``models``, a Tuner each.
+        if name in ONE_MODEL_INTERFACE:
+            return getattr(self.one_model(), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def one_model(self) -> ModelNodes:
+        """The cluster's one CPU model; a ClusterError naming them when it has several."""
+        if len(self.models) > 1:
+            names = "; ".join(f"{m.target.cpu_model} (target key {m.target.key})" for m in self.models)
+            raise ClusterError(f"the cluster has {len(self.models)} CPU models ({names}): measure on each "
+                               "apart (RayCluster.models), a tune each")
+        return self.models[0]
+
+    # ---- the nodes ---------------------------------------------------------------------
+    def nodes(self) -> list[tuple[str, str, int]]:
+        """(node id, address, CPUs) of every live node."""
+        return [(n["NodeID"], n.get("NodeManagerAddress", "?"), int(n.get("Resources", {}).get("CPU", 0)))
+                for n in self.ray.nodes() if n.get("Alive")]
+
+    def _probe(self) -> list[ModelNodes]:
+        """The nodes grouped by CPU model (a probe task per node), the models sorted by name."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = self.ray.remote(num_cpus=0)(_node)
+        refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+                for node, _, _ in self.nodes()]
+        found: dict[str, tuple[Target, list[str]]] = {}
+        for node, data in self.ray.get(refs):
+            target = target_from_json(data)
+            found.setdefault(target.key, (target, []))[1].append(node)
+        if len(found) == 1:
+            (target, _), = found.values()
+            return [ModelNodes(self, target)]
+        self._check_label_selectors(found)
+        return [ModelNodes(self, target, frozenset(nodes))
+                for target, nodes in sorted(found.values(), key=lambda tn: (tn[0].cpu_model, tn[0].key))]
+
+    def _check_label_selectors(self, found: dict) -> None:
+        """A ClusterError unless this Ray can keep a task on a set of nodes (a label selector
+        on ``ray.io/node-id``), what a cluster of several CPU models needs."""
+        models = "; ".join(f"{t.cpu_model} (target key {key}) on {len(nodes)} node(s)"
+                           for key, (t, nodes) in sorted(found.items()))
+        try:
+            self._measure.options(label_selector={NODE_ID_LABEL: "in(x)"})
+            labelled = all(NODE_ID_LABEL in n.get("Labels", {}) for n in self.ray.nodes() if n.get("Alive"))
+        except (TypeError, ValueError):  # "Invalid option keyword label_selector"
+            labelled = False
+        if not labelled:
+            raise ClusterError(f"the cluster mixes CPU models ({models}), and this Ray ({self.ray.__version__}) "
+                               f"cannot keep a task on one model's nodes: upgrade Ray on the driver and the "
+                               f"cluster to one with label selectors on {NODE_ID_LABEL}, or tune each model on "
+                               f"a cluster of its own")
+
+    def describe(self) -> str:
+        nodes = self.nodes()
+        cpus = sum(c for _, _, c in nodes)
+        if len(self.models) == 1:
+            model = self.models[0].target
+            lines = [f"cluster {self.address}: {len(nodes)} node(s), {cpus} CPU(s), {model.cpu_model} "
+                     f"(target key {model.key})"]
+            return "\n".join(lines + _node_lines(nodes))
+        lines = [f"cluster {self.address}: {len(nodes)} node(s), {cpus} CPU(s), {len(self.models)} CPU models, "
+                 f"each measured on its own nodes:"]
+        return "\n".join(lines + ["  " + line for m in self.models for line in m.describe().splitlines()])
+
     def summary(self) -> str:
-        return "measurements per node: " + (", ".join(f"{node} {n}" for node, n in sorted(self.counts.items()))
+        counts = sum((m.counts for m in self.models), collections.Counter())
+        return "measurements per node: " + (", ".join(f"{node} {n}" for node, n in sorted(counts.items()))
                                             or "none")
 
     def shutdown(self) -> None:

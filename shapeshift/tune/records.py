@@ -16,7 +16,9 @@ emits from the call's symbolic sizes and strides, and a hit calls the tuned disp
 
 The kernels are shape-generic, so a selection tuned for one range of M serves any M; the
 tree's outermost leaves cover M outside the tuned range. Records are matched on thread
-count only: a selection made for 1 thread is not used by a 2-thread session.
+count (a selection made for 1 thread is not used by a 2-thread session) and on the CPU they
+were tuned on (its target key, ``_for_this_cpu``): a database tuned on a cluster of several
+CPU models holds a selection per model, and each machine applies its own model's.
 
 ``to_json``/``from_json`` let a compiled artifact carry the records it was built with, so
 that loading rebuilds the same source without the database.
@@ -123,10 +125,13 @@ Record = TunedGemm | TunedBatchedGemm
 
 def _for_this_cpu(rows: list, path: Path) -> list:
     """The selections measured on this machine's CPU model and flags (or on an unknown CPU,
-    from before selections recorded theirs); the others are not applied, with a warning
-    naming the CPUs they were tuned on."""
+    from before selections recorded theirs); the others are not applied. A database tuned on
+    a cluster of several CPU models holds a selection per model for each workload, and each
+    machine takes its own, silently; a workload with selections from other CPUs only is the
+    one a warning names (with the CPUs they were tuned on): it runs its default here."""
     here = host_target()
-    kept, foreign, unknown = [], {}, 0
+    kept, unknown = [], 0
+    foreign: dict[str, dict] = {}  # workload key -> target key -> CPU model
     for row in rows:
         measured_on = json.loads(row[-1]) if row[-1] else None
         if measured_on is None:
@@ -135,7 +140,10 @@ def _for_this_cpu(rows: list, path: Path) -> list:
         elif measured_on.get("key") == here.key:
             kept.append(row)
         else:
-            foreign[measured_on.get("key")] = measured_on.get("cpu_model", "?")
+            foreign.setdefault(row[0], {})[measured_on.get("key")] = measured_on.get("cpu_model", "?")
+    ours = {row[0] for row in kept}
+    foreign = {key: model for workload, cpus in foreign.items() if workload not in ours
+               for key, model in cpus.items()}
     if foreign:
         cpus = "; ".join(f"{model} (target key {key})" for key, model in sorted(foreign.items()))
         warnings.warn(f"tuning database {path}: selections tuned on another CPU are not used: {cpus}; this "
