@@ -156,7 +156,10 @@ def compare_dispatchers(runs: dict, workloads: list[GemmWorkload], cache: Path) 
             fastest = summarize(got)[0]
             flops = w.flops(point["m"])
             rows.append({"workload": w.describe(), "m": point["m"],
-                         "one": flops / fastest["1 worker"] / 1e9, "two": flops / fastest["2 workers"] / 1e9})
+                         "one": flops / fastest["1 worker"] / 1e9, "two": flops / fastest["2 workers"] / 1e9,
+                         # which kernel of its set each dispatcher ran there, and its schedule
+                         "kernels": {name: task["kernels"][lib.ss_gemm_tuned_choice(point["m"])]
+                                     for (name, (lib, _)), task in zip(libs.items(), (one, two))}})
     return rows
 
 
@@ -241,6 +244,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench_cluster_dispatch_") as cache:
             runs["dispatchers"] = compare_dispatchers(runs, workloads, Path(cache))
         trace = make_trace(runs[1], workloads)
+        # With the emulation's inputs, what the comparison of the two runs' dispatchers found
+        # (each run's kernel at each M included): a ratio out of line can be looked into.
+        trace["dispatchers"] = runs["dispatchers"]
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.with_suffix(".json").write_text(json.dumps(trace, indent=1))
     sims = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 import time
 
 import numpy as np
@@ -65,6 +66,23 @@ def test_a_child_that_dies_is_an_error_naming_it():
             fitter.take()
     finally:
         fitter.close()
+
+
+def test_closing_with_a_fit_running_ends_the_child_quietly(monkeypatch):
+    """The run's end closes the fitter while a fit may still be running (its result no longer
+    wanted): the thread finishes that fit, sends nothing more, and ends the child."""
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    rows, ys = _rows(200)
+    model = CostModel(WORKLOAD, 1)
+    fitter = BackgroundFit()
+    fitter.start(model.fit_job(rows, ys))
+    fitter.take()  # the child is up
+    fitter.start(model.fit_job(rows, ys))
+    thread, child = fitter._thread, fitter._child
+    fitter.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and child.poll() is not None and errors == []
 
 
 class RealTimeCluster(FakeCluster):

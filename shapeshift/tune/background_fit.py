@@ -70,6 +70,7 @@ class BackgroundFit:
         self._thread: Optional[threading.Thread] = None
         self._child: Optional[subprocess.Popen] = None
         self._job: Optional[Future] = None
+        self._closed = threading.Event()
 
     @property
     def busy(self) -> bool:
@@ -100,16 +101,14 @@ class BackgroundFit:
         self._job = None
 
     def close(self) -> None:
+        """Stop: jobs not yet sent are dropped; the thread ends the child (closing its stdin)
+        once the job it is on, if any, returns."""
         self._job = None
         if self._thread is not None:
+            self._closed.set()
             self._jobs.put(None)
             self._thread = None
-        if self._child is not None:
-            try:
-                self._child.stdin.close()
-            except OSError:
-                pass
-            self._child = None
+        self._child = None
 
     def _serve(self) -> None:
         """The thread: each job to the child and its answer back, in order; after the child
@@ -117,6 +116,9 @@ class BackgroundFit:
         child = None
         while (item := self._jobs.get()) is not None:
             future, job = item
+            if self._closed.is_set():
+                future.cancel()
+                continue
             try:
                 if child is None:
                     child = self._child = subprocess.Popen(
@@ -124,7 +126,7 @@ class BackgroundFit:
                         stdout=subprocess.PIPE, env={**os.environ, **_ONE_THREAD})
                 _send(child.stdin, job)
                 status, value = _receive(child.stdout)
-            except (OSError, EOFError, pickle.PickleError) as exc:
+            except (OSError, ValueError, EOFError, pickle.PickleError) as exc:
                 future.set_exception(ShapeshiftError(f"the cost model's background fit process stopped ({exc!r}, "
                                                      f"exit status {child.poll() if child else None})"))
                 continue
@@ -133,6 +135,10 @@ class BackgroundFit:
             else:
                 future.set_exception(ShapeshiftError(f"the cost model's background fit failed: {value}"))
         if child is not None:
+            try:
+                child.stdin.close()
+            except OSError:
+                pass
             child.wait()
 
 
