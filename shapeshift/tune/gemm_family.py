@@ -81,14 +81,14 @@ def _cdiv(a: int, b: int) -> int:
 def work_ratio(s: GemmSchedule, m: int, n: int) -> float:
     """Multiply-adds the kernels compute over the useful ones: the last partial panel of N
     runs whole vectors of the tile's width (packed path: edge kernels) or whole passes of
-    8 x width (the ymm B-streaming path, per row group); rows are never padded."""
+    lanes x width (the B-streaming path, per row group); rows are never padded."""
     def columns(step: int) -> int:
         return (n // s.nr) * s.nr + _cdiv(n % s.nr, step) * step
 
     if m > s.small_m:
         return columns(s.lanes) / n
     groups = gemm_tiles.small_row_groups(s, m)
-    return sum(rows * columns(8 * gemm_tiles.small_shape(s, rows)[0]) for rows in groups) / (m * n)
+    return sum(rows * columns(s.lanes * gemm_tiles.small_shape(s, rows)[0]) for rows in groups) / (m * n)
 
 
 def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int = 1,

@@ -476,8 +476,9 @@ def test_packed_b_size_python_matches_c(libs):
 # registers fields, the C-tile prefetch, the x86-64-v3 default's mc from its caches, and
 # the tile loops as one block for either order, a_in_l1; then the fragment written with the
 # C writer, token for token the same C as before, laid out and commented by the writer; then a
-# fused Relu that keeps NaN: max_ps(zero, acc)).
-DEFAULT_SOURCE_SHA256 = "282cb4004e58422a2fb770746901bade06ac87c4d09225dbb28023ec77f838ba"
+# fused Relu that keeps NaN: max_ps(zero, acc); then the B-streaming path drawn per width, its
+# dispatchers with its kernels, B vectors pinned with "+v").
+DEFAULT_SOURCE_SHA256 = "ead563f8f85ac907523ea39e3c45cecb9b0e42f7b278f43e47d8afdf63010465"
 
 
 def test_default_prefix_source_unchanged():

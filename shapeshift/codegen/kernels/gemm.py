@@ -60,7 +60,8 @@ bias whose column stride is neither 0 nor 1, get it from a separate pass over th
 while it is in L1. Row-major A and column-major B are packed through 8x8 transposes.
 
 Calls with M <= ``small_m`` are bound by reading B, so A is not packed: a generated kernel
-per row count broadcasts A straight from its strides and streams B once, from the
+per row count, in the schedule's width (zmm ones, on AVX-512 builds, with their own row
+groups and panel counts), broadcasts A straight from its strides and streams B once, from the
 prepacked panels, from a row-major B in place (``pack_rows`` rows at a time across all
 its columns, so every row is one sequential stream), or from ``small_nc``-column blocks
 of any other B packed into L2. Packed panels are read ``small_panels`` at a time where
@@ -292,23 +293,17 @@ def fragment(schedule: Optional[GemmSchedule] = None) -> Fragment:
     with kernels.guard("__AVX2__"):
         kernels.raw(tiles.in_lanes(s, tiles.full_tile_kernel))
         kernels.raw(tiles.in_lanes(s, tiles.edge_kernels))
-        for m, prefetch in tiles.small_kernels(s):
-            kernels.raw(tiles.small_kernel_avx2(s, m, prefetch))
-        for m, panels, sets in tiles.small_multi_kernels(s):
-            kernels.raw(tiles.small_multi_kernel_avx2(s, m, panels, sets))
+        kernels.raw(tiles.in_lanes(s, tiles.small_path))
         kernels.orelse()
         kernels.raw(driver.MICRO_KERNEL_SCALAR)
         kernels.raw(driver.EDGE_TILE_SCALAR)
-        for m, prefetch in tiles.small_kernels(s):
-            kernels.raw(tiles.small_kernel_scalar(m, prefetch))
+        kernels.raw(tiles.small_path_scalar(s))
     return Fragment([
         Shared(defines.text()),
         Private(driver.HELPERS),
         Shared(driver.TRANSPOSE8),
         Private(driver.PACKING),
         Private(kernels.text()),
-        Private(tiles.small_dispatch(s)),
-        Private(tiles.small_span_dispatch(s)),
         Private(fill(driver.DRIVER, TILE_LOOPS=driver.TILE_LOOPS[s.a_in_l1])),
         *driver.ENTRIES,
     ])

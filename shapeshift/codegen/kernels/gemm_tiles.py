@@ -7,7 +7,7 @@ Not a fragment of its own: gemm.py assembles these with its driver (gemm_driver.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from ..cwriter import CWriter, Function
 from .gemm import FMA_CHAINS, GemmSchedule, max_rows
@@ -140,14 +140,25 @@ def edge_kernels(s: GemmSchedule, lanes: int) -> str:
 
 
 # ---- the B-streaming path (M <= small_m) ----------------------------------------------
+#
+# Every function below takes the vector width it is drawn for (``lanes``: 8, ymm; 16, zmm),
+# the schedule's own by default: a zmm schedule's path is drawn twice, in zmm for AVX-512
+# builds and in ymm for the others (``small_path`` under ``in_lanes``). It ran in ymm on
+# every target until the zmm form: on a core with two full-rate 512-bit FMA pipes that held
+# M <= 8 to half the peak (768x768 at M = 8: 118 GFLOPS, 47% of the zmm peak, 93% of ymm's).
 
-def small_shape(s: GemmSchedule, m: int) -> tuple[int, int]:
+
+def _lanes(s: GemmSchedule, lanes: Optional[int]) -> int:
+    return lanes or s.lanes
+
+
+def small_shape(s: GemmSchedule, m: int, lanes: Optional[int] = None) -> tuple[int, int]:
     """(vectors per pass, accumulator sets) of the m-row B-streaming kernel.
 
-    Vectors per pass: the widest divisor of nr/8 whose accumulators fit; sets: independent
+    Vectors per pass: the widest divisor of nr/lanes whose accumulators fit; sets: independent
     accumulator copies (alternate k steps) so that at least FMA_CHAINS FMAs are in flight.
     """
-    vectors = s.nr // 8
+    vectors = s.nr // _lanes(s, lanes)
     width = max(w for w in range(1, vectors + 1) if vectors % w == 0 and m * w + w + 1 <= s.registers)
     sets = 1
     while m * width * sets < FMA_CHAINS and m * width * (sets + 1) + width + 1 <= s.registers:
@@ -163,25 +174,32 @@ SMALL_PARAMS = ("int64_t kc", "const float* restrict a", "int64_t rsa", "int64_t
                 "int64_t ldb", "float* restrict c", "int64_t ldc", "int acc", "int64_t nv")
 
 
-def small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool) -> str:
-    width, sets = small_shape(s, m)
+def _broadcast(lanes: int, address: str) -> str:
+    """A float at ``address`` in every lane (zmm: a broadcast GCC folds into the FMA's load)."""
+    return f"_mm512_set1_ps(*({address}))" if lanes == 16 else f"_mm256_broadcast_ss({address})"
+
+
+def small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool, lanes: Optional[int] = None) -> str:
+    lanes = _lanes(s, lanes)
+    v_type, mm = vector_names(lanes)
+    width, sets = small_shape(s, m, lanes)
     acc = [[[f"c{t}_{i}_{v}" for v in range(width)] for i in range(m)] for t in range(sets)]
 
     def step(w: CWriter, t: int) -> None:
         if prefetch:
             w.line(f"_mm_prefetch((const char*)(bp + ({t} + {s.prefetch_rows}) * ldb), _MM_HINT_T0);")
-        w.lines(f"b{v} = _mm256_loadu_ps(bp + {t} * ldb + {8 * v});" for v in range(width))
+        w.lines(f"b{v} = {mm}_loadu_ps(bp + {t} * ldb + {lanes * v});" for v in range(width))
         # Pin each B vector in a register: otherwise GCC folds the load into every FMA that
         # uses it (m loads per vector instead of one) and the loop becomes load-bound.
-        w.lines(f'__asm__("" : "+x"(b{v}));' for v in range(width))
+        w.lines(f'__asm__("" : "+v"(b{v}));' for v in range(width))
         for i in range(m):
-            w.line(f"av = _mm256_broadcast_ss(ap + {i} * rsa + {t} * csa);")
-            w.lines(f"{acc[t][i][v]} = _mm256_fmadd_ps(av, b{v}, {acc[t][i][v]});" for v in range(width))
+            w.line(f"av = {_broadcast(lanes, f'ap + {i} * rsa + {t} * csa')};")
+            w.lines(f"{acc[t][i][v]} = {mm}_fmadd_ps(av, b{v}, {acc[t][i][v]});" for v in range(width))
 
     w = CWriter(level=1)
-    with w.block(f"for (int j0 = 0; j0 < nv; j0 += {8 * width})"):
-        w.line("__m256 av, " + ", ".join(f"b{v}" for v in range(width)) + ";")
-        w.lines(f"__m256 {name} = _mm256_setzero_ps();" for st in acc for row in st for name in row)
+    with w.block(f"for (int j0 = 0; j0 < nv; j0 += {lanes * width})"):
+        w.line(f"{v_type} av, " + ", ".join(f"b{v}" for v in range(width)) + ";")
+        w.lines(f"{v_type} {name} = {mm}_setzero_ps();" for st in acc for row in st for name in row)
         w.line("const float* ap = a;", "const float* bp = b + j0;", "int64_t k = 0;")
         with w.block(f"for (; k + {sets} <= kc; k += {sets})"):
             for t in range(sets):
@@ -190,37 +208,39 @@ def small_kernel_avx2(s: GemmSchedule, m: int, prefetch: bool) -> str:
         with w.block("for (; k < kc; ++k)"):
             step(w, 0)
             w.line("ap += csa; bp += ldb;")
-        w.lines(f"{acc[0][i][v]} = _mm256_add_ps({acc[0][i][v]}, {acc[t][i][v]});"
+        w.lines(f"{acc[0][i][v]} = {mm}_add_ps({acc[0][i][v]}, {acc[t][i][v]});"
                 for t in range(1, sets) for i in range(m) for v in range(width))
         with w.block("if (acc)"):
-            w.lines(f"{acc[0][i][v]} = _mm256_add_ps({acc[0][i][v]}, _mm256_loadu_ps(c + {i} * ldc + j0 + {8 * v}));"
+            w.lines(f"{acc[0][i][v]} = {mm}_add_ps({acc[0][i][v]}, {mm}_loadu_ps(c + {i} * ldc + j0 + {lanes * v}));"
                     for i in range(m) for v in range(width))
-        w.lines(f"_mm256_storeu_ps(c + {i} * ldc + j0 + {8 * v}, {acc[0][i][v]});" for i in range(m) for v in range(width))
+        w.lines(f"{mm}_storeu_ps(c + {i} * ldc + j0 + {lanes * v}, {acc[0][i][v]});" for i in range(m) for v in range(width))
     return Function("void", small_name(m, prefetch), SMALL_PARAMS, w.text(), linkage="static",
                     comment=f"{m} rows: c (row stride ldc) = (acc ? c : 0) + A(0:{m}, 0:kc) * b, b: kc rows of NR "
                             "floats (row stride ldb); A(i,k) at a[i*rsa + k*csa], read in place. Only the first nv "
-                            f"columns are needed: the passes of {8 * width} columns stop once they are covered."
+                            f"columns are needed: the passes of {lanes * width} columns stop once they are covered."
                     ).definition()
 
 
-def small_panels(s: GemmSchedule, m: int, prefetch: bool) -> int:
+def small_panels(s: GemmSchedule, m: int, prefetch: bool, lanes: Optional[int] = None) -> int:
     """Panels of B the m-row B-streaming kernel reads at once (see ``small_panels``).
 
-    Several panels need full-width passes, m x nr/8 accumulators per panel, the panels' B
+    Several panels need full-width passes, m x nr/lanes accumulators per panel, the panels' B
     vectors (for m = 1 each is used once, so it is read straight into the FMA) and one
     broadcast in the registers. A prefetching kernel reads one panel: its prefetches
     already run ahead of a single stream.
     """
-    if prefetch or small_shape(s, m)[0] != s.nr // 8:
+    lanes = _lanes(s, lanes)
+    if prefetch or small_shape(s, m, lanes)[0] != s.nr // lanes:
         return 1
-    return max(p for p in range(1, s.small_panels + 1) if p == 1 or multi_registers(s, m, p, 1) <= s.registers)
+    return max(p for p in range(1, s.small_panels + 1)
+               if p == 1 or multi_registers(s, m, p, 1, lanes) <= s.registers)
 
 
-def multi_registers(s: GemmSchedule, m: int, panels: int, sets: int) -> int:
-    """ymm registers of the m-row kernel over ``panels`` panels with ``sets`` accumulator
+def multi_registers(s: GemmSchedule, m: int, panels: int, sets: int, lanes: Optional[int] = None) -> int:
+    """Vector registers of the m-row kernel over ``panels`` panels with ``sets`` accumulator
     sets: the accumulators, the panels' B vectors (for m = 1 each is used once and read
     straight into its FMA, so one) and the A broadcast."""
-    vectors = s.nr // 8
+    vectors = s.nr // _lanes(s, lanes)
     return m * vectors * panels * sets + (vectors * panels if m > 1 else 1) + 1
 
 
@@ -228,23 +248,26 @@ def small_multi_name(rows: int, panels: int) -> str:
     return f"ss_gemm_small_{rows}_x{panels}"
 
 
-def small_multi_sets(s: GemmSchedule, m: int, panels: int) -> int:
+def small_multi_sets(s: GemmSchedule, m: int, panels: int, lanes: Optional[int] = None) -> int:
     """Accumulator sets (alternate k steps) of the m-row kernel over ``panels`` panels at once."""
+    lanes = _lanes(s, lanes)
     sets = 1
-    while (m * (s.nr // 8) * panels * sets < FMA_CHAINS
-           and multi_registers(s, m, panels, sets + 1) <= s.registers):
+    while (m * (s.nr // lanes) * panels * sets < FMA_CHAINS
+           and multi_registers(s, m, panels, sets + 1, lanes) <= s.registers):
         sets += 1
     return sets
 
 
-def small_multi_kernel_avx2(s: GemmSchedule, m: int, panels: int, sets: int) -> str:
+def small_multi_kernel_avx2(s: GemmSchedule, m: int, panels: int, sets: int, lanes: Optional[int] = None) -> str:
     """The m-row B-streaming kernel over ``panels`` full packed panels at once, panel p at
     b + p * bstep, its columns of c at c + p * cstep: as many read streams as panels.
 
     The span's panels left over run the same kernel with panels = 1 and the same ``sets``:
     every column is summed in one order, however the columns are split between threads.
     """
-    vectors = s.nr // 8
+    lanes = _lanes(s, lanes)
+    v_type, mm = vector_names(lanes)
+    vectors = s.nr // lanes
     acc = [[[[f"c{t}_{i}_{p}_{v}" for v in range(vectors)] for p in range(panels)] for i in range(m)]
            for t in range(sets)]
     bv = [[f"b{p}_{v}" for v in range(vectors)] for p in range(panels)]
@@ -252,32 +275,32 @@ def small_multi_kernel_avx2(s: GemmSchedule, m: int, panels: int, sets: int) -> 
 
     def step(w: CWriter, t: int) -> None:
         if m == 1:  # each B vector is used once: let its load fold into the FMA
-            w.line(f"a0 = _mm256_broadcast_ss(a + (k + {t}) * csa);")
-            w.lines(f"{acc[t][0][p][v]} = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + {p} * bstep + k * SS_GEMM_NR + "
-                    f"{t * s.nr + 8 * v}), {acc[t][0][p][v]});" for p, v in cells)
+            w.line(f"a0 = {_broadcast(lanes, f'a + (k + {t}) * csa')};")
+            w.lines(f"{acc[t][0][p][v]} = {mm}_fmadd_ps(a0, {mm}_loadu_ps(b + {p} * bstep + k * SS_GEMM_NR + "
+                    f"{t * s.nr + lanes * v}), {acc[t][0][p][v]});" for p, v in cells)
             return
         for p, v in cells:
-            w.line(f"{bv[p][v]} = _mm256_loadu_ps(b + {p} * bstep + k * SS_GEMM_NR + {t * s.nr + 8 * v});",
-                   f'__asm__("" : "+x"({bv[p][v]}));')
+            w.line(f"{bv[p][v]} = {mm}_loadu_ps(b + {p} * bstep + k * SS_GEMM_NR + {t * s.nr + lanes * v});",
+                   f'__asm__("" : "+v"({bv[p][v]}));')
         for i in range(m):
-            w.line(f"a0 = _mm256_broadcast_ss(a + {i} * rsa + (k + {t}) * csa);")
-            w.lines(f"{acc[t][i][p][v]} = _mm256_fmadd_ps(a0, {bv[p][v]}, {acc[t][i][p][v]});" for p, v in cells)
+            w.line(f"a0 = {_broadcast(lanes, f'a + {i} * rsa + (k + {t}) * csa')};")
+            w.lines(f"{acc[t][i][p][v]} = {mm}_fmadd_ps(a0, {bv[p][v]}, {acc[t][i][p][v]});" for p, v in cells)
 
     w = CWriter(level=1)
-    w.line("__m256 a0" + "".join(f", {name}" for row in (bv if m > 1 else []) for name in row) + ";")
-    w.lines(f"__m256 {name} = _mm256_setzero_ps();" for st in acc for row in st for panel in row for name in panel)
+    w.line(f"{v_type} a0" + "".join(f", {name}" for row in (bv if m > 1 else []) for name in row) + ";")
+    w.lines(f"{v_type} {name} = {mm}_setzero_ps();" for st in acc for row in st for panel in row for name in panel)
     w.line("int64_t k = 0;")
     with w.block(f"for (; k + {sets} <= kc; k += {sets})"):
         for t in range(sets):
             step(w, t)
     with w.block("for (; k < kc; ++k)"):
         step(w, 0)
-    w.lines(f"{acc[0][i][p][v]} = _mm256_add_ps({acc[0][i][p][v]}, {acc[t][i][p][v]});"
+    w.lines(f"{acc[0][i][p][v]} = {mm}_add_ps({acc[0][i][p][v]}, {acc[t][i][p][v]});"
             for t in range(1, sets) for i in range(m) for p, v in cells)
     with w.block("if (acc)"):
-        w.lines(f"{acc[0][i][p][v]} = _mm256_add_ps({acc[0][i][p][v]}, "
-                f"_mm256_loadu_ps(c + {i} * ldc + {p} * cstep + {8 * v}));" for i in range(m) for p, v in cells)
-    w.lines(f"_mm256_storeu_ps(c + {i} * ldc + {p} * cstep + {8 * v}, {acc[0][i][p][v]});"
+        w.lines(f"{acc[0][i][p][v]} = {mm}_add_ps({acc[0][i][p][v]}, "
+                f"{mm}_loadu_ps(c + {i} * ldc + {p} * cstep + {lanes * v}));" for i in range(m) for p, v in cells)
+    w.lines(f"{mm}_storeu_ps(c + {i} * ldc + {p} * cstep + {lanes * v}, {acc[0][i][p][v]});"
             for i in range(m) for p, v in cells)
     return Function("void", small_multi_name(m, panels),
                     ("int64_t kc", "const float* restrict a", "int64_t rsa", "int64_t csa", "const float* restrict b",
@@ -287,14 +310,15 @@ def small_multi_kernel_avx2(s: GemmSchedule, m: int, panels: int, sets: int) -> 
                             "columns of c at c + p*cstep: c = (acc ? c : 0) + A(0:m, 0:kc) * panel.").definition()
 
 
-def small_multi_kernels(s: GemmSchedule) -> list[tuple[int, int, int]]:
+def small_multi_kernels(s: GemmSchedule, lanes: Optional[int] = None) -> list[tuple[int, int, int]]:
     """(rows, panels, sets) of every several-panel kernel the span dispatch calls, and of
     its one-panel twin for the panels left over."""
+    lanes = _lanes(s, lanes)
     out = set()
-    for rows, prefetch in small_kernels(s):
-        panels = small_panels(s, rows, prefetch)
+    for rows, prefetch in small_kernels(s, lanes):
+        panels = small_panels(s, rows, prefetch, lanes)
         if panels > 1:
-            sets = small_multi_sets(s, rows, panels)
+            sets = small_multi_sets(s, rows, panels, lanes)
             out |= {(rows, panels, sets), (rows, 1, sets)}
     return sorted(out)
 
@@ -316,17 +340,18 @@ _SPAN_MACRO = """\
 """
 
 
-def small_span_dispatch(s: GemmSchedule) -> str:
+def small_span_dispatch(s: GemmSchedule, lanes: Optional[int] = None) -> str:
     """``ss_gemm_small_span``: m rows over consecutive full packed panels, split into as many
     equal parts as the row group's kernel reads panels at once."""
+    lanes = _lanes(s, lanes)
     w = CWriter(level=1)
     w.line("const int64_t step = kc * SS_GEMM_NR;")
     with w.block("switch (m)"):
         for m in range(1, s.small_m + 1):
             w.line(f"case {m}:")
             first = 0
-            for rows, prefetch in small_calls(s, m):
-                panels = small_panels(s, rows, prefetch)
+            for rows, prefetch in small_calls(s, m, lanes):
+                panels = small_panels(s, rows, prefetch, lanes)
                 a, c = f"a + {first} * rsa", f"c + {first} * ldc"
                 single = (f"for (; j < panels; ++j) {small_name(rows, prefetch)}(kc, {a}, rsa, csa, b + j * step, "
                           f"SS_GEMM_NR, {c} + j * SS_GEMM_NR, ldc, acc, SS_GEMM_NR);")
@@ -346,6 +371,29 @@ def small_span_dispatch(s: GemmSchedule) -> str:
                 "floats each), into the columns of c from its first one on.").definition()
 
 
+def small_path(s: GemmSchedule, lanes: int) -> str:
+    """The B-streaming path drawn for vectors of ``lanes`` floats: its kernels and the two
+    dispatchers over them (the row groups and panels read at once depend on the width)."""
+    w = CWriter()
+    for m, prefetch in small_kernels(s, lanes):
+        w.raw(small_kernel_avx2(s, m, prefetch, lanes))
+    for m, panels, sets in small_multi_kernels(s, lanes):
+        w.raw(small_multi_kernel_avx2(s, m, panels, sets, lanes))
+    w.raw(small_dispatch(s, lanes))
+    w.raw(small_span_dispatch(s, lanes))
+    return w.text()
+
+
+def small_path_scalar(s: GemmSchedule) -> str:
+    """The path without AVX2: scalar kernels under the ymm path's row groups and dispatchers."""
+    w = CWriter()
+    for m, prefetch in small_kernels(s, 8):
+        w.raw(small_kernel_scalar(m, prefetch))
+    w.raw(small_dispatch(s, 8))
+    w.raw(small_span_dispatch(s, 8))
+    return w.text()
+
+
 def small_kernel_scalar(m: int, prefetch: bool) -> str:
     w = CWriter(level=1)
     w.line("(void)nv; /* all NR columns: the scalar fallback is not tuned for speed */")
@@ -357,39 +405,39 @@ def small_kernel_scalar(m: int, prefetch: bool) -> str:
     return Function("void", small_name(m, prefetch), SMALL_PARAMS, w.text(), linkage="static").definition()
 
 
-def small_row_groups(s: GemmSchedule, m: int) -> list[int]:
+def small_row_groups(s: GemmSchedule, m: int, lanes: Optional[int] = None) -> list[int]:
     """Row counts the m-row B-streaming call is split into.
 
     A kernel keeps m x width accumulators plus the width B vectors and one broadcast in
-    16 registers; past 6 rows (nr = 16) only one B vector per pass fits, so every FMA needs
-    its own broadcast load and the loop becomes load-bound (measured: 8 rows ran at about
-    half the FMA rate of 6).  Such m are cut into balanced groups that keep full width; each
-    group re-reads the same kc x nr panel of B, which is in L1 by then.
+    the registers; past 6 rows (nr = 16, ymm) only one B vector per pass fits, so every FMA
+    needs its own broadcast load and the loop becomes load-bound (measured: 8 rows ran at
+    about half the FMA rate of 6).  Such m are cut into balanced groups that keep full
+    width; each group re-reads the same kc x nr panel of B, which is in L1 by then.
     """
-    widest = max_rows(s.nr, 8, s.registers)
+    widest = max_rows(s.nr, _lanes(s, lanes), s.registers)
     if m <= widest or widest < 1:
         return [m]
     count = -(-m // widest)
     return [m // count + (1 if i < m % count else 0) for i in range(count)]
 
 
-def small_calls(s: GemmSchedule, m: int) -> list[tuple[int, bool]]:
+def small_calls(s: GemmSchedule, m: int, lanes: Optional[int] = None) -> list[tuple[int, bool]]:
     """(rows, prefetch) of each kernel call for m rows: only a first group prefetches."""
     prefetch = bool(s.prefetch_rows) and m >= max(1, s.prefetch_min_m)
-    return [(rows, prefetch and i == 0) for i, rows in enumerate(small_row_groups(s, m))]
+    return [(rows, prefetch and i == 0) for i, rows in enumerate(small_row_groups(s, m, lanes))]
 
 
-def small_kernels(s: GemmSchedule) -> list[tuple[int, bool]]:
+def small_kernels(s: GemmSchedule, lanes: Optional[int] = None) -> list[tuple[int, bool]]:
     """(rows, prefetch) of every kernel the dispatch calls."""
-    return sorted({call for m in range(1, s.small_m + 1) for call in small_calls(s, m)})
+    return sorted({call for m in range(1, s.small_m + 1) for call in small_calls(s, m, lanes)})
 
 
-def small_dispatch(s: GemmSchedule) -> str:
+def small_dispatch(s: GemmSchedule, lanes: Optional[int] = None) -> str:
     w = CWriter(level=1)
     with w.block("switch (m)"):
         for m in range(1, s.small_m + 1):
             calls, first = [], 0
-            for rows, prefetch in small_calls(s, m):
+            for rows, prefetch in small_calls(s, m, lanes):
                 calls.append(f"{small_name(rows, prefetch)}(kc, a + {first} * rsa, rsa, csa, b, ldb, "
                              f"c + {first} * ldc, ldc, acc, nv);")
                 first += rows
