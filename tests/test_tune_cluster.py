@@ -69,8 +69,15 @@ def test_a_tune_on_the_cluster_records_what_it_measured(tmp_path, cluster):
         wid = db.workload_id(WORKLOAD)
         rows = db.measurements(wid, 1)
         keys = {k for (k,) in db.conn.execute("SELECT DISTINCT target FROM measurements")}
+        machines = db.machines(wid)
     assert result.kernels and rows and all(seconds and seconds > 0 for _, _, seconds, _ in rows)
     assert keys == {cluster.target.key}
+    # Every measurement names the node that made it, its CPU and its measured FMA peak.
+    from shapeshift.tune.machine import peak_gflops
+
+    assert sum(n for _, n in machines) == len(rows)
+    assert all(m["node"] != "local" and m["target_key"] == cluster.target.key and peak_gflops(m) > 1.0
+               for m, _ in machines)
     assert sum(cluster.counts.values()) > before
     # Nothing was compiled on the driver: the nodes built every candidate in their own cache.
     assert not any(cache.iterdir())

@@ -106,6 +106,23 @@ def test_measurements_of_another_cpu_are_kept_apart(tmp_path):
         assert rows == sorted([("another-cpu", 3), (here, 1)])
 
 
+def test_measurements_name_the_machine_that_made_them(tmp_path):
+    """Node, target description and measured FMA peak (tune/machine.py), kept once per machine."""
+    from shapeshift.target import host_target
+    from shapeshift.tune.machine import peak_gflops, this_machine
+
+    here = this_machine()
+    assert here["node"] == "local" and here["target_key"] == host_target().key and peak_gflops(here) > 1.0
+    other = {**here, "node": "0123abcd", "fma": None}
+    with Database(tmp_path / "t.db") as db:
+        wid, cid = db.workload_id(WORKLOAD), db.candidate_id(SMALL)
+        db.add_measurements(wid, cid, 1, {1: 1e-6, 2: 2e-6}, machine=here)
+        db.add_measurements(wid, cid, 1, {4: 3e-6}, machine=other)
+        db.add_measurements(wid, cid, 1, {8: 4e-6})  # a caller that does not say
+        assert db.machines(wid) == [(here, 2), (other, 1)]
+        assert db.conn.execute("SELECT COUNT(*) FROM machines").fetchone() == (2,)
+
+
 def test_a_database_from_before_is_migrated_and_resumed_from(tmp_path):
     """Opened for tuning, a database of the old layout is migrated in place (ids kept); its
     measurements, of an unknown CPU, are used as this machine's, and the tuner says so;
@@ -121,6 +138,7 @@ def test_a_database_from_before_is_migrated_and_resumed_from(tmp_path):
     logs = []
     with Database(path) as db:
         assert [row[1] for row in db.conn.execute("PRAGMA table_info(workloads)")] == ["id", "hash", "key", "family"]
+        assert "machine" in {row[1] for row in db.conn.execute("PRAGMA table_info(measurements)")}
         assert db.workload_id(WORKLOAD) == 7
         assert db.schedule(3) == SMALL and db.schedule(4) == OTHER
         tuner = Tuner(WORKLOAD, db, tmp_path / "cache", TuneConfig(trials=1), log=logs.append)

@@ -141,14 +141,27 @@ def _measure_task(source: "str | CandidateSource", workload, ms: list[int], conf
     start = time.perf_counter()
     # Compiled on this node into its own cache (a compile error fails the candidate).
     result = measure(build_source(source), workload, ms, config)
-    return (result, *_node(), time.perf_counter() - start)
+    node, cpu = _node()
+    _made_on(node, [result])
+    return (result, node, cpu, time.perf_counter() - start)
 
 
 def _together_task(sources: Sequence["str | CandidateSource"], workload, ms: list[int], config: RunnerConfig,
                    timeout_s: Optional[float]) -> tuple[list[Result], str, dict, float]:
     start = time.perf_counter()
     results = measure_together([build_source(s) for s in sources], workload, ms, config, timeout_s)
-    return (results, *_node(), time.perf_counter() - start)
+    node, cpu = _node()
+    _made_on(node, results)
+    return (results, node, cpu, time.perf_counter() - start)
+
+
+def _made_on(node: str, results: Sequence[Result]) -> None:
+    """Each successful result names this node's machine, measured peak included (tune/machine.py)."""
+    from .machine import this_machine
+
+    for result in results:
+        if not result.error:
+            result.machine = this_machine(node)
 
 
 def _node_lines(nodes: list[tuple[str, str, int]]) -> list[str]:

@@ -2,9 +2,11 @@
 
 Tables: ``workloads`` (a tuning task's structural hash, key and kernel family; tune/task.py),
 ``candidates`` (a schedule as its family's canonical JSON, and the family), ``measurements``
-(workload, candidate, M, thread count, CPU -> seconds or an error) and ``selections`` (a
-strategy's kernel set and decision tree, as JSON, with the CPU model and target key it was
-measured on). WAL mode lets readers run beside a writer; every write is one short
+(workload, candidate, M, thread count, CPU -> seconds or an error, and the machine that made
+it), ``machines`` (each machine that measured: its node, target description and measured
+FMA peak per width, as tune/machine.py describes it) and ``selections`` (a strategy's
+kernel set and decision tree, as JSON, with the CPU model and target key it was measured
+on). WAL mode lets readers run beside a writer; every write is one short
 transaction, and SQLite's busy timeout makes a second writer wait instead of failing.
 Measurements are keyed by (workload, candidate, M, threads, CPU target key) and inserted
 with ``OR IGNORE``: a pair already measured on this CPU is never measured again, so a
@@ -13,10 +15,11 @@ mix with this one's.
 
 Databases from before: ``workloads`` had K and N columns (0 for a batched GEMM) in place of
 the family, candidates had no family (all were GEMM schedules), measurements and
-selections did not record their CPU. Opening one for writing migrates it in one
-transaction: the K and N columns go (the key holds them), the family is ``gemm``, and
-measurements and selections of an unknown CPU keep an empty target (measurements) or NULL
-(selections); both are used as this machine's, with a warning (records.py, search.py).
+selections did not record their CPU, measurements not their machine. Opening one for
+writing migrates it in one transaction: the K and N columns go (the key holds them), the
+family is ``gemm``, measurements and selections of an unknown CPU keep an empty target
+(measurements) or NULL (selections), both used as this machine's, with a warning
+(records.py, search.py), and measurements keep a NULL machine.
 
 Reading without writing (``read_only``, what sessions do): a WAL database opened even with
 ``?mode=ro`` gets ``-wal`` and ``-shm`` files made beside it, left there after it closes. So
@@ -55,7 +58,10 @@ CREATE TABLE IF NOT EXISTS measurements (
     candidate_id INTEGER NOT NULL REFERENCES candidates(id),
     m INTEGER NOT NULL, threads INTEGER NOT NULL,
     seconds REAL, error TEXT, created REAL NOT NULL, target TEXT NOT NULL DEFAULT '',
+    machine INTEGER REFERENCES machines(id),
     PRIMARY KEY (workload_id, candidate_id, m, threads, target));
+CREATE TABLE IF NOT EXISTS machines (
+    id INTEGER PRIMARY KEY, target TEXT NOT NULL, description TEXT UNIQUE NOT NULL);
 CREATE TABLE IF NOT EXISTS selections (
     id INTEGER PRIMARY KEY, workload_id INTEGER NOT NULL REFERENCES workloads(id),
     lo INTEGER NOT NULL, hi INTEGER NOT NULL, threads INTEGER NOT NULL, strategy TEXT NOT NULL,
@@ -83,6 +89,8 @@ _MIGRATIONS = (
         "ALTER TABLE measurements_new RENAME TO measurements")),
     ("selections", lambda cols: "target" not in cols, (
         "ALTER TABLE selections ADD COLUMN target TEXT",)),
+    ("measurements", lambda cols: "machine" not in cols, (
+        "ALTER TABLE measurements ADD COLUMN machine INTEGER REFERENCES machines(id)",)),
 )
 
 
@@ -248,14 +256,33 @@ class Database:
         return self.target_key, UNKNOWN_TARGET
 
     def add_measurements(self, workload_id: int, candidate_id: int, threads: int,
-                         seconds: dict[int, float], error: Optional[str] = None, ms=()) -> None:
-        """Seconds per M, or (with ``error``) a failure recorded at every M of ``ms``, made on this CPU."""
+                         seconds: dict[int, float], error: Optional[str] = None, ms=(),
+                         machine: Optional[dict] = None) -> None:
+        """Seconds per M, or (with ``error``) a failure recorded at every M of ``ms``, made on this
+        CPU model; ``machine``: the machine that made them (tune/machine.py), kept in ``machines``."""
         now, here = time.time(), self.target_key
-        rows = ([(workload_id, candidate_id, m, threads, None, error, now, here) for m in ms] if error else
-                [(workload_id, candidate_id, m, threads, s, None, now, here) for m, s in seconds.items()])
         with self._tx():
+            mid = self._machine_id(machine) if machine else None
+            rows = ([(workload_id, candidate_id, m, threads, None, error, now, here, mid) for m in ms] if error else
+                    [(workload_id, candidate_id, m, threads, s, None, now, here, mid) for m, s in seconds.items()])
             self.conn.executemany("INSERT OR IGNORE INTO measurements (workload_id, candidate_id, m, threads, "
-                                  "seconds, error, created, target) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                                  "seconds, error, created, target, machine) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                  rows)
+
+    def _machine_id(self, machine: dict) -> int:
+        from .machine import machine_text
+
+        text = machine_text(machine)
+        self.conn.execute("INSERT OR IGNORE INTO machines (target, description) VALUES (?, ?)",
+                          (machine.get("target_key", ""), text))
+        return self.conn.execute("SELECT id FROM machines WHERE description = ?", (text,)).fetchone()[0]
+
+    def machines(self, workload_id: int) -> list[tuple[dict, int]]:
+        """Every machine that measured the workload, with how many measurements it made."""
+        rows = self.conn.execute("SELECT m.description, COUNT(*) FROM measurements r JOIN machines m ON m.id = "
+                                 "r.machine WHERE r.workload_id = ? GROUP BY m.id ORDER BY m.id",
+                                 (workload_id,)).fetchall()
+        return [(json.loads(text), n) for text, n in rows]
 
     def measurements(self, workload_id: int, threads: int) -> list[tuple[int, int, Optional[float], Optional[str]]]:
         """(candidate_id, M, seconds, error) of every measurement of the workload made on this

@@ -48,6 +48,8 @@ class RunnerConfig:
 class Result:
     seconds: dict[int, float] = field(default_factory=dict)
     error: Optional[str] = None
+    # The machine that made it (tune/machine.py), recorded with it; None: not said.
+    machine: Optional[dict] = None
 
 
 def measure(built: Built, workload, ms: Sequence[int], config: RunnerConfig = RunnerConfig()) -> Result:
@@ -142,7 +144,7 @@ class LocalRunner:
         """Every queued candidate built, then measured one at a time: all of them, in order."""
         queued, self._queue = self._queue, {}
         built = self._build([source for source, *_ in queued.values()])
-        return [(ticket, self.measure_fn(b, workload, ms, config))
+        return [(ticket, _made_here(self.measure_fn(b, workload, ms, config)))
                 for (ticket, (_, workload, ms, config)), b in zip(queued.items(), built)]
 
     def cancel(self, tickets: Collection[int]) -> None:
@@ -153,4 +155,14 @@ class LocalRunner:
                       timeouts: Sequence[float]) -> list[list[Result]]:
         """The kernels timed together, one worker process per chunk of Ms, one after another."""
         built = self._build(sources)
-        return [self.together_fn(built, workload, list(ms), config, timeout_s=t) for ms, t in zip(chunks, timeouts)]
+        return [[_made_here(r) for r in self.together_fn(built, workload, list(ms), config, timeout_s=t)]
+                for ms, t in zip(chunks, timeouts)]
+
+
+def _made_here(result: Result) -> Result:
+    """The result, naming this machine as the one that made it (tune/machine.py)."""
+    from .machine import this_machine
+
+    if result.machine is None and not result.error:
+        result.machine = this_machine()
+    return result

@@ -519,7 +519,7 @@ class Tuner:
                 self.pending.clear()
 
     def _record(self, cid: int, todo: list[int], result: Result) -> None:
-        self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo)
+        self.db.add_measurements(self.wid, cid, self.cfg.threads, result.seconds, result.error, todo, result.machine)
         self.tried.setdefault(cid, set()).update(todo)
         if result.error:
             self._add_failure(cid)
@@ -844,17 +844,15 @@ class Tuner:
         if error:
             self.log(f"  timing {len(cids)} kernels together failed ({error})")
             return False
-        merged = [Result() for _ in cids]
+        # Chunk by chunk: each was timed on one machine, which its new points are recorded with.
         for results in parts:
-            for into, result in zip(merged, results):
-                into.seconds.update(result.seconds)
-        for c, result in zip(cids, merged):
-            self.together.setdefault(c, {}).update(result.seconds)
-            new = {m: t for m, t in result.seconds.items() if m not in self.times.get(c, {})}
-            if new:
-                self.db.add_measurements(self.wid, c, self.cfg.threads, new, None, list(new))
-                self._add_times(c, new)
-                self.tried.setdefault(c, set()).update(new)
+            for c, result in zip(cids, results):
+                self.together.setdefault(c, {}).update(result.seconds)
+                new = {m: t for m, t in result.seconds.items() if m not in self.times.get(c, {})}
+                if new:
+                    self.db.add_measurements(self.wid, c, self.cfg.threads, new, None, list(new), result.machine)
+                    self._add_times(c, new)
+                    self.tried.setdefault(c, set()).update(new)
         self._measured_outside()
         return True
 
