@@ -79,6 +79,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "cluster.md")
     parser.add_argument("--replay", type=Path, default=None, metavar="TRACE",
                         help="emulate from this trace (a run's .json) instead of measuring")
+    parser.add_argument("--control", action="store_true",
+                        help="tune on 1 worker a second time: the spread between two runs of one setting")
     parser.add_argument("--workers", type=lambda text: [int(w) for w in text.split(",")], default=list(WORKERS),
                         help="emulated cluster sizes, comma-separated")
     return parser.parse_args()
@@ -125,19 +127,27 @@ def tune_on(workers: int, workloads: list[GemmWorkload], args) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# The runs whose dispatchers are compared, by label: the 1-worker run first (the reference),
+# then the 2-worker run, and with --control a second 1-worker run (same trials and seed):
+# how far two runs of one setting land apart, the yardstick for the 2-worker run's spread.
+RUN_LABELS = {1: "1 worker", 2: "2 workers", "control": "1 worker, again"}
+
+
 def compare_dispatchers(runs: dict, workloads: list[GemmWorkload], cache: Path) -> list[dict]:
-    """Each task's dispatcher (kernel set and tree) as the 1-worker and the 2-worker run
-    chose it, timed in this process after both, interleaved at every sampled M (and checked
-    against numpy): what each run selected, compared on equal terms. The GFLOPS each run
-    reported were measured while it ran, the 2-worker run's with two measurements and the
-    driver sharing the two cores."""
+    """Each task's dispatcher (kernel set and tree) as every run chose it, timed in this
+    process after all of them, interleaved at every sampled M (and checked against numpy):
+    what each run selected, compared on equal terms. The GFLOPS each run reported were
+    measured while it ran, the 2-worker run's with two measurements and the driver sharing
+    the two cores. Per row: GFLOPS by run label, and each run's kernel there."""
     from dietcode_timing import Method, load_tuned, python_loop, run_passes, summarize, sample_point
 
     rows = []
-    for w, one, two in zip(workloads, runs[1]["tasks"], runs[2]["tasks"]):
+    labels = [RUN_LABELS[key] for key in runs if key in RUN_LABELS]
+    for t, w in enumerate(workloads):
+        tasks = {RUN_LABELS[key]: run["tasks"][t] for key, run in runs.items() if key in RUN_LABELS}
         b = np.random.default_rng(0).standard_normal((w.k, w.n)).astype(np.float32)
-        libs = {name: load_tuned(task, b, 1, cache) for name, task in (("1 worker", one), ("2 workers", two))}
-        points = [{"m": int(m)} for m in one["gflops"]]
+        libs = {name: load_tuned(task, b, 1, cache) for name, task in tasks.items()}
+        points = [{"m": int(m)} for m in tasks[labels[0]]["gflops"]]
 
         def sample_at(i: int, point: dict) -> dict[str, list[float]]:
             m = point["m"]
@@ -156,10 +166,10 @@ def compare_dispatchers(runs: dict, workloads: list[GemmWorkload], cache: Path) 
             fastest = summarize(got)[0]
             flops = w.flops(point["m"])
             rows.append({"workload": w.describe(), "m": point["m"],
-                         "one": flops / fastest["1 worker"] / 1e9, "two": flops / fastest["2 workers"] / 1e9,
+                         "gflops": {name: flops / fastest[name] / 1e9 for name in libs},
                          # which kernel of its set each dispatcher ran there, and its schedule
-                         "kernels": {name: task["kernels"][lib.ss_gemm_tuned_choice(point["m"])]
-                                     for (name, (lib, _)), task in zip(libs.items(), (one, two))}})
+                         "kernels": {name: tasks[name]["kernels"][lib.ss_gemm_tuned_choice(point["m"])]
+                                     for name, (lib, _) in libs.items()}})
     return rows
 
 
@@ -241,6 +251,8 @@ def main() -> None:
     else:
         workloads = [GemmWorkload(*map(int, spec.split("x")), args.lo, args.hi) for spec in args.gemm.split(",")]
         runs = {w: tune_on(w, workloads, args) for w in (1, 2)}
+        if args.control:
+            runs["control"] = tune_on(1, workloads, args)
         with tempfile.TemporaryDirectory(prefix="bench_cluster_dispatch_") as cache:
             runs["dispatchers"] = compare_dispatchers(runs, workloads, Path(cache))
         trace = make_trace(runs[1], workloads)
@@ -270,29 +282,42 @@ def report(args, runs, trace: dict, sims: dict) -> str:
         joint = sum(s for _, s in one["joint_tasks"])
         lines += [f"Command: `python bench/cluster.py --gemm {args.gemm} --lo {args.lo} --hi {args.hi} --trials "
                   f"{args.trials} --seed {args.seed} --replay-trials {args.replay_trials} --workers "
-                  f"{','.join(map(str, args.workers))}`", "",
+                  f"{','.join(map(str, args.workers))}{' --control' if 'control' in runs else ''}`", "",
                   "## Measured (local cluster on this machine)", "",
                   f"- 1 worker: {one['wall']:.0f} s; 2 workers: {two['wall']:.0f} s; speed-up "
-                  f"**{one['wall'] / two['wall']:.2f}x** (target >= 1.7x)",
+                  f"**{one['wall'] / two['wall']:.2f}x** (target >= 1.7x)"
+                  + (f"; the second 1-worker run: {runs['control']['wall']:.0f} s" if "control" in runs else ""),
                   f"- candidate tasks (build + measurement on the node): median "
                   f"{statistics.median(one['task_seconds']):.2f} s over {len(one['task_seconds'])}; joint timings "
                   f"{joint:.1f} s in all", "",
-                  "Dispatchers (kernel set and tree) each run chose, timed after both runs in one process, "
+                  "Dispatchers (kernel set and tree) each run chose, timed after the runs in one process, "
                   f"interleaved, 1 thread, fastest of {DISPATCH_PASSES} passes x {DISPATCH_REPEATS} samples of >= "
                   f"{DISPATCH_SAMPLE_S * 1e3:.0f} ms; alongside, the GFLOPS each run reported while it ran (the "
                   "2-worker run's with two measurements and the driver on the 2 cores):", "",
-                  "| task | M | 1-worker dispatcher GFLOPS | 2-worker dispatcher GFLOPS | ratio | as reported: 1 worker "
-                  "| 2 workers |", "|---|---:|---:|---:|---:|---:|---:|"]
-        worst = math.inf
+                  "| task | M | 1-worker dispatcher GFLOPS | 2-worker dispatcher GFLOPS | ratio |"
+                  + (" second 1-worker run's | ratio |" if "control" in runs else "")
+                  + " as reported: 1 worker | 2 workers |",
+                  "|---|---:|---:|---:|---:|" + ("---:|---:|" if "control" in runs else "") + "---:|---:|"]
         reported = {(t["workload"], int(m)): (g, b["gflops"].get(m, math.nan))
                     for t, b in zip(one["tasks"], two["tasks"]) for m, g in t["gflops"].items()}
+        control = RUN_LABELS["control"] if "control" in runs else None
+        worst, spread = math.inf, math.inf
         for row in runs["dispatchers"]:
-            ratio = row["two"] / row["one"]
+            g = row["gflops"]
+            ratio = g["2 workers"] / g["1 worker"]
             worst = min(worst, ratio)
+            again = ""
+            if control:
+                spread = min(spread, g[control] / g["1 worker"], g["1 worker"] / g[control])
+                again = f" {g[control]:.1f} | {g[control] / g['1 worker']:.2f} |"
             r1, r2 = reported.get((row["workload"], row["m"]), (math.nan, math.nan))
-            lines.append(f"| {row['workload'][:40]} | {row['m']} | {row['one']:.1f} | {row['two']:.1f} | "
-                         f"{ratio:.2f} | {r1:.1f} | {r2:.1f} |")
-        lines += ["", f"Worst 2-worker / 1-worker dispatcher GFLOPS: {worst:.2f} (target: within 5%).", ""]
+            lines.append(f"| {row['workload'][:40]} | {row['m']} | {g['1 worker']:.1f} | {g['2 workers']:.1f} | "
+                         f"{ratio:.2f} |{again} {r1:.1f} | {r2:.1f} |")
+        lines += ["", f"Worst 2-worker / 1-worker dispatcher GFLOPS: {worst:.2f} (target: within 5%)."]
+        if control:
+            lines += [f"Two 1-worker runs of the same trials and seed: at worst {spread:.2f} of each other, the "
+                      "spread of the search itself."]
+        lines.append("")
     joint = [t for task in trace["joint"] for t in task]
     lines += [f"## The driver emulated on W workers ({args.replay_trials} trials per task, {len(trace['workloads'])} "
               "tasks)", "",
