@@ -214,3 +214,16 @@ def test_a_database_of_several_models_warns_only_for_workloads_without_this_mach
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert list(GemmTuning.from_db(db, 1).get(64, 96).kernels) == mine
+
+
+def test_a_cluster_at_a_loopback_address_is_reached_from_a_fresh_process(mixed):
+    """`ray start --head --node-ip-address=127.0.0.1` listens on 127.0.0.1 only: a driver in a
+    process of its own (no Ray imported before, as the CLI is) must not swap that address for
+    the machine's routable one."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    code = ("import sys; from shapeshift.tune.cluster import RayCluster; c = RayCluster(sys.argv[1]); "
+            "print(c.describe()); c.shutdown()")
+    done = subprocess.run([sys.executable, "-c", code, mixed[0]], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 node(s), 2 CPU(s), 2 CPU models" in done.stdout

@@ -89,6 +89,12 @@ class ClusterError(ShapeshiftError):
     """The cluster cannot be reached, refuses us, or lost every worker."""
 
 
+def _loopback(address: str) -> bool:
+    """Whether a Ray address (HOST:PORT, ray://HOST:PORT) names this machine's loopback."""
+    host = address.split("://", 1)[-1].rpartition(":")[0]
+    return host == "localhost" or host.startswith("127.")
+
+
 def _import_ray(local: bool = False):
     if local:
         # A cluster of this machine alone listens on the loopback address only: Ray otherwise
@@ -290,7 +296,10 @@ class RayCluster:
 
     def __init__(self, address: str):
         local = _LOCAL.fullmatch(address)
-        ray = _import_ray(local=bool(local))
+        # A cluster at a loopback address is this machine's too (`ray start --head
+        # --node-ip-address=127.0.0.1`): Ray must not swap 127.0.0.1 for the routable address,
+        # where that cluster does not listen.
+        ray = _import_ray(local=bool(local) or _loopback(address))
         self.ray = ray
         self.address = address
         kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
