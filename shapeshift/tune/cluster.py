@@ -70,6 +70,7 @@ from ..errors import ShapeshiftError
 from ..target import Target
 from ..target.description import host_target, target_from_json, target_to_json
 from .builder import CandidateSource, build_source
+from .machine import stamp
 from .runner import Result, RunnerConfig, measure, measure_together
 
 INSTALL_HINT = "pip install 'shapeshift[cluster]'"
@@ -148,7 +149,7 @@ def _measure_task(source: "str | CandidateSource", workload, ms: list[int], conf
     # Compiled on this node into its own cache (a compile error fails the candidate).
     result = measure(build_source(source), workload, ms, config)
     node, cpu = _node()
-    _made_on(node, [result])
+    stamp([result], node)  # this node's machine, measured peak included
     return (result, node, cpu, time.perf_counter() - start)
 
 
@@ -157,17 +158,8 @@ def _together_task(sources: Sequence["str | CandidateSource"], workload, ms: lis
     start = time.perf_counter()
     results = measure_together([build_source(s) for s in sources], workload, ms, config, timeout_s)
     node, cpu = _node()
-    _made_on(node, results)
+    stamp(results, node)
     return (results, node, cpu, time.perf_counter() - start)
-
-
-def _made_on(node: str, results: Sequence[Result]) -> None:
-    """Each successful result names this node's machine, measured peak included (tune/machine.py)."""
-    from .machine import this_machine
-
-    for result in results:
-        if not result.error:
-            result.machine = this_machine(node)
 
 
 def _node_lines(nodes: list[tuple[str, str, int]]) -> list[str]:

@@ -38,6 +38,14 @@ def this_machine(node: str = "local") -> dict:
     return {"node": node, "target_key": target.key, "target": target_to_json(target), "fma": peak}
 
 
+def stamp(results, node: str = "local") -> None:
+    """Name this process's machine (as ``node``) on each of ``results`` it made: a failure
+    names none (its error is the record), and a result that names one keeps it."""
+    for result in results:
+        if result.machine is None and not result.error:
+            result.machine = this_machine(node)
+
+
 def machine_text(machine: dict) -> str:
     """Canonical JSON of a machine: its identity in the database."""
     return json.dumps(machine, sort_keys=True)

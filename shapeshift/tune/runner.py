@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Collection, Optional, Sequence
 
 from .builder import Built, build_source
+from .machine import stamp
 
 
 # Bytes of B copies a cold measurement cycles through: several times any last-level cache.
@@ -144,8 +145,10 @@ class LocalRunner:
         """Every queued candidate built, then measured one at a time: all of them, in order."""
         queued, self._queue = self._queue, {}
         built = self._build([source for source, *_ in queued.values()])
-        return [(ticket, _made_here(self.measure_fn(b, workload, ms, config)))
+        done = [(ticket, self.measure_fn(b, workload, ms, config))
                 for (ticket, (_, workload, ms, config)), b in zip(queued.items(), built)]
+        stamp(result for _, result in done)
+        return done
 
     def cancel(self, tickets: Collection[int]) -> None:
         for ticket in tickets:
@@ -155,14 +158,6 @@ class LocalRunner:
                       timeouts: Sequence[float]) -> list[list[Result]]:
         """The kernels timed together, one worker process per chunk of Ms, one after another."""
         built = self._build(sources)
-        return [[_made_here(r) for r in self.together_fn(built, workload, list(ms), config, timeout_s=t)]
-                for ms, t in zip(chunks, timeouts)]
-
-
-def _made_here(result: Result) -> Result:
-    """The result, naming this machine as the one that made it (tune/machine.py)."""
-    from .machine import this_machine
-
-    if result.machine is None and not result.error:
-        result.machine = this_machine()
-    return result
+        parts = [self.together_fn(built, workload, list(ms), config, timeout_s=t) for ms, t in zip(chunks, timeouts)]
+        stamp(result for results in parts for result in results)
+        return parts
