@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from shapeshift.codegen.kernels import conv, conv_igemm, vmath
+from shapeshift.codegen.kernels import conv, conv_igemm, conv_panels, vmath
 
 from .naive_gemm import build_with_gemm
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 RTOL, ATOL = 1e-4, 1e-4
 #: The fragments conv depends on besides gemm (which build_with_gemm adds).
-CONV_DEPS = vmath.source() + conv_igemm.source()
+CONV_DEPS = vmath.source() + conv_igemm.source() + conv_panels.source()
 I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 
 
@@ -168,6 +168,27 @@ CONV_CASES = [
     ((1, 70, 9, 13), 20, (3, 3), (2, 1), (2, 1, 0, 2), (1, 2), 1),
     ((2, 17, 5, 40), 16, (5, 3), (1, 2), (2, 1, 2, 1), (1, 1), 1),
     ((2, 30, 100), 40, (3,), (2,), (1, 1), (1,), 1),  # 1-D, stride 2
+    # Planes of at most conv_panels.MAX_PLANE pixels with packed weights run the GEMM's own
+    # tile (conv_panels.py; 8 pixels x 48 channels in zmm, 6 x 16 in ymm): every tile height
+    # (1 to 9 pixels, 17), channel counts that end a panel on each vector count and ragged
+    # (1, 16, 17, 33, 47, 48, 49, 100), taps past one k block of the prepacked weights (450,
+    # 640: the last block ragged), images read in place (1 x 1, unpadded k x k) or staged.
+    ((1, 3, 1, 1), 1, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 5, 1, 2), 16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 7, 1, 3), 17, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 4, 2, 2), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((3, 9, 1, 5), 47, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    ((1, 50, 2, 3), 48, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((2, 6, 7, 1), 49, (3, 1), (1, 1), (1, 0, 1, 0), (1, 1), 1),
+    ((1, 8, 4, 2), 100, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 2, 3, 3), 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    ((1, 640, 1, 17), 20, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((2, 11, 9, 9), 30, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # unpadded: in place, strided
+    ((1, 13, 12, 10), 40, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilated
+    ((2, 64, 8, 8), 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # enough work for its threads
+    ((1, 16, 20, 20), 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 400 pixels: the last plane it takes
+    ((1, 16, 19, 21), 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 399
+    ((1, 16, 1, 401), 24, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1), 1),  # 401: the implicit GEMM
     # Either side of conv_igemm.MIN_PLANE (9 pixels) with packed weights: small plane, igemm.
     ((2, 12, 3, 3), 20, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     ((2, 12, 2, 5), 20, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),

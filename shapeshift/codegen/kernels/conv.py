@@ -88,7 +88,7 @@ from __future__ import annotations
 
 from ..cwriter import Fragment, Function, Private, fill
 
-DEPENDS = ("gemm", "vmath", "conv_igemm")
+DEPENDS = ("gemm", "vmath", "conv_igemm", "conv_panels")
 #: Output planes of at most this many pixels take the prepacked-weights path by default.
 SMALL_PLANE = 64
 # Planes of up to this many pixels take that path too when the conv has at least as many
@@ -918,6 +918,12 @@ _CONV2D = Function("void", "ss_conv2d", ("const float* x", "const float* w", "co
                                          "int act", "float* work", "const float* wpacked"), r"""
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0 || group < 1) return;
     int64_t Cg = C / group, Mg = M / group, P = OH * OW, Kc = Cg * KH * KW;
+    /* Dense convs of small planes with prepacked weights: the GEMM's own tile over the
+       image (conv_panels.py). */
+    if (wpacked && group == 1 && P <= SS_CONV_PANELS_MAX_PLANE &&
+        ss_conv_panels(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act,
+                       work, ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
+        return;
 #ifdef SS_CONV_IGEMM
     /* Dense k x k convs: the implicit GEMM (conv_igemm.py), but on planes of a few pixels,
        where the small-plane path's one GEMM does as well from the prepacked weights. */

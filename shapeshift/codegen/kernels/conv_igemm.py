@@ -182,6 +182,25 @@ static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int
     }
 }
 
+/* Sums of np pixels x mv channels, pixel g's channel j at t[g * ld + j] (ld a multiple of
+   8), activated in place on whole vectors, then stored transposed into planes: channel j's
+   pixels at yq[j * P], 8 x 8 blocks where they fit. (A scalar activation per element of
+   the ragged part, SiLU's exp among them, took most of a 6-pixel tile's time.) */
+static inline void ss_conv_store_tile(float* t, int64_t ld, int64_t np, int64_t mv, float* yq, int64_t P, int act) {
+    if (act)
+        for (int64_t g = 0; g < np; ++g)
+            for (int64_t h = 0; h < mv; h += 8) _mm256_storeu_ps(t + g * ld + h, ss_act8(_mm256_loadu_ps(t + g * ld + h), act));
+    float r[64];
+    int64_t g = 0;
+    for (; g + 8 <= np; g += 8)
+        for (int64_t h = 0; h < mv; h += 8) {
+            ss_gemm_transpose8(t + g * ld + h, ld, 8, r, 8);  /* r[j * 8 + i]: channel h + j, pixel g + i */
+            for (int64_t j = 0; j < 8 && h + j < mv; ++j) _mm256_storeu_ps(yq + (h + j) * P + g, _mm256_loadu_ps(r + j * 8));
+        }
+    for (; g < np; ++g)
+        for (int64_t j = 0; j < mv; ++j) yq[j * P + g] = t[g * ld + j];
+}
+
 /* Block `blk` (pixels p0 .. p0 + np) of panels q .. q + nq (nq = 1, or 2 for the pair tile;
    16 channels each): tiles over every slice of taps, then the transposed, biased, activated
    store into y [M, P]. The block's sums are pixel-major in t, 16 * nq floats a pixel
@@ -227,18 +246,7 @@ static inline void ss_conv_igemm_block(const float* stage, const int32_t* koff, 
     }
     for (int64_t j0 = 0; j0 < nq; ++j0) {
         int64_t mv = M - (q + j0) * 16 < 16 ? M - (q + j0) * 16 : 16;
-        float* yq = y + (q + j0) * 16 * P + p0;
-        const float* tq = t + j0 * 16;
-        float r[64];
-        int64_t g = 0;
-        for (; g + 8 <= np; g += 8)
-            for (int64_t h = 0; h < mv; h += 8) {
-                ss_gemm_transpose8(tq + g * ld + h, ld, 8, r, 8);  /* r[j * 8 + i]: channel h + j, pixel g + i */
-                for (int64_t j = 0; j < 8 && h + j < mv; ++j)
-                    _mm256_storeu_ps(yq + (h + j) * P + g, ss_act8(_mm256_loadu_ps(r + j * 8), act));
-            }
-        for (; g < np; ++g)
-            for (int64_t j = 0; j < mv; ++j) yq[j * P + g] = ss_actf(tq[g * ld + j], act);
+        ss_conv_store_tile(t + j0 * 16, ld, np, mv, y + (q + j0) * 16 * P + p0, P, act);
     }
 }
 
