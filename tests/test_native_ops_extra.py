@@ -281,6 +281,24 @@ def test_pad_modes_that_read_the_input(mode):
     _run_both(model, [{"x": _rand(rng, (n, 3, 4))} for n in SIZES])
 
 
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap"])
+@pytest.mark.parametrize("pads", [[0, 0, 7, 0, 0, 9], [0, 2, 0, 0, 1, 13], [1, 0, 3, 2, 0, 0]])
+def test_pad_modes_row_by_row(mode, pads):
+    # Pads on the last axis wider than it (its middle copied, both sides mapped), or on the
+    # outer axes only (whole rows copied from mapped rows), at a dynamic middle axis. Against
+    # numpy's np.pad: onnxruntime refuses reflect pads wider than the axis.
+    pads_init = _const("pads", np.array(pads, dtype=np.int64))
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)
+    model = _model([node], [_input("x", [2, "n", 5])], [_output("y")], [pads_init], opset=19)
+    session = shapeshift.InferenceSession(model, backend="native")
+    assert not session._executor.program.fallback_ops()
+    rng = np.random.default_rng(13)
+    for n in (2, 3, 6):
+        x = _rand(rng, (2, n, 5))
+        expected = np.pad(x, list(zip(pads[:3], pads[3:])), mode=mode)
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], expected)
+
+
 def test_reflect_pad_wider_than_the_axis_folds_again():
     # numpy and onnxruntime keep mirroring when a pad exceeds the axis (one element: repeats).
     pads = _const("pads", np.array([0, 5, 0, 4], dtype=np.int64))

@@ -184,21 +184,25 @@ static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int
 
 /* Sums of np pixels x mv channels, pixel g's channel j at t[g * ld + j] (ld a multiple of
    8), activated in place on whole vectors, then stored transposed into planes: channel j's
-   pixels at yq[j * P], 8 x 8 blocks where they fit. (A scalar activation per element of
-   the ragged part, SiLU's exp among them, took most of a 6-pixel tile's time.) */
+   pixels at yq[j * P], in 8 x 8 blocks, a ragged last one through a masked store. (A scalar
+   activation per element of the ragged part, SiLU's exp among them, took most of a
+   6-pixel tile's time, and its scalar stores most of a 4-pixel one's.) */
 static inline void ss_conv_store_tile(float* t, int64_t ld, int64_t np, int64_t mv, float* yq, int64_t P, int act) {
     if (act)
         for (int64_t g = 0; g < np; ++g)
             for (int64_t h = 0; h < mv; h += 8) _mm256_storeu_ps(t + g * ld + h, ss_act8(_mm256_loadu_ps(t + g * ld + h), act));
     float r[64];
-    int64_t g = 0;
-    for (; g + 8 <= np; g += 8)
+    for (int64_t g = 0; g < np; g += 8) {
+        const int64_t n = np - g < 8 ? np - g : 8;
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (int64_t h = 0; h < mv; h += 8) {
-            ss_gemm_transpose8(t + g * ld + h, ld, 8, r, 8);  /* r[j * 8 + i]: channel h + j, pixel g + i */
-            for (int64_t j = 0; j < 8 && h + j < mv; ++j) _mm256_storeu_ps(yq + (h + j) * P + g, _mm256_loadu_ps(r + j * 8));
+            ss_gemm_transpose8(t + g * ld + h, ld, (int)n, r, 8);  /* r[j * 8 + i]: channel h + j, pixel g + i */
+            for (int64_t j = 0; j < 8 && h + j < mv; ++j) {
+                if (n == 8) _mm256_storeu_ps(yq + (h + j) * P + g, _mm256_loadu_ps(r + j * 8));
+                else _mm256_maskstore_ps(yq + (h + j) * P + g, mask, _mm256_loadu_ps(r + j * 8));
+            }
         }
-    for (; g < np; ++g)
-        for (int64_t j = 0; j < mv; ++j) yq[j * P + g] = t[g * ld + j];
+    }
 }
 
 /* Block `blk` (pixels p0 .. p0 + np) of panels q .. q + nq (nq = 1, or 2 for the pair tile;

@@ -143,16 +143,36 @@ static void ss_conv_panel_item(const float* img, const int32_t* koff, const floa
     const int64_t np = P - p0 < SS_CONV_PANEL_ROWS ? P - p0 : SS_CONV_PANEL_ROWS;
     const int64_t mv = M - q * SS_GEMM_NR < SS_GEMM_NR ? M - q * SS_GEMM_NR : SS_GEMM_NR;
     const float* base[SS_CONV_PANEL_ROWS];
-    for (int64_t i = 0; i < np; ++i) {
-        const int64_t p = p0 + i;
-        base[i] = img + (p / OW) * sh * Wp + (p % OW) * sw;
+    for (int64_t i = 0, oh = p0 / OW, ow = p0 % OW; i < np; ++i) {
+        base[i] = img + oh * sh * Wp + ow * sw;
+        if (++ow == OW) {
+            ow = 0;
+            ++oh;
+        }
     }
     float bb[SS_GEMM_NR];
-    for (int64_t j = 0; j < SS_GEMM_NR; ++j) bb[j] = bias && j < mv ? bias[q * SS_GEMM_NR + j] : 0.0f;
+    for (int64_t j = 0; j < mv; ++j) bb[j] = bias ? bias[q * SS_GEMM_NR + j] : 0.0f;
+    for (int64_t j = mv; j < SS_GEMM_NR; ++j) bb[j] = 0.0f;
     float t[SS_CONV_PANEL_ROWS * SS_GEMM_NR] __attribute__((aligned(64)));
     ss_conv_panel_tile(np, (mv + SS_CONV_PANEL_LANES - 1) / SS_CONV_PANEL_LANES, base, koff, wpacked, q, K, padded_n,
                        bb, t);
     ss_conv_store_tile(t, SS_GEMM_NR, np, mv, yn + q * SS_GEMM_NR * P + p0, P, act);
+}
+
+/* ss_conv_igemm_stage for planes of a few rows and columns: plain loops, where its three
+   libc calls a row (silero_vad's 1-row planes of 6 floats, 387 of them a call) cost more
+   than the copy. */
+static inline void ss_conv_panel_stage(const float* xc, float* d, int64_t H, int64_t W, int64_t ph, int64_t pw,
+                                       int64_t Hp, int64_t Wp) {
+    for (int64_t r = 0; r < Hp; ++r, d += Wp) {
+        const int64_t ih = r - ph;
+        if (ih < 0 || ih >= H) {
+            for (int64_t c = 0; c < Wp; ++c) d[c] = 0.0f;
+            continue;
+        }
+        const float* row = xc + ih * W;
+        for (int64_t c = 0; c < Wp; ++c) d[c] = c >= pw && c < pw + W ? row[c - pw] : 0.0f;
+    }
 }
 
 static int ss_conv_panels_run(const float* x, const float* wpacked, const float* bias, float* y, int64_t N, int64_t C,
@@ -189,8 +209,7 @@ static int ss_conv_panels_run(const float* x, const float* wpacked, const float*
     {
         if (!in_place) {
             #pragma omp for schedule(static)
-            for (int64_t nc = 0; nc < N * C; ++nc)
-                ss_conv_igemm_stage(x + nc * H * W, stage + nc * plane, H, W, ph, pw, Hp, Wp);
+            for (int64_t nc = 0; nc < N * C; ++nc) ss_conv_panel_stage(x + nc * H * W, stage + nc * plane, H, W, ph, pw, Hp, Wp);
         }
         /* Tiles of one panel run together: its weights stay in L1/L2 while every tile reads them. */
         #pragma omp for schedule(static)

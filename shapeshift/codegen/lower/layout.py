@@ -253,20 +253,42 @@ def lower_pad(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 
 def _pad_by_index_map(ctx: LowerContext, x: Value, y: Value, begins: Sequence[Dim], index_map: str) -> Lowered:
     """Every output element reads the input at its index mapped back per axis (edge,
-    wrap, reflect). An empty input axis under a non-empty output one is an error."""
+    wrap, reflect). An empty input axis under a non-empty output one is an error.
+
+    Row by row of the last axis: the outer axes' source offset is mapped once a row, the
+    row's middle (the input row itself) is one memcpy, and only its pads map each index.
+    Mapping every element through every axis took 22 us of silero_vad's 90 (a reflect pad
+    of 3 x 576 samples: a division and a modulo per axis and element)."""
     in_shape, out_shape = ctx.shape(x), ctx.shape(y)
     ctype = ctx.ctype(y)
     rank = len(in_shape)
     lines = [f"const {ctype}* in = {ctx.ptr(x)};", f"{ctype}* out = {ctx.ptr(y)};",
-             f"if ({ctx.numel(out_shape)} > 0 && {ctx.numel(in_shape)} == 0) return STEP_ERROR;",
-             f"for (int64_t f = 0; f < {ctx.numel(out_shape)}; f++) {{",
-             "    int64_t rest = f, src = 0, stride = 1;"]
-    for axis in reversed(range(rank)):
-        lines += [f"    {{ const int64_t n = {ctx.dim(in_shape[axis])};",
-                  f"      const int64_t i = rest % {ctx.dim(out_shape[axis])} - ({ctx.dim(begins[axis])});",
-                  f"      rest /= {ctx.dim(out_shape[axis])};",
-                  f"      src += {index_map} * stride; stride *= n; }}"]
-    lines += ["    out[f] = in[src];", "}"]
+             f"if ({ctx.numel(out_shape)} > 0 && {ctx.numel(in_shape)} == 0) return STEP_ERROR;"]
+    if rank == 0:
+        lines.append("out[0] = in[0];")
+        return Lowered("\n".join(lines), fragments=("layout",), can_fail=True)
+    last = rank - 1
+    width, length, begin = ctx.dim(out_shape[last]), ctx.dim(in_shape[last]), ctx.dim(begins[last])
+    lines += [f"const int64_t ow = {width}, iw = {length}, b = {begin};",
+              "if (ow > 0) {",
+              # Output columns [lo, hi) read input columns [lo - b, hi - b) as they are.
+              "    int64_t lo = b < 0 ? 0 : (b > ow ? ow : b), hi = b + iw < ow ? b + iw : ow;",
+              "    if (hi < lo) hi = lo;",
+              f"    for (int64_t r = 0; r < {ctx.numel(out_shape)} / ow; r++) {{",
+              "        int64_t rest = r, src = 0, stride = iw;"]
+    for axis in reversed(range(last)):
+        lines += [f"        {{ const int64_t n = {ctx.dim(in_shape[axis])};",
+                  f"          const int64_t i = rest % {ctx.dim(out_shape[axis])} - ({ctx.dim(begins[axis])});",
+                  f"          rest /= {ctx.dim(out_shape[axis])};",
+                  f"          src += {index_map} * stride; stride *= n; }}"]
+    lines += [f"        const {ctype}* irow = in + src;",
+              f"        {ctype}* orow = out + r * ow;",
+              "        const int64_t n = iw;",
+              f"        for (int64_t j = 0; j < lo; j++) {{ const int64_t i = j - b; orow[j] = irow[{index_map}]; }}",
+              f"        if (hi > lo) memcpy(orow + lo, irow + (lo - b), (size_t)(hi - lo) * sizeof({ctype}));",
+              f"        for (int64_t j = hi; j < ow; j++) {{ const int64_t i = j - b; orow[j] = irow[{index_map}]; }}",
+              "    }",
+              "}"]
     return Lowered("\n".join(lines), fragments=("layout",), can_fail=True)
 
 
