@@ -20,14 +20,15 @@ missing), but for gpt2_past.ts, run as a generation loop runs it (``GPT2_STEPS``
 batch 1 and 4 (its native sessions declare past_seq=0:1024).
 
 Each (tool, model) runs in a fresh process with ``OMP_NUM_THREADS`` and
-``OPENBLAS_NUM_THREADS`` set to ``--threads``; onnxruntime gets the same
+``OPENBLAS_NUM_THREADS`` set to ``--threads`` (and OpenBLAS's spin-wait cut short: see
+``_run_worker``); onnxruntime gets the same
 ``intra_op_num_threads`` and its default graph optimizations (all on). In that process:
 
 - load time: session creation. For native this is import + simplify + lowering + the C
   build with an empty cache ("cold"), then a second session from the warm cache ("cache"),
   and the build step alone from the warm cache ("cache build");
-- latency: per shape, warm-up then the median of ``--runs`` runs (``LONG_RUN_REPEATS`` when
-  one run takes over a second);
+- latency: per shape, warm-up runs for ``WARMUP_S`` (one when a run takes over a second),
+  then the median of ``--runs`` runs (``LONG_RUN_REPEATS`` when one run takes over a second);
 - peak memory: the process's peak resident set over load and all runs, minus its resident
   set before loading (Linux VmHWM, reset through /proc/self/clear_refs).
 
@@ -88,6 +89,11 @@ GPT2 = "gpt2_past.ts"
 GPT2_STEPS = ((1, 128, 0), (1, 1, 500), (4, 1, 500))
 GPT2_RANGES = {"past_seq": (0, 1024)}
 LONG_RUN_S = 1.0
+# Warm-up: runs for at least this long before a shape is timed (one run at least). Just
+# after a session loads, a model's first shape ran 2-7x slower for 15-20 ms at 2 threads
+# (vit_interp 0.4-1.0 ms a run, then 0.13), for native and onnxruntime alike, and one
+# warm-up run left the median of 10 inside that window.
+WARMUP_S = 0.1
 LONG_RUN_REPEATS = 3
 # Targets from issue 4 (BERT-base-size encoder).
 TARGET_GEOMEAN = 1.5
@@ -221,9 +227,11 @@ def measure(tool: str, path: str, feeds, threads: int, runs: int, workdir: Path,
         first = time.perf_counter()
         outputs = session.run(None, feed)
         once = time.perf_counter() - first
-        warmups = 0 if once > LONG_RUN_S else 1
-        for _ in range(warmups):
+        if once <= LONG_RUN_S:
+            warm_until = time.perf_counter() + WARMUP_S
             session.run(None, feed)
+            while time.perf_counter() < warm_until:
+                session.run(None, feed)
         repeats = min(runs, LONG_RUN_REPEATS) if once > LONG_RUN_S else runs
         for _ in range(repeats):
             t = time.perf_counter()
@@ -266,8 +274,12 @@ def _time_warm_cache(result: dict, session, path: str, threads: int, tool: str, 
 
 
 def _run_worker(tool: str, model: str, args, workdir: str) -> dict:
+    # OPENBLAS_THREAD_TIMEOUT: NumPy's OpenBLAS threads, woken by a BLAS call while a
+    # session loads, spin up to 2^28 cycles (its default) before they sleep, holding the
+    # second core at 2 threads: vit_interp's first 25 runs after its load took a median
+    # 0.68 ms natively, 0.16 with 2^4 cycles, for every tool.
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads))
+               MKL_NUM_THREADS=str(args.threads), OPENBLAS_THREAD_TIMEOUT="4")
     cmd = [sys.executable, __file__, "--worker", tool, model, "--threads", str(args.threads), "--runs",
            str(args.runs), "--workdir", workdir, "--seqs", *map(str, args.seqs)]
     if tool == TUNED:

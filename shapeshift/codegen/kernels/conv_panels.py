@@ -211,12 +211,27 @@ static int ss_conv_panels_run(const float* x, const float* wpacked, const float*
             #pragma omp for schedule(static)
             for (int64_t nc = 0; nc < N * C; ++nc) ss_conv_panel_stage(x + nc * H * W, stage + nc * plane, H, W, ph, pw, Hp, Wp);
         }
-        /* Tiles of one panel run together: its weights stay in L1/L2 while every tile reads them. */
-        #pragma omp for schedule(static)
+        /* Tiles of one panel run together: its weights stay in L1/L2 while every tile reads
+           them. Each thread takes a contiguous run of items of about equal work (vectors x
+           pixels), not of equal count: a 64-channel conv's second panel holds one vector of
+           the first's three, and an even split of a 4x6 plane's six items gave one thread
+           three times the other's work. */
+        const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+        const int64_t full = SS_GEMM_NR / SS_CONV_PANEL_LANES;
+        const int64_t last = (M - (panels - 1) * SS_GEMM_NR + SS_CONV_PANEL_LANES - 1) / SS_CONV_PANEL_LANES;
+        const int64_t per_image = (full * (panels - 1) + last) * P;
+        int64_t done = 0;
         for (int64_t item = 0; item < items; ++item) {
-            const int64_t n = item / (panels * tiles), r = item % (panels * tiles);
-            ss_conv_panel_item((in_place ? x : stage) + n * C * plane, koff, wpacked, bias, y + n * M * P, r / tiles,
-                               r % tiles, M, K, P, OW, sh, sw, Wp, act);
+            const int64_t n = item / (panels * tiles), r = item % (panels * tiles), q = r / tiles, tile = r % tiles;
+            const int64_t rows = P - tile * SS_CONV_PANEL_ROWS < SS_CONV_PANEL_ROWS ? P - tile * SS_CONV_PANEL_ROWS
+                                                                                   : SS_CONV_PANEL_ROWS;
+            const int64_t work = (q == panels - 1 ? last : full) * rows;
+            /* The item is this thread's when the middle of its work falls in the thread's share. */
+            const int64_t middle = 2 * done + work, share = 2 * N * per_image;
+            done += work;
+            if (middle * nt < share * it || middle * nt >= share * (it + 1)) continue;
+            ss_conv_panel_item((in_place ? x : stage) + n * C * plane, koff, wpacked, bias, y + n * M * P, q, tile,
+                               M, K, P, OW, sh, sw, Wp, act);
         }
     }
     free(own);
