@@ -244,6 +244,31 @@ def test_info_prints_the_conversions(tmp_path, capsys, monkeypatch):
     assert "  layout: NCHW (NCHWc off: SHAPESHIFT_NCHWC=0)" in capsys.readouterr().out.splitlines()
 
 
+def dense_after_depthwise(c: int = 24, seed: int = 3) -> onnx.ModelProto:
+    """A depthwise net whose head is a dense 3x3 conv of c channels (PP-OCR det's 96 -> 24)."""
+    net = _Net(seed)
+    h = net.op("Relu", net.conv("x", 3, c, 3, 2))
+    d = net.op("Relu", net.conv(h, c, c, 3, 1, group=c))
+    y = net.op("Sigmoid", net.bn(net.conv(d, c, 7, 3, bias=False), 7))
+    return net.model([net.op("Add", y, net.conv(d, c, 7, 1))])
+
+
+def test_auto_leaves_dense_kxk_convs_plain(monkeypatch):
+    # "auto": the stem (3 channels, read plain), the depthwise and the 1x1 conv run blocked;
+    # the dense 3x3 of 24 channels runs NCHW, its input converted back to plain once.
+    monkeypatch.delenv("SHAPESHIFT_NCHWC")
+    model = dense_after_depthwise()
+    session = shapeshift.InferenceSession(model, backend="native")
+    stats = _stats(session)
+    assert stats is not None and stats.convs == 3
+    assert sum(n.op_type == "Conv" for n in session.graph.nodes) == 1
+    _check(session, model, "dense_after_depthwise, auto")
+    monkeypatch.setenv("SHAPESHIFT_NCHWC", "1")
+    forced = shapeshift.InferenceSession(model, backend="native")
+    assert _stats(forced).convs == 4 and not any(n.op_type == "Conv" for n in forced.graph.nodes)
+    _check(forced, model, "dense_after_depthwise, on")
+
+
 def test_auto_blocks_only_nets_with_a_depthwise_conv(monkeypatch):
     monkeypatch.delenv("SHAPESHIFT_NCHWC")
     mobile = shapeshift.InferenceSession(mobilenet_block(c=24), backend="native")

@@ -30,8 +30,10 @@ after its producer; a plain value that a blocked op reads one ``NCHWcBlock``. Th
 is kept in ``graph.metadata["nchwc"]`` and printed by ``shapeshift info --backend native``.
 
 By default ("auto") the pass runs on graphs with a depthwise conv only (``has_depthwise_conv``
-says why, with the measurements); ``SHAPESHIFT_NCHWC=1`` runs it on every graph and ``=0``
-on none (convs then run NCHW through kernels/conv.py), for A/B measurement.
+says why, with the measurements), and leaves their dense k x k convs of at least a block of
+input channels in NCHW (``assign_layouts`` says why); ``SHAPESHIFT_NCHWC=1`` blocks every
+conv of every graph and ``=0`` none (convs then run NCHW through kernels/conv.py), for A/B
+measurement.
 """
 
 from __future__ import annotations
@@ -122,6 +124,15 @@ def assign_layouts(graph: Graph, target=None, on: Optional[bool] = None) -> Opti
     """Rewrite ``graph`` (simplified, typed) so that its conv trunk runs in NCHWc; returns
     what it did, or None when it does not run: ``on`` False, $SHAPESHIFT_NCHWC=0, or (``on``
     None and $SHAPESHIFT_NCHWC unset: "auto") a graph with no depthwise conv."""
+    # "auto" leaves dense k x k convs that read a blocked-width input (C >= c) in NCHW,
+    # converting around them: the NCHW kernels (kernels/conv_panels.py, conv_igemm.py) run
+    # them faster than the blocked dense kernel, whose border tiles take its checked path on
+    # every tile of a narrow plane. On an AMD Zen 5, 1 thread: PP-OCR det's 96->24 3x3 on
+    # 16x24 took 209 us blocked, 104 us NCHW (the conv step alone); the model at 2x3x64x96
+    # 1.88-1.92 -> 1.42-1.46 ms (onnxruntime 1.47), 1x3x32x64 0.507 -> 0.491, 3x3x96x32
+    # 2.00 -> 1.90; SSDlite, whose one dense conv is its stem (C = 3, read plain by the
+    # blocked kernel), unchanged. SHAPESHIFT_NCHWC=1 (or on=True) blocks every conv.
+    dense_kxk_plain = on is None and mode() == "auto"
     if on is None:
         on = mode() == "on" or (mode() == "auto" and has_depthwise_conv(graph))
     if not on:
@@ -131,7 +142,7 @@ def assign_layouts(graph: Graph, target=None, on: Optional[bool] = None) -> Opti
         from ...target import host_target
 
         target = host_target()
-    stats = _Pass(graph, block_width(target)).run()
+    stats = _Pass(graph, block_width(target), dense_kxk_plain).run()
     graph.metadata["nchwc"] = stats
     return stats
 
@@ -159,9 +170,10 @@ def _scalar_const(value: Optional[Value]) -> Optional[float]:
 
 
 class _Pass:
-    def __init__(self, graph: Graph, lanes: int):
+    def __init__(self, graph: Graph, lanes: int, dense_kxk_plain: bool = False):
         self.graph = graph
         self.lanes = lanes
+        self.dense_kxk_plain = dense_kxk_plain  # dense k x k convs of C >= lanes stay NCHW
         self.stats = LayoutStats(lanes)
         self.twin: dict[int, Value] = {}  # id(plain value) -> its blocked twin
         self.plain_of: dict[int, Value] = {}  # id(blocked twin) -> the plain value
@@ -277,6 +289,8 @@ class _Pass:
             kind = "grouped"
         else:
             return  # a group's channels would straddle blocks
+        if kind == "dense" and self.dense_kxk_plain and weights.shape[2] * weights.shape[3] > 1 and c >= self.lanes:
+            return  # the NCHW kernels run it faster (see assign_layouts)
         bias = np.zeros(m, np.float32) if b is None else np.asarray(b.const, np.float32).reshape(m)
         chain, weights, bias, epilogue, res = self.epilogue(node, weights, bias)
         last = chain[-1] if chain else node
