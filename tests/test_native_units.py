@@ -135,3 +135,34 @@ def test_units_of_each_kind_compile_at_their_level_and_match_onnxruntime(small_u
                 "ids": rng.integers(-6, 6, n).astype(np.int64)}
         for got, want in zip(session.run(None, feed), reference.run(None, feed)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_repeated_steps_share_one_function_and_keep_their_error_codes(small_units):
+    # Four GatherND steps alike but for their slots (warm loops over a static count): one
+    # shared function per unit, called with each step's slots and error code.
+    import onnxruntime as ort
+
+    nodes = [helper.make_node("GatherND", [f"data{i}", f"idx{i}"], [f"y{i}"], name=f"gnd{i}") for i in range(4)]
+    graph = helper.make_graph(
+        nodes, "repeats",
+        [*(helper.make_tensor_value_info(f"data{i}", TensorProto.FLOAT, [6, 5]) for i in range(4)),
+         *(helper.make_tensor_value_info(f"idx{i}", TensorProto.INT64, [3, 1]) for i in range(4))],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(4)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = shapeshift.InferenceSession(model, backend="native")
+    program = session._executor.program
+    assert not program.fallback_ops()
+    text = program.full_source()
+    definitions = re.findall(r"static int (ss_step_shared_\d+)\(", text)
+    assert definitions, "the repeated steps share a function"
+    assert sum(text.count(f"{name}(v, e,") for name in set(definitions)) == 4
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    feed = {**{f"data{i}": rng.standard_normal((6, 5)).astype(np.float32) for i in range(4)},
+            **{f"idx{i}": rng.integers(-6, 6, (3, 1)).astype(np.int64) for i in range(4)}}
+    for got, want in zip(session.run(None, feed), reference.run(None, feed)):
+        np.testing.assert_array_equal(got, want)
+    feed["idx2"] = np.array([[0], [6], [1]], np.int64)  # out of range: the third step's error
+    with pytest.raises(ExecutionError, match="gnd2"):
+        session.run(None, feed)
