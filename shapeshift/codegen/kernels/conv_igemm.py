@@ -189,8 +189,14 @@ static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int
    6-pixel tile's time, and its scalar stores most of a 4-pixel one's.) */
 static inline void ss_conv_store_tile(float* t, int64_t ld, int64_t np, int64_t mv, float* yq, int64_t P, int act) {
     if (act)
-        for (int64_t g = 0; g < np; ++g)
-            for (int64_t h = 0; h < mv; h += 8) _mm256_storeu_ps(t + g * ld + h, ss_act8(_mm256_loadu_ps(t + g * ld + h), act));
+        for (int64_t g = 0; g < np; ++g) {
+            int64_t h = 0;
+#ifdef __AVX512F__
+            for (; h < mv && h + 16 <= ld; h += 16)
+                _mm512_storeu_ps(t + g * ld + h, ss_act16(_mm512_loadu_ps(t + g * ld + h), act));
+#endif
+            for (; h < mv; h += 8) _mm256_storeu_ps(t + g * ld + h, ss_act8(_mm256_loadu_ps(t + g * ld + h), act));
+        }
     float r[64];
     for (int64_t g = 0; g < np; g += 8) {
         const int64_t n = np - g < 8 ? np - g : 8;

@@ -36,6 +36,11 @@ AVX2 (defined only under ``#ifdef __AVX2__``; callers guard their vector paths t
     ss_max8, ss_min8, ss_clamp8, ss_hard_sigmoid8, ss_hard_swish8, ss_leaky_relu8, ss_softsign8
         (twins of the scalar helpers of those names)
     float ss_hsum8(__m256 v);   float ss_hmax8(__m256 v);   float ss_hmin8(__m256 v);
+    __m512 ss_sigmoid16(__m512 x);   __m512 ss_silu16(__m512 x);   __m512 ss_act16(__m512 v, int act);
+        (under ``#ifdef __AVX512F__`` too: 16-lane twins of ss_sigmoid8, ss_silu8, ss_act8,
+        the same operations in the same order, so bit for bit the same results; a kernel
+        epilogue's activation on zmm builds: the 8-lane SiLU took a third of a 3->16
+        stride-2 conv's time on a 128x128 image, 47.5 us with no activation, 67.3 with it)
         (horizontal sum / max / min of the 8 lanes; hmax/hmin ignore NaN lanes only as
         _mm256_max_ps does, so callers that must propagate NaN track it themselves)
 
@@ -79,10 +84,14 @@ def _lit(v: float) -> str:
     return text + ("f" if any(c in text for c in ".en") else ".0f")
 
 
-def _horner(var: str, coeffs: Sequence[float], vector: bool, level: int) -> str:
-    """C statements, ``level`` indents deep, leaving sum(coeffs[k] * var**k) in ``p`` (declared here)."""
+def _horner(var: str, coeffs: Sequence[float], vector: bool, level: int, lanes: int = 8) -> str:
+    """C statements, ``level`` indents deep, leaving sum(coeffs[k] * var**k) in ``p`` (declared
+    here): scalar, or in vectors of ``lanes`` floats (8: ymm, 16: zmm)."""
     w = CWriter(level=level)
-    if vector:
+    if vector and lanes == 16:
+        w.line(f"__m512 p = _mm512_set1_ps({_lit(coeffs[-1])});")
+        w.lines(f"p = _mm512_fmadd_ps(p, {var}, _mm512_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
+    elif vector:
         w.line(f"__m256 p = _mm256_set1_ps({_lit(coeffs[-1])});")
         w.lines(f"p = ss_fmadd8(p, {var}, _mm256_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
     else:
@@ -435,7 +444,72 @@ static inline float ss_hmin8(__m256 v) {
     s = _mm_min_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+@ZMM@
 #endif /* __AVX2__ */
+"""
+
+# The zmm twins of the epilogue activations (see the docstring), inside the AVX2 section.
+_ZMM = r"""
+#ifdef __AVX512F__
+static inline __m512 ss_exp_reduced16(__m512 x, __m512* n_out) {
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 nn = _mm512_sub_ps(_mm512_setzero_ps(), n);
+    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fmadd_ps(nn, _mm512_set1_ps(1.42860677e-06f), r);
+@EXP_P@
+    *n_out = n;
+    return _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+}
+
+static inline __m512 ss_exp_times16(__m512 x, __m512 m) {
+    /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
+    __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-112.0f), x));
+    __m512 n;
+    __m512 y = ss_exp_reduced16(xc, &n);
+    __m512i ni = _mm512_cvtps_epi32(n);
+    __m512i n1 = _mm512_srai_epi32(ni, 1);
+    __m512i n2 = _mm512_sub_epi32(ni, n1);
+    __m512i bias = _mm512_set1_epi32(127);
+    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
+    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(y, m), s1), s2);
+}
+
+static inline __m512 ss_sigmoid16(__m512 x) {
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(_mm512_set1_ps(-0.0f)),
+                                                        _mm512_castps_si512(x)));
+    __m512 e = ss_exp_times16(_mm512_sub_ps(_mm512_setzero_ps(), ax), one);
+    __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), one, e);
+    return _mm512_div_ps(num, _mm512_add_ps(one, e));
+}
+
+static inline __m512 ss_silu16(__m512 x) {
+    __mmask16 low = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_LT_OQ);
+    /* max returns its second operand when either is NaN: this order keeps a NaN -x. */
+    __m512 u = _mm512_max_ps(_mm512_set1_ps(-87.33f), _mm512_sub_ps(_mm512_setzero_ps(), x));
+    __m512 n;
+    __m512 y = ss_exp_reduced16(u, &n);
+    __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n),
+                                                                      _mm512_set1_epi32(127)), 23));
+    __m512 f = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(y, s)));
+    if (!low) return f;
+    __m512 far = ss_exp_times16(x, _mm512_max_ps(x, _mm512_set1_ps(-128.0f)));
+    far = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), far,
+                               _mm512_set1_ps(NAN));
+    return _mm512_mask_blend_ps(low, f, far);
+}
+
+static inline __m512 ss_act16(__m512 v, int act) {
+    switch (act) {
+    case 1: return _mm512_max_ps(_mm512_setzero_ps(), v);  /* the second operand where NaN: NaN stays */
+    case 2: return ss_sigmoid16(v);
+    case 3: return ss_silu16(v);
+    default: return v;
+    }
+}
+#endif /* __AVX512F__ */
 """
 
 
@@ -448,7 +522,8 @@ def fragment() -> Fragment:
                   ERF_LARGE_P=_horner("t", ERF_LARGE_P, False, 1))
     vector = fill(_VECTOR, **literals, EXP_P=_horner("r", EXP_P, True, 1), LOG_P=_horner("f", LOG_P, True, 1),
                   TANH_P=_horner("z", TANH_P, True, 1), ERF_SMALL_P=_horner("z", ERF_SMALL_P, True, 2),
-                  ERF_LARGE_P=_horner("t", ERF_LARGE_P, True, 2))
+                  ERF_LARGE_P=_horner("t", ERF_LARGE_P, True, 2),
+                  ZMM=fill(_ZMM, EXP_P=_horner("r", EXP_P, True, 1, lanes=16)))
     return Fragment([Shared(scalar), Shared(vector)])
 
 
