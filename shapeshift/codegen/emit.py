@@ -136,7 +136,7 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
     for bs in blocks.values():
         for b, kind, _ in bs:
             totals[kind] += len(b)
-    for name, (text, kind) in shared.items():
+    for text, kind in shared.values():
         totals[kind] += len(text)
     if 0 < totals[WARM] < SMALL_PROGRAM_CHARS:  # too little for a unit's header: built with the hot code
         blocks = {key: [(b, HOT if kind == WARM else kind, f) for b, kind, f in bs] for key, bs in blocks.items()}
@@ -234,13 +234,12 @@ def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[s
                 continue
             templates.setdefault(template, []).append((key, j))
             keyed[key, j] = (template, slots, extents, i)
-    names: dict[str, str] = {}
     functions: dict[str, tuple[str, str]] = {}
     out = {key: [(text, kind, None) for text, kind in bs] for key, bs in blocks.items()}
     for template, uses in templates.items():
         if len(uses) < 2:
             continue
-        name = names.setdefault(template, f"ss_step_shared_{len(names)}")
+        name = f"ss_step_shared_{len(functions)}"
         kind = blocks[uses[0][0]][uses[0][1]][1]
         functions[name] = (f"\nstatic int {name}(void* const* v, const int64_t* e, const int32_t* ss_s, "
                            f"const int32_t* ss_x, int ss_code) {{\n    (void)v; (void)e; (void)ss_s; (void)ss_x; "

@@ -172,6 +172,13 @@ static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int
                                 int64_t Hp, int64_t Wp) {
     for (int64_t r = 0; r < Hp; ++r, d += Wp) {
         int64_t ih = r - ph;
+        if (Wp < 64) {
+            /* Rows of a few floats (late stages; silero_vad's 1-row planes of 6 floats, 387 of
+               them a call): plain loops, where three libc calls a row cost more than the copy. */
+            const int inside = ih >= 0 && ih < H;
+            for (int64_t c = 0; c < Wp; ++c) d[c] = inside && c >= pw && c < pw + W ? xc[ih * W + c - pw] : 0.0f;
+            continue;
+        }
         if (ih < 0 || ih >= H) {
             memset(d, 0, (size_t)Wp * sizeof(float));
             continue;
@@ -180,6 +187,16 @@ static inline void ss_conv_igemm_stage(const float* xc, float* d, int64_t H, int
         memcpy(d + pw, xc + ih * W, (size_t)W * sizeof(float));
         memset(d + pw + W, 0, (size_t)(Wp - pw - W) * sizeof(float));
     }
+}
+
+/* koff[(c * KH + kh) * KW + kw]: tap (c, kh, kw)'s offset from a window's corner in planes
+   of `plane` floats and rows of Wp. */
+static inline void ss_conv_igemm_offsets(int32_t* koff, int64_t C, int64_t KH, int64_t KW, int64_t plane, int64_t Wp,
+                                         int64_t dh, int64_t dw) {
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t kh = 0; kh < KH; ++kh)
+            for (int64_t kw = 0; kw < KW; ++kw)
+                koff[(c * KH + kh) * KW + kw] = (int32_t)(c * plane + kh * dh * Wp + kw * dw);
 }
 
 /* Sums of np pixels x mv channels, pixel g's channel j at t[g * ld + j] (ld a multiple of
@@ -300,10 +317,7 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
     float* wp = prepacked ? (float*)wpacked : work + K;
     float* sums = work + K + wfloats;
     float* stage = sums + (int64_t)threads * SS_CONV_IGEMM_BLOCK * 16 * SS_CONV_IGEMM_NP;
-    for (int64_t c = 0; c < C; ++c)
-        for (int64_t kh = 0; kh < KH; ++kh)
-            for (int64_t kw = 0; kw < KW; ++kw)
-                koff[(c * KH + kh) * KW + kw] = (int32_t)(c * plane + kh * dh * Wp + kw * dw);
+    ss_conv_igemm_offsets(koff, C, KH, KW, plane, Wp, dh, dw);
     int par = M * P * K >= SS_CONV_IGEMM_PAR_MIN;
     /* Whichever is larger, the padded image or all the weights, is read once: a block's
        input serves every panel before the next block (whisper's 80->384 1-D conv over 3000

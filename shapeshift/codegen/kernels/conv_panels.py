@@ -159,22 +159,6 @@ static void ss_conv_panel_item(const float* img, const int32_t* koff, const floa
     ss_conv_store_tile(t, SS_GEMM_NR, np, mv, yn + q * SS_GEMM_NR * P + p0, P, act);
 }
 
-/* ss_conv_igemm_stage for planes of a few rows and columns: plain loops, where its three
-   libc calls a row (silero_vad's 1-row planes of 6 floats, 387 of them a call) cost more
-   than the copy. */
-static inline void ss_conv_panel_stage(const float* xc, float* d, int64_t H, int64_t W, int64_t ph, int64_t pw,
-                                       int64_t Hp, int64_t Wp) {
-    for (int64_t r = 0; r < Hp; ++r, d += Wp) {
-        const int64_t ih = r - ph;
-        if (ih < 0 || ih >= H) {
-            for (int64_t c = 0; c < Wp; ++c) d[c] = 0.0f;
-            continue;
-        }
-        const float* row = xc + ih * W;
-        for (int64_t c = 0; c < Wp; ++c) d[c] = c >= pw && c < pw + W ? row[c - pw] : 0.0f;
-    }
-}
-
 static int ss_conv_panels_run(const float* x, const float* wpacked, const float* bias, float* y, int64_t N, int64_t C,
                               int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
                               int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int act,
@@ -199,17 +183,14 @@ static int ss_conv_panels_run(const float* x, const float* wpacked, const float*
     if (!work) return 0;
     int32_t* koff = (int32_t*)work;
     float* stage = work + K;
-    for (int64_t c = 0; c < C; ++c)
-        for (int64_t kh = 0; kh < KH; ++kh)
-            for (int64_t kw = 0; kw < KW; ++kw)
-                koff[(c * KH + kh) * KW + kw] = (int32_t)(c * plane + kh * dh * Wp + kw * dw);
+    ss_conv_igemm_offsets(koff, C, KH, KW, plane, Wp, dh, dw);
     const int64_t items = N * panels * tiles;
     const int par = items > 1 && (double)N * M * P * K >= @PAR_MIN@;
     #pragma omp parallel if(par)
     {
         if (!in_place) {
             #pragma omp for schedule(static)
-            for (int64_t nc = 0; nc < N * C; ++nc) ss_conv_panel_stage(x + nc * H * W, stage + nc * plane, H, W, ph, pw, Hp, Wp);
+            for (int64_t nc = 0; nc < N * C; ++nc) ss_conv_igemm_stage(x + nc * H * W, stage + nc * plane, H, W, ph, pw, Hp, Wp);
         }
         /* Tiles of one panel run together: its weights stay in L1/L2 while every tile reads
            them. Each thread takes a contiguous run of items of about equal work (vectors x
