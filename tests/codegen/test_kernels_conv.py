@@ -172,17 +172,18 @@ CONV_CASES = [
     # tile (conv_panels.py; 8 pixels x 48 channels in zmm, 6 x 16 in ymm): every tile height
     # (1 to 9 pixels, 17), channel counts that end a panel on each vector count and ragged
     # (1, 16, 17, 33, 47, 48, 49, 100), taps past one k block of the prepacked weights (450,
-    # 640: the last block ragged), images read in place (1 x 1, unpadded k x k) or staged.
+    # 640: the last block ragged), images read in place (unpadded) or staged. 1 x 1 convs
+    # take the small-plane GEMM instead (kernels/conv.py), as the cases above test.
     ((1, 3, 1, 1), 1, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     ((2, 5, 1, 2), 16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
-    ((1, 7, 1, 3), 17, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 7, 1, 3), 17, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1), 1),
     ((1, 4, 2, 2), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     ((3, 9, 1, 5), 47, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1), 1),
     ((1, 50, 2, 3), 48, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     ((2, 6, 7, 1), 49, (3, 1), (1, 1), (1, 0, 1, 0), (1, 1), 1),
     ((1, 8, 4, 2), 100, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     ((1, 2, 3, 3), 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
-    ((1, 640, 1, 17), 20, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((1, 320, 1, 17), 20, (1, 2), (1, 1), (0, 0, 0, 0), (1, 1), 1),
     ((2, 11, 9, 9), 30, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # unpadded: in place, strided
     ((1, 13, 12, 10), 40, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),  # dilated
     ((2, 64, 8, 8), 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # enough work for its threads

@@ -918,9 +918,11 @@ _CONV2D = Function("void", "ss_conv2d", ("const float* x", "const float* w", "co
                                          "int act", "float* work", "const float* wpacked"), r"""
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0 || group < 1) return;
     int64_t Cg = C / group, Mg = M / group, P = OH * OW, Kc = Cg * KH * KW;
-    /* Dense convs of small planes with prepacked weights: the GEMM's own tile over the
-       image (conv_panels.py). */
-    if (wpacked && group == 1 && P <= SS_CONV_PANELS_MAX_PLANE &&
+    /* Dense k x k convs of small planes with prepacked weights: the GEMM's own tile over the
+       image (conv_panels.py). Not 1 x 1 ones: their taps are channels a plane apart, all of
+       K in registers reads each panel's weights from L2 for every tile, and the small-plane
+       GEMM below (kc blocks, A packed) ran them 1.1-1.5x faster (conv_panels.py). */
+    if (wpacked && group == 1 && KH * KW > 1 && P <= SS_CONV_PANELS_MAX_PLANE &&
         ss_conv_panels(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act,
                        work, ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
         return;

@@ -28,6 +28,15 @@ planes the implicit GEMM took: 64->64 on 8x12 44.9 (47.6), 256->256 on 14x14 103
 128->128 on 20x20 529 (570), but 64->64 on 40x40 630 (573), hence ``MAX_PLANE``. yolov8n
 at 1x3x64x96: 1.07-1.13 -> 0.96-0.99 ms a run (onnxruntime 0.80).
 
+ss_conv2d does not send 1 x 1 convs here. Their taps are input channels a whole plane
+apart, and with all of K in registers a tile reads its panel's K x nr weights from L2
+(past L1 once K passes a few hundred), where the small-plane GEMM takes K in L1-sized
+blocks over a packed A. On an AMD Zen 4 (6x16 zmm tile), 1 thread, with ReLU, against
+onnxruntime interleaved in one process, here -> the small-plane GEMM: 512->2048 on 7x7
+1.64x -> 1.21x onnxruntime's time, 2048->512 on 7x7 1.75x -> 1.19x, 256->1024 on 14x14
+1.38x -> 1.06x, 1024->256 on 14x14 1.26x -> 1.15x, 64->256 on 7x7 1.87x -> 1.40x (and on
+Zen 5, above, 512->256 on 2x3 already ran faster there).
+
 Tiles are generated for every (rows, live vectors) up to the full tile, so that a 2x3
 plane runs 6 rows and a 64-channel conv's second panel one vector, not the whole tile;
 lanes past M in a panel's last vector are the packed weights' zero padding (computed, not
