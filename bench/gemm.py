@@ -79,12 +79,13 @@ double bench_ss_gemm_prepacked_cold(int64_t calls, int64_t first, int64_t count,
 COLD_BYTES = 160e6
 
 
-def _load_library(cache_dir: Path):
+def _load_library(cache_dir: Path, schedule=None):
+    """The GEMM fragment (``schedule``'s; None: the target's default) with the timing loops."""
     from shapeshift.codegen.build import compile_library
     from shapeshift.codegen.kernels import gemm
     from shapeshift.codegen.kernels.prelude import PRELUDE
 
-    cdll = compile_library(PRELUDE + gemm.source() + TIMING_SOURCE, name_hint="bench_gemm", cache_dir=cache_dir).cdll
+    cdll = compile_library(PRELUDE + gemm.source(schedule) + TIMING_SOURCE, name_hint="bench_gemm", cache_dir=cache_dir).cdll
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     head = [i64] * 5 + [ptr, i64, i64, i64, i64]
     tail = [ptr, i64, i64, i64, f32, ptr, f32, i64, i64, ctypes.c_int]

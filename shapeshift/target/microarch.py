@@ -76,9 +76,12 @@ ZEN4 = MicroarchClass(
     summary="AMD Zen 4 and later with AVX-512: a 512-bit FMA issues as two 256-bit halves, "
             "ymm and zmm peak alike (~112 GFLOPS a core)",
     lanes=16, tile=(6, 16),
-    chosen_by="Zen 4, 1 thread: the zmm 6x16 tile ran 768x3072 at M = 512 at 95-102 GFLOPS like "
-              "OpenBLAS's AVX-512 kernel, where the ymm 6x16 tile reached 84-92 (the commit that "
-              "added the zmm micro-kernel)",
+    chosen_by="an AMD EPYC of family 25 model 17 (measured FMA peak 118 GFLOPS a core at either "
+              "width), 1 thread, bench/gemm_tiles.py (the dense GEMM on BERT-base weights at M = 16, "
+              "128, 512, best of 9 interleaved samples against OpenBLAS): zmm 6x16 1.38x OpenBLAS "
+              "geomean (min 1.04x), 97-108 GFLOPS at M >= 128 (82-91% of peak); 6x32 1.36x, 8x32 "
+              "1.35x, 4x64 1.33x, 14x32 1.32x, 8x48 1.31x, 12x32 1.31x, 6x64 1.30x, each with a "
+              "row below 1.0x (bench/results/gemm_tiles_amd-zen4.md)",
     zmm_full_rate=False)
 AVX2 = MicroarchClass(
     name="avx2",
