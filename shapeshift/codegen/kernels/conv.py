@@ -77,7 +77,10 @@ Strategy of ss_conv2d:
   gemm fragment (SS_GEMM_NR undefined), a plain im2col of the whole matrix and ss_gemm.
 
 The bias and relu ride in ss_gemm's epilogue; sigmoid and silu use vmath's ss_sigmoid8
-(and its scalar twin for tails), so every path gives the same values.
+(and its scalar twin for tails; its 16-lane twin, bit for bit the same, on AVX-512 builds),
+so every path gives the same values. The separate pass after a GEMM takes 16 lanes where
+it can: on an AMD Zen 4, 1 x 1 convs with SiLU on 80x80 and 40x40 planes (32->32, 64->64)
+ran 1.56x and 1.34x onnxruntime's time with 8 lanes, 1.02x and 1.14x with 16.
 
 ss_conv_transpose2d: per (image, group), ss_gemm computes col[(m, kh, kw), (h, w)] =
 sum_c w[c, m, kh, kw] * x[c, h, w] into `work`, then col2im scatters it into the output
@@ -174,6 +177,10 @@ static inline void ss_conv_deinterleave(__m256 a, __m256 b, __m256* even, __m256
 static void ss_conv_act_run(float* y, int64_t n, int act) {
     if (act == 0) return;
     int64_t i = 0;
+#ifdef __AVX512F__
+    /* ss_act16 gives ss_act8's results bit for bit (vmath.py), 16 lanes an instruction. */
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, ss_act16(_mm512_loadu_ps(y + i), act));
+#endif
 #ifdef __AVX2__
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, ss_act8(_mm256_loadu_ps(y + i), act));
 #endif
