@@ -173,3 +173,22 @@ def test_info_machine(tmp_path, monkeypatch, capsys):
     assert ("fma 512:" in out) == target.has("avx512f")
     assert main(["info"]) == 2
     assert "info needs a MODEL" in capsys.readouterr().err
+
+
+def test_conv_paths_follow_the_gemm_tile(tmp_path):
+    # The wide zmm tiles (Zen 5, Xeon: 8x48) run small-plane dense convs in the GEMM's own
+    # tile up to conv_panels.MAX_PLANE pixels and the small-plane GEMM up to 64; the narrow
+    # 6x16 tile (Zen 4, AVX2) takes neither switch of theirs: no conv_panels, 9 pixels.
+    from shapeshift.codegen.defaults import conv_igemm_min_plane, conv_panels_max_plane
+    from shapeshift.codegen.kernels import conv_panels
+
+    wide = [_target("zen5", ZEN5_CACHES, tmp_path), _target("sapphire_rapids", SPR_CACHES, tmp_path)]
+    narrow = [_target("zen4", ZEN4_CACHES, tmp_path), _target("skylake_client", SKL_CACHES, tmp_path)]
+    for t in wide:
+        assert default_schedule(t).nr >= 32
+        assert (conv_panels_max_plane(t), conv_igemm_min_plane(t)) == (conv_panels.MAX_PLANE, 64)
+        assert f"#define SS_CONV_PANELS_MAX_PLANE {conv_panels.MAX_PLANE}\n" in conv_panels.source(t)
+    for t in narrow:
+        assert default_schedule(t).nr == 16
+        assert (conv_panels_max_plane(t), conv_igemm_min_plane(t)) == (0, 9)
+        assert "#define SS_CONV_PANELS_MAX_PLANE 0\n" in conv_panels.source(t)

@@ -14,6 +14,10 @@ The dense and batched GEMM (kernels/gemm.py), and the fused attention that calls
 - kc and mc from the class instead where it names them (``blocking``, with the measurement);
 - nc and the small-M path: as hand-tuned (nc 3072 columns, rounded to whole panels).
 
+``conv_panels_max_plane(target)``: the output planes up to which a dense k x k conv with
+prepacked weights runs the GEMM's own register tile over the image (kernels/conv_panels.py):
+the wide tiles' 400 pixels, none with a narrow tile, where it lost to the paths below.
+
 ``conv_igemm_min_plane(target)``: the output planes (in pixels) up to which a dense k x k
 conv with prepacked weights runs as one GEMM over its im2col matrix with the weights as
 the GEMM's prepacked B (kernels/conv.py's small-plane path) rather than the implicit GEMM
@@ -27,6 +31,7 @@ from typing import Optional
 
 from ..target import Target, host_target
 from ..target.microarch import AVX2
+from .kernels import conv_panels
 from .kernels.gemm import GemmSchedule
 
 MC_PANELS = (2, 24)
@@ -66,6 +71,22 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
 IGEMM_MIN_PLANE_NARROW = 9
 IGEMM_MIN_PLANE_WIDE = 64
 WIDE_TILE_COLUMNS = 32
+
+
+# Output planes up to which a dense k x k conv with prepacked weights runs the GEMM's own
+# tile over the image (kernels/conv_panels.py). With 8x48 zmm tiles (an AMD Zen 5) it beat
+# the implicit GEMM up to 20x20 planes (see conv_panels.py). With the 6x16 tile of a Zen 4
+# (one vector of channels, 6 accumulators) it lost everywhere, 1 thread, SiLU, against
+# onnxruntime interleaved, it -> the implicit GEMM or the small-plane GEMM: 64->64 on 20x20
+# 1.38x -> 1.12x onnxruntime's time, 128->128 on 20x20 1.11x -> 1.07x, 128->128 on 10x10
+# 1.28x -> 1.16x, 64->64 on 14x14 1.34x -> 1.26x, and alike on 5x5 to 7x7 planes; so
+# narrow tiles do not take it.
+
+
+def conv_panels_max_plane(target: Optional[Target] = None) -> int:
+    """Output planes of at most this many pixels take conv_panels (0: none; see above)."""
+    schedule = default_schedule(target)
+    return conv_panels.MAX_PLANE if schedule.nr >= WIDE_TILE_COLUMNS else 0
 
 
 def conv_igemm_min_plane(target: Optional[Target] = None) -> int:

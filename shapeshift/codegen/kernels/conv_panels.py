@@ -64,8 +64,9 @@ from .gemm_tiles import accumulators, vector_names
 DEPENDS = ("gemm", "vmath", "conv_igemm")
 
 #: Output planes (pixels) up to which ss_conv2d runs a dense conv with prepacked weights
-#: here: on larger ones the implicit GEMM's 48-pixel blocks over L1-sized slices of taps
-#: win, since a tile here reads its panel's weights for all K from L2 (measured above).
+#: here when the GEMM tile is wide (defaults.conv_panels_max_plane; none with a narrow one):
+#: on larger ones the implicit GEMM's 48-pixel blocks over L1-sized slices of taps win,
+#: since a tile here reads its panel's weights for all K from L2 (measured above).
 MAX_PLANE = 400
 #: At most this many pixel pointers a tile: more spill the general registers (conv_igemm.py's
 #: 12-pixel tile did) and the tile runs no faster.
@@ -230,13 +231,18 @@ static int ss_conv_panels_run(const float* x, const float* wpacked, const float*
 """
 
 
-def fragment(target: Optional[Target] = None, max_plane: int = MAX_PLANE, par_min: int = PAR_MIN_MACS) -> Fragment:
+def fragment(target: Optional[Target] = None, max_plane: Optional[int] = None,
+             par_min: int = PAR_MIN_MACS) -> Fragment:
     """The fragment for ``target`` (this machine's when None): tiles of its default GEMM
-    schedule (codegen/defaults.py), whose prepacked layout the lowering gives the weights."""
-    from ..defaults import default_schedule  # defaults imports the kernels package
+    schedule (codegen/defaults.py), whose prepacked layout the lowering gives the weights.
+    ``max_plane``: SS_CONV_PANELS_MAX_PLANE, by default the target's
+    (defaults.conv_panels_max_plane: 0 with a narrow GEMM tile, where ss_conv2d never calls
+    it; tests pass MAX_PLANE to run it anyway)."""
+    from ..defaults import conv_panels_max_plane, default_schedule  # defaults imports the kernels package
     from .gemm_tiles import in_lanes
 
     s = default_schedule(target)
+    max_plane = conv_panels_max_plane(target) if max_plane is None else max_plane
     body = CWriter()
     with body.guard("defined(__AVX2__) && defined(SS_GEMM_NR)"):
         body.line("#define SS_CONV_PANELS_RUN 1")
