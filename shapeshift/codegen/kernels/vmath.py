@@ -267,33 +267,7 @@ static inline __m256 ss_copysign8(__m256 mag, __m256 sign) {
     return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sign));
 }
 
-/* exp(x) = y * 2^n, |r| <= ln2/2 (twin of ss_expf_reduced): exp's and SiLU's shared part. */
-static inline __m256 ss_exp_reduced8(__m256 x, __m256* n_out) {
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
-    __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), x);
-    r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
-@EXP_P@
-    *n_out = n;
-    return _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-}
-
-/* Twin of ss_expf_times; ss_exp8 is m = 1. */
-static inline __m256 ss_exp_times8(__m256 x, __m256 m) {
-    /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
-    __m256 xc = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-112.0f), x));
-    __m256 n;
-    __m256 y = ss_exp_reduced8(xc, &n);
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i n1 = _mm256_srai_epi32(ni, 1);
-    __m256i n2 = _mm256_sub_epi32(ni, n1);
-    __m256i bias = _mm256_set1_epi32(127);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(y, m), s1), s2);
-}
-
+@EXP_CORE8@
 static inline __m256 ss_exp8(__m256 x) { return ss_exp_times8(x, _mm256_set1_ps(1.0f)); }
 
 static inline __m256 ss_log8(__m256 x) {
@@ -451,31 +425,7 @@ static inline float ss_hmin8(__m256 v) {
 # The zmm twins of the epilogue activations (see the docstring), inside the AVX2 section.
 _ZMM = r"""
 #ifdef __AVX512F__
-static inline __m512 ss_exp_reduced16(__m512 x, __m512* n_out) {
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 nn = _mm512_sub_ps(_mm512_setzero_ps(), n);
-    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fmadd_ps(nn, _mm512_set1_ps(1.42860677e-06f), r);
-@EXP_P@
-    *n_out = n;
-    return _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-}
-
-static inline __m512 ss_exp_times16(__m512 x, __m512 m) {
-    /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
-    __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-112.0f), x));
-    __m512 n;
-    __m512 y = ss_exp_reduced16(xc, &n);
-    __m512i ni = _mm512_cvtps_epi32(n);
-    __m512i n1 = _mm512_srai_epi32(ni, 1);
-    __m512i n2 = _mm512_sub_epi32(ni, n1);
-    __m512i bias = _mm512_set1_epi32(127);
-    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
-    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(y, m), s1), s2);
-}
-
+@EXP_CORE16@
 static inline __m512 ss_sigmoid16(__m512 x) {
     __m512 one = _mm512_set1_ps(1.0f);
     __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(_mm512_set1_ps(-0.0f)),
@@ -513,6 +463,46 @@ static inline __m512 ss_act16(__m512 v, int act) {
 """
 
 
+# exp's shared core in either width (``_exp_core``): the 8-lane functions and their 16-lane
+# twins are these same operations in the same order, so they agree bit for bit.
+_EXP_CORE = r"""/* exp(x) = y * 2^n, |r| <= ln2/2 (twin of ss_expf_reduced): exp's and SiLU's shared part. */
+static inline @V@ ss_exp_reduced@N@(@V@ x, @V@* n_out) {
+    @V@ n = @ROUND@(@P@mul_ps(x, @P@set1_ps(1.44269504f)),
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    @V@ nn = @P@sub_ps(@P@setzero_ps(), n);
+    @V@ r = @FMA@(nn, @P@set1_ps(0.693145752f), x);
+    r = @FMA@(nn, @P@set1_ps(1.42860677e-06f), r);
+@EXP_P@
+    *n_out = n;
+    return @P@add_ps(@FMA@(p, @P@mul_ps(r, r), r), @P@set1_ps(1.0f));
+}
+
+/* exp(x) * m, twin of ss_expf_times (ss_exp8 is m = 1). */
+static inline @V@ ss_exp_times@N@(@V@ x, @V@ m) {
+    /* max/min return their second operand when either is NaN: this order keeps a NaN x. */
+    @V@ xc = @P@min_ps(@P@set1_ps(89.0f), @P@max_ps(@P@set1_ps(-112.0f), x));
+    @V@ n;
+    @V@ y = ss_exp_reduced@N@(xc, &n);
+    @V@i ni = @P@cvtps_epi32(n);
+    @V@i n1 = @P@srai_epi32(ni, 1);
+    @V@i n2 = @P@sub_epi32(ni, n1);
+    @V@i bias = @P@set1_epi32(127);
+    @V@ s1 = @CAST@(@P@slli_epi32(@P@add_epi32(n1, bias), 23));
+    @V@ s2 = @CAST@(@P@slli_epi32(@P@add_epi32(n2, bias), 23));
+    return @P@mul_ps(@P@mul_ps(@P@mul_ps(y, m), s1), s2);
+}
+"""
+
+
+def _exp_core(lanes: int) -> str:
+    """ss_exp_reduced<lanes> and ss_exp_times<lanes> in ymm (8) or zmm (16) vectors."""
+    if lanes == 16:
+        return fill(_EXP_CORE, V="__m512", N=16, P="_mm512_", ROUND="_mm512_roundscale_ps", FMA="_mm512_fmadd_ps",
+                    CAST="_mm512_castsi512_ps", EXP_P=_horner("r", EXP_P, True, 1, lanes=16))
+    return fill(_EXP_CORE, V="__m256", N=8, P="_mm256_", ROUND="_mm256_round_ps", FMA="ss_fmadd8",
+                CAST="_mm256_castsi256_ps", EXP_P=_horner("r", EXP_P, True, 1))
+
+
 def fragment() -> Fragment:
     """The C fragment, header-only (every unit inlines these): scalar helpers, then the AVX2
     helpers under ``#ifdef __AVX2__``."""
@@ -520,10 +510,10 @@ def fragment() -> Fragment:
     scalar = fill(_SCALAR, **literals, EXP_P=_horner("r", EXP_P, False, 1), LOG_P=_horner("f", LOG_P, False, 1),
                   TANH_P=_horner("z", TANH_P, False, 2), ERF_SMALL_P=_horner("z", ERF_SMALL_P, False, 2),
                   ERF_LARGE_P=_horner("t", ERF_LARGE_P, False, 1))
-    vector = fill(_VECTOR, **literals, EXP_P=_horner("r", EXP_P, True, 1), LOG_P=_horner("f", LOG_P, True, 1),
+    vector = fill(_VECTOR, **literals, EXP_CORE8=_exp_core(8), LOG_P=_horner("f", LOG_P, True, 1),
                   TANH_P=_horner("z", TANH_P, True, 1), ERF_SMALL_P=_horner("z", ERF_SMALL_P, True, 2),
                   ERF_LARGE_P=_horner("t", ERF_LARGE_P, True, 2),
-                  ZMM=fill(_ZMM, EXP_P=_horner("r", EXP_P, True, 1, lanes=16)))
+                  ZMM=fill(_ZMM, EXP_CORE16=_exp_core(16)))
     return Fragment([Shared(scalar), Shared(vector)])
 
 
