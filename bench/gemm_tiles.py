@@ -30,29 +30,22 @@ import machine  # noqa: E402
 os.environ.update(machine.peer_env(1))  # OpenBLAS's own kernel for this CPU, before NumPy loads
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import math  # noqa: E402
 import tempfile  # noqa: E402
 
 import gemm as gemm_bench  # noqa: E402
 import numpy as np  # noqa: E402
 
-from shapeshift.codegen.defaults import KC_RANGE, MC_PANELS, default_schedule  # noqa: E402
+from shapeshift.codegen.defaults import tile_schedule  # noqa: E402
 from shapeshift.target import host_target  # noqa: E402
 
 
 def schedule_for(tile: str, target):
-    """The default schedule with tile ``MRxNR`` (zmm) or ``MRxNRy`` (ymm) and the cache rule's kc, mc."""
+    """The untuned schedule of tile ``MRxNR`` (zmm) or ``MRxNRy`` (ymm): codegen/defaults.py's
+    tile_schedule, the class's blocking for its own tile, else the cache rule's kc and mc."""
     lanes = 8 if tile.endswith("y") else 16
     mr, nr = (int(v) for v in tile.rstrip("y").split("x"))
-    base = default_schedule(target)
-    if (mr, nr, lanes) == (base.mr, base.nr, base.lanes):
-        return base
-    floats_l1 = target.caches.l1d // 4
-    kc = max(KC_RANGE[0], min(KC_RANGE[1], (floats_l1 * 3 // 4) // (mr + nr) // 32 * 32))
-    mc = mr * max(MC_PANELS[0], min(MC_PANELS[1], (target.caches.l2 // 16) // (kc * mr)))
-    return dataclasses.replace(base, mr=mr, nr=nr, lanes=lanes, kc=kc, mc=mc, nc=-(-3072 // nr) * nr,
-                               small_nc=-(-256 // nr) * nr)
+    return tile_schedule(target, mr, nr, lanes)
 
 
 def label(s) -> str:

@@ -45,7 +45,15 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
     lanes = 16 if target.avx512 and klass.lanes == 16 else 8
     # A class whose tile is zmm, on a target without the full AVX-512 set: the AVX2 tile.
     mr, nr = klass.tile if lanes == klass.lanes else AVX2.tile
-    if klass.blocking is not None and (mr, nr) == klass.tile:
+    return tile_schedule(target, mr, nr, lanes)
+
+
+def tile_schedule(target: Target, mr: int, nr: int, lanes: int) -> GemmSchedule:
+    """The untuned schedule of register tile mr x nr in vectors of ``lanes`` floats: the
+    class's measured blocking for its own tile, else the cache rule (bench/gemm_tiles.py
+    times other tiles this way)."""
+    klass = target.microarch
+    if klass.blocking is not None and (mr, nr, lanes) == (*klass.tile, klass.lanes):
         kc, mc = klass.blocking  # measured where the cache rule below lost
     else:
         floats_l1 = target.caches.l1d // 4
