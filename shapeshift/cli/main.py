@@ -146,7 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
                            "'shapeshift[cluster]'")
     tune.add_argument("--strategy", choices=("dietcode", "per-shape", "pad-max"), default="dietcode")
     tune.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default: %(default)s)")
-    tune.add_argument("--max-kernels", type=int, default=8)
+    tune.add_argument("--max-kernels", type=int, default=8,
+                      help="kernels kept per task (a group's: for the whole model; default: %(default)s)")
+    grouping = tune.add_mutually_exclusive_group()
+    grouping.add_argument("--group", dest="group", action="store_true", default=None,
+                          help="tune the model's dense GEMMs (every weight shape, every M) as one task: at most "
+                               "--max-kernels kernels for the model, a tree on (M, N, K) choosing per call "
+                               "(default when the model has no dynamic dim)")
+    grouping.add_argument("--no-group", dest="group", action="store_false",
+                          help="tune each weight shape alone (the default for a model with dynamic dims)")
     tune.add_argument("--measure-cap", type=int, default=MEASURE_CAP, metavar="M",
                       help="dietcode measures no M (or T) above this and dispatches the kernel best there to "
                            "the larger ones, whose speed no longer depends on M; 0: measure the whole range "

@@ -1,6 +1,7 @@
 """`shapeshift tune MODEL --dynamic SYM=LO:HI` and `shapeshift tune --gemm K N --dynamic M=LO:HI`.
 
-With a model, every weight shape its MatMul/Gemm calls use is one task, and so is every
+With a model, every weight shape its MatMul/Gemm calls use is one task (or, with --group and
+by default for a static model, all of them together: tune/gemm_group.py), and so is every
 batched GEMM structure whose sizes depend on one dim (attention's Q K^T and P V; see
 tune/extract.py); the task list is printed first with FLOPs and an estimated time, then each task is tuned in
 turn (most work first) with a progress line per search round, then a summary table.
@@ -25,9 +26,9 @@ from ..errors import ShapeshiftError
 from ..tune import dispatch
 from ..tune.database import Database, check_database_path
 from ..tune.deps import require_plotting, require_tuning_dependencies
-from ..tune.extract import BatchedTask, ModelTask, model_tasks
+from ..tune.extract import BatchedTask, GroupTask, ModelTask, group_task, model_tasks
 from ..tune.runner import RunnerConfig
-from ..tune.search import OutOfTime, TuneConfig, Tuner, TuneResult
+from ..tune.search import OutOfTime, TuneConfig, Tuner, TuneResult, tree_point
 from ..tune.workload import GemmWorkload
 from .tune_display import TuneDisplay
 
@@ -61,18 +62,20 @@ def print_summary(result: TuneResult, show: bool) -> None:
     print(f"\n{result.strategy}: {result.trials} trials{reused} ({result.failed} failed candidates in the database), "
           f"{result.wall_s:.1f} s, {len(result.kernels)} kernel(s)"
           + (f", cost model held-out Spearman {result.spearman:.2f}" if result.spearman is not None else ""))
-    print(f"  {'M':>6} {'kernel':>6} {'GFLOPS':>8} {'us/call':>9}")
+    group = not getattr(w, "ordered", True)
+    print(f"  {'#' if group else 'M':>6} {'kernel':>6} {'GFLOPS':>8} {'us/call':>9}" + ("  (M, K, N)" if group else ""))
     for m in result.sampled_ms:
         s = result.seconds.get(m, math.nan)
-        print(f"  {m:>6} {dispatch.choose(result.tree, m):>6} {result.gflops(m):>8.1f} {s * 1e6:>9.1f}")
+        print(f"  {m:>6} {dispatch.choose(result.tree, tree_point(w, m)):>6} {result.gflops(m):>8.1f} {s * 1e6:>9.1f}"
+              + (f"  {w.instance(m)}" if group else ""))
     if show:
         print("\nkernels:")
         for i, s in enumerate(result.kernels):
             fields = " ".join(f"{name}={value}" for name, value in dataclasses.asdict(s).items())
             print(f"  {dispatch.prefix(i)}gemm: {fields}")
-        var = w.variable
-        print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice(int64_t {var})\n{{\n"
-              f"{dispatch.tree_c(result.tree, var=var)}\n}}")
+        params = ", ".join(f"int64_t {a}" for a in getattr(w, "tree_args", (w.variable,)))
+        print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice({params})\n{{\n"
+              f"{dispatch.tree_c(result.tree, var=w.variable)}\n}}")
 
 
 def _check_args(args) -> None:
@@ -87,10 +90,15 @@ def _check_args(args) -> None:
         raise TuneError("give either a MODEL or --gemm K N")
 
 
-def _config(args, budget_s: float, workload: GemmWorkload, weighted: Optional[dict[int, float]] = None) -> TuneConfig:
+def _config(args, budget_s: float, workload: GemmWorkload, weighted: Optional[dict[int, float]] = None,
+            sampled: Optional[tuple[list[int], list[float]]] = None) -> TuneConfig:
+    """``weighted``: a histogram of the dynamic dim; ``sampled``: the values and weights
+    themselves (a group's instances and their calls)."""
     samples: dict = {}
     if weighted:
-        ms, weights = workload.weighted_samples(weighted)
+        sampled = workload.weighted_samples(weighted)
+    if sampled:
+        ms, weights = sampled
         samples = dict(sample_ms=tuple(ms), sample_weights=tuple(weights))
     return TuneConfig(strategy=args.strategy, trials=args.trials, time_budget_s=budget_s, threads=args.threads,
                       max_kernels=args.max_kernels, one_layout=not args.any_layout, measure_cap=args.measure_cap,
@@ -224,7 +232,9 @@ def _plot(results, path: str) -> None:
     print(f"wrote {path}")
 
 
-def _model_tasks(args) -> list[ModelTask | BatchedTask]:
+def _model_tasks(args) -> list[ModelTask | BatchedTask | GroupTask]:
+    """The model's tasks; the dense GEMMs as one group with --group, and by default when no
+    weight's calls have a dynamic M (a static model: DietCode's grouping of its instances)."""
     tasks = model_tasks(args.model, args.dynamic)
     if not tasks:
         raise TuneError(f"{args.model}: no MatMul or Gemm with a constant float32 weight, and no batched MatMul "
@@ -236,7 +246,16 @@ def _model_tasks(args) -> list[ModelTask | BatchedTask]:
                 else f"T of the batched MatMul {t.label}"
             raise TuneError(f"{args.model}: {where} reach {t.hi}; declare the range of {names} with "
                             f"--dynamic SYM=LO:HI")
-    return tasks
+    dense = [t for t in tasks if isinstance(t, ModelTask)]
+    group = getattr(args, "group", None)
+    if group is None:
+        group = bool(dense) and all(t.lo == t.hi for t in dense)
+    if not group or not dense:
+        return tasks
+    if args.shape_weights:
+        raise TuneError("--shape-weights weighs one dynamic dim's values; with --group the instances weigh by "
+                        "their calls: add --no-group to use it")
+    return [group_task(dense), *(t for t in tasks if not isinstance(t, ModelTask))]
 
 
 def print_tasks(tasks: list[ModelTask | BatchedTask], args, display: Optional[TuneDisplay] = None) -> None:
@@ -246,7 +265,8 @@ def print_tasks(tasks: list[ModelTask | BatchedTask], args, display: Optional[Tu
              f"measured {args.measure or 'cold'}, {args.trials} trials each"
              + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
     est = args.trials * SECONDS_PER_TRIAL / 60
-    rows = [[str(i), t.label, str(t.calls), f"{t.lo}..{t.hi}", f"{t.range_flops() / 1e9:.4g}",
+    rows = [[str(i), t.label, str(t.calls),
+             f"{t.hi} instances" if isinstance(t, GroupTask) else f"{t.lo}..{t.hi}", f"{t.range_flops() / 1e9:.4g}",
              f"{t.range_flops() / total:.1%}", f"{est:.1f}"] for i, t in enumerate(tasks)]
     est_all = len(tasks) * est
     if args.time_budget:
@@ -281,7 +301,8 @@ def _tune_model(args, db_path: Path, cache_dir: Path, cluster=None) -> int:
             ms = task.weighted_ms(*weighted, fixed) if weighted else None
             if weighted and not ms:
                 print(f"  (its M does not depend on {weighted[0]} alone: uniform samples)")
-            tuner = Tuner(workload, db, cache_dir, _config(args, budget, workload, ms),
+            sampled = task.sample_weights() if isinstance(task, GroupTask) else None
+            tuner = Tuner(workload, db, cache_dir, _config(args, budget, workload, ms, sampled),
                           log=display.progress(i, len(tasks), task.label, start, lambda: tuner.trials,
                                                lambda: args.trials - tuner.reused, lambda: _best_gflops(tuner)),
                           cluster=cluster)

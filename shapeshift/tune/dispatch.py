@@ -12,11 +12,13 @@ emits one such dispatcher per tuned weight shape (codegen/lower/linalg.py); the 
 library (``library_source``) is what the tuner's checks and bench/dietcode.py time.
 A batched GEMM has no constant operand to pack: ``tuned_batched_c`` emits ``<name>gemm``
 with ``ss_gemm``'s arguments, its tree on T (``batched_library_source``: standalone).
+A group of dense GEMMs (tune/gemm_group.py) has a tree on several variables: each split
+names its own (``"var"``), and ``<name>choice(M, N, K)`` takes them all (``tree_args``).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -65,23 +67,29 @@ def layout_cover(times: np.ndarray, layouts: Sequence[tuple[int, int]], max_kern
     return min(options, key=lambda o: o[0])[1]
 
 
-def fit_tree(ms: Sequence[int], labels: Sequence[int], max_leaves: int) -> dict:
-    """A decision tree from M to a label, as nested JSON: {"leaf": i} or
-    {"le": t, "left": ..., "right": ...} (left for M <= t, t an integer)."""
+def fit_tree(points: Sequence, labels: Sequence[int], max_leaves: int, names: Sequence[str] = ("M",)) -> dict:
+    """A decision tree from a point to a label, as nested JSON: {"leaf": i} or {"le": t,
+    "left": ..., "right": ...} (left for M <= t, t an integer). ``points``: ints (the one
+    variable M), or tuples of ints named by ``names`` (a group's (M, N, K)), in which case
+    each split also names its variable ({"var": "K", "le": ...})."""
     labels = list(labels)
     if len(set(labels)) == 1:
         return {"leaf": int(labels[0])}
     from sklearn.tree import DecisionTreeClassifier
 
+    named = len(names) > 1
+    x = np.asarray(points, dtype=float).reshape(len(labels), len(names))
     clf = DecisionTreeClassifier(max_leaf_nodes=max(2, max_leaves), random_state=0)
-    clf.fit(np.asarray(ms, dtype=float).reshape(-1, 1), labels)
+    clf.fit(x, labels)
     t = clf.tree_
 
     def node(i: int) -> dict:
         if t.children_left[i] == -1:
             return {"leaf": int(clf.classes_[int(np.argmax(t.value[i][0]))])}
-        # sklearn splits at midpoints (x <= 8.5); M is an integer, so M <= floor(8.5) is the same.
-        return {"le": int(np.floor(t.threshold[i])), "left": node(t.children_left[i]), "right": node(t.children_right[i])}
+        # sklearn splits at midpoints (x <= 8.5); the variables are integers, so x <= floor(8.5) is the same.
+        split = {"var": names[int(t.feature[i])]} if named else {}
+        return {**split, "le": int(np.floor(t.threshold[i])), "left": node(t.children_left[i]),
+                "right": node(t.children_right[i])}
 
     return _merge(node(0))
 
@@ -93,20 +101,24 @@ def _merge(tree: dict) -> dict:
     left, right = _merge(tree["left"]), _merge(tree["right"])
     if "leaf" in left and left == right:
         return left
-    return {"le": tree["le"], "left": left, "right": right}
+    return {**{k: v for k, v in tree.items() if k not in ("left", "right")}, "left": left, "right": right}
 
 
-def choose(tree: dict, m: int) -> int:
+def choose(tree: dict, point) -> int:
+    """The tree's label at ``point``: an int (M) or a mapping from variable name to value."""
     while "leaf" not in tree:
-        tree = tree["left"] if m <= tree["le"] else tree["right"]
+        value = point[tree.get("var", "M")] if isinstance(point, Mapping) else point
+        tree = tree["left"] if value <= tree["le"] else tree["right"]
     return tree["leaf"]
 
 
 def tree_c(tree: dict, indent: str = "    ", var: str = "M") -> str:
-    """The tree as nested ifs on ``var`` returning the kernel index (``ss_gemm_tuned_choice``'s body)."""
+    """The tree as nested ifs returning the kernel index (``ss_gemm_tuned_choice``'s body);
+    a split tests its own variable (``"var"``), else ``var``."""
     if "leaf" in tree:
         return f"{indent}return {tree['leaf']};"
-    return (f"{indent}if ({var} <= {tree['le']}) {{\n{tree_c(tree['left'], indent + '    ', var)}\n{indent}}} "
+    test = tree.get("var", var)
+    return (f"{indent}if ({test} <= {tree['le']}) {{\n{tree_c(tree['left'], indent + '    ', var)}\n{indent}}} "
             f"else {{\n{tree_c(tree['right'], indent + '    ', var)}\n{indent}}}")
 
 
@@ -120,10 +132,11 @@ def _layouts(kernels: Sequence[GemmSchedule]) -> list[int]:
     return [first.setdefault(layout(s), i) for i, s in enumerate(kernels)]
 
 
-def tuned_gemm_c(kernels: Sequence[GemmSchedule], tree: dict, name: str) -> str:
+def tuned_gemm_c(kernels: Sequence[GemmSchedule], tree: dict, name: str, tree_args: Sequence[str] = ("M",)) -> str:
     """The kernels under the prefixes ``<name>k0_``, ``<name>k1_``, ... and the dispatcher:
 
-    - ``int <name>choice(int64_t M)``: the tree, the kernel index for M;
+    - ``int <name>choice(int64_t M)``: the tree, the kernel index for M (with ``tree_args``
+      ("M", "N", "K"), a group's tree: ``<name>choice(M, N, K)``);
     - ``int64_t <name>packed_b_size(int64_t K, int64_t N)`` and
       ``void <name>pack_b(K, N, B, rsb, csb, packed)``: one packed copy per distinct
       layout, one after another (kernels of one layout share theirs);
@@ -141,11 +154,13 @@ def tuned_gemm_c(kernels: Sequence[GemmSchedule], tree: dict, name: str) -> str:
                       f"packed_b + {name}offset({owners[i]}, K, N), C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, "
                       f"cs_bias, act); break;" for i in range(len(kernels)))
     kernel_source = "".join(gemm.source(s, prefix=kname[i]) for i, s in enumerate(kernels))
+    params = ", ".join(f"int64_t {a}" for a in tree_args)
+    unused = " ".join(f"(void){a};" for a in tree_args)
     return kernel_source + f"""
 /* ---- tuned dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s), {len(copies)} B layout(s) ---- */
-int {name}choice(int64_t M)
+int {name}choice({params})
 {{
-    (void)M;
+    {unused}
 {tree_c(tree)}
 }}
 
@@ -169,7 +184,7 @@ void {name}prepacked(int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t ba
                      float* C, int64_t sc0, int64_t sc1, int64_t ldc,
                      float alpha, const float* bias, float beta, int64_t rs_bias, int64_t cs_bias, int act)
 {{
-    switch ({name}choice(M)) {{
+    switch ({name}choice({", ".join(tree_args)})) {{
 {calls}
     default: break;
     }}

@@ -1,5 +1,6 @@
-"""The tuning tasks of a whole model: its GEMMs with a constant weight, grouped by shape,
-and its batched GEMMs (attention's Q K^T and P V), grouped by structure.
+"""The tuning tasks of a whole model: its GEMMs with a constant weight, grouped by shape
+(or all of them as one group: ``group_task``, tune/gemm_group.py), and its batched GEMMs
+(attention's Q K^T and P V), grouped by structure.
 
 The native backend runs a MatMul whose right operand is a constant 2-D float32 matrix, and a
 Gemm with a constant B, as one prepacked GEMM whose M is the product of the left operand's
@@ -27,8 +28,9 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.types import FLOAT, TensorType
 from ..ops.common import product
 from ..passes.simplify import simplify_graph
-from ..symbolic import Dim, bounds, evaluate, free_symbols
-from .workload import BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str
+from ..symbolic import Dim, Expr, bounds, evaluate, free_symbols
+from .gemm_group import GemmGroupWorkload
+from .workload import DEFAULT_SAMPLES, BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str, uniform_samples
 
 
 @dataclass
@@ -111,6 +113,82 @@ class BatchedTask:
 
     def range_flops(self) -> float:
         return self.calls * self.workload_.range_flops()
+
+
+@dataclass
+class GroupTask:
+    """Every dense GEMM of the model as one task (tune/gemm_group.py): an instance per
+    (M, K, N) a call makes, weighted by its calls per run; a call whose M is dynamic gives an
+    instance at each of ``samples`` values of its range."""
+
+    instances: dict[tuple[int, int, int], float]  # (M, K, N) -> calls per run
+    nodes: list[str] = field(default_factory=list)
+    symbols: set[str] = field(default_factory=set)
+
+    @property
+    def calls(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def lo(self) -> int:
+        return 1
+
+    @property
+    def hi(self) -> int:
+        return len(self.instances)
+
+    @property
+    def label(self) -> str:
+        weights = {(k, n) for _, k, n in self.instances}
+        return f"group: {len(weights)} weight shape(s), {len(self.instances)} instance(s)"
+
+    def workload(self, cold: bool = True) -> GemmGroupWorkload:
+        """Cold by default, as a weight shape's task."""
+        return GemmGroupWorkload.of(self.instances, cold)
+
+    def sample_weights(self) -> tuple[list[int], list[float]]:
+        """Every instance and its calls per run (what the kernel set is chosen by)."""
+        w = self.workload()
+        return w.sampled_ms(), [self.instances[w.instance(v)] for v in w.sampled_ms()]
+
+    def weighted_ms(self, symbol: str, histogram: Mapping[int, float],
+                    fixed: Optional[Mapping[str, int]] = None) -> dict[int, float]:
+        return {}  # the group's own weights (``sample_weights``) serve
+
+    def range_flops(self) -> float:
+        return float(sum(2.0 * m * k * n * calls for (m, k, n), calls in self.instances.items()))
+
+
+def group_task(tasks: list[ModelTask], samples: int = DEFAULT_SAMPLES) -> Optional[GroupTask]:
+    """The weight shapes' tasks as one group (None without any): a static call's M is one
+    instance; a dynamic one's range gives ``samples`` uniform instances, each weighing its
+    share of the call."""
+    group = GroupTask({})
+    for task in tasks:
+        for m in task.rows:
+            values = _sampled_rows(m, samples)
+            for value in values:
+                key = (value, task.k, task.n)
+                group.instances[key] = group.instances.get(key, 0.0) + 1.0 / len(values)
+        group.nodes += task.nodes
+        group.symbols |= task.symbols
+    return group if group.instances else None
+
+
+def _sampled_rows(m: Dim, samples: int) -> list[int]:
+    """Values of a call's M: itself when static; at ``samples`` uniform values of its one
+    symbol (M = 24 B takes multiples of 24 only); else uniform over its range."""
+    lo, hi = bounds(m)
+    lo = max(1, lo)
+    if hi < 1:
+        return []
+    if hi == lo:
+        return [lo]
+    atoms = [a for a in m.atoms() if a.kind == "sym" and a.definition is None] if isinstance(m, Expr) else []
+    if len(free_symbols(m)) == 1 and len(atoms) == 1:
+        rows = {evaluate(m, {atoms[0].name: v}) for v in uniform_samples(max(1, atoms[0].lo), atoms[0].hi, samples)}
+        return sorted(r for r in rows if r >= 1)
+    return uniform_samples(lo, hi, samples)
 
 
 class _BatchedRecorder:

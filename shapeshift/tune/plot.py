@@ -16,7 +16,7 @@ from typing import Sequence
 from ..errors import ShapeshiftError
 from ..files import publish
 from . import dispatch
-from .search import TuneResult
+from .search import TuneResult, tree_point
 
 
 def plot_results(results: Sequence[tuple[str, TuneResult]], path: Path) -> None:
@@ -38,12 +38,12 @@ def plot_results(results: Sequence[tuple[str, TuneResult]], path: Path) -> None:
         ms = [m for m in r.sampled_ms if m in r.seconds]
         ax.plot(ms, [r.gflops(m) for m in ms], "k*", markersize=9, label="dispatcher (tree's pick)")
         for i in range(len(r.kernels)):
-            picked = [m for m in ms if dispatch.choose(r.tree, m) == i]
+            picked = [m for m in ms if dispatch.choose(r.tree, tree_point(w, m)) == i]
             if picked:
                 ax.annotate(f"k{i}", (picked[0], r.gflops(picked[0])), textcoords="offset points", xytext=(0, 6),
                             fontsize=7)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("M")
+        ax.set_xlabel("M" if getattr(w, "ordered", True) else "instance (tune/gemm_group.py)")
         ax.set_ylabel("GFLOPS")
         ax.legend(fontsize=7)
     fig.tight_layout()

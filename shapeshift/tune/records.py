@@ -1,5 +1,5 @@
 """Tuning records as the native backend uses them: one tuned dispatcher per weight shape,
-and one per batched GEMM structure.
+one per batched GEMM structure, and one per group of dense GEMMs.
 
 ``GemmTuning.from_db(path, threads)`` reads, for every GEMM workload (K, N) in a tuning
 database, the latest kernel set and decision tree chosen for that thread count. The
@@ -8,6 +8,10 @@ program builder asks it for ``get(k, n)`` when it lowers a MatMul or Gemm with a
 ``ss_tuned_<K>x<N>_prepacked`` (same arguments, kernels chosen by M at run time) and packs
 the weight with the dispatcher's ``pack_b``. Without a record the hand-picked default
 schedule runs, as before.
+
+A group (tune/gemm_group.py: a model's dense GEMMs tuned as one task) serves every weight
+shape it holds with one dispatcher, ``ss_tuned_group_<hash>_prepacked``, whose tree picks
+a kernel by (M, N, K); a weight shape with a selection of its own takes that one.
 
 A batched GEMM (no constant operand, such as attention's Q K^T) is looked up by its
 workload key (``get_batched``): the lowering computes the key of each ``ss_gemm`` call it
@@ -38,6 +42,7 @@ from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch, space
 from .database import check_database_path, has_target_column, read_only
+from .gemm_group import DIMS, GemmGroupWorkload
 from .workload import BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str
 
 
@@ -120,7 +125,46 @@ class TunedBatchedGemm:
                 f"for T in [{self.lo}, {self.hi}] on {self.threads} thread(s)")
 
 
-Record = TunedGemm | TunedBatchedGemm
+@dataclass(frozen=True, eq=False)
+class TunedGemmGroup:
+    """The chosen kernels and dispatch tree (on M, N, K) of a group of dense GEMMs
+    (tune/gemm_group.py): one dispatcher serves every weight shape of the group."""
+
+    key: str  # GemmGroupWorkload.key
+    kernels: tuple[GemmSchedule, ...]
+    tree: dict
+    threads: int
+    strategy: str
+
+    @property
+    def workload(self) -> GemmGroupWorkload:
+        return GemmGroupWorkload.from_key(self.key)
+
+    @property
+    def name(self) -> str:
+        """Prefix of the dispatcher's C functions (``ss_gemm_prepacked``'s as ``<name>prepacked``)."""
+        return f"ss_tuned_group_{self.workload.hash[:12]}_"
+
+    def source(self) -> str:
+        return dispatch.tuned_gemm_c(self.kernels, self.tree, self.name, tree_args=DIMS)
+
+    def to_json(self) -> dict:
+        return {"group": self.key, "kernels": [json.loads(space.to_json(s)) for s in self.kernels],
+                "tree": self.tree, "threads": self.threads, "strategy": self.strategy}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TunedGemmGroup":
+        return cls(str(data["group"]), tuple(space.from_json(json.dumps(s)) for s in data["kernels"]), data["tree"],
+                   int(data["threads"]), str(data["strategy"]))
+
+    def describe(self) -> str:
+        w = self.workload
+        shapes = ", ".join(f"[{k}, {n}]" for k, n in sorted(w.weights()))
+        return (f"group of {len(w.instances)} GEMM instance(s) (weights {shapes}): {len(self.kernels)} kernel(s), "
+                f"tuned by {self.strategy} on {self.threads} thread(s)")
+
+
+Record = TunedGemm | TunedBatchedGemm | TunedGemmGroup
 
 
 def _for_this_cpu(rows: list, path: Path) -> list:
@@ -162,10 +206,15 @@ class GemmTuning:
         entries = entries or []
         self._entries = {(e.k, e.n): e for e in entries if isinstance(e, TunedGemm)}
         self._batched = {e.key: e for e in entries if isinstance(e, TunedBatchedGemm)}
+        self._groups = {e.key: e for e in entries if isinstance(e, TunedGemmGroup)}
+        # Weight shape -> the group that holds it; a later group takes a shape from an earlier one.
+        self._group_of = {shape: e for e in self._groups.values() for shape in e.workload.weights()}
         self.source = source  # where the records came from, for messages
 
-    def get(self, k: int, n: int) -> Optional[TunedGemm]:
-        return self._entries.get((k, n))
+    def get(self, k: int, n: int) -> Optional[TunedGemm | TunedGemmGroup]:
+        """The dispatcher for a [K, N] weight: its own shape's selection, else its group's
+        (both take ``ss_gemm_prepacked``'s arguments)."""
+        return self._entries.get((k, n)) or self._group_of.get((k, n))
 
     def get_batched(self, key: str) -> Optional[TunedBatchedGemm]:
         return self._batched.get(key)
@@ -179,18 +228,24 @@ class GemmTuning:
         return self._batched.get(workload.key) if workload is not None else None
 
     def __len__(self) -> int:
-        return len(self._entries) + len(self._batched)
+        return len(self._entries) + len(self._batched) + len(self._groups)
 
     def __iter__(self) -> Iterator[Record]:
         dense = sorted(self._entries.values(), key=lambda e: (e.k, e.n))
-        return iter([*dense, *sorted(self._batched.values(), key=lambda e: e.key)])
+        return iter([*dense, *sorted(self._batched.values(), key=lambda e: e.key),
+                     *sorted(self._groups.values(), key=lambda e: e.key)])
 
     def to_json(self) -> list:
         return [e.to_json() for e in self]
 
     @classmethod
     def from_json(cls, data: list, source: str = "") -> "GemmTuning":
-        return cls([TunedBatchedGemm.from_json(d) if "key" in d else TunedGemm.from_json(d) for d in data], source)
+        def entry(d: dict) -> Record:
+            if "group" in d:
+                return TunedGemmGroup.from_json(d)
+            return TunedBatchedGemm.from_json(d) if "key" in d else TunedGemm.from_json(d)
+
+        return cls([entry(d) for d in data], source)
 
     @classmethod
     def from_db(cls, path, threads: int) -> "GemmTuning":
@@ -231,6 +286,8 @@ class GemmTuning:
                 common = (schedules, json.loads(tree), int(t), int(lo), int(hi), str(strategy))
                 if str(key).startswith("bmm:"):
                     entries[key] = TunedBatchedGemm(str(key), *common)
+                elif str(key).startswith("gemm-group"):
+                    entries[key] = TunedGemmGroup(str(key), schedules, json.loads(tree), int(t), str(strategy))
                 else:
                     dense = GemmWorkload.from_key(str(key), 1, 1)  # its K and N
                     entries[(dense.k, dense.n)] = TunedGemm(dense.k, dense.n, *common)

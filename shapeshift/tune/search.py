@@ -250,6 +250,12 @@ class TuneResult:
         return self.workload.flops(m) / self.seconds[m] / 1e9 if m in self.seconds else float("nan")
 
 
+def tree_point(workload: TuningTask, value: int):
+    """What a dispatch tree of ``workload`` is asked at ``value`` (``dispatch.choose``): the
+    value itself, or for an unordered task (a group) the instance's dims."""
+    return value if getattr(workload, "ordered", True) else workload.point(value)
+
+
 class _ScoreCache:
     """Predicted log GFLOPS of schedules at the Ms of one search, under one fit of the cost
     model: between two refits the asynchronous search draws from the same pool many times."""
@@ -335,9 +341,12 @@ class Tuner:
         self._fit_rows = 0  # rows of the fit in the child
         self.child_fits: list[tuple[int, float]] = []
         # dietcode measures Ms up to ``top`` only (``measure_cap``); the others, the whole range.
-        capped = config.strategy == "dietcode" and 0 < config.measure_cap < workload.hi
+        # An unordered task (a group's instances: tune/gemm_group.py) samples every value.
+        self.ordered = getattr(workload, "ordered", True)
+        capped = self.ordered and config.strategy == "dietcode" and 0 < config.measure_cap < workload.hi
         self.top = max(workload.lo, config.measure_cap) if capped else workload.hi
-        ms = list(config.sample_ms) or uniform_samples(workload.lo, self.top, config.samples)
+        ms = list(config.sample_ms) or (uniform_samples(workload.lo, self.top, config.samples) if self.ordered
+                                        else workload.sampled_ms())
         weights = np.asarray(config.sample_weights or [1.0] * len(ms), dtype=float)
         if len(weights) != len(ms) or (weights <= 0).any():
             raise ValueError("sample_weights must be one positive weight per sampled M")
@@ -860,6 +869,8 @@ class Tuner:
         """Time the chosen kernels together at the ``dense_points`` that fit in
         ``dense_budget`` x ``elapsed_s`` (estimated; cheapest M first): the tree is then
         trained on those times there."""
+        if not self.ordered:
+            return  # a group's instances are all sampled: no points between them
         points = [m for m in dense_points(self.w.lo, self.top) if m not in self.select_ms]
         # One kernel leaves the tree nothing to choose: timing it densely would only cost time
         # (at batch 16 up to 2 minutes of a 9-minute tuning).
@@ -890,7 +901,11 @@ class Tuner:
 
     def _tree(self, chosen: list[int]) -> dict:
         lo, hi, top = self.w.lo, self.w.hi, self.top
-        points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist()) | {top})
+        if self.ordered:
+            points = sorted(set(np.linspace(lo, hi, min(TREE_POINTS, hi - lo + 1)).round().astype(int).tolist())
+                            | {top})
+        else:
+            points = list(range(lo, hi + 1))
         # Above the measurement cap the best kernel is the one best at the cap (MEASURE_CAP).
         times = self._time_matrix(chosen, [min(m, top) for m in points])
         default = self._default_cid()
@@ -899,8 +914,14 @@ class Tuner:
         labels = np.argmin(times, axis=0)
         # Up to TREE_LEAVES_PER_KERNEL leaves per kernel: where the best kernel depends on T
         # modulo a tile width (edge tiles), only many short intervals of T follow it.
-        return dispatch.fit_tree(points, labels.tolist(), max_leaves=min(TREE_MAX_LEAVES,
-                                                                         TREE_LEAVES_PER_KERNEL * len(chosen)))
+        leaves = min(TREE_MAX_LEAVES, TREE_LEAVES_PER_KERNEL * len(chosen))
+        if self.ordered:
+            return dispatch.fit_tree(points, labels.tolist(), max_leaves=leaves)
+        # A group: the tree splits on the instances' dims (the dispatcher's arguments), so that
+        # a shape between the instances still gets a kernel by its dims.
+        names = self.w.tree_args
+        features = [[self.w.point(v)[name] for name in names] for v in points]
+        return dispatch.fit_tree(features, labels.tolist(), max_leaves=leaves, names=names)
 
     def run(self) -> TuneResult:
         try:
@@ -937,7 +958,7 @@ class Tuner:
             # Nothing to choose from: no compiler, say, and every candidate failed to build.
             raise ShapeshiftError(f"tuning {self.w.describe()}: no candidate could be built and measured; "
                                   f"the first failure: {self.first_error or 'none measured'}")
-        if self.cfg.strategy == "dietcode" and self.cfg.probes:
+        if self.cfg.strategy == "dietcode" and self.cfg.probes and self.ordered:
             self._probe()
 
         def tuning_s() -> float:
@@ -961,7 +982,8 @@ class Tuner:
         tree = self._tree(chosen)
         kernels = [self.schedules[c] for c in chosen]
         # Reported as chosen: the times taken together where there are some.
-        seconds = {m: self.measured(chosen[dispatch.choose(tree, m)], m) or math.nan for m in self.ms}
+        seconds = {m: self.measured(chosen[dispatch.choose(tree, tree_point(self.w, m))], m) or math.nan
+                   for m in self.ms}
         self.db.add_selection(self.wid, self.w.lo, self.w.hi, self.cfg.threads, self.cfg.strategy,
                               [{"candidate": c, "schedule": self.family.to_json(self.schedules[c])} for c in chosen], tree,
                               self.target)

@@ -14,8 +14,13 @@ Two parts, after TVM MetaSchedule's split of a search space from a workload:
   (``flops``), what the measuring worker must set up (``request``: a dict whose ``kind``
   picks the worker's measurement routine) and a ``describe`` line for logs.
 
+A task may also be *unordered* (``ordered = False``): its values 1..N name N instances of
+the computation rather than a range (tune/gemm_group.py's group of a model's dense GEMMs);
+it then gives ``point(value)`` (the instance's dims by name) and ``tree_args`` (the names,
+in the dispatcher's argument order), and the tree is trained on those dims.
+
 The dense GEMM over a prepacked constant weight and the strided batched GEMM
-(tune/workload.py) are the first two tasks, both of the ``gemm`` family
+(tune/workload.py) are the first two tasks, a group of dense GEMMs the third, both of the ``gemm`` family
 (tune/gemm_family.py). Another kind of kernel adds a family, its tasks and a measurement
 routine in tune/worker.py; search.py, dispatch.py and database.py stay as they are.
 """

@@ -2,11 +2,13 @@
 
 Reads a JSON request on stdin: {"library" (or "libraries", a list), "workload", "ms",
 "threads", "repeats", "sample_s", "cold_bytes"}, where "workload" is the workload's
-``request()`` (a prepacked GEMM's K and N, or a batched GEMM's key); writes one JSON object
+``request()`` (a prepacked GEMM's K and N, a GEMM group's (M, K, N) per value, or a batched
+GEMM's key); writes one JSON object
 on stdout: {"seconds": {M: s}} (with "libraries": a list of those, one per library) or
 {"error": "..."}. For a prepacked GEMM with ``cold_bytes`` > 0 the packed B is copied
 until the copies fill that many bytes and each call reads the next copy (``tune_bench_cold``);
-libraries with the same packed B share the copies (``cold_copies``).
+libraries with the same packed B share the copies (``cold_copies``); a group's weights
+share ``cold_bytes`` (at least MIN_COLD_BYTES_PER_WEIGHT each).
 Every result is checked once against NumPy in float64 before it is timed.
 A separate process so that a crashing or hanging kernel takes only itself down.
 
@@ -127,38 +129,69 @@ def cold_copies(packed: list[np.ndarray], cold_bytes: int) -> list[ColdCopies | 
     return out
 
 
+# A group's weights each get at least this many bytes of cold copies (more than the L3 of
+# the machines we run on), within ``cold_bytes`` in all where that allows.
+MIN_COLD_BYTES_PER_WEIGHT = 64 << 20
+
+
+def prepacked_shapes(req: dict) -> dict[int, tuple[int, int, int]]:
+    """(M, K, N) at each value of the request: a dense task's M with its one weight, or a
+    group's instances (tune/gemm_group.py)."""
+    w = req["workload"]
+    if "shapes" in w:
+        return {int(v): tuple(int(x) for x in shape) for v, shape in w["shapes"].items()}
+    k, n = int(w["k"]), int(w["n"])
+    return {int(m): (int(m), k, n) for m in req["ms"]}
+
+
 def measure_prepacked(libs: list[ctypes.CDLL], req: dict) -> dict:
-    k, n = int(req["workload"]["k"]), int(req["workload"]["n"])
+    shapes = prepacked_shapes(req)
+    todo = [int(v) for v in req["ms"]]
+    weights = list(dict.fromkeys(shapes[v][1:] for v in todo))
+    cold_bytes = int(req.get("cold_bytes", 0))
+    if cold_bytes and len(weights) > 1:
+        cold_bytes = max(cold_bytes // len(weights), MIN_COLD_BYTES_PER_WEIGHT)
     rng = np.random.default_rng(0)
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    packed = []
-    for lib in libs:
-        packed.append(np.empty(max(1, lib.ss_gemm_packed_b_size(k, n)), dtype=np.float32))
-        lib.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed[-1].ctypes.data)
-    kernels, buffers = [], []  # per library: its bench function and the B it reads
-    for lib, own, copies in zip(libs, packed, cold_copies(packed, int(req.get("cold_bytes", 0)))):
-        if copies is not None:
-            def bench(calls, m, n, k, a, p, c, lib=lib, copies=copies):
-                return lib.tune_bench_cold(calls, m, n, k, a, p, copies.array.shape[1], copies.count,
-                                           copies.take(calls), c)
-            kernels.append((bench, copies.array))
-        else:
-            kernels.append((lib.tune_bench, own))
-    timed = {}
-    for m in req["ms"]:
+    per_weight = {}  # (K, N) -> (B, per library: its bench function and the packed B it reads)
+
+    def kernels_for(k: int, n: int):
+        if (k, n) in per_weight:
+            return per_weight[(k, n)]
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        packed = []
+        for lib in libs:
+            packed.append(np.empty(max(1, lib.ss_gemm_packed_b_size(k, n)), dtype=np.float32))
+            lib.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed[-1].ctypes.data)
+        kernels = []
+        for lib, own, copies in zip(libs, packed, cold_copies(packed, cold_bytes)):
+            if copies is not None:
+                def bench(calls, m, n, k, a, p, c, lib=lib, copies=copies):
+                    return lib.tune_bench_cold(calls, m, n, k, a, p, copies.array.shape[1], copies.count,
+                                               copies.take(calls), c)
+                kernels.append((bench, copies.array))
+            else:
+                kernels.append((lib.tune_bench, own))
+        per_weight[(k, n)] = (b, kernels)
+        return per_weight[(k, n)]
+
+    timed, buffers = {}, []
+    for v in todo:
+        m, k, n = shapes[v]
+        b, kernels = kernels_for(k, n)
         a = rng.standard_normal((m, k)).astype(np.float32)
         ref = a.astype(np.float64) @ b
         c = np.empty((m, n), dtype=np.float32)  # shared: every library writes the same C
         buffers.append((a, c))
-        for i, (bench, weights) in enumerate(kernels):
+        label = ("M", m) if "shapes" not in req["workload"] else (f"(M, K, N) = ({m}, {k}, {n}), instance", v)
+        for i, (bench, packed_b) in enumerate(kernels):
             c.fill(np.nan)
-            args = (m, n, k, a.ctypes.data, weights.ctypes.data, c.ctypes.data)
+            args = (m, n, k, a.ctypes.data, packed_b.ctypes.data, c.ctypes.data)
             bench(1, *args)  # the call checked below; also the warm-up (page faults, thread start)
-            failure = _close(c, ref, k, _where("M", m, i, len(libs)))
+            failure = _close(c, ref, k, _where(*label, i, len(libs)))
             if failure:
                 return failure
-            timed[(i, m)] = lambda calls, bench=bench, args=args: bench(calls, *args)
-    return _results(_time(timed, req), len(libs), req["ms"], req)
+            timed[(i, v)] = lambda calls, bench=bench, args=args: bench(calls, *args)
+    return _results(_time(timed, req), len(libs), todo, req)
 
 
 def _strided(rng: np.random.Generator, shape: tuple[int, ...], strides: list[int], fill: float | None):
