@@ -119,13 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.set_defaults(handler=cmd_compile)
 
     tune = sub.add_parser(
-        "tune", help="auto-schedule a model's GEMMs (constant weights) for whole ranges of their dynamic dims: "
-                     "a few kernels per weight shape and a decision tree that picks one per call",
+        "tune", help="auto-schedule a model's GEMMs (constant weights) and convs for whole ranges of their "
+                     "shapes: a few kernels per task and a decision tree that picks one per call",
         description="Tune the dense float32 GEMMs C[M,N] = A[M,K] x B[K,N] (B a constant, prepacked weight) of "
                     "MODEL, one task per weight shape, M ranging over what the --dynamic ranges allow; or one "
                     "GEMM given by --gemm K N. Shape-generic kernel schedules are measured at sampled M values, "
                     "a cost model learns the rest, a few kernels and a decision tree over M are kept (printed as "
-                    "C with --show). `compile --db` and InferenceSession(..., tuning_db=) use the records. "
+                    "C with --show). Dense convs of static sizes are tuned too, one task per class (kernel, "
+                    "strides, dilations) over its instances. `compile --db` and InferenceSession(..., "
+                    "tuning_db=) use the records. "
                     "See docs/tune.md.")
     tune.add_argument("model", nargs="?", default=None, metavar="MODEL", help="an ONNX model")
     tune.add_argument("--gemm", nargs=2, type=int, default=None, metavar=("K", "N"),
@@ -150,11 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="kernels kept per task (a group's: for the whole model; default: %(default)s)")
     grouping = tune.add_mutually_exclusive_group()
     grouping.add_argument("--group", dest="group", action="store_true", default=None,
-                          help="tune the model's dense GEMMs (every weight shape, every M) as one task: at most "
-                               "--max-kernels kernels for the model, a tree on (M, N, K) choosing per call "
-                               "(default when the model has no dynamic dim)")
+                          help="tune the model's dense GEMMs (every weight shape, every M) as one task, and each "
+                               "class of its convs as one task: at most --max-kernels kernels each, a tree on "
+                               "their dims choosing per call (the GEMMs' default when the model has no dynamic "
+                               "dim; the convs' always)")
     grouping.add_argument("--no-group", dest="group", action="store_false",
-                          help="tune each weight shape alone (the default for a model with dynamic dims)")
+                          help="tune each weight shape and each conv instance alone (the per-instance baseline; "
+                               "the GEMMs' default for a model with dynamic dims)")
     tune.add_argument("--measure-cap", type=int, default=MEASURE_CAP, metavar="M",
                       help="dietcode measures no M (or T) above this and dispatches the kernel best there to "
                            "the larger ones, whose speed no longer depends on M; 0: measure the whole range "

@@ -1,7 +1,9 @@
 """`shapeshift tune MODEL --dynamic SYM=LO:HI` and `shapeshift tune --gemm K N --dynamic M=LO:HI`.
 
 With a model, every weight shape its MatMul/Gemm calls use is one task (or, with --group and
-by default for a static model, all of them together: tune/gemm_group.py), and so is every
+by default for a static model, all of them together: tune/gemm_group.py), every class of
+its dense convs of static sizes (kernel, strides, dilations; tune/conv_workload.py) one
+task over the class's instances (with --no-group, one per instance), and so is every
 batched GEMM structure whose sizes depend on one dim (attention's Q K^T and P V; see
 tune/extract.py); the task list is printed first with FLOPs and an estimated time, then each task is tuned in
 turn (most work first) with a progress line per search round, then a summary table.
@@ -26,7 +28,7 @@ from ..errors import ShapeshiftError
 from ..tune import dispatch
 from ..tune.database import Database, check_database_path
 from ..tune.deps import require_plotting, require_tuning_dependencies
-from ..tune.extract import BatchedTask, GroupTask, ModelTask, group_task, model_tasks
+from ..tune.extract import BatchedTask, ConvTask, GroupTask, ModelTask, group_task, model_tasks
 from ..tune.runner import RunnerConfig
 from ..tune.search import OutOfTime, TuneConfig, Tuner, TuneResult, tree_point
 from ..tune.workload import GemmWorkload
@@ -235,10 +237,11 @@ def _plot(results, path: str) -> None:
 def _model_tasks(args) -> list[ModelTask | BatchedTask | GroupTask]:
     """The model's tasks; the dense GEMMs as one group with --group, and by default when no
     weight's calls have a dynamic M (a static model: DietCode's grouping of its instances)."""
-    tasks = model_tasks(args.model, args.dynamic)
+    group = getattr(args, "group", None)
+    tasks = model_tasks(args.model, args.dynamic, group_convs=group is not False)
     if not tasks:
-        raise TuneError(f"{args.model}: no MatMul or Gemm with a constant float32 weight, and no batched MatMul "
-                        f"sized by one dynamic dim: nothing to tune")
+        raise TuneError(f"{args.model}: no MatMul or Gemm with a constant float32 weight, no batched MatMul "
+                        f"sized by one dynamic dim and no dense Conv of static sizes: nothing to tune")
     for t in tasks:
         if t.hi > MAX_TUNED_M:
             names = ", ".join(sorted(t.symbols)) or "?"
@@ -247,7 +250,6 @@ def _model_tasks(args) -> list[ModelTask | BatchedTask | GroupTask]:
             raise TuneError(f"{args.model}: {where} reach {t.hi}; declare the range of {names} with "
                             f"--dynamic SYM=LO:HI")
     dense = [t for t in tasks if isinstance(t, ModelTask)]
-    group = getattr(args, "group", None)
     if group is None:
         group = bool(dense) and all(t.lo == t.hi for t in dense)
     if not group or not dense:
@@ -266,7 +268,7 @@ def print_tasks(tasks: list[ModelTask | BatchedTask], args, display: Optional[Tu
              + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
     est = args.trials * SECONDS_PER_TRIAL / 60
     rows = [[str(i), t.label, str(t.calls),
-             f"{t.hi} instances" if isinstance(t, GroupTask) else f"{t.lo}..{t.hi}", f"{t.range_flops() / 1e9:.4g}",
+             f"{t.hi} instance(s)" if isinstance(t, (GroupTask, ConvTask)) else f"{t.lo}..{t.hi}", f"{t.range_flops() / 1e9:.4g}",
              f"{t.range_flops() / total:.1%}", f"{est:.1f}"] for i, t in enumerate(tasks)]
     est_all = len(tasks) * est
     if args.time_budget:
@@ -301,7 +303,7 @@ def _tune_model(args, db_path: Path, cache_dir: Path, cluster=None) -> int:
             ms = task.weighted_ms(*weighted, fixed) if weighted else None
             if weighted and not ms:
                 print(f"  (its M does not depend on {weighted[0]} alone: uniform samples)")
-            sampled = task.sample_weights() if isinstance(task, GroupTask) else None
+            sampled = task.sample_weights() if isinstance(task, (GroupTask, ConvTask)) else None
             tuner = Tuner(workload, db, cache_dir, _config(args, budget, workload, ms, sampled),
                           log=display.progress(i, len(tasks), task.label, start, lambda: tuner.trials,
                                                lambda: args.trials - tuner.reused, lambda: _best_gflops(tuner)),

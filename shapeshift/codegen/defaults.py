@@ -97,6 +97,15 @@ def conv_panels_max_plane(target: Optional[Target] = None) -> int:
     return conv_panels.MAX_PLANE if schedule.nr >= WIDE_TILE_COLUMNS else 0
 
 
+def default_conv_schedule(target: Optional[Target] = None):
+    """The untuned conv kernel's schedule (kernels/conv_tuned.py): the default GEMM schedule
+    and the conv paths' switches above, as every untuned ``ss_conv2d`` runs them."""
+    from .kernels.conv_tuned import ConvSchedule
+
+    return ConvSchedule(gemm=default_schedule(target), igemm_min_plane=conv_igemm_min_plane(target),
+                        panels_max_plane=conv_panels_max_plane(target))
+
+
 def conv_igemm_min_plane(target: Optional[Target] = None) -> int:
     """Output planes of at most this many pixels take the small-plane GEMM (see above)."""
     schedule = default_schedule(target)

@@ -126,39 +126,25 @@ def prefix(i: int) -> str:
     return f"k{i}_"
 
 
-def _layouts(kernels: Sequence[GemmSchedule]) -> list[int]:
-    """For each kernel, the index of the first kernel with its layout (the copy it reads)."""
-    first: dict[tuple[int, int], int] = {}
-    return [first.setdefault(layout(s), i) for i, s in enumerate(kernels)]
+def _layouts(layouts: Sequence) -> list[int]:
+    """For each kernel's packed-B layout, the index of the first kernel with it (the copy it reads)."""
+    first: dict = {}
+    return [first.setdefault(lay, i) for i, lay in enumerate(layouts)]
 
 
-def tuned_gemm_c(kernels: Sequence[GemmSchedule], tree: dict, name: str, tree_args: Sequence[str] = ("M",)) -> str:
-    """The kernels under the prefixes ``<name>k0_``, ``<name>k1_``, ... and the dispatcher:
-
-    - ``int <name>choice(int64_t M)``: the tree, the kernel index for M (with ``tree_args``
-      ("M", "N", "K"), a group's tree: ``<name>choice(M, N, K)``);
-    - ``int64_t <name>packed_b_size(int64_t K, int64_t N)`` and
-      ``void <name>pack_b(K, N, B, rsb, csb, packed)``: one packed copy per distinct
-      layout, one after another (kernels of one layout share theirs);
-    - ``void <name>prepacked(...)``: ``ss_gemm_prepacked``'s signature and meaning, run
-      by the kernel the tree picks for M.
-    """
-    owners = _layouts(kernels)
+def _choice_and_packing_c(name: str, tree: dict, tree_args: Sequence[str], kname: Sequence[str],
+                          owners: Sequence[int]) -> str:
+    """``<name>choice(tree_args)``, and the packing of the constant B shared by kernels of
+    one layout (``owners``: ``_layouts``): ``<name>offset``, ``<name>packed_b_size`` and
+    ``<name>pack_b``, through each layout's first kernel's ``gemm_pack_b``."""
     copies = sorted(set(owners))
-    kname = [f"{name}{prefix(i)}" for i in range(len(kernels))]
     sizes = " + ".join(f"{kname[i]}gemm_packed_b_size(K, N)" for i in copies)
     offsets = "\n".join(f"    if (i == {i}) return off;\n    off += {kname[i]}gemm_packed_b_size(K, N);" for i in copies)
     packs = "\n".join(f"    {kname[i]}gemm_pack_b(K, N, B, rsb, csb, packed + {name}offset({i}, K, N));"
                       for i in copies)
-    calls = "\n".join(f"    case {i}: {kname[i]}gemm_prepacked(M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, "
-                      f"packed_b + {name}offset({owners[i]}, K, N), C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, "
-                      f"cs_bias, act); break;" for i in range(len(kernels)))
-    kernel_source = "".join(gemm.source(s, prefix=kname[i]) for i, s in enumerate(kernels))
     params = ", ".join(f"int64_t {a}" for a in tree_args)
     unused = " ".join(f"(void){a};" for a in tree_args)
-    return kernel_source + f"""
-/* ---- tuned dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s), {len(copies)} B layout(s) ---- */
-int {name}choice({params})
+    return f"""int {name}choice({params})
 {{
     {unused}
 {tree_c(tree)}
@@ -178,12 +164,67 @@ void {name}pack_b(int64_t K, int64_t N, const float* B, int64_t rsb, int64_t csb
 {{
 {packs}
 }}
+"""
 
+
+def tuned_gemm_c(kernels: Sequence[GemmSchedule], tree: dict, name: str, tree_args: Sequence[str] = ("M",)) -> str:
+    """The kernels under the prefixes ``<name>k0_``, ``<name>k1_``, ... and the dispatcher:
+
+    - ``int <name>choice(int64_t M)``: the tree, the kernel index for M (with ``tree_args``
+      ("M", "N", "K"), a group's tree: ``<name>choice(M, N, K)``);
+    - ``int64_t <name>packed_b_size(int64_t K, int64_t N)`` and
+      ``void <name>pack_b(K, N, B, rsb, csb, packed)``: one packed copy per distinct
+      layout, one after another (kernels of one layout share theirs);
+    - ``void <name>prepacked(...)``: ``ss_gemm_prepacked``'s signature and meaning, run
+      by the kernel the tree picks for M.
+    """
+    owners = _layouts([layout(s) for s in kernels])
+    kname = [f"{name}{prefix(i)}" for i in range(len(kernels))]
+    calls = "\n".join(f"    case {i}: {kname[i]}gemm_prepacked(M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, "
+                      f"packed_b + {name}offset({owners[i]}, K, N), C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, "
+                      f"cs_bias, act); break;" for i in range(len(kernels)))
+    kernel_source = "".join(gemm.source(s, prefix=kname[i]) for i, s in enumerate(kernels))
+    return kernel_source + f"""
+/* ---- tuned dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s), {len(set(owners))} B layout(s) ---- */
+{_choice_and_packing_c(name, tree, tree_args, kname, owners)}
 void {name}prepacked(int64_t M, int64_t N, int64_t K, int64_t batch0, int64_t batch1,
                      const float* A, int64_t sa0, int64_t sa1, int64_t rsa, int64_t csa, const float* packed_b,
                      float* C, int64_t sc0, int64_t sc1, int64_t ldc,
                      float alpha, const float* bias, float beta, int64_t rs_bias, int64_t cs_bias, int act)
 {{
+    switch ({name}choice({", ".join(tree_args)})) {{
+{calls}
+    default: break;
+    }}
+}}
+"""
+
+
+CONV_ARGS = ("x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work")
+
+
+def tuned_conv_c(kernels: Sequence, tree: dict, name: str, tree_args: Sequence[str]) -> str:
+    """Conv kernels (kernels/conv_tuned.py) under the prefixes ``<name>k0_``, ... and their
+    dispatcher: ``<name>choice(tree_args)`` (the tree on N, C, M, H, W), the packing of the
+    weights as a GEMM's B [C KH KW, M] (``<name>packed_b_size``, ``<name>pack_b``: one copy
+    per layout, as ``tuned_gemm_c``'s), and ``<name>conv2d(...)``: ``ss_conv2d``'s
+    arguments and meaning, its ``wpacked`` packed by ``<name>pack_b`` (never NULL)."""
+    from ..codegen.kernels.conv_tuned import unit_source
+
+    owners = _layouts([layout(s.gemm) for s in kernels])
+    kname = [f"{name}{prefix(i)}" for i in range(len(kernels))]
+    calls = "\n".join(f"    case {i}: {kname[i]}conv2d({CONV_ARGS}, wpacked + {name}offset({owners[i]}, K, M)); break;"
+                      for i in range(len(kernels)))
+    kernel_source = "".join(unit_source(s, prefix=kname[i]) for i, s in enumerate(kernels))
+    return kernel_source + f"""
+/* ---- tuned conv dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s), {len(set(owners))} weight layout(s) ---- */
+{_choice_and_packing_c(name, tree, tree_args, kname, owners)}
+void {name}conv2d(const float* x, const float* w, const float* bias, float* y,
+               int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
+               int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+               int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked)
+{{
+    int64_t K = C * KH * KW;
     switch ({name}choice({", ".join(tree_args)})) {{
 {calls}
     default: break;

@@ -18,6 +18,7 @@ looked up by. Those whose sizes depend on one dim T (workload.batched_workload) 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
@@ -29,6 +30,7 @@ from ..ir.types import FLOAT, TensorType
 from ..ops.common import product
 from ..passes.simplify import simplify_graph
 from ..symbolic import Dim, Expr, bounds, evaluate, free_symbols
+from .conv_workload import ConvWorkload, conv_instance
 from .gemm_group import GemmGroupWorkload
 from .workload import DEFAULT_SAMPLES, BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str, uniform_samples
 
@@ -191,12 +193,116 @@ def _sampled_rows(m: Dim, samples: int) -> list[int]:
     return uniform_samples(lo, hi, samples)
 
 
-class _BatchedRecorder:
+@dataclass
+class ConvTask:
+    """Convs of one class (tune/conv_workload.py) as one task: every instance of the class
+    in the model (grouped), or one instance alone; the calls per run of each."""
+
+    conv_class: tuple
+    instances: dict[tuple, float]  # instance -> calls per run
+
+    @property
+    def calls(self) -> int:
+        return int(sum(self.instances.values()))
+
+    @property
+    def lo(self) -> int:
+        return 1
+
+    @property
+    def hi(self) -> int:
+        return len(self.instances)
+
+    @property
+    def symbols(self) -> set[str]:
+        return set()
+
+    @property
+    def nodes(self) -> list[str]:
+        return [self.label]
+
+    @property
+    def label(self) -> str:
+        kh, kw, sh, sw, dh, dw = self.conv_class
+        what = f"conv {kh}x{kw}/{sh}" + (f" dil {dh}" if dh > 1 else "")
+        if len(self.instances) == 1:
+            n, c, h, w, m, _, _, _ = next(iter(self.instances))
+            return f"{what} {c}->{m} on {h}x{w}" + (f" x{n}" if n > 1 else "")
+        return f"{what}: {len(self.instances)} instance(s)"
+
+    def workload(self, cold: bool = True) -> ConvWorkload:
+        """Warm whatever ``cold`` says: a conv reads its weights once per many pixels."""
+        return ConvWorkload.of(self.conv_class, self.instances)
+
+    def sample_weights(self) -> tuple[list[int], list[float]]:
+        w = self.workload()
+        return w.sampled_ms(), [self.instances[w.instance(v)] for v in w.sampled_ms()]
+
+    def weighted_ms(self, symbol: str, histogram: Mapping[int, float],
+                    fixed: Optional[Mapping[str, int]] = None) -> dict[int, float]:
+        return {}
+
+    def range_flops(self) -> float:
+        w = self.workload()
+        return float(sum(w.flops(v) * self.instances[w.instance(v)] for v in w.sampled_ms()))
+
+
+def conv_tasks(calls: list[tuple], group: bool = True) -> list[ConvTask]:
+    """Tasks of the recorded conv calls ((class, instance) or (class, instance, weight)
+    each): one per class, or with ``group`` False one per distinct instance (the
+    per-instance baseline)."""
+    tasks: dict = {}
+    for klass, inst, *weight in calls:
+        task = tasks.setdefault(klass if group else (klass, inst), ConvTask(klass, {}))
+        task.instances[inst] = task.instances.get(inst, 0.0) + (weight[0] if weight else 1.0)
+    return list(tasks.values())
+
+
+# Values of each dynamic dim at which a conv of symbolic sizes is sampled (``sampled_bindings``).
+DIM_SAMPLES = 6
+
+
+def sampled_bindings(dynamic: Mapping[str, tuple[int, int]], count: int = DIM_SAMPLES) -> list[dict[str, int]]:
+    """Values of the model's dynamic dims at which its convs of symbolic sizes become
+    instances: ``count`` values of each dim (uniform over its range; on multiples of 32 when
+    both ends are, as a detector's image sizes are), paired Latin-hypercube style (the i-th
+    value of the first dim with a fixed shuffle of each other's), so that every dim takes
+    each of its values in ``count`` bindings, not ``count`` to the power of the dims."""
+    ranges = {name: (lo, hi) for name, (lo, hi) in sorted(dynamic.items()) if hi > lo}
+    fixed = {name: lo for name, (lo, hi) in dynamic.items() if hi == lo}
+    if not ranges:
+        return []
+    columns = []
+    for i, (lo, hi) in enumerate(ranges.values()):
+        step = 32 if lo % 32 == 0 and hi % 32 == 0 else 1
+        values = sorted({step * round(v / step) for v in np.linspace(lo, hi, count)})
+        values = (values * count)[:count]  # a short range repeats its values
+        if i:
+            random.Random(i).shuffle(values)
+        columns.append(values)
+    rows = list(dict.fromkeys(zip(*columns)))  # a short range's repeats pair up alike: once each
+    return [{**fixed, **dict(zip(ranges, row))} for row in rows]
+
+
+def _evaluated(call, binding: Mapping[str, int]) -> Optional[tuple[tuple, tuple]]:
+    """A recorded conv of symbolic sizes at ``binding``, if it is an instance there."""
+    kernel, strides, dilations, pads, dims, out_hw, act = call
+    try:
+        dims = [evaluate(d, binding) for d in dims]
+        out_hw = [evaluate(d, binding) for d in out_hw]
+    except (KeyError, ValueError):
+        return None  # a dim it depends on was not declared
+    return conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
+
+
+class _Recorder:
     """Stands in for tuning records while a model is lowered: notes the workload of every
-    batched call the lowering asks about, and answers that none is tuned."""
+    batched call and every dense conv the lowering asks about, and answers that none is tuned."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[BatchedGemmWorkload, str]] = []
+        self.convs: list[tuple[tuple, tuple]] = []
+        self.symbolic_convs: list[tuple] = []  # the find_conv arguments of convs of symbolic sizes
 
     def get(self, k: int, n: int) -> None:
         return None
@@ -208,30 +314,54 @@ class _BatchedRecorder:
             self.calls.append((workload, symbol))
         return None
 
+    def find_conv(self, kernel, strides, dilations, pads, dims, out_hw, act: int) -> None:
+        found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
+        if found is not None:
+            self.convs.append(found)
+        elif all(isinstance(v, int) for v in (*kernel, *strides, *dilations, *pads)):
+            self.symbolic_convs.append((kernel, strides, dilations, pads, dims, out_hw, act))
+        return None
+
     def __iter__(self):
         return iter(())
 
 
 def model_tasks(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, int]]] = None,
-                batched: bool = True) -> list:
-    """The model's tuning tasks (ModelTask, and BatchedTask unless ``batched`` is False),
-    the most work first."""
+                batched: bool = True, convs: bool = True, group_convs: bool = True) -> list:
+    """The model's tuning tasks (ModelTask; BatchedTask unless ``batched`` is False;
+    ConvTask unless ``convs`` is False, one per class with ``group_convs``, else one per
+    instance; convs of dynamic sizes at ``sampled_bindings`` of the declared ranges), the
+    most work first."""
     graph = import_model(model, dict(dynamic or {}))
     simplify_graph(graph)
     tasks: list = graph_tasks(graph)
-    if batched:
-        tasks += batched_tasks(graph)
+    if batched or convs:
+        recorder = _lowering_calls(graph)
+        if batched:
+            tasks += batched_tasks(recorder)
+        if convs:
+            # A conv of symbolic sizes (a dynamic image size or batch) weighs one call over
+            # its instances at the sampled values of the dims.
+            bindings = sampled_bindings(dynamic or {})
+            sampled = [(*found, 1.0 / len(bindings)) for call in recorder.symbolic_convs for b in bindings
+                       if (found := _evaluated(call, b)) is not None]
+            tasks += conv_tasks(recorder.convs + sampled, group_convs)
     return sorted(tasks, key=lambda t: -t.range_flops())
 
 
-def batched_tasks(graph: Graph) -> list[BatchedTask]:
-    """The batched GEMM calls the native lowering of ``graph`` (simplified) emits, by structure."""
+def _lowering_calls(graph: Graph) -> _Recorder:
+    """The calls the native lowering of ``graph`` (simplified) asks tuning records about."""
     from ..codegen.program import build_program
     from ..passes.simplify.outputs import restore_output_names
 
-    recorder = _BatchedRecorder()
+    recorder = _Recorder()
     restore_output_names(graph)
     build_program(graph, recorder)
+    return recorder
+
+
+def batched_tasks(recorder: _Recorder) -> list[BatchedTask]:
+    """The batched GEMM calls the lowering emits, by structure."""
     tasks: dict[str, BatchedTask] = {}
     for workload, symbol in recorder.calls:
         task = tasks.setdefault(workload.key, BatchedTask(workload, symbol))

@@ -1,5 +1,5 @@
 """Tuning records as the native backend uses them: one tuned dispatcher per weight shape,
-one per batched GEMM structure, and one per group of dense GEMMs.
+one per batched GEMM structure, one per group of dense GEMMs, and one per conv task.
 
 ``GemmTuning.from_db(path, threads)`` reads, for every GEMM workload (K, N) in a tuning
 database, the latest kernel set and decision tree chosen for that thread count. The
@@ -12,6 +12,11 @@ schedule runs, as before.
 A group (tune/gemm_group.py: a model's dense GEMMs tuned as one task) serves every weight
 shape it holds with one dispatcher, ``ss_tuned_group_<hash>_prepacked``, whose tree picks
 a kernel by (M, N, K); a weight shape with a selection of its own takes that one.
+
+A conv (tune/conv_workload.py) is looked up by its class and instance (``find_conv``): its
+own record, tuned alone, else its class's, tuned over a model's instances; a hit calls
+``ss_tuned_conv_<hash>_conv2d`` (``ss_conv2d``'s arguments) with the weights packed by its
+``pack_b``.
 
 A batched GEMM (no constant operand, such as attention's Q K^T) is looked up by its
 workload key (``get_batched``): the lowering computes the key of each ``ss_gemm`` call it
@@ -42,6 +47,9 @@ from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch, space
 from .database import check_database_path, has_target_column, read_only
+from ..codegen.kernels.conv_tuned import ConvSchedule
+from .conv_family import CONV
+from .conv_workload import DIMS as CONV_DIMS, ConvWorkload, conv_instance
 from .gemm_group import DIMS, GemmGroupWorkload
 from .workload import BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str
 
@@ -164,7 +172,44 @@ class TunedGemmGroup:
                 f"tuned by {self.strategy} on {self.threads} thread(s)")
 
 
-Record = TunedGemm | TunedBatchedGemm | TunedGemmGroup
+@dataclass(frozen=True, eq=False)
+class TunedConv:
+    """The chosen conv kernels and dispatch tree (on N, C, M, H, W) of one conv task
+    (tune/conv_workload.py): a class's instances, or one of them."""
+
+    key: str  # ConvWorkload.key
+    kernels: tuple[ConvSchedule, ...]
+    tree: dict
+    threads: int
+    strategy: str
+
+    @property
+    def workload(self) -> ConvWorkload:
+        return ConvWorkload.from_key(self.key)
+
+    @property
+    def name(self) -> str:
+        """Prefix of the dispatcher's C functions (``ss_conv2d`` as ``<name>conv2d``)."""
+        return f"ss_tuned_conv_{self.workload.hash[:12]}_"
+
+    def source(self) -> str:
+        return dispatch.tuned_conv_c(self.kernels, self.tree, self.name, CONV_DIMS)
+
+    def to_json(self) -> dict:
+        return {"conv": self.key, "kernels": [json.loads(CONV.to_json(s)) for s in self.kernels],
+                "tree": self.tree, "threads": self.threads, "strategy": self.strategy}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TunedConv":
+        return cls(str(data["conv"]), tuple(CONV.from_json(json.dumps(s)) for s in data["kernels"]), data["tree"],
+                   int(data["threads"]), str(data["strategy"]))
+
+    def describe(self) -> str:
+        return f"{self.workload.describe()}: {len(self.kernels)} kernel(s), tuned by {self.strategy} on " \
+               f"{self.threads} thread(s)"
+
+
+Record = TunedGemm | TunedBatchedGemm | TunedGemmGroup | TunedConv
 
 
 def _for_this_cpu(rows: list, path: Path) -> list:
@@ -207,6 +252,9 @@ class GemmTuning:
         self._entries = {(e.k, e.n): e for e in entries if isinstance(e, TunedGemm)}
         self._batched = {e.key: e for e in entries if isinstance(e, TunedBatchedGemm)}
         self._groups = {e.key: e for e in entries if isinstance(e, TunedGemmGroup)}
+        self._convs = {e.key: e for e in entries if isinstance(e, TunedConv)}
+        # Conv class -> the record tuned over that class's instances (later ones win).
+        self._conv_class = {e.workload.class_key: e for e in self._convs.values() if len(e.workload.instances) > 1}
         # Weight shape -> the group that holds it; a later group takes a shape from an earlier one.
         self._group_of = {shape: e for e in self._groups.values() for shape in e.workload.weights()}
         self.source = source  # where the records came from, for messages
@@ -215,6 +263,17 @@ class GemmTuning:
         """The dispatcher for a [K, N] weight: its own shape's selection, else its group's
         (both take ``ss_gemm_prepacked``'s arguments)."""
         return self._entries.get((k, n)) or self._group_of.get((k, n))
+
+    def find_conv(self, kernel, strides, dilations, pads, dims, out_hw, act: int) -> Optional[TunedConv]:
+        """The dispatcher for a dense 2-D conv the lowering is about to emit (sizes as ints
+        where static; ``dims`` (N, C, H, W, M)): its instance's own record (tuned alone),
+        else its class's, tuned over a model's instances (their kernels take any size)."""
+        if not self._convs:
+            return None
+        klass = tuple(kernel) + tuple(strides) + tuple(dilations)
+        found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
+        own = self._convs.get(ConvWorkload(*found[:1], (found[1],)).key) if found is not None else None
+        return own or self._conv_class.get(ConvWorkload.class_key_of(klass))
 
     def get_batched(self, key: str) -> Optional[TunedBatchedGemm]:
         return self._batched.get(key)
@@ -228,12 +287,13 @@ class GemmTuning:
         return self._batched.get(workload.key) if workload is not None else None
 
     def __len__(self) -> int:
-        return len(self._entries) + len(self._batched) + len(self._groups)
+        return len(self._entries) + len(self._batched) + len(self._groups) + len(self._convs)
 
     def __iter__(self) -> Iterator[Record]:
         dense = sorted(self._entries.values(), key=lambda e: (e.k, e.n))
         return iter([*dense, *sorted(self._batched.values(), key=lambda e: e.key),
-                     *sorted(self._groups.values(), key=lambda e: e.key)])
+                     *sorted(self._groups.values(), key=lambda e: e.key),
+                     *sorted(self._convs.values(), key=lambda e: e.key)])
 
     def to_json(self) -> list:
         return [e.to_json() for e in self]
@@ -241,6 +301,8 @@ class GemmTuning:
     @classmethod
     def from_json(cls, data: list, source: str = "") -> "GemmTuning":
         def entry(d: dict) -> Record:
+            if "conv" in d:
+                return TunedConv.from_json(d)
             if "group" in d:
                 return TunedGemmGroup.from_json(d)
             return TunedBatchedGemm.from_json(d) if "key" in d else TunedGemm.from_json(d)
@@ -282,6 +344,10 @@ class GemmTuning:
             rows = _for_this_cpu(rows, path)
             entries: dict = {}
             for key, kernels, tree, t, lo, hi, strategy, _ in rows:  # later rows replace earlier ones
+                if str(key).startswith("conv:"):
+                    convs = tuple(CONV.from_json(kern["schedule"]) for kern in json.loads(kernels))
+                    entries[key] = TunedConv(str(key), convs, json.loads(tree), int(t), str(strategy))
+                    continue
                 schedules = tuple(space.from_json(kern["schedule"]) for kern in json.loads(kernels))
                 common = (schedules, json.loads(tree), int(t), int(lo), int(hi), str(strategy))
                 if str(key).startswith("bmm:"):

@@ -42,16 +42,21 @@ from ..codegen.build import use_openmp_defaults
 from .workload import BatchedGemmWorkload
 
 
-def _load(path: str) -> ctypes.CDLL:
+def _load(path: str, kind: str) -> ctypes.CDLL:
+    """A measurement library, with the signatures of the timing loops of its family."""
     use_openmp_defaults()  # measured under the wait policy sessions run with
     lib = ctypes.CDLL(path)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.tune_bench.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr]
-    lib.tune_bench.restype = ctypes.c_double
-    lib.tune_bench_cold.argtypes = [i64, i64, i64, i64, ptr, ptr, i64, i64, i64, ptr]
-    lib.tune_bench_cold.restype = ctypes.c_double
-    lib.tune_bench_batched.argtypes = [i64] * 5 + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64]
-    lib.tune_bench_batched.restype = ctypes.c_double
+    if kind == "conv":
+        lib.tune_conv_bench.argtypes = [i64] + [ptr] * 4 + [i64] * 16 + [ptr, ptr]
+        lib.tune_conv_bench.restype = ctypes.c_double
+    else:
+        lib.tune_bench.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr]
+        lib.tune_bench.restype = ctypes.c_double
+        lib.tune_bench_cold.argtypes = [i64, i64, i64, i64, ptr, ptr, i64, i64, i64, ptr]
+        lib.tune_bench_cold.restype = ctypes.c_double
+        lib.tune_bench_batched.argtypes = [i64] * 5 + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64]
+        lib.tune_bench_batched.restype = ctypes.c_double
     lib.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
     lib.ss_gemm_packed_b_size.argtypes = [i64, i64]
     lib.ss_gemm_packed_b_size.restype = i64
@@ -225,15 +230,81 @@ def measure_batched(libs: list[ctypes.CDLL], req: dict) -> dict:
     return _results(_time(timed, req), len(libs), req["ms"], req)
 
 
+def conv_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, conv_class, pads, act: int,
+                   pixels: list[tuple[int, int]]) -> np.ndarray:
+    """float64 conv outputs [N, M, len(pixels)] at the given (oh, ow), zero padded as ONNX."""
+    kh, kw, sh, sw, dh, dw = conv_class
+    ph, pw = pads
+    n, c, h, wd = x.shape
+    xp = np.zeros((n, c, h + 2 * ph + dh * kh, wd + 2 * pw + dw * kw))
+    xp[:, :, ph:ph + h, pw:pw + wd] = x
+    rows = np.array([oh * sh for oh, _ in pixels])[:, None] + dh * np.arange(kh)[None, :]  # [P, KH]
+    cols = np.array([ow * sw for _, ow in pixels])[:, None] + dw * np.arange(kw)[None, :]  # [P, KW]
+    windows = xp[:, :, rows[:, :, None], cols[:, None, :]]  # [N, C, P, KH, KW]
+    out = np.einsum("ncpij,mcij->nmp", windows, w.astype(np.float64)) + bias[None, :, None]
+    if act == 1:
+        out = np.maximum(out, 0)
+    elif act == 2:
+        out = 1 / (1 + np.exp(-out))
+    elif act == 3:
+        out = out / (1 + np.exp(-out))
+    return out
+
+
+def _checked_pixels(oh: int, ow: int, rng: np.random.Generator, count: int = 24) -> list[tuple[int, int]]:
+    """The four corners and random output pixels: edges see the padding, the rest the tiles."""
+    corners = {(0, 0), (0, ow - 1), (oh - 1, 0), (oh - 1, ow - 1)}
+    picks = {(int(rng.integers(oh)), int(rng.integers(ow))) for _ in range(count)}
+    return sorted(corners | picks)
+
+
+def measure_conv(libs: list[ctypes.CDLL], req: dict) -> dict:
+    """Each value's conv instance (tune/conv_workload.py) by ``ss_conv2d`` with the weights
+    packed by the library's own ``ss_gemm_pack_b``, checked at sampled pixels against a
+    float64 reference, then timed."""
+    from .conv_workload import output
+
+    conv_class = tuple(int(v) for v in req["workload"]["class"])
+    kh, kw, sh, sw, dh, dw = conv_class
+    rng = np.random.default_rng(0)
+    timed, buffers = {}, []
+    for v in [int(v) for v in req["ms"]]:
+        inst = tuple(int(x) for x in req["workload"]["shapes"][str(v)])
+        n, c, h, wd, m, ph, pw, act = inst
+        oh, ow = output(conv_class, inst)
+        k = c * kh * kw
+        x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
+        w = (rng.standard_normal((m, c, kh, kw)) / math.sqrt(k)).astype(np.float32)
+        bias = rng.standard_normal(m).astype(np.float32)
+        y = np.empty((n, m, oh, ow), dtype=np.float32)
+        work = np.empty(max(1, c * kh * kw * oh * ow), dtype=np.float32)
+        pixels = _checked_pixels(oh, ow, rng)
+        ref = conv_reference(x, w, bias.astype(np.float64), conv_class, (ph, pw), act, pixels)
+        sel = (np.array([p for p, _ in pixels]), np.array([q for _, q in pixels]))
+        for i, lib in enumerate(libs):
+            packed = np.empty(max(1, lib.ss_gemm_packed_b_size(k, m)), dtype=np.float32)
+            lib.ss_gemm_pack_b(k, m, w.ctypes.data, 1, k, packed.ctypes.data)  # B = w as [K, M]: (k, j) at w[j K + k]
+            buffers.append((x, w, bias, y, work, packed))  # alive while the rounds run
+            args = (x.ctypes.data, w.ctypes.data, bias.ctypes.data, y.ctypes.data, n, c, h, wd, m, kh, kw, oh, ow,
+                    sh, sw, ph, pw, dh, dw, act, work.ctypes.data, packed.ctypes.data)
+            y.fill(np.nan)
+            lib.tune_conv_bench(1, *args)
+            failure = _close(y[:, :, sel[0], sel[1]], ref, k, _where(f"conv {inst}, instance", v, i, len(libs)))
+            if failure:
+                return failure
+            timed[(i, v)] = lambda calls, lib=lib, args=args: lib.tune_conv_bench(calls, *args)
+    return _results(_time(timed, req), len(libs), [int(v) for v in req["ms"]], req)
+
+
 # The measurement routine of each kind of request (a task's ``request()["kind"]``, tune/task.py).
-MEASURES = {"prepacked": measure_prepacked, "batched": measure_batched}
+MEASURES = {"prepacked": measure_prepacked, "batched": measure_batched, "conv": measure_conv}
 
 
 def measure(req: dict) -> dict:
     kind = req["workload"]["kind"]
     if kind not in MEASURES:
         return {"error": f"the worker cannot measure a {kind!r} task (known: {', '.join(sorted(MEASURES))})"}
-    libs = [_load(path) for path in req.get("libraries") or [req["library"]]]
+    libs = [_load(path, kind) for path in req.get("libraries") or [req["library"]]]
     for lib in libs:
         lib.ss_set_num_threads(int(req.get("threads", 1)))
     return MEASURES[kind](libs, req)

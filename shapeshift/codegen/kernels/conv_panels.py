@@ -232,16 +232,17 @@ static int ss_conv_panels_run(const float* x, const float* wpacked, const float*
 
 
 def fragment(target: Optional[Target] = None, max_plane: Optional[int] = None,
-             par_min: int = PAR_MIN_MACS) -> Fragment:
+             par_min: int = PAR_MIN_MACS, schedule=None) -> Fragment:
     """The fragment for ``target`` (this machine's when None): tiles of its default GEMM
-    schedule (codegen/defaults.py), whose prepacked layout the lowering gives the weights.
+    schedule (codegen/defaults.py), whose prepacked layout the lowering gives the weights,
+    or of ``schedule`` (a tuned conv kernel's GEMM schedule: kernels/conv_tuned.py).
     ``max_plane``: SS_CONV_PANELS_MAX_PLANE, by default the target's
     (defaults.conv_panels_max_plane: 0 with a narrow GEMM tile, where ss_conv2d never calls
     it; tests pass MAX_PLANE to run it anyway)."""
     from ..defaults import conv_panels_max_plane, default_schedule  # defaults imports the kernels package
     from .gemm_tiles import in_lanes
 
-    s = default_schedule(target)
+    s = schedule or default_schedule(target)
     max_plane = conv_panels_max_plane(target) if max_plane is None else max_plane
     body = CWriter()
     with body.guard("defined(__AVX2__) && defined(SS_GEMM_NR)"):

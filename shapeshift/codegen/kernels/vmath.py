@@ -514,7 +514,10 @@ def fragment() -> Fragment:
                   TANH_P=_horner("z", TANH_P, True, 1), ERF_SMALL_P=_horner("z", ERF_SMALL_P, True, 2),
                   ERF_LARGE_P=_horner("t", ERF_LARGE_P, True, 2),
                   ZMM=fill(_ZMM, EXP_CORE16=_exp_core(16)))
-    return Fragment([Shared(scalar), Shared(vector)])
+    # Guarded: a unit that has vmath declared may also hold a tuned kernel's copy of a
+    # fragment that brings it along (kernels/conv_tuned.py).
+    return Fragment([Shared("#ifndef SS_VMATH_INCLUDED\n#define SS_VMATH_INCLUDED\n"), Shared(scalar),
+                     Shared(vector), Shared("#endif /* SS_VMATH_INCLUDED */\n")])
 
 
 def source() -> str:

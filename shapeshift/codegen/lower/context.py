@@ -213,6 +213,13 @@ class LowerContext:
         self._packs.append(PackRequest(slot, np.ascontiguousarray(matrix, dtype=np.float32), prefix, key, matrix))
         return slot
 
+    def tuned_conv(self, kernel, strides, dilations, pads, dims, out_hw, act: int):
+        """The tuning records' dispatcher for a dense 2-D conv (``find_conv``: kernel,
+        strides, dilations and begin pads as ints, ``dims`` (N, C, H, W, M) and ``out_hw``
+        as Dims), or None; its packed weights come from ``packed_constant`` with its name."""
+        find = getattr(self._tuning, "find_conv", None)
+        return find(kernel, strides, dilations, pads, dims, out_hw, act) if find is not None else None
+
     def batched_gemm_fn(self, m: Dim, n: Dim, k: Dim, batch: Sequence[Dim], a_strides: Sequence[Dim],
                         b_strides: Sequence[Dim], c_strides: Sequence[Dim]) -> str:
         """The function for an ``ss_gemm`` call of these sizes and strides (per batch dim,

@@ -231,8 +231,21 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     kh, kw = kernel
     args = (f"{n}, {c}, {h}, {wd}, {m}, {kh}, {kw}, {oh}, {ow}, {strides[0]}, {strides[1]}, {pads[0]}, {pads[1]}, "
             f"{dilations[0]}, {dilations[1]}, {group}")
-    code = (f"ss_conv2d({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, {act}, "
-            f"(float*)WORK, {_packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))});")
+    weights = ctx.const(w)
+    tuned = None
+    if weights is not None and group == 1:
+        static_pads = [int(p) if p.isdigit() else p for p in pads]
+        tuned = ctx.tuned_conv(kernel, strides, dilations, static_pads, [in_shape[0], in_shape[1], *hw, w_shape[0]],
+                               ohw, act)
+    if tuned is not None:
+        # A tuned conv dispatcher (tune/records.py): its kernels read the weights in their
+        # own packed layout, whatever the plane (each picks its path per call).
+        slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, tuned.name)
+        fn, packed = f"{tuned.name}conv2d", f"(const float*)v[{slot}]"
+    else:
+        fn, packed = "ss_conv2d", _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
+    code = (f"{fn}({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, {act}, "
+            f"(float*)WORK, {packed});")
     work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
     return Lowered(code, fragments=("conv",), absorbed=tuple(absorbed), work_bytes=work)
 

@@ -1,0 +1,160 @@
+"""Convolutions as tuning tasks: one task per conv class, its instances the sampled shapes.
+
+A conv *class* is what a kernel's code depends on beyond its sizes: kernel (KH, KW),
+strides and dilations (dense, group 1, constant weights: the convs ``ss_conv2d`` runs with
+prepacked weights). Its *instances* are the convs of that class in a model, each (N, C, H,
+W, M, ph, pw, act): batch, input channels, input plane, output channels, begin pads and the
+fused activation. DietCode's grouping of a static model: every instance of a class is a
+sampled shape of one task, weighted by its calls per run; the kernels (kernels/conv_tuned.py)
+take every size at run time, so at most ``max_kernels`` of them serve the whole class, and
+the tree picks one per call by (N, C, M, H, W). Tuned one instance at a time (``--no-group``)
+a task has one instance.
+
+As a group of GEMMs (tune/gemm_group.py) the task is *unordered*: value i is instance i,
+the key lists the instances. The end pads follow from the output size, which the class's
+formula gives with end pads equal to the begin pads (``output``): ``conv_instance`` takes a
+conv as an instance only when its output size is that one, so that what was measured is
+what runs. (Any conv of the class runs a tuned kernel correctly: they take every size.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Optional
+
+from .conv_family import CONV
+
+# The tree's variables: the arguments of the conv dispatcher's choice function, in order.
+DIMS = ("N", "C", "M", "H", "W")
+# Activations ss_conv2d fuses (codes of its ``act`` argument).
+ACTS = (0, 1, 2, 3)
+
+Class = tuple[int, int, int, int, int, int]  # KH, KW, sh, sw, dh, dw
+Instance = tuple[int, int, int, int, int, int, int, int]  # N, C, H, W, M, ph, pw, act
+
+
+def output(cls: Class, inst: Instance) -> tuple[int, int]:
+    """(OH, OW) with end pads equal to the begin pads."""
+    kh, kw, sh, sw, dh, dw = cls
+    _, _, h, w, _, ph, pw, _ = inst
+    return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+
+
+@dataclass(frozen=True)
+class ConvWorkload:
+    conv_class: Class
+    instances: tuple[Instance, ...]  # sorted, distinct
+
+    family = CONV
+    variable = "instance"
+    ordered = False
+    cold = False  # a conv reads its weights once per many pixels: measured warm
+    shares_layout = True  # the weights are packed once, in the kernels' one layout
+    tree_args = DIMS
+
+    def __post_init__(self) -> None:
+        if len(self.conv_class) != 6 or min(self.conv_class) < 1:
+            raise ValueError(f"conv class (KH, KW, sh, sw, dh, dw) must be 6 positive ints, got {self.conv_class}")
+        if not self.instances:
+            raise ValueError("a conv task needs at least one instance")
+        if list(self.instances) != sorted(set(self.instances)):
+            raise ValueError("a conv task's instances must be sorted and distinct")
+        for inst in self.instances:
+            n, c, h, w, m, ph, pw, act = inst
+            if min(n, c, h, w, m) < 1 or min(ph, pw) < 0 or act not in ACTS:
+                raise ValueError(f"conv instance {inst} is not (N, C, H, W, M >= 1, pads >= 0, act in {ACTS})")
+            if min(output(self.conv_class, inst)) < 1:
+                raise ValueError(f"conv instance {inst} has an empty output")
+
+    @classmethod
+    def of(cls, conv_class, instances) -> "ConvWorkload":
+        return cls(tuple(int(v) for v in conv_class), tuple(sorted({tuple(int(v) for v in i) for i in instances})))
+
+    @property
+    def lo(self) -> int:
+        return 1
+
+    @property
+    def hi(self) -> int:
+        return len(self.instances)
+
+    @property
+    def class_key(self) -> str:
+        return self.class_key_of(self.conv_class)
+
+    @staticmethod
+    def class_key_of(conv_class) -> str:
+        return "conv:" + ",".join(map(str, conv_class))
+
+    @property
+    def key(self) -> str:
+        return self.class_key + ":" + ";".join(",".join(map(str, i)) for i in self.instances)
+
+    @classmethod
+    def from_key(cls, key: str) -> "ConvWorkload":
+        try:
+            kind, klass, body = key.split(":")
+            if kind != "conv":
+                raise ValueError
+            return cls.of([int(v) for v in klass.split(",")],
+                          [[int(v) for v in part.split(",")] for part in body.split(";")])
+        except (ValueError, TypeError):
+            raise ValueError(f"not a conv workload key: {key!r}") from None
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.key.encode()).hexdigest()
+
+    def instance(self, value: int) -> Instance:
+        return self.instances[value - 1]
+
+    def point(self, value: int) -> dict[str, int]:
+        n, c, h, w, m, _, _, _ = self.instance(value)
+        return {"N": n, "C": c, "M": m, "H": h, "W": w}
+
+    def shape(self, value: int) -> tuple[int, int, int, int]:
+        """The conv as a GEMM: (pixels, taps, output channels, batch)."""
+        n, c, _, _, m, _, _, _ = inst = self.instance(value)
+        oh, ow = output(self.conv_class, inst)
+        kh, kw = self.conv_class[:2]
+        return oh * ow, c * kh * kw, m, n
+
+    def request(self) -> dict:
+        return {"kind": "conv", "class": list(self.conv_class),
+                "shapes": {str(v): list(self.instance(v)) for v in range(1, self.hi + 1)}}
+
+    def flops(self, value: int) -> float:
+        p, k, m, n = self.shape(value)
+        return 2.0 * p * k * m * n
+
+    def range_flops(self) -> float:
+        return float(sum(self.flops(v) for v in range(1, self.hi + 1)))
+
+    def describe(self) -> str:
+        kh, kw, sh, sw, dh, dw = self.conv_class
+        shapes = ", ".join(f"{c}->{m} on {h}x{w}" for _, c, h, w, m, _, _, _ in self.instances[:4])
+        return (f"conv {kh}x{kw} stride {sh}x{sw} dilation {dh}x{dw}, {len(self.instances)} instance(s): {shapes}"
+                + (", ..." if len(self.instances) > 4 else ""))
+
+    def sampled_ms(self, count: int = 0) -> list[int]:
+        return list(range(1, self.hi + 1))
+
+    def weighted_samples(self, weights: dict[int, float], count: int = 0) -> tuple[list[int], list[float]]:
+        values = self.sampled_ms()
+        return values, [float(weights.get(v, 1.0)) for v in values]
+
+
+def conv_instance(kernel, strides, dilations, pads_begin, dims, out_hw, act: int
+                  ) -> Optional[tuple[Class, Instance]]:
+    """The (class, instance) of a dense 2-D conv with static sizes whose output is what
+    equal end pads give (see the module docstring), or None."""
+    values = [*kernel, *strides, *dilations, *pads_begin, *dims, *out_hw]
+    if not all(isinstance(v, int) for v in values):
+        return None
+    n, c, h, w, m = dims
+    cls = tuple(kernel) + tuple(strides) + tuple(dilations)
+    inst = (n, c, h, w, m, pads_begin[0], pads_begin[1], act)
+    if act not in ACTS or min(dims) < 1 or min(pads_begin) < 0 or output(cls, inst) != tuple(out_hw):
+        return None
+    return cls, inst
