@@ -26,6 +26,7 @@ from shapeshift.codegen.defaults import default_conv_schedule
 from shapeshift.codegen.kernels.conv_tuned import ConvSchedule, unit_source
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.codegen.kernels.prelude import PRELUDE
+from shapeshift.symbolic import symbol
 from shapeshift.target import host_target
 from shapeshift.tune import dispatch
 from shapeshift.tune.builder import build_one
@@ -179,6 +180,9 @@ def test_conv_workload_round_trips_and_refuses_what_it_cannot_run():
     assert conv_instance((3, 3), (2, 2), (1, 1), (1, 1), (1, 3, 37, 30, 16), (19, 15), 1) is not None
     assert conv_instance((3, 3), (2, 2), (1, 1), (0, 0), (1, 3, 37, 30, 16), (19, 15), 1) is None  # asymmetric
     assert conv_instance((3, 3), (1, 1), (1, 1), ("p", 1), (1, 3, 8, 8, 4), (8, 8), 0) is None  # symbolic
+    pinned, free = symbol("b", 1, 1), symbol("h", 8, 64)  # a dim declared with one value is that value
+    assert conv_instance((3, 3), (2, 2), (1, 1), (1, 1), (pinned, 3, 37, 30, 16), (19, 15), 1)[1][0] == 1
+    assert conv_instance((3, 3), (1, 1), (1, 1), (1, 1), (1, 3, free, 8, 4), (free, 8), 0) is None
 
 
 def test_worker_checks_and_times_every_instance(tmp_path):

@@ -23,6 +23,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
+from ..symbolic import bounds, is_dim
 from .conv_family import CONV
 
 # The tree's variables: the arguments of the conv dispatcher's choice function, in order.
@@ -145,10 +146,20 @@ class ConvWorkload:
         return values, [float(weights.get(v, 1.0)) for v in values]
 
 
+def _static(d):
+    """``d`` as an int when its bounds pin it (a dim declared 224:224), else itself."""
+    if isinstance(d, int) or not is_dim(d):
+        return d
+    lo, hi = bounds(d)
+    return lo if lo == hi else d
+
+
 def conv_instance(kernel, strides, dilations, pads_begin, dims, out_hw, act: int
                   ) -> Optional[tuple[Class, Instance]]:
-    """The (class, instance) of a dense 2-D conv with static sizes whose output is what
-    equal end pads give (see the module docstring), or None."""
+    """The (class, instance) of a dense 2-D conv with static sizes (a symbol declared with
+    one value counts as that value) whose output is what equal end pads give (see the
+    module docstring), or None."""
+    dims, out_hw = [_static(d) for d in dims], [_static(d) for d in out_hw]
     values = [*kernel, *strides, *dilations, *pads_begin, *dims, *out_hw]
     if not all(isinstance(v, int) for v in values):
         return None
