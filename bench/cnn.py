@@ -37,9 +37,11 @@ environment variable, codegen/lower/layout_assign.py's ENV, when this tree has t
 configuration switched by an environment variable or a session option becomes one more
 column with ``--native-variant LABEL SETTING...`` (a SETTING is ``env:NAME=VALUE`` or
 ``session:NAME=VALUE``, VALUE read as JSON when it parses, else as a string). The targets are
-checked on the default native column. Not measured yet: native with grouped and with
-per-instance conv tuning records (issue 28 item 6), because the conv tuning task does not
-exist; the results say so.
+checked on the default native column. Native with tuning records is a variant like any
+other (``--native-variant "native grouped" session:tuning_db=FILE``); the grouped against
+per-instance comparison on ResNet-50 (tuning wall time, kernel count, library size and
+latency with each set of records) is bench/tune_group.py's, since per-instance records
+apply to convs of static sizes and this bench declares no dims.
 
 Writes the table to ``--out`` (default bench/results/cnn.md) and a plot beside it (.png).
 """
@@ -143,10 +145,10 @@ NCHWC_ON = "native NCHWc on"  # the blocked layout forced on (the default, "auto
 NCHWC_OFF = "native NCHWc off"
 PEER = "onnxruntime"
 # Issue 28's other columns, not measured yet (see the module docstring).
-NOT_MEASURED = ("native with grouped conv tuning records and native with per-instance records, and the tuning "
-                "wall time, kernel count and library size of each (issue 28 items 3, 5, 6): the conv tuning task "
-                "does not exist yet, so there are no records to run with; these columns are left out rather "
-                "than filled with untuned numbers.")
+NOT_MEASURED = ("native with grouped and with per-instance conv tuning records, and the tuning wall time, kernel "
+                "count and library size of each: bench/tune_group.py --model resnet50 measures them (per-instance "
+                "records apply to convs of static sizes; this bench declares no dims), and --native-variant "
+                "LABEL session:tuning_db=FILE adds a column with any records.")
 
 
 # -- the worker: one tool, one model, one thread count, driven line by line ----------------------
