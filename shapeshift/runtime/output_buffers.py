@@ -51,6 +51,8 @@ class OutputBuffers:
     def start_run(self) -> None:
         """Count a run; release free buffers that no recent run took."""
         self._run += 1
+        if not self._buffers:  # models whose outputs are all small never make one
+            return
         keep = [i for i in range(len(self._buffers))
                 if not self._is_free(i) or self._run - self._last_used[i] <= KEEP_RUNS]
         if len(keep) != len(self._buffers):
@@ -60,7 +62,9 @@ class OutputBuffers:
     def copy(self, array: np.ndarray) -> np.ndarray:
         """A C-contiguous copy of ``array`` that the caller owns."""
         if array.nbytes < MIN_BYTES or array.dtype.hasobject:
-            return np.array(array, copy=True, order="C")
+            # ndarray.copy is np.array's C-order copy at half its call cost (a small model's
+            # run is mostly such fixed costs); a subclass is made an ndarray as before.
+            return array.copy() if type(array) is np.ndarray else np.array(array, copy=True, order="C")
         buffer = self._take(size_class(array.nbytes))
         out = np.frombuffer(buffer, dtype=array.dtype, count=array.size).reshape(array.shape)
         np.copyto(out, array)

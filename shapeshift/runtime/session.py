@@ -124,7 +124,8 @@ class InferenceSession:
                               else _native_executor(self.graph, load, num_threads, tuning_db, self._profiled))
         self._outputs = {v.name: i for i, v in enumerate(self.graph.outputs)}
         self._input_values = {v.name: v for v in self.graph.inputs}
-        self._checked_feeds: dict[tuple, dict[str, int]] = {}
+        # Feed signature (see _signature) -> (the inputs in the feed's order, the binding).
+        self._checked_feeds: dict[tuple, tuple[tuple[Value, ...], dict[str, int]]] = {}
 
     def profile(self, reset: bool = False) -> list:
         """The time and calls of every program step over the runs so far (profile.StepTime
@@ -144,13 +145,14 @@ class InferenceSession:
         return check_feed(self.graph, {k: as_feed_array(v, k) for k, v in feed.items()})[1]
 
     def run(self, output_names: Optional[Sequence[str]], feed: Mapping[str, Any], run_options: Any = None) -> list:
-        wanted = list(output_names) if output_names else list(self._outputs)
-        unknown = [n for n in wanted if n not in self._outputs]
+        wanted = list(output_names) if output_names else None  # None: all, in the model's order
+        unknown = [n for n in wanted or () if n not in self._outputs]
         if unknown:
             raise UnknownOutputError(
                 f"unknown output name(s) {', '.join(map(repr, unknown))}; the model's outputs are "
                 f"{', '.join(map(repr, self._outputs))}")
-        if not isinstance(feed, Mapping):
+        # A dict first: the Mapping ABC's check costs more than the rest of this method.
+        if type(feed) is not dict and not isinstance(feed, Mapping):
             raise InputError(f"the feed must map input names to arrays (a dict, as onnxruntime takes), "
                              f"got a {type(feed).__name__}; the model's inputs are "
                              f"{', '.join(map(repr, self._input_values))}")
@@ -160,20 +162,42 @@ class InferenceSession:
         else:
             with active(run_options):
                 results = self._executor.run(values, binding)
+        if wanted is None:  # every executor returns a list of its own, in the model's order
+            return results
         return [results[self._outputs[n]] for n in wanted]
 
     def _check(self, feed: Mapping[str, Any]) -> tuple[dict, dict]:
-        """check_feed, remembered per (name, shape, dtype) signature: for array feeds its
-        verdict and binding depend on nothing else, and at small shapes checking again
-        would cost more than running the model."""
+        """check_feed, remembered per feed signature (_signature): for numpy arrays its
+        verdict and binding depend on nothing else, and at small shapes checking again would
+        cost more than running the model. Only feeds that passed are remembered, so a wrong
+        one is checked, and refused, every time."""
+        checked = self._remembered(feed)
+        if checked is not None:
+            return checked
         arrays = {k: as_feed_array(v, k) for k, v in feed.items()}
-        key = None
-        if all(isinstance(a, np.ndarray) and a.dtype.kind != "O" for a in arrays.values()):
-            key = tuple((k, a.shape, a.dtype.str) for k, a in arrays.items())
-            binding = self._checked_feeds.get(key)
-            if binding is not None:
-                return {self._input_values[k]: a for k, a in arrays.items()}, binding
+        checked = self._remembered(arrays)  # Python scalars or lists, now arrays
+        if checked is not None:
+            return checked
         values, binding = check_feed(self.graph, arrays)
-        if key is not None and len(self._checked_feeds) < CHECKED_FEEDS_KEPT:
-            self._checked_feeds[key] = binding
+        if len(self._checked_feeds) < CHECKED_FEEDS_KEPT \
+                and all(isinstance(a, np.ndarray) and a.dtype.kind != "O" for a in arrays.values()):
+            self._checked_feeds[_signature(arrays)] = (tuple(self._input_values[k] for k in arrays), binding)
         return values, binding
+
+    def _remembered(self, feed: Mapping[str, Any]) -> Optional[tuple[dict, dict]]:
+        """The values and binding of ``feed`` if its signature passed the check before."""
+        try:
+            checked = self._checked_feeds.get(_signature(feed))
+        except (AttributeError, TypeError):  # not array-like: no shape or dtype, or unhashable ones
+            return None
+        if checked is None:
+            return None
+        inputs, binding = checked
+        return dict(zip(inputs, feed.values())), binding
+
+
+def _signature(feed: Mapping[str, Any]) -> tuple:
+    """(name, type, shape, dtype) of each feed, in the feed's order. The type is in it so
+    that only numpy arrays, the feeds _check remembers, match a remembered signature: a
+    NumPy scalar or a pandas Series has a shape and a dtype too, but the VM reads arrays."""
+    return tuple([(name, type(a), a.shape, a.dtype) for name, a in feed.items()])

@@ -31,6 +31,7 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -73,6 +74,10 @@ class Plan:
     # it on the arena ``views_arena``: an output's view costs a frombuffer and a reshape.
     views: dict = field(default_factory=dict)
     views_arena: Optional[np.ndarray] = None
+    # Per graph output, what makes the copy of its arena view that run() returns, or None
+    # where ``_output`` decides (made with ``views``, for programs of native steps only):
+    # the lookups that find the view cost more than a small output's copy.
+    output_copies: Optional[list] = None
     # Output buffers written in place (see NativeVM._direct_roots): root slot -> bytes.
     direct_bytes: dict = field(default_factory=dict)
     # A fenced arena's (offset, size) of every gap between its buffers (see _fenced_offsets).
@@ -111,6 +116,9 @@ class NativeVM:
         self._load_constants()
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._symbols = sorted(program.input_symbols)
+        # The binding (a copy) and plan of the last run: runs mostly repeat the last shapes,
+        # and comparing the binding costs a fifth of making the plans' key.
+        self._last_plan: tuple[dict, Optional[Plan]] = ({}, None)
         self._fenced = _sanitized()
         self._fenced_for: tuple = ()  # (arena, plan) whose gaps are poisoned now
         self._arena = np.empty(0, dtype=np.uint8)
@@ -133,6 +141,10 @@ class NativeVM:
         self._arena_views = np.array([s.index for s in arena_views], dtype=np.int64)
         self._arena_view_roots = np.array([s.root for s in arena_views], dtype=np.int64)
         self._node_positions = {id(n): i for i, n in enumerate(program.graph.nodes)}
+        # Only native steps and no late symbol (then there is at most one segment): a run is
+        # one call per segment, and the outputs are the arena's or the inputs', never env's.
+        self._native_only = not program.late_symbols and all(s.kind != FALLBACK and not s.binds
+                                                             for s in program.steps)
         # What a run must be fed (as an If branch: what the If's VM hands over).
         self.input_values = [s.value for s in program.slots if s.kind == INPUT]
         # What each binding step makes computable: (late extent indices, LATE slots), keyed
@@ -194,15 +206,19 @@ class NativeVM:
     # -- plans -----------------------------------------------------------------------------
 
     def _plan(self, binding: Mapping[str, int]) -> Plan:
+        last_binding, plan = self._last_plan
+        if plan is not None and binding == last_binding:  # already the most recent in _plans
+            return plan
         key = tuple(binding.get(s, 0) for s in self._symbols)
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
-            return plan
-        plan = self._make_plan(binding)
-        self._plans[key] = plan
-        if len(self._plans) > PLAN_CACHE_SIZE:
-            self._plans.popitem(last=False)
+        else:
+            plan = self._make_plan(binding)
+            self._plans[key] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        self._last_plan = (dict(binding), plan)
         return plan
 
     def _make_plan(self, binding: Mapping[str, int]) -> Plan:
@@ -269,7 +285,9 @@ class NativeVM:
             table[self._arena_views] = table[self._arena_view_roots]
             plan.table, plan.table_base = table, base
         ptrs = self._ptrs
-        np.copyto(ptrs, plan.table)  # one copy: a small model's run is mostly such fixed costs
+        # One copy (a slice assignment: np.copyto's call costs more): a small model's run is
+        # mostly such fixed costs.
+        ptrs[:] = plan.table
         self._direct = {}
         for index, nbytes in plan.direct_bytes.items():
             buffer = self._outputs.aligned(nbytes, ALIGNMENT)
@@ -278,19 +296,28 @@ class NativeVM:
             ptrs[index] = address
             self._set_views(ptrs, index, address)
         arrays: dict[int, Any] = {}  # slot -> array, for inputs and fallback results
+        slot_of, view_children = program.slot_of, self._view_children
         for value, data in feeds.items():
-            index = program.slot_of.get(id(value))
+            index = slot_of.get(id(value))
             if index is None or not isinstance(data, np.ndarray):
                 continue
             data = np.asarray(data, order="C")
             arrays[index] = data
             address = _address(data)  # asked once: each .ctypes builds an object (~1.5 us)
             ptrs[index] = address
-            self._set_views(ptrs, index, address)
-        env: dict[Value, Any] = dict(feeds)
+            if index in view_children:
+                self._set_views(ptrs, index, address)
         ptr_address = self._ptrs_address
         extents_address = plan.extents_address
         steps = program.steps
+        if self._native_only:
+            for segment in self._segments:
+                code = segment(ptr_address, extents_address)
+                if code:
+                    raise ExecutionError(_rejection(steps[code - 1], binding))
+            return [self._output(value, feeds, arrays, plan, binding) if copy is None else copy()
+                    for value, copy in zip(program.graph.outputs, self._output_copies(plan))]
+        env: dict[Value, Any] = dict(feeds)
         i = 0
         while i < len(steps):
             step = steps[i]
@@ -315,6 +342,28 @@ class NativeVM:
                     self._fallback_times[i] += (time.perf_counter() - started, 1)
             i += 1
         return [self._output(v, env, arrays, plan, binding) for v in program.graph.outputs]
+
+    def _output_copies(self, plan: Plan) -> list:
+        """``plan.output_copies``, made on the first run of the plan on this arena: what
+        ``_output`` would do with each output kept in the arena and not written in place."""
+        if plan.views_arena is not self._arena:  # a new arena: the views made on the last one are stale
+            plan.views, plan.views_arena, plan.output_copies = {}, self._arena, None
+        if plan.output_copies is None:
+            program = self.program
+            copies = []
+            for value in program.graph.outputs:
+                index = program.slot_of.get(id(value))
+                slot = program.slots[index] if index is not None else None
+                root = slot.root if slot is not None and slot.kind == VIEW else index
+                if slot is None or program.slots[root].kind not in (ARENA, WORK) or root in plan.direct_bytes \
+                        or index not in plan.shapes:
+                    copies.append(None)
+                    continue
+                view = self._array(value, {}, {}, plan, {})
+                # OutputBuffers.copy, less its call: a small output is a plain copy.
+                copies.append(view.copy if view.nbytes < MIN_BYTES else partial(self._outputs.copy, view))
+            plan.output_copies = copies
+        return plan.output_copies
 
     def _fence(self, plan: Plan) -> None:
         """Poison the gaps of ``plan`` in the arena, and the arena's slack around them, after
@@ -385,7 +434,7 @@ class NativeVM:
             data = np.asarray(root.value.const) if root.kind == CONST else arrays[root.index]
             return data if shape is None else data.reshape(shape)
         if plan.views_arena is not self._arena:  # a new arena: the views made on the last one are stale
-            plan.views, plan.views_arena = {}, self._arena
+            plan.views, plan.views_arena, plan.output_copies = {}, self._arena, None
         view = plan.views.get(index)
         if view is None:
             offset = int(plan.offsets[root.index]) + self._arena_skew
