@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: %(default)s)")
     tune.add_argument("--measure", choices=("cold", "warm"), default=None,
                       help="measure with B read from DRAM on every call (cold, as a model's weights; the default "
-                           "with MODEL) or staying in cache (warm; the default with --gemm)")
+                           "with MODEL; a conv: every call after a flush of the caches) or staying in cache (warm; "
+                           "the default with --gemm)")
     tune.add_argument("--shape-weights", default=None, metavar="SYM=FILE",
                       help="how often the dim SYM takes each value (FILE: 'VALUE WEIGHT' lines, e.g. a histogram "
                            "of production sequence lengths): the heaviest values (and both ends of the range) are "

@@ -43,6 +43,24 @@ double tune_conv_bench(int64_t calls, const float* x, const float* w, const floa
         ss_conv2d(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, 1, (int)act, work, wpacked);
     return (omp_get_wtime() - start) / (double)calls;
 }
+
+/* The same, each call timed alone after a write to every cache line of `flush` (more
+   floats than the caches hold): the conv finds its input, weights and output in DRAM. */
+double tune_conv_bench_cold(int64_t calls, const float* x, const float* w, const float* bias, float* y,
+                            int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
+                            int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                            int64_t dh, int64_t dw, int64_t act, float* work, const float* wpacked,
+                            float* flush, int64_t flush_floats)
+{
+    double total = 0.0;
+    for (int64_t i = 0; i < calls; ++i) {
+        for (int64_t j = 0; j < flush_floats; j += 16) flush[j] += 1.0f;
+        double start = omp_get_wtime();
+        ss_conv2d(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, 1, (int)act, work, wpacked);
+        total += omp_get_wtime() - start;
+    }
+    return total / (double)calls;
+}
 """
 
 

@@ -15,6 +15,12 @@ the key lists the instances. The end pads follow from the output size, which the
 formula gives with end pads equal to the begin pads (``output``): ``conv_instance`` takes a
 conv as an instance only when its output size is that one, so that what was measured is
 what runs. (Any conv of the class runs a tuned kernel correctly: they take every size.)
+
+``cold`` (the default for a model's tasks, as for its GEMMs): each timed call follows a
+flush of the caches. Measured on an AMD Zen 4, 1 thread, ResNet-50's convs ran 5-40% slower
+inside the model than alone and warm (1x1 256->64 on 56x56: 1.49 ms against 0.99; 3x3
+512->512 on 7x7: 3.16 against 2.62), and after a 48 MB flush 1.23-1.30 and 2.89-2.99 ms:
+the model's conditions are the flushed ones, and what is fastest warm need not be there.
 """
 
 from __future__ import annotations
@@ -46,11 +52,15 @@ def output(cls: Class, inst: Instance) -> tuple[int, int]:
 class ConvWorkload:
     conv_class: Class
     instances: tuple[Instance, ...]  # sorted, distinct
+    # Measured as in a model, caches flushed before every call (the worker's
+    # tune_conv_bench_cold): a model's conv reads its input from the layer before, out of
+    # L2 or L3, and its weights from DRAM. ResNet-50's convs ran 5-40% slower in the model
+    # than warm, alone, about as much as after a flush (module docstring).
+    cold: bool = False
 
     family = CONV
     variable = "instance"
     ordered = False
-    cold = False  # a conv reads its weights once per many pixels: measured warm
     shares_layout = True  # the weights are packed once, in the kernels' one layout
     tree_args = DIMS
 
@@ -69,8 +79,9 @@ class ConvWorkload:
                 raise ValueError(f"conv instance {inst} has an empty output")
 
     @classmethod
-    def of(cls, conv_class, instances) -> "ConvWorkload":
-        return cls(tuple(int(v) for v in conv_class), tuple(sorted({tuple(int(v) for v in i) for i in instances})))
+    def of(cls, conv_class, instances, cold: bool = False) -> "ConvWorkload":
+        return cls(tuple(int(v) for v in conv_class), tuple(sorted({tuple(int(v) for v in i) for i in instances})),
+                   cold)
 
     @property
     def lo(self) -> int:
@@ -82,6 +93,7 @@ class ConvWorkload:
 
     @property
     def class_key(self) -> str:
+        """The class, cold or warm alike (what a record is looked up by)."""
         return self.class_key_of(self.conv_class)
 
     @staticmethod
@@ -90,16 +102,18 @@ class ConvWorkload:
 
     @property
     def key(self) -> str:
-        return self.class_key + ":" + ";".join(",".join(map(str, i)) for i in self.instances)
+        """The class (cold measurements a workload of their own, as the GEMM's), then the instances."""
+        kind = "conv-cold" if self.cold else "conv"
+        return kind + self.class_key[len("conv"):] + ":" + ";".join(",".join(map(str, i)) for i in self.instances)
 
     @classmethod
     def from_key(cls, key: str) -> "ConvWorkload":
         try:
             kind, klass, body = key.split(":")
-            if kind != "conv":
+            if kind not in ("conv", "conv-cold"):
                 raise ValueError
             return cls.of([int(v) for v in klass.split(",")],
-                          [[int(v) for v in part.split(",")] for part in body.split(";")])
+                          [[int(v) for v in part.split(",")] for part in body.split(";")], kind == "conv-cold")
         except (ValueError, TypeError):
             raise ValueError(f"not a conv workload key: {key!r}") from None
 
@@ -122,7 +136,7 @@ class ConvWorkload:
         return oh * ow, c * kh * kw, m, n
 
     def request(self) -> dict:
-        return {"kind": "conv", "class": list(self.conv_class),
+        return {"kind": "conv", "class": list(self.conv_class), "cold": self.cold,
                 "shapes": {str(v): list(self.instance(v)) for v in range(1, self.hi + 1)}}
 
     def flops(self, value: int) -> float:

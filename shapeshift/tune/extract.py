@@ -231,8 +231,8 @@ class ConvTask:
         return f"{what}: {len(self.instances)} instance(s)"
 
     def workload(self, cold: bool = True) -> ConvWorkload:
-        """Warm whatever ``cold`` says: a conv reads its weights once per many pixels."""
-        return ConvWorkload.of(self.conv_class, self.instances)
+        """Cold by default: each call after a flush of the caches, as in a model."""
+        return ConvWorkload.of(self.conv_class, self.instances, cold)
 
     def sample_weights(self) -> tuple[list[int], list[float]]:
         w = self.workload()

@@ -272,7 +272,10 @@ class GemmTuning:
             return None
         klass = tuple(kernel) + tuple(strides) + tuple(dilations)
         found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
-        own = self._convs.get(ConvWorkload(*found[:1], (found[1],)).key) if found is not None else None
+        own = None
+        if found is not None:  # measured cold or warm
+            own = next((self._convs[k] for cold in (True, False)
+                        if (k := ConvWorkload(found[0], (found[1],), cold).key) in self._convs), None)
         return own or self._conv_class.get(ConvWorkload.class_key_of(klass))
 
     def get_batched(self, key: str) -> Optional[TunedBatchedGemm]:
@@ -344,7 +347,7 @@ class GemmTuning:
             rows = _for_this_cpu(rows, path)
             entries: dict = {}
             for key, kernels, tree, t, lo, hi, strategy, _ in rows:  # later rows replace earlier ones
-                if str(key).startswith("conv:"):
+                if str(key).startswith(("conv:", "conv-cold:")):
                     convs = tuple(CONV.from_json(kern["schedule"]) for kern in json.loads(kernels))
                     entries[key] = TunedConv(str(key), convs, json.loads(tree), int(t), str(strategy))
                     continue

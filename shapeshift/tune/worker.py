@@ -50,6 +50,8 @@ def _load(path: str, kind: str) -> ctypes.CDLL:
     if kind == "conv":
         lib.tune_conv_bench.argtypes = [i64] + [ptr] * 4 + [i64] * 16 + [ptr, ptr]
         lib.tune_conv_bench.restype = ctypes.c_double
+        lib.tune_conv_bench_cold.argtypes = [i64] + [ptr] * 4 + [i64] * 16 + [ptr, ptr, ptr, i64]
+        lib.tune_conv_bench_cold.restype = ctypes.c_double
     else:
         lib.tune_bench.argtypes = [i64, i64, i64, i64, ptr, ptr, ptr]
         lib.tune_bench.restype = ctypes.c_double
@@ -258,11 +260,25 @@ def _checked_pixels(oh: int, ow: int, rng: np.random.Generator, count: int = 24)
     return sorted(corners | picks)
 
 
+# A cold conv measurement (tune/conv_workload.py) flushes this many bytes, or twice the L3,
+# before each call, and takes at most COLD_CALLS calls a sample (a flush costs milliseconds).
+FLUSH_BYTES = 64 << 20
+COLD_CALLS = 4
+
+
+def _flush_buffer() -> np.ndarray:
+    from ..target import host_target
+
+    return np.zeros(max(FLUSH_BYTES, 2 * host_target().caches.l3) // 4, dtype=np.float32)
+
+
 def measure_conv(libs: list[ctypes.CDLL], req: dict) -> dict:
     """Each value's conv instance (tune/conv_workload.py) by ``ss_conv2d`` with the weights
     packed by the library's own ``ss_gemm_pack_b``, checked at sampled pixels against a
-    float64 reference, then timed."""
+    float64 reference, then timed (``cold``: each call after a flush of the caches)."""
     from .conv_workload import output
+
+    flush = _flush_buffer() if req["workload"].get("cold") else None
 
     conv_class = tuple(int(v) for v in req["workload"]["class"])
     kh, kw, sh, sw, dh, dw = conv_class
@@ -292,7 +308,11 @@ def measure_conv(libs: list[ctypes.CDLL], req: dict) -> dict:
             failure = _close(y[:, :, sel[0], sel[1]], ref, k, _where(f"conv {inst}, instance", v, i, len(libs)))
             if failure:
                 return failure
-            timed[(i, v)] = lambda calls, lib=lib, args=args: lib.tune_conv_bench(calls, *args)
+            if flush is None:
+                timed[(i, v)] = lambda calls, lib=lib, args=args: lib.tune_conv_bench(calls, *args)
+            else:
+                timed[(i, v)] = lambda calls, lib=lib, args=args: lib.tune_conv_bench_cold(
+                    min(calls, COLD_CALLS), *args, flush.ctypes.data, flush.size)
     return _results(_time(timed, req), len(libs), [int(v) for v in req["ms"]], req)
 
 
