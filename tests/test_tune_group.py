@@ -221,3 +221,18 @@ def test_cli_group_refuses_shape_weights(tmp_path, capsys):
                  "--db", str(tmp_path / "t.db")]) == 2
     err = capsys.readouterr().err
     assert "--no-group" in err and "Traceback" not in err
+
+
+def test_pad_max_of_a_group_tunes_at_its_instance_of_most_work(tmp_path, cache):
+    """pad-max's one shape for an unordered task is its instance of most FLOPs (its largest
+    value is only the last instance in the key's order), and one kernel serves them all."""
+    from shapeshift.tune.search import TuneConfig, Tuner
+
+    w = GemmGroupWorkload.of([(64, 96, 48), (5, 100, 33), (100, 4, 4)])
+    heaviest = max(range(1, w.hi + 1), key=w.flops)
+    assert heaviest != w.hi
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(w, db, cache, TuneConfig(strategy="pad-max", trials=2, batch=2, runner=FAST), log=lambda s: None)
+        result = tuner.run()
+    assert len(result.kernels) == 1 and sorted(result.seconds) == [1, 2, 3]
+    assert tuner.tried and all(heaviest in ms for ms in tuner.tried.values())  # every candidate searched there

@@ -750,7 +750,7 @@ class Tuner:
             raise ShapeshiftError("no candidate was measured successfully")
         max_k = 1 if self.cfg.strategy == "pad-max" else self.cfg.max_kernels
         if self.cfg.strategy == "pad-max":
-            hi = self.w.hi
+            hi = self._pad_value()
             at_hi = [c for c in cids if hi in self.times[c]]
             return [min(at_hi or cids, key=lambda c: self.times[c].get(hi, math.inf))]
         layouts = [self.family.layout(self.schedules[c]) for c in cids]
@@ -764,6 +764,10 @@ class Tuner:
                 and (not one_layout or self.family.layout(self.default) == layouts[cids.index(chosen[0])])):
             chosen.append(default)
         return chosen
+
+    def _pad_value(self) -> int:
+        """pad-max's one shape: the range's largest M, or a group's instance of most work."""
+        return self.w.hi if self.ordered else max(self.ms, key=self.w.flops)
 
     def _default_cid(self) -> Optional[int]:
         """The hand-tuned default's candidate id, if it was measured and did not fail."""
@@ -948,7 +952,7 @@ class Tuner:
                 share = (deadline - time.monotonic()) / (len(self.ms) - i)
                 self.evolve([m], each, time.monotonic() + share)
         else:
-            self.evolve([self.w.hi], self.cfg.trials, deadline)
+            self.evolve([self._pad_value()], self.cfg.trials, deadline)
         if not any(c not in self.failed for c in self.times):
             if self.trials == trials0 and time.monotonic() >= deadline:
                 # Not a failure: the budget was spent (by the tasks before this one) before the
