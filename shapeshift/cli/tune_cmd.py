@@ -65,18 +65,21 @@ def print_summary(result: TuneResult, show: bool) -> None:
           f"{result.wall_s:.1f} s, {len(result.kernels)} kernel(s)"
           + (f", cost model held-out Spearman {result.spearman:.2f}" if result.spearman is not None else ""))
     group = not getattr(w, "ordered", True)
-    print(f"  {'#' if group else 'M':>6} {'kernel':>6} {'GFLOPS':>8} {'us/call':>9}" + ("  (M, K, N)" if group else ""))
+    print(f"  {'#' if group else 'M':>6} {'kernel':>6} {'GFLOPS':>8} {'us/call':>9}"
+          + (f"  {w.instance_fields}" if group else ""))
     for m in result.sampled_ms:
         s = result.seconds.get(m, math.nan)
         print(f"  {m:>6} {dispatch.choose(result.tree, tree_point(w, m)):>6} {result.gflops(m):>8.1f} {s * 1e6:>9.1f}"
               + (f"  {w.instance(m)}" if group else ""))
     if show:
+        family = w.family.name
         print("\nkernels:")
         for i, s in enumerate(result.kernels):
-            fields = " ".join(f"{name}={value}" for name, value in dataclasses.asdict(s).items())
-            print(f"  {dispatch.prefix(i)}gemm: {fields}")
+            fields = (" ".join(f"{name}={value}" for name, value in dataclasses.asdict(s).items()) if family == "gemm"
+                      else w.family.to_json(s))
+            print(f"  {dispatch.prefix(i)}{family}: {fields}")
         params = ", ".join(f"int64_t {a}" for a in getattr(w, "tree_args", (w.variable,)))
-        print(f"\ndispatch ({w.describe()}):\nint ss_gemm_tuned_choice({params})\n{{\n"
+        print(f"\ndispatch ({w.describe()}):\nint ss_{family}_tuned_choice({params})\n{{\n"
               f"{dispatch.tree_c(result.tree, var=w.variable)}\n}}")
 
 

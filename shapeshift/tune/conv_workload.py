@@ -63,6 +63,7 @@ class ConvWorkload:
     ordered = False
     shares_layout = True  # the weights are packed once, in the kernels' one layout
     tree_args = DIMS
+    instance_fields = "(N, C, H, W, M, ph, pw, act)"  # what ``instance(value)`` holds
 
     def __post_init__(self) -> None:
         if len(self.conv_class) != 6 or min(self.conv_class) < 1:

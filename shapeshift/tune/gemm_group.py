@@ -41,6 +41,7 @@ class GemmGroupWorkload:
     ordered = False  # value i is instance i: no order between neighbouring values (module docstring)
     shares_layout = True  # every weight of the group is packed once, in the kernels' one layout
     tree_args = DIMS
+    instance_fields = "(M, K, N)"  # what ``instance(value)`` holds, for printing
 
     def __post_init__(self) -> None:
         if not self.instances:
