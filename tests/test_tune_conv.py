@@ -97,9 +97,16 @@ def _pack(lib, name: str, w) -> np.ndarray:
     return packed
 
 
-def _run(lib, fn: str, packer: str, case, rng) -> None:
+def _run(lib, fn: str, packer: str, case, rng, residual: bool = False) -> None:
+    """``fn`` (a ``conv2d``) on ``case`` against onnxruntime; ``residual``: ``fn`` is a
+    ``conv2d_residual``, given a residual and a ReLU after it (ResNet's Conv -> Add -> Relu)."""
     xs, m, kernel, strides, pads, dil, act = case
     x, w, b, expected = _expected(case, rng)
+    res = rng.standard_normal(expected.shape).astype(np.float32)
+    tail = ()
+    if residual:
+        getattr(lib, fn).argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P, F32P, ctypes.c_int]
+        expected, tail = np.maximum(expected + res, 0), (res.ctypes.data_as(F32P), 1)
     y = np.full(expected.shape, np.nan, np.float32)
     n, c, h, wd = xs
     oh, ow = expected.shape[2:]
@@ -107,7 +114,7 @@ def _run(lib, fn: str, packer: str, case, rng) -> None:
     packed = _pack(lib, packer, w)
     getattr(lib, fn)(x.ctypes.data_as(F32P), w.ctypes.data_as(F32P), b.ctypes.data_as(F32P), y.ctypes.data_as(F32P),
                      n, c, h, wd, m, *kernel, oh, ow, *strides, *pads, *dil, 1, act, work.ctypes.data_as(F32P),
-                     packed.ctypes.data_as(F32P))
+                     packed.ctypes.data_as(F32P), *tail)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -128,6 +135,12 @@ def copies(request, tmp_path_factory):
 @pytest.mark.parametrize("kernel", range(len(KERNELS)))
 def test_prefixed_copies_compute_every_path_right(copies, kernel, case):
     _run(copies, f"ss_cp{kernel}_conv2d", f"ss_cp{kernel}_gemm_", case, np.random.default_rng(7))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("kernel", range(len(KERNELS)))
+def test_prefixed_copies_add_a_residual_on_every_path(copies, kernel, case):
+    _run(copies, f"ss_cp{kernel}_conv2d_residual", f"ss_cp{kernel}_gemm_", case, np.random.default_rng(8), True)
 
 
 def test_the_default_prefix_keeps_the_names_and_a_bad_prefix_is_refused():
@@ -217,6 +230,7 @@ def test_conv_dispatcher_picks_the_trees_kernel_and_computes_right(dispatcher, c
     (n, c, h, wd), m = case[0], case[1]
     assert dispatcher.ss_tc_choice(n, c, m, h, wd) == dispatch.choose(TREE, {"N": n, "C": c, "M": m, "H": h, "W": wd})
     _run(dispatcher, "ss_tc_conv2d", "ss_tc_", case, np.random.default_rng(11))
+    _run(dispatcher, "ss_tc_conv2d_residual", "ss_tc_", case, np.random.default_rng(12), residual=True)
 
 
 # ---- records, the lowering, the CLI ------------------------------------------------------
@@ -306,3 +320,33 @@ def test_dynamic_image_sizes_are_sampled_and_dispatched_at_held_out_sizes(tmp_pa
     assert sum(p.prefix.startswith("ss_tuned_conv_") for p in session._executor.program.packs) == 4
     for hw in ((64, 64), (96, 160), (81, 130), (160, 65)):
         _check(session, model, hw)
+
+
+def test_records_serve_a_conv_with_a_fused_residual(tmp_path):
+    """A conv whose Add and Relu the lowering fused (Conv -> Add(identity) -> Relu, both Add
+    operand orders) keeps its tuned dispatcher: it calls the dispatcher's conv2d_residual."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) / 6).astype(np.float32), n)
+             for n, s in (("w0", (13, 5, 3, 3)), ("w1", (13, 13, 3, 3)), ("b1", (13,)), ("w2", (13, 13, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "r0"], ["a1"]), helper.make_node("Relu", ["a1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["r1", "c2"], ["a2"]), helper.make_node("Relu", ["a2"], ["y"])]
+    graph = helper.make_graph(nodes, "res", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 11, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = str(tmp_path / "res.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    w = ConvWorkload.of((3, 3, 1, 1, 1, 1), [(2, 5, 11, 9, 13, 1, 1, 1), (2, 13, 11, 9, 13, 1, 1, 0)])
+    db = tmp_path / "res.db"
+    with Database(db) as d:
+        d.add_selection(d.workload_id(w), 1, w.hi, 1, "dietcode",
+                        [{"candidate": i, "schedule": CONV.to_json(s)} for i, s in enumerate(KERNELS)], TREE)
+    session = InferenceSession(model, backend="native", num_threads=1, tuning_db=db)
+    name = TunedConv(w.key, KERNELS, TREE, 1, "dietcode").name
+    steps = session._executor.program.steps
+    assert [s.node.op_type for s in steps] == ["Conv"] * 3
+    assert sum(f"{name}conv2d_residual(" in s.lowered.code for s in steps) == 2
+    x = np.random.default_rng(1).standard_normal((2, 5, 11, 9)).astype(np.float32)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-4)

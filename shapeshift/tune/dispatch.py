@@ -207,28 +207,39 @@ def tuned_conv_c(kernels: Sequence, tree: dict, name: str, tree_args: Sequence[s
     """Conv kernels (kernels/conv_tuned.py) under the prefixes ``<name>k0_``, ... and their
     dispatcher: ``<name>choice(tree_args)`` (the tree on N, C, M, H, W), the packing of the
     weights as a GEMM's B [C KH KW, M] (``<name>packed_b_size``, ``<name>pack_b``: one copy
-    per layout, as ``tuned_gemm_c``'s), and ``<name>conv2d(...)``: ``ss_conv2d``'s
-    arguments and meaning, its ``wpacked`` packed by ``<name>pack_b`` (never NULL)."""
+    per layout, as ``tuned_gemm_c``'s), ``<name>conv2d_residual(...)``: ``ss_conv2d_residual``'s
+    arguments and meaning (the lowering calls it for a conv with a fused residual Add), its
+    ``wpacked`` packed by ``<name>pack_b`` (never NULL), and ``<name>conv2d(...)``:
+    ``ss_conv2d``'s, the same with no residual."""
     from ..codegen.kernels.conv_tuned import unit_source
 
     owners = _layouts([layout(s.gemm) for s in kernels])
     kname = [f"{name}{prefix(i)}" for i in range(len(kernels))]
-    calls = "\n".join(f"    case {i}: {kname[i]}conv2d({CONV_ARGS}, wpacked + {name}offset({owners[i]}, K, M)); break;"
-                      for i in range(len(kernels)))
+    calls = "\n".join(f"    case {i}: {kname[i]}conv2d_residual({CONV_ARGS}, "
+                      f"wpacked + {name}offset({owners[i]}, K, M), res, res_act); break;" for i in range(len(kernels)))
     kernel_source = "".join(unit_source(s, prefix=kname[i]) for i, s in enumerate(kernels))
     return kernel_source + f"""
 /* ---- tuned conv dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s), {len(set(owners))} weight layout(s) ---- */
 {_choice_and_packing_c(name, tree, tree_args, kname, owners)}
-void {name}conv2d(const float* x, const float* w, const float* bias, float* y,
+void {name}conv2d_residual(const float* x, const float* w, const float* bias, float* y,
                int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-               int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked)
+               int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked,
+               const float* res, int res_act)
 {{
     int64_t K = C * KH * KW;
     switch ({name}choice({", ".join(tree_args)})) {{
 {calls}
     default: break;
     }}
+}}
+
+void {name}conv2d(const float* x, const float* w, const float* bias, float* y,
+               int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
+               int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+               int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked)
+{{
+    {name}conv2d_residual({CONV_ARGS}, wpacked, NULL, 0);
 }}
 """
 

@@ -15,7 +15,8 @@ a kernel by (M, N, K); a weight shape with a selection of its own takes that one
 
 A conv (tune/conv_workload.py) is looked up by its class and instance (``find_conv``): its
 own record, tuned alone, else its class's, tuned over a model's instances; a hit calls
-``ss_tuned_conv_<hash>_conv2d`` (``ss_conv2d``'s arguments) with the weights packed by its
+``ss_tuned_conv_<hash>_conv2d`` (``ss_conv2d``'s arguments), or its ``_conv2d_residual`` for a
+conv with a fused residual Add (``ss_conv2d_residual``'s), with the weights packed by its
 ``pack_b``.
 
 A batched GEMM (no constant operand, such as attention's Q K^T) is looked up by its

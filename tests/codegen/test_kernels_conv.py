@@ -386,3 +386,107 @@ def ymm_lib(tmp_path_factory):
 @pytest.mark.parametrize("case", DENSE_KXK, ids=_case_id)
 def test_conv2d_implicit_gemm_without_avx512(ymm_lib, case, act, packed):
     check_with_bias(ymm_lib, case, act, packed)
+
+
+# -- a fused residual: ss_conv2d_residual ----------------------------------------------------------
+
+
+def typed_residual(cdll):
+    """``cdll``'s ss_conv2d_residual typed (ss_conv2d's arguments, then res and res_act)."""
+    cdll.ss_conv2d_residual.restype = None
+    cdll.ss_conv2d_residual.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P, F32P, ctypes.c_int]
+    return cdll
+
+
+# Every path of ss_conv2d at ragged channel counts (not multiples of 8 or 16) and odd planes,
+# batch 2 (the residual of each image at its own place):
+RESIDUAL_CASES = [
+    ((2, 37, 9, 11), 45, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),  # 1x1: the GEMM on NCHW, addend in its epilogue
+    ((2, 20, 7, 9), 6, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),  # M <= the GEMM's small_m: its B-streaming path
+    ((2, 6, 5, 3), 4, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 2),  # 1x1 grouped: each group's addend
+    ((2, 19, 15, 17), 23, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # 1x1 strided: the im2col GEMM (72 pixels)
+    ((2, 13, 7, 9), 21, (1, 1), (1, 1), (1, 0, 0, 2), (1, 1), 1),  # 1x1 padded (80 pixels)
+    ((2, 5, 1, 7), 3, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),  # a plane narrower than a GEMM panel
+    ((2, 40, 7, 7), 70, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),  # small plane (49 pixels): 8x8 blocks and edges
+    ((2, 33, 13, 13), 50, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # small plane, strided (ResNet's downsample)
+    ((2, 17, 15, 13), 200, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),  # 195 pixels, more channels: small plane
+    ((2, 13, 11, 10), 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 3x3: implicit GEMM (conv_panels packed)
+    ((2, 21, 13, 17), 20, (3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1),  # 3x3 stride 2, asymmetric pads
+    ((2, 8, 21, 23), 19, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 483 pixels: implicit GEMM when packed too
+    ((2, 24, 3, 3), 19, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # 9 pixels: small plane when packed
+    ((2, 7, 10, 11), 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 7),  # depthwise: a pass after the conv
+    ((2, 6, 9, 10), 4, (3, 3), (1, 2), (1, 1, 1, 1), (1, 1), 2),  # grouped: the direct kernel, then a pass
+]
+RESIDUAL_RUNS = [pytest.param(case, packed, id=f"{_case_id(case)}-{'packed' if packed else 'plain'}")
+                 for case in RESIDUAL_CASES for packed in (False, True) if not packed or case[6] == 1]
+# (act, res_act): y = res_act(act(conv + bias) + res). ResNet's Conv -> Add -> Relu is (0, 1),
+# YOLO's Conv -> SiLU -> Add (3, 0); (1, 2) has an activation on both sides.
+ACT_PAIRS = [(0, 0), (0, 1), (3, 0), (1, 2)]
+
+
+def check_residual(lib, case, act, res_act, packed):
+    """ss_conv2d_residual against onnxruntime's Conv, the activations and the Add after it."""
+    xshape, M, kernel, strides, pads, dilations, group = case
+    rng = np.random.default_rng(hash((case, act, res_act, "res")) % 2**32)
+    x = rng.standard_normal(xshape, dtype=np.float32)
+    w = rng.standard_normal((M, xshape[1] // group, *kernel), dtype=np.float32)
+    b = rng.standard_normal(M, dtype=np.float32)
+    conv_out = run_ort("Conv", [x, w, b], kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                       dilations=list(dilations), group=group)
+    res = rng.standard_normal(conv_out.shape, dtype=np.float32)
+    expected = apply_act(apply_act(conv_out, act) + res, res_act)
+    y = np.full(expected.shape, np.nan, np.float32)
+    xs, ys = x.shape, y.shape
+    N, C, H, W = xs[0], xs[1], *as_2d(xs[2:], 1)
+    KH, KW = as_2d(kernel, 1)
+    OH, OW = as_2d(ys[2:], 1)
+    size = lib.ss_conv2d_work_size(C, KH, KW, OH, OW, group)
+    work = np.full(max(size, 1), np.nan, np.float32)
+    kept = res.copy()
+    lib.ss_conv2d_residual(ptr(x), ptr(w), ptr(b), ptr(y), N, C, H, W, M, KH, KW, OH, OW, *as_2d(strides, 1),
+                           *as_2d(pads[:len(kernel)], 0), *as_2d(dilations, 1), group, act, ptr(work),
+                           ptr(packed_weights(lib, w) if packed else None), ptr(res), res_act)
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(res, kept)  # read, never written
+
+
+@pytest.mark.parametrize("act,res_act", ACT_PAIRS, ids=lambda p: str(p))
+@pytest.mark.parametrize("case,packed", RESIDUAL_RUNS)
+def test_conv2d_residual(lib, case, packed, act, res_act):
+    check_residual(typed_residual(lib), case, act, res_act, packed)
+
+
+@pytest.mark.parametrize("act,res_act", [(0, 1), (3, 0)])
+@pytest.mark.parametrize("case,packed", RESIDUAL_RUNS)
+def test_conv2d_residual_without_avx512(ymm_lib, case, packed, act, res_act):
+    check_residual(typed_residual(ymm_lib), case, act, res_act, packed)
+
+
+@pytest.mark.parametrize("act,res_act", [(0, 1), (3, 0)])
+@pytest.mark.parametrize("case", CHUNK_CASES + RESIDUAL_CASES[:5],
+                         ids=lambda c: f"{c[0]}-M{c[1]}-k{c[2]}-s{c[3]}-p{c[4]}-d{c[5]}-g{c[6]}")
+def test_conv2d_residual_chunked_im2col(small_chunk_lib, case, act, res_act):
+    # Every k x k conv through the im2col GEMM too, in chunks: the addend at each chunk's
+    # columns, and at the partial last panel that overlaps the chunk before it.
+    check_residual(typed_residual(small_chunk_lib), case, act, res_act, False)
+
+
+@pytest.mark.parametrize("act,res_act", [(0, 1), (3, 0)])
+@pytest.mark.parametrize("case", DENSE_KXK[::3], ids=_case_id)
+def test_conv2d_residual_dense_without_the_implicit_gemm(direct_lib, case, act, res_act):
+    check_residual(typed_residual(direct_lib), case, act, res_act, False)
+
+
+def test_conv2d_is_the_residual_form_without_one(lib):
+    # ss_conv2d is ss_conv2d_residual with no residual: the same bits.
+    case = RESIDUAL_CASES[0]
+    xshape, M = case[0], case[1]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(xshape, dtype=np.float32)
+    w = rng.standard_normal((M, xshape[1], 1, 1), dtype=np.float32)
+    b = rng.standard_normal(M, dtype=np.float32)
+    y1, y2 = (np.full((xshape[0], M, *xshape[2:]), np.nan, np.float32) for _ in range(2))
+    args = (xshape[0], xshape[1], *xshape[2:], M, 1, 1, *xshape[2:], 1, 1, 0, 0, 1, 1, 1, 3, None, None)
+    lib.ss_conv2d(ptr(x), ptr(w), ptr(b), ptr(y1), *args)
+    typed_residual(lib).ss_conv2d_residual(ptr(x), ptr(w), ptr(b), ptr(y2), *args, None, 1)
+    np.testing.assert_array_equal(y1, y2)

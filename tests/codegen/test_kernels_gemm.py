@@ -1,4 +1,5 @@
-"""ss_gemm, ss_gemm_prepacked and ss_gemm_pack_b against a float64 NumPy reference.
+"""ss_gemm, ss_gemm_prepacked (and their _add forms, with an addend laid out as C) and
+ss_gemm_pack_b against a float64 NumPy reference.
 
 Each case builds A, B, bias as NumPy views with the strides under test (transposed,
 broadcast batch dims, strided attention-style views), writes C into a NaN-filled buffer
@@ -60,6 +61,10 @@ def _load(source: str, schedule: GemmSchedule, cache_dir, flags=None) -> Lib:
     cdll.ss_gemm.restype = None
     cdll.ss_gemm_prepacked.argtypes = _GEMM_ARGS + [ptr] + _TAIL_ARGS
     cdll.ss_gemm_prepacked.restype = None
+    cdll.ss_gemm_add.argtypes = cdll.ss_gemm.argtypes + [ptr]
+    cdll.ss_gemm_add.restype = None
+    cdll.ss_gemm_prepacked_add.argtypes = cdll.ss_gemm_prepacked.argtypes + [ptr]
+    cdll.ss_gemm_prepacked_add.restype = None
     cdll.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
     cdll.ss_gemm_pack_b.restype = None
     cdll.ss_gemm_packed_b_size.argtypes = [i64, i64]
@@ -135,12 +140,13 @@ class Case:
     beta: float = 1.0
     act: int = 0
     prepacked: bool = False
+    addend: bool = False  # ss_gemm_add / ss_gemm_prepacked_add, with D laid out as C
 
     def __str__(self) -> str:
         return (f"{self.m}x{self.n}x{self.k}_b{self.batch0}x{self.batch1}_{'At' if self.a_t else 'A'}"
                 f"{'Bt' if self.b_t else 'B'}_ab{int(self.a_bcast[0])}{int(self.a_bcast[1])}"
                 f"_bb{int(self.b_bcast[0])}{int(self.b_bcast[1])}_{self.bias}_al{self.alpha}_be{self.beta}"
-                f"_act{self.act}{'_pre' if self.prepacked else ''}")
+                f"_act{self.act}{'_pre' if self.prepacked else ''}{'_add' if self.addend else ''}")
 
 
 def run_case(lib: Lib, case: Case, seed: int = 0) -> None:
@@ -159,21 +165,28 @@ def run_case(lib: Lib, case: Case, seed: int = 0) -> None:
     sb0, sb1, rsb, csb = _elem_strides(b)
     bias_ptr = bias.ctypes.data if bias is not None else None
     tail = (c_buf.ctypes.data, sc0, sc1, ldc, case.alpha, bias_ptr, case.beta, rs_bias, cs_bias, case.act)
+    # The addend has C's layout (its buffer C's shape, past the view NaN: never read).
+    d_buf = np.full(c_buf.shape, np.nan, dtype=np.float32)
+    d_buf[:, :b1, :, :n] = rng.standard_normal((b0, b1, m, n))
+    add = (d_buf.ctypes.data,) if case.addend else ()
     if case.prepacked:
         size = lib.cdll.ss_gemm_packed_b_size(k, n)
         assert size == gemm.packed_b_size(k, n, lib.schedule)
         packed = np.full(max(size, 1), np.nan, dtype=np.float32)
         lib.cdll.ss_gemm_pack_b(k, n, b.ctypes.data, rsb, csb, packed.ctypes.data)
-        lib.cdll.ss_gemm_prepacked(m, n, k, b0, b1, a.ctypes.data, sa0, sa1, rsa, csa, packed.ctypes.data, *tail)
+        fn = lib.cdll.ss_gemm_prepacked_add if case.addend else lib.cdll.ss_gemm_prepacked
+        fn(m, n, k, b0, b1, a.ctypes.data, sa0, sa1, rsa, csa, packed.ctypes.data, *tail, *add)
     else:
-        lib.cdll.ss_gemm(m, n, k, b0, b1, a.ctypes.data, sa0, sa1, rsa, csa,
-                         b.ctypes.data, sb0, sb1, rsb, csb, *tail)
+        fn = lib.cdll.ss_gemm_add if case.addend else lib.cdll.ss_gemm
+        fn(m, n, k, b0, b1, a.ctypes.data, sa0, sa1, rsa, csa, b.ctypes.data, sb0, sb1, rsb, csb, *tail, *add)
     product = np.matmul(a.astype(np.float64), b.astype(np.float64))
     expected = case.alpha * product + case.beta * bias_full
+    if case.addend:
+        expected = expected + d_buf[:, :b1, :, :n].astype(np.float64)
     if case.act == 1:
         expected = np.maximum(expected, 0.0)
     magnitude = abs(case.alpha) * np.matmul(np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64))) \
-        + abs(case.beta) * np.abs(bias_full)
+        + abs(case.beta) * np.abs(bias_full) + (np.abs(d_buf[:, :b1, :, :n]) if case.addend else 0.0)
     err = np.abs(c_view - expected)
     assert np.all(err <= 1e-4 * magnitude + 1e-6), f"{case}: max error {np.nanmax(err)}"
     untouched = np.ones(c_buf.shape, dtype=bool)
@@ -208,6 +221,13 @@ def _cases() -> list[Case]:
             bias=rng.choice(["none", "scalar", "col", "row", "full", "full_t"]),
             alpha=rng.choice([1.0, 0.5, -1.25]), beta=rng.choice([1.0, 0.0, -0.5, 3.0]),
             act=rng.choice([0, 1]), prepacked=rng.random() < 0.3))
+    # An addend laid out as C (a conv's residual, kernels/conv.py): full tiles (in registers),
+    # edge tiles, the B-streaming path (M <= small_m), batches, K == 0, with bias and relu.
+    for m, n, k, b0, b1, bias, act, pre in ((12, 32, 20, 1, 1, "row", 1, False), (13, 37, 9, 2, 1, "row", 1, True),
+                                            (3, 40, 17, 1, 2, "none", 0, False), (5, 19, 300, 2, 2, "col", 1, True),
+                                            (257, 33, 300, 1, 1, "full_t", 1, False), (3, 4, 0, 1, 1, "col", 1, False),
+                                            (40, 100, 64, 3, 1, "scalar", 0, True)):
+        cases.append(Case(m, n, k, batch0=b0, batch1=b1, bias=bias, alpha=0.5, act=act, prepacked=pre, addend=True))
     return cases
 
 
@@ -337,7 +357,7 @@ def test_small_row_groups_keep_full_width():
             assert sum(groups(schedule, m)) == m
 
 
-@pytest.mark.parametrize("case", CASES[::7], ids=str)
+@pytest.mark.parametrize("case", CASES[::7] + [c for c in CASES if c.addend], ids=str)
 def test_scalar_fallback_matches_numpy(libs, case):
     run_case(libs["scalar"], case)
 
@@ -477,8 +497,10 @@ def test_packed_b_size_python_matches_c(libs):
 # the tile loops as one block for either order, a_in_l1; then the fragment written with the
 # C writer, token for token the same C as before, laid out and commented by the writer; then a
 # fused Relu that keeps NaN: max_ps(zero, acc); then the B-streaming path drawn per width, its
-# dispatchers with its kernels, B vectors pinned with "+v").
-DEFAULT_SOURCE_SHA256 = "ead563f8f85ac907523ea39e3c45cecb9b0e42f7b278f43e47d8afdf63010465"
+# dispatchers with its kernels, B vectors pinned with "+v"; then the epilogue's addend D and
+# the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
+# prefetched a tile ahead).
+DEFAULT_SOURCE_SHA256 = "ba6efc53448e6f274e4520e480e03c23d89209fff03907aad7587c4a408ecc83"
 
 
 def test_default_prefix_source_unchanged():

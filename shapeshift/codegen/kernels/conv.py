@@ -15,6 +15,10 @@ Exported C::
                    int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                    int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked);
 
+    /* ss_conv2d with a residual fused: y = res_act(act(conv(x, w) + bias) + res), res NULL
+       (none: ss_conv2d itself) or [N, M, OH, OW], not overlapping y; res_act an act code. */
+    void ss_conv2d_residual(<ss_conv2d's arguments>, const float* res, int res_act);
+
     /* Transposed 2-D convolution: x [N, C, H, W], w [C, M/group, KH, KW], bias NULL or [M],
        y [N, M, OH, OW]; begin pads ph, pw; strides; dilations; group >= 1. output_padding
        and the end pads are implied by OH, OW. work: at least
@@ -75,6 +79,17 @@ Strategy of ss_conv2d:
   runs on that chunk of y while it is in cache. Chunks run in parallel when there are
   enough of them for every thread (else each GEMM is parallel inside). Without the real
   gemm fragment (SS_GEMM_NR undefined), a plain im2col of the whole matrix and ss_gemm.
+
+The residual of ss_conv2d_residual (ResNet's Conv -> Add -> Relu, YOLO's Conv -> SiLU ->
+Add, fused by the lowering: codegen/lower/nn.py) is added where each path stores its
+output, so that it is read while the output's lines are being written rather than in an
+elementwise pass of its own over a tensor that has left L2 (ResNet-50's Adds: 2.2 ms of
+87 at 224x224, 1 thread, AMD Zen 4): the implicit GEMM and conv_panels add it to each
+transposed vector of 8 pixels before the store (conv_igemm.py's ss_conv_store_tile), the
+small-plane GEMM in its transpose back to planes, the 1 x 1 GEMM and the im2col GEMM in
+the GEMM's epilogue (ss_gemm_add: in registers for full tiles) when no activation comes
+before it, else in the pass that activation takes anyway. The depthwise and direct
+kernels (grouped convs) add it in a pass after the conv.
 
 The bias and relu ride in ss_gemm's epilogue; sigmoid and silu use vmath's ss_sigmoid8
 (and its scalar twin for tails; its 16-lane twin, bit for bit the same, on AVX-512 builds),
@@ -187,14 +202,69 @@ static void ss_conv_act_run(float* y, int64_t n, int act) {
     for (; i < n; ++i) y[i] = ss_actf(y[i], act);
 }
 
-/* ss_conv_act_run over a large y, parallel over SS_CONV_ACT_CHUNK-element chunks. */
-static void ss_conv_act_inplace(float* y, int64_t n, int act) {
+/* y[0..n) = post(pre(y) + res), vectorized (res NULL: pre(y)): what a path's store left
+   undone of res_act(act(conv + bias) + res), while that block of y is in cache. */
+static void ss_conv_finish_run(float* y, const float* res, int64_t n, int pre, int post) {
+    if (!res) {
+        ss_conv_act_run(y, n, pre);
+        return;
+    }
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, ss_act16(_mm512_add_ps(ss_act16(_mm512_loadu_ps(y + i), pre), _mm512_loadu_ps(res + i)),
+                                         post));
+#endif
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, ss_act8(_mm256_add_ps(ss_act8(_mm256_loadu_ps(y + i), pre), _mm256_loadu_ps(res + i)),
+                                        post));
+#endif
+    for (; i < n; ++i) y[i] = ss_actf(ss_actf(y[i], pre) + res[i], post);
+}
+
+/* ss_conv_finish_run over a large y, parallel over SS_CONV_ACT_CHUNK-element chunks; nothing
+   to do without a residual or an activation. */
+static void ss_conv_finish(float* y, const float* res, int64_t n, int pre, int post) {
+    if (!res && pre == 0) return;
     int64_t chunks = (n + SS_CONV_ACT_CHUNK - 1) / SS_CONV_ACT_CHUNK;
     #pragma omp parallel for if(n >= SS_CONV_PAR_MIN / 8)
     for (int64_t c = 0; c < chunks; ++c) {
         int64_t lo = c * SS_CONV_ACT_CHUNK, hi = lo + SS_CONV_ACT_CHUNK < n ? lo + SS_CONV_ACT_CHUNK : n;
-        ss_conv_act_run(y + lo, hi - lo, act);
+        ss_conv_finish_run(y + lo, res ? res + lo : NULL, hi - lo, pre, post);
     }
+}
+
+/* How a GEMM path splits y = res_act(act(conv + bias) + res) between the GEMM's epilogue
+   (bias, the addend d, relu when gemm_act) and the pass after it (finish: pre, then the
+   residual r, then post). The residual rides in the epilogue, read while the tile is in
+   registers, when no activation comes before it (ResNet's Conv -> Add -> Relu); after one
+   (YOLO's Conv -> SiLU -> Add) it joins the pass that activation needs anyway. Only the
+   real gemm fragment (SS_GEMM_NR) has the epilogue's addend (ss_gemm_add). */
+typedef struct {
+    const float* d;
+    int gemm_act, pre, post;
+    const float* r;
+} ss_conv_epi;
+
+static inline ss_conv_epi ss_conv_gemm_epi(int act, const float* res, int res_act) {
+    ss_conv_epi e;
+#ifdef SS_GEMM_NR
+    if (res && act == 0) {
+        e.d = res;
+        e.gemm_act = res_act == 1;
+        e.pre = res_act >= 2 ? res_act : 0;
+        e.r = NULL;
+        e.post = 0;
+        return e;
+    }
+#endif
+    e.d = NULL;
+    e.gemm_act = act == 1;
+    e.pre = act >= 2 ? act : 0;
+    e.r = res;
+    e.post = res_act;
+    return e;
 }
 
 """
@@ -321,17 +391,18 @@ static void ss_conv_im2col_cols(const float* x, float* dst, int64_t C, int64_t H
    (a multiple of NR, Kc * cw about SS_CONV_CHUNK_FLOATS, so the packed chunk stays in L2
    while the GEMM reads it) are packed-im2col'ed into their own part of `work` (column p0
    at work + Kc * p0: the chunks never overlap, so they can run in parallel) and multiplied
-   by ss_gemm_prepacked, the activation applied to the chunk's output while it is in
-   cache. The last P % NR columns are one more packed panel that ends at column P (below),
-   so `work` of Kc * P floats always suffices. */
+   by ss_gemm_prepacked, the activation (and the residual rg, NULL for none: ss_conv_gemm_epi)
+   applied to the chunk's output while it is in cache. The last P % NR columns are one more
+   packed panel that ends at column P (below), so `work` of Kc * P floats always suffices. */
 static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bias, float* yg, float* work,
                                int64_t Cg, int64_t H, int64_t W, int64_t Mg, int64_t KH, int64_t KW,
                                int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                               int64_t dh, int64_t dw, int act) {
+                               int64_t dh, int64_t dw, int act, const float* rg, int res_act) {
     int64_t P = OH * OW, Kc = Cg * KH * KW, Pfull = P / SS_GEMM_NR * SS_GEMM_NR;
     int64_t cw = SS_CONV_CHUNK_FLOATS / (Kc > 0 ? Kc : 1) / SS_GEMM_NR * SS_GEMM_NR;
     if (cw < SS_GEMM_NR) cw = SS_GEMM_NR;
-    int gemm_act = act == 1 ? 1 : 0;
+    const ss_conv_epi e = ss_conv_gemm_epi(act, rg, res_act);
+    const int finish = e.pre || e.r;
     int64_t chunks = (Pfull + cw - 1) / cw;
     /* Chunks in parallel only when there are enough for every thread; else one at a time,
        each GEMM parallel inside. */
@@ -341,10 +412,11 @@ static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bia
         int64_t p0 = ci * cw, w = Pfull - p0 < cw ? Pfull - p0 : cw;
         float* packed = work + Kc * p0;
         ss_conv_im2col_packed(x, packed, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, p0, w);
-        ss_gemm_prepacked(Mg, w, Kc, 1, 1, wg, 0, 0, Kc, 1, packed, yg + p0, 0, 0, P,
-                          1.0f, bias, 1.0f, 1, 0, gemm_act);
-        if (act >= 2)
-            for (int64_t m = 0; m < Mg; ++m) ss_conv_act_run(yg + m * P + p0, w, act);
+        ss_gemm_prepacked_add(Mg, w, Kc, 1, 1, wg, 0, 0, Kc, 1, packed, yg + p0, 0, 0, P,
+                              1.0f, bias, 1.0f, 1, 0, e.gemm_act, e.d ? e.d + p0 : NULL);
+        if (finish)
+            for (int64_t m = 0; m < Mg; ++m)
+                ss_conv_finish_run(yg + m * P + p0, e.r ? e.r + m * P + p0 : NULL, w, e.pre, e.post);
     }
     if (Pfull == P) return;
     if (P >= SS_GEMM_NR) {
@@ -354,16 +426,18 @@ static void ss_conv_gemm_tiled(const float* x, const float* wg, const float* bia
         int64_t p0 = P - SS_GEMM_NR;
         float* packed = work + Kc * p0;
         ss_conv_im2col_packed(x, packed, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, p0, SS_GEMM_NR);
-        ss_gemm_prepacked(Mg, SS_GEMM_NR, Kc, 1, 1, wg, 0, 0, Kc, 1, packed, yg + p0, 0, 0, P,
-                          1.0f, bias, 1.0f, 1, 0, gemm_act);
-        if (act >= 2)
-            for (int64_t m = 0; m < Mg; ++m) ss_conv_act_run(yg + m * P + p0, SS_GEMM_NR, act);
+        ss_gemm_prepacked_add(Mg, SS_GEMM_NR, Kc, 1, 1, wg, 0, 0, Kc, 1, packed, yg + p0, 0, 0, P,
+                              1.0f, bias, 1.0f, 1, 0, e.gemm_act, e.d ? e.d + p0 : NULL);
+        if (finish)
+            for (int64_t m = 0; m < Mg; ++m)
+                ss_conv_finish_run(yg + m * P + p0, e.r ? e.r + m * P + p0 : NULL, SS_GEMM_NR, e.pre, e.post);
         return;
     }
     /* Fewer than NR columns in all: a plain [Kc, P] im2col and ss_gemm. */
     ss_conv_im2col_cols(x, work, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh, dw, 0, P);
-    ss_gemm(Mg, P, Kc, 1, 1, wg, 0, 0, Kc, 1, work, 0, 0, P, 1, yg, 0, 0, P, 1.0f, bias, 1.0f, 1, 0, gemm_act);
-    if (act >= 2) ss_conv_act_run(yg, Mg * P, act);
+    ss_gemm_add(Mg, P, Kc, 1, 1, wg, 0, 0, Kc, 1, work, 0, 0, P, 1, yg, 0, 0, P, 1.0f, bias, 1.0f, 1, 0, e.gemm_act,
+                e.d);
+    if (finish) ss_conv_finish_run(yg, e.r, Mg * P, e.pre, e.post);
 }
 #endif
 
@@ -863,26 +937,47 @@ static void ss_conv_small_im2col(const float* x, float* col, const int64_t* off,
     }
 }
 
-/* out[m * P + p] = yt[p * M + m]: the GEMM's y^T back to planes, 8 x 8 blocks where they fit. */
-static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, int64_t M) {
+/* The element of the output at o from its conv value v: res_act(v + res[o]), or v without a residual. */
+static inline float ss_conv_resf(float v, const float* res, int64_t o, int res_act) {
+    return res ? ss_actf(v + res[o], res_act) : v;
+}
+
+/* out[m * P + p] = yt[p * M + m]: the GEMM's y^T back to planes, 8 x 8 blocks where they fit;
+   res (NULL: none), laid out as out, added to each block as it is stored, then res_act. */
+static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, int64_t M, const float* res,
+                                      int res_act) {
     int64_t p0 = 0;
 #ifdef __AVX2__
     for (; p0 + 8 <= P; p0 += 8) {
         int64_t m0 = 0;
-        for (; m0 + 8 <= M; m0 += 8) ss_gemm_transpose8(yt + p0 * M + m0, M, 8, out + m0 * P + p0, P);
+        for (; m0 + 8 <= M; m0 += 8) {
+            if (!res) {
+                ss_gemm_transpose8(yt + p0 * M + m0, M, 8, out + m0 * P + p0, P);
+                continue;
+            }
+            float r[64];
+            ss_gemm_transpose8(yt + p0 * M + m0, M, 8, r, 8);  /* r[j * 8 + i]: channel m0 + j, pixel p0 + i */
+            for (int64_t j = 0; j < 8; ++j) {
+                int64_t o = (m0 + j) * P + p0;
+                _mm256_storeu_ps(out + o, ss_act8(_mm256_add_ps(_mm256_loadu_ps(r + j * 8), _mm256_loadu_ps(res + o)),
+                                                  res_act));
+            }
+        }
         for (; m0 < M; ++m0)
-            for (int64_t p = p0; p < p0 + 8; ++p) out[m0 * P + p] = yt[p * M + m0];
+            for (int64_t p = p0; p < p0 + 8; ++p)
+                out[m0 * P + p] = ss_conv_resf(yt[p * M + m0], res, m0 * P + p, res_act);
     }
 #endif
     for (; p0 < P; ++p0)
-        for (int64_t m = 0; m < M; ++m) out[m * P + p0] = yt[p0 * M + m];
+        for (int64_t m = 0; m < M; ++m) out[m * P + p0] = ss_conv_resf(yt[p0 * M + m], res, m * P + p0, res_act);
 }
 
-/* Group-1 conv of a small output plane as y^T = col^T x w^T, w^T prepacked (see the docstring). */
+/* Group-1 conv of a small output plane as y^T = col^T x w^T, w^T prepacked (see the
+   docstring); the residual res (NULL: none) joins in the transpose back to planes. */
 static void ss_conv_small_plane(const float* x, const float* wpacked, const float* bias, float* y,
                                 int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                                 int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                                int64_t dh, int64_t dw, int act) {
+                                int64_t dh, int64_t dw, int act, const float* res, int res_act) {
     const int64_t P = OH * OW, Kc = C * KH * KW, T = KH * KW * P;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
     /* Every image's y^T, then (unless x is read in place) every image's im2col matrix and the
@@ -910,7 +1005,7 @@ static void ss_conv_small_plane(const float* x, const float* wpacked, const floa
     for (int64_t n = 0; n < N; ++n) {
         /* The activation on y^T, where its runs are contiguous, then back to planes. */
         if (act >= 2) ss_conv_act_run(yt + n * P * M, M * P, act);
-        ss_conv_small_untranspose(yt + n * P * M, y + n * M * P, P, M);
+        ss_conv_small_untranspose(yt + n * P * M, y + n * M * P, P, M, res ? res + n * M * P : NULL, res_act);
     }
     free(yt);
 }
@@ -918,11 +1013,12 @@ static void ss_conv_small_plane(const float* x, const float* wpacked, const floa
 
 """
 
-_CONV2D = Function("void", "ss_conv2d", ("const float* x", "const float* w", "const float* bias", "float* y",
-                                         "int64_t N", "int64_t C", "int64_t H", "int64_t W", "int64_t M", "int64_t KH",
-                                         "int64_t KW", "int64_t OH", "int64_t OW", "int64_t sh", "int64_t sw",
-                                         "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", "int64_t group",
-                                         "int act", "float* work", "const float* wpacked"), r"""
+_CONV2D_PARAMS = ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
+                  "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
+                  "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", "int64_t group",
+                  "int act", "float* work", "const float* wpacked")
+
+_CONV2D_RESIDUAL = Function("void", "ss_conv2d_residual", (*_CONV2D_PARAMS, "const float* res", "int res_act"), r"""
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0 || group < 1) return;
     int64_t Cg = C / group, Mg = M / group, P = OH * OW, Kc = Cg * KH * KW;
     /* Dense k x k convs of small planes with prepacked weights: the GEMM's own tile over the
@@ -931,20 +1027,21 @@ _CONV2D = Function("void", "ss_conv2d", ("const float* x", "const float* w", "co
        GEMM below (kc blocks, A packed) ran them 1.1-1.5x faster (conv_panels.py). */
     if (wpacked && group == 1 && KH * KW > 1 && P <= SS_CONV_PANELS_MAX_PLANE &&
         ss_conv_panels(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act,
-                       work, ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
+                       work, ss_conv2d_work_size(C, KH, KW, OH, OW, group), res, res_act))
         return;
 #ifdef SS_CONV_IGEMM
     /* Dense k x k convs: the implicit GEMM (conv_igemm.py), but on planes of a few pixels,
        where the small-plane path's one GEMM does as well from the prepacked weights. */
     if (SS_CONV_USE_IGEMM && group == 1 && KH * KW > 1 && !(wpacked && P <= SS_CONV_IGEMM_MIN_PLANE) &&
         ss_conv_igemm(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act,
-                      work, ss_conv2d_work_size(C, KH, KW, OH, OW, group), wpacked))
+                      work, ss_conv2d_work_size(C, KH, KW, OH, OW, group), wpacked, res, res_act))
         return;
 #endif
 #ifdef SS_CONV_PACKED
     /* Before the depthwise path: a one-channel conv (an STFT as a Conv) is group == C too. */
     if (wpacked && group == 1 && (P <= SS_CONV_SMALL_PLANE || (P <= SS_CONV_SMALL_PLANE_MAX && P <= M))) {
-        ss_conv_small_plane(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);
+        ss_conv_small_plane(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act,
+                            res, res_act);
         return;
     }
 #else
@@ -952,45 +1049,63 @@ _CONV2D = Function("void", "ss_conv2d", ("const float* x", "const float* w", "co
 #endif
     if (group == C && Cg == 1) {
         ss_conv_depthwise(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);
+        /* The residual in a pass of its own: nets with depthwise convs run them blocked
+           (codegen/lower/layout_assign.py), whose kernel takes the residual itself. */
+        ss_conv_finish(y, res, N * M * P, 0, res_act);
         return;
     }
-    int gemm_act = act == 1 ? 1 : 0;
     if (KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W) {
-        for (int64_t g = 0; g < group; ++g)
+        const ss_conv_epi e = ss_conv_gemm_epi(act, res, res_act);
+        for (int64_t g = 0; g < group; ++g) {
+#ifdef SS_GEMM_NR
+            ss_gemm_add(Mg, P, Cg, N, 1,
+                        w + g * Mg * Cg, 0, 0, Cg, 1,
+                        x + g * Cg * P, C * P, 0, P, 1,
+                        y + g * Mg * P, M * P, 0, P,
+                        1.0f, bias ? bias + g * Mg : NULL, 1.0f, 1, 0, e.gemm_act, e.d ? e.d + g * Mg * P : NULL);
+#else
             ss_gemm(Mg, P, Cg, N, 1,
                     w + g * Mg * Cg, 0, 0, Cg, 1,
                     x + g * Cg * P, C * P, 0, P, 1,
                     y + g * Mg * P, M * P, 0, P,
-                    1.0f, bias ? bias + g * Mg : NULL, 1.0f, 1, 0, gemm_act);
-    } else {
-#ifdef SS_CONV_DIRECT
-        /* k x k (not 1 x 1: strided or padded, the GEMM on its small im2col does better). */
-        if (SS_CONV_USE_DIRECT && KH * KW > 1 &&
-            ss_conv_direct(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act,
-                           work, ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
-            return;
+                    1.0f, bias ? bias + g * Mg : NULL, 1.0f, 1, 0, e.gemm_act);
 #endif
-        for (int64_t n = 0; n < N; ++n)
-            for (int64_t g = 0; g < group; ++g) {
-#ifdef SS_CONV_PACKED
-                ss_conv_gemm_tiled(x + (n * C + g * Cg) * H * W, w + g * Mg * Kc, bias ? bias + g * Mg : NULL,
-                                   y + (n * M + g * Mg) * P, work, Cg, H, W, Mg, KH, KW, OH, OW,
-                                   sh, sw, ph, pw, dh, dw, act);
-#else
-                ss_conv_im2col(x + (n * C + g * Cg) * H * W, work, Cg, H, W, KH, KW, OH, OW,
-                               sh, sw, ph, pw, dh, dw);
-                ss_gemm(Mg, P, Kc, 1, 1,
-                        w + g * Mg * Kc, 0, 0, Kc, 1,
-                        work, 0, 0, P, 1,
-                        y + (n * M + g * Mg) * P, 0, 0, P,
-                        1.0f, bias ? bias + g * Mg : NULL, 1.0f, 1, 0, gemm_act);
-                /* Right after its GEMM, while this block of y is still in cache. */
-                if (act >= 2) ss_conv_act_inplace(y + (n * M + g * Mg) * P, Mg * P, act);
-#endif
-            }
+        }
+        ss_conv_finish(y, e.r, N * M * P, e.pre, e.post);
         return;
     }
-    if (act >= 2) ss_conv_act_inplace(y, N * M * P, act);""")
+#ifdef SS_CONV_DIRECT
+    /* k x k (not 1 x 1: strided or padded, the GEMM on its small im2col does better). */
+    if (SS_CONV_USE_DIRECT && KH * KW > 1 &&
+        ss_conv_direct(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act,
+                       work, ss_conv2d_work_size(C, KH, KW, OH, OW, group))) {
+        ss_conv_finish(y, res, N * M * P, 0, res_act);  /* grouped convs: a pass of its own */
+        return;
+    }
+#endif
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t g = 0; g < group; ++g) {
+            const float* rg = res ? res + (n * M + g * Mg) * P : NULL;
+#ifdef SS_CONV_PACKED
+            ss_conv_gemm_tiled(x + (n * C + g * Cg) * H * W, w + g * Mg * Kc, bias ? bias + g * Mg : NULL,
+                               y + (n * M + g * Mg) * P, work, Cg, H, W, Mg, KH, KW, OH, OW,
+                               sh, sw, ph, pw, dh, dw, act, rg, res_act);
+#else
+            ss_conv_im2col(x + (n * C + g * Cg) * H * W, work, Cg, H, W, KH, KW, OH, OW,
+                           sh, sw, ph, pw, dh, dw);
+            ss_gemm(Mg, P, Kc, 1, 1,
+                    w + g * Mg * Kc, 0, 0, Kc, 1,
+                    work, 0, 0, P, 1,
+                    y + (n * M + g * Mg) * P, 0, 0, P,
+                    1.0f, bias ? bias + g * Mg : NULL, 1.0f, 1, 0, act == 1);
+            /* Right after its GEMM, while this block of y is still in cache. */
+            ss_conv_finish(y + (n * M + g * Mg) * P, rg, Mg * P, act >= 2 ? act : 0, res_act);
+#endif
+        }""")
+
+_CONV2D = Function("void", "ss_conv2d", _CONV2D_PARAMS, """
+    ss_conv2d_residual(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work, wpacked,
+                       NULL, 0);""")
 
 _COL2IM = r"""
 /* Adds col [Mg * KH * KW, H * W] into y [Mg, OH, OW], which it first fills with the bias. */
@@ -1096,6 +1211,7 @@ def fragment(par_min: int = 32768, act_chunk: int = 4096, dw_rows: int = 4, dw_v
         Private(_DIRECT),
         _CONV2D_WORK_SIZE,
         Private(_SMALL_PLANE),
+        _CONV2D_RESIDUAL,
         _CONV2D,
         Private(_COL2IM),
         _CONV_TRANSPOSE2D_WORK_SIZE,

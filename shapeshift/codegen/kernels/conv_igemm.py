@@ -50,10 +50,14 @@ transpose it uses), ``SS_CONV_IGEMM`` and the ``static inline`` function below, 
 ss_conv2d (kernels/conv.py, which depends on this fragment) calls::
 
     int ss_conv_igemm(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw,
-                      act, work, work_floats, wpacked);
+                      act, work, work_floats, wpacked, res, res_act);
 
 It returns 0, having written nothing, when its scratch cannot be allocated or its tap
-offsets would overflow 32 bits. ``act`` is vmath's activation code (ss_act8).
+offsets would overflow 32 bits. ``act`` is vmath's activation code (ss_act8). ``res``
+(NULL: none) is a residual laid out as y, fused into the store: y = res_act(act(conv +
+bias) + res), each transposed vector of 8 pixels adding its residual vector before the
+store (ResNet's and YOLO's shortcut Adds, which otherwise ran as a pass of their own over
+the conv's output).
 """
 
 from __future__ import annotations
@@ -203,8 +207,12 @@ static inline void ss_conv_igemm_offsets(int32_t* koff, int64_t C, int64_t KH, i
    8), activated in place on whole vectors, then stored transposed into planes: channel j's
    pixels at yq[j * P], in 8 x 8 blocks, a ragged last one through a masked store. (A scalar
    activation per element of the ragged part, SiLU's exp among them, took most of a
-   6-pixel tile's time, and its scalar stores most of a 4-pixel one's.) */
-static inline void ss_conv_store_tile(float* t, int64_t ld, int64_t np, int64_t mv, float* yq, int64_t P, int act) {
+   6-pixel tile's time, and its scalar stores most of a 4-pixel one's.) rq: NULL, or the
+   residual laid out as yq (channel j's pixels at rq[j * P]), added to each transposed
+   vector of 8 pixels before its store, then res_act applied: the residual is read once,
+   while the output's lines are being written, instead of in a pass of its own. */
+static inline void ss_conv_store_tile(float* t, int64_t ld, int64_t np, int64_t mv, float* yq, int64_t P, int act,
+                                      const float* rq, int res_act) {
     if (act)
         for (int64_t g = 0; g < np; ++g) {
             int64_t h = 0;
@@ -221,8 +229,13 @@ static inline void ss_conv_store_tile(float* t, int64_t ld, int64_t np, int64_t 
         for (int64_t h = 0; h < mv; h += 8) {
             ss_gemm_transpose8(t + g * ld + h, ld, (int)n, r, 8);  /* r[j * 8 + i]: channel h + j, pixel g + i */
             for (int64_t j = 0; j < 8 && h + j < mv; ++j) {
-                if (n == 8) _mm256_storeu_ps(yq + (h + j) * P + g, _mm256_loadu_ps(r + j * 8));
-                else _mm256_maskstore_ps(yq + (h + j) * P + g, mask, _mm256_loadu_ps(r + j * 8));
+                __m256 v = _mm256_loadu_ps(r + j * 8);
+                if (rq) {
+                    const float* rr = rq + (h + j) * P + g;
+                    v = ss_act8(_mm256_add_ps(v, n == 8 ? _mm256_loadu_ps(rr) : _mm256_maskload_ps(rr, mask)), res_act);
+                }
+                if (n == 8) _mm256_storeu_ps(yq + (h + j) * P + g, v);
+                else _mm256_maskstore_ps(yq + (h + j) * P + g, mask, v);
             }
         }
     }
@@ -230,16 +243,27 @@ static inline void ss_conv_store_tile(float* t, int64_t ld, int64_t np, int64_t 
 
 /* Block `blk` (pixels p0 .. p0 + np) of panels q .. q + nq (nq = 1, or 2 for the pair tile;
    16 channels each): tiles over every slice of taps, then the transposed, biased, activated
-   store into y [M, P]. The block's sums are pixel-major in t, 16 * nq floats a pixel
-   (the bias, bb, likewise: panel j's 16 channels at bb + 16 j). */
+   store into y [M, P] (with the residual res [M, P] added and res_act applied, when res is
+   not NULL). The block's sums are pixel-major in t, 16 * nq floats a pixel (the bias, bb,
+   likewise: panel j's 16 channels at bb + 16 j). */
 static inline void ss_conv_igemm_block(const float* stage, const int32_t* koff, const float* wp, int prepacked,
                                 const float* bias, float* y, float* t, int64_t q, int64_t nq, int64_t blk,
                                 int64_t M, int64_t K, int64_t P, int64_t OW, int64_t sh, int64_t sw,
-                                int64_t Wp, int act) {
+                                int64_t Wp, int act, const float* res, int res_act) {
     int64_t panels = (M + 15) / 16, p0 = blk * SS_CONV_IGEMM_BLOCK, ld = 16 * nq;
     int64_t np = P - p0 < SS_CONV_IGEMM_BLOCK ? P - p0 : SS_CONV_IGEMM_BLOCK;
     float bb[32];
     for (int64_t j = 0; j < 32; ++j) bb[j] = bias && j < ld && q * 16 + j < M ? bias[q * 16 + j] : 0.0f;
+    if (res) {
+        /* The block's residual, a run of np pixels in each of its channels' planes, fetched
+           while the taps run: read only at the store, a run per channel, it missed there
+           (yolo_style's six C2f 3x3 convs at 320x320, 1 thread: 4.8% over their convs and
+           Adds apart without this, even with it). */
+        const int64_t mv = M - q * 16 < ld ? M - q * 16 : ld;
+        for (int64_t j = 0; j < mv; ++j)
+            for (int64_t i = 0; i < np + 15; i += 16)  /* every line, the run's ends unaligned */
+                _mm_prefetch((const char*)(res + (q * 16 + j) * P + p0 + i), _MM_HINT_T0);
+    }
     /* Window corners; the last tile's missing pixels repeat the last one (computed, not stored). */
     const float* base[SS_CONV_IGEMM_BLOCK];
     int64_t tiles = (np + SS_CONV_IGEMM_MR - 1) / SS_CONV_IGEMM_MR;
@@ -273,19 +297,21 @@ static inline void ss_conv_igemm_block(const float* stage, const int32_t* koff, 
     }
     for (int64_t j0 = 0; j0 < nq; ++j0) {
         int64_t mv = M - (q + j0) * 16 < 16 ? M - (q + j0) * 16 : 16;
-        ss_conv_store_tile(t + j0 * 16, ld, np, mv, y + (q + j0) * 16 * P + p0, P, act);
+        ss_conv_store_tile(t + j0 * 16, ld, np, mv, y + (q + j0) * 16 * P + p0, P, act,
+                           res ? res + (q + j0) * 16 * P + p0 : NULL, res_act);
     }
 }
 
 /* Dense (group 1) conv as an implicit GEMM (see conv_igemm.py). x [N, C, H, W], w [M, C,
-   KH, KW], y [N, M, OH, OW]; wpacked: NULL or w^T packed by ss_gemm_pack_b (used when
-   SS_CONV_IGEMM_PREPACKED). work: the caller's scratch of work_floats floats (else one
-   malloc). Returns 0, having written nothing, when it cannot run. */
+   KH, KW], y [N, M, OH, OW] = res_act(act(conv + bias) + res), res NULL (none) or [N, M, OH,
+   OW]; wpacked: NULL or w^T packed by ss_gemm_pack_b (used when SS_CONV_IGEMM_PREPACKED).
+   work: the caller's scratch of work_floats floats (else one malloc). Returns 0, having
+   written nothing, when it cannot run. */
 static inline int ss_conv_igemm(const float* x, const float* w, const float* bias, float* y,
                          int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                          int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                          int64_t dh, int64_t dw, int act, float* work, int64_t work_floats,
-                         const float* wpacked) {
+                         const float* wpacked, const float* res, int res_act) {
     int64_t K = C * KH * KW, P = OH * OW, panels = (M + 15) / 16;
     /* The padded image: every window of every output pixel, and all of the input. */
     int64_t Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1;
@@ -348,7 +374,8 @@ static inline int ss_conv_igemm(const float* x, const float* w, const float* bia
                 int64_t blk = pixels_outer ? r / units : r % blocks;
                 int64_t q = u * SS_CONV_IGEMM_NP, nq = panels - q < SS_CONV_IGEMM_NP ? panels - q : SS_CONV_IGEMM_NP;
                 ss_conv_igemm_block(stage + n * C * plane, koff, wp, prepacked, bias, y + (n0 + n) * M * P, t,
-                                    q, nq, blk, M, K, P, OW, sh, sw, Wp, act);
+                                    q, nq, blk, M, K, P, OW, sh, sw, Wp, act,
+                                    res ? res + (n0 + n) * M * P : NULL, res_act);
             }
         }
     }

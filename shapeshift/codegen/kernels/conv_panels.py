@@ -45,7 +45,10 @@ stored).
 One entry point, an object of its own (the tiles stay out of every model's unit)::
 
     int ss_conv_panels(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw,
-                       dh, dw, act, work, work_floats);
+                       dh, dw, act, work, work_floats, res, res_act);
+
+``res``: NULL, or a residual laid out as y, added in the transposed store (conv_igemm.py's
+ss_conv_store_tile): y = res_act(act(conv + bias) + res).
 
 It returns 0, having written nothing, when it cannot run: a build without AVX2 or without
 the GEMM fragment, scratch that cannot be allocated, tap offsets past 32 bits.
@@ -77,7 +80,7 @@ PAR_MIN_MACS = 1 << 18
 _PARAMS = ("const float* x", "const float* wpacked", "const float* bias", "float* y", "int64_t N", "int64_t C",
            "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
            "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", "int act",
-           "float* work", "int64_t work_floats")
+           "float* work", "int64_t work_floats", "const float* res", "int res_act")
 _TILE_PARAMS = ("const float* const* base", "const int32_t* koff", "const float* wpacked", "int64_t q", "int64_t K",
                 "int64_t padded_n", "const float* bias", "float* t")
 
@@ -144,10 +147,10 @@ def tile_dispatch(s: GemmSchedule, lanes: int) -> str:
 
 _DRIVER = r"""
 /* Tile `tile` (pixels p0 .. p0 + np) of panel q of one image: img its staged planes (row
-   stride Wp, plane apart), yn its output [M, P]. */
+   stride Wp, plane apart), yn its output [M, P], rn its residual (or NULL). */
 static void ss_conv_panel_item(const float* img, const int32_t* koff, const float* wpacked, const float* bias,
                                float* yn, int64_t q, int64_t tile, int64_t M, int64_t K, int64_t P, int64_t OW,
-                               int64_t sh, int64_t sw, int64_t Wp, int act) {
+                               int64_t sh, int64_t sw, int64_t Wp, int act, const float* rn, int res_act) {
     const int64_t padded_n = (M + SS_GEMM_NR - 1) / SS_GEMM_NR * SS_GEMM_NR;
     const int64_t p0 = tile * SS_CONV_PANEL_ROWS;
     const int64_t np = P - p0 < SS_CONV_PANEL_ROWS ? P - p0 : SS_CONV_PANEL_ROWS;
@@ -166,13 +169,14 @@ static void ss_conv_panel_item(const float* img, const int32_t* koff, const floa
     float t[SS_CONV_PANEL_ROWS * SS_GEMM_NR] __attribute__((aligned(64)));
     ss_conv_panel_tile(np, (mv + SS_CONV_PANEL_LANES - 1) / SS_CONV_PANEL_LANES, base, koff, wpacked, q, K, padded_n,
                        bb, t);
-    ss_conv_store_tile(t, SS_GEMM_NR, np, mv, yn + q * SS_GEMM_NR * P + p0, P, act);
+    ss_conv_store_tile(t, SS_GEMM_NR, np, mv, yn + q * SS_GEMM_NR * P + p0, P, act,
+                       rn ? rn + q * SS_GEMM_NR * P + p0 : NULL, res_act);
 }
 
 static int ss_conv_panels_run(const float* x, const float* wpacked, const float* bias, float* y, int64_t N, int64_t C,
                               int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
                               int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int act,
-                              float* work, int64_t work_floats) {
+                              float* work, int64_t work_floats, const float* res, int res_act) {
     const int64_t K = C * KH * KW, P = OH * OW, panels = (M + SS_GEMM_NR - 1) / SS_GEMM_NR;
     const int64_t tiles = (P + SS_CONV_PANEL_ROWS - 1) / SS_CONV_PANEL_ROWS;
     /* The image as its windows read it: in place when no window leaves it (a 1 x 1 conv),
@@ -222,7 +226,7 @@ static int ss_conv_panels_run(const float* x, const float* wpacked, const float*
             done += work;
             if (middle * nt < share * it || middle * nt >= share * (it + 1)) continue;
             ss_conv_panel_item((in_place ? x : stage) + n * C * plane, koff, wpacked, bias, y + n * M * P, q, tile,
-                               M, K, P, OW, sh, sw, Wp, act);
+                               M, K, P, OW, sh, sw, Wp, act, res ? res + n * M * P : NULL, res_act);
         }
     }
     free(own);
@@ -253,11 +257,11 @@ def fragment(target: Optional[Target] = None, max_plane: Optional[int] = None,
 #ifdef SS_CONV_PANELS_RUN
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0) return 1;
     return ss_conv_panels_run(x, wpacked, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act,
-                              work, work_floats);
+                              work, work_floats, res, res_act);
 #else
     (void)x; (void)wpacked; (void)bias; (void)y; (void)N; (void)C; (void)H; (void)W; (void)M; (void)KH; (void)KW;
     (void)OH; (void)OW; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw; (void)act; (void)work;
-    (void)work_floats;
+    (void)work_floats; (void)res; (void)res_act;
     return 0;
 #endif""")
     return Fragment([Shared(f"#define SS_CONV_PANELS_MAX_PLANE {int(max_plane)}\n"), Private(body.text()), entry])

@@ -13,7 +13,8 @@ runs the small-plane GEMM. ``ConvSchedule`` holds them; ``codegen/defaults.py``'
 declares it already may hold copies), the GEMM fragment of the schedule's GEMM schedule, the
 implicit GEMM, conv_panels and the conv fragment, every ``ss_gemm``/``ss_conv`` name and
 ``SS_GEMM_``/``SS_CONV_`` macro renamed to the prefix (as ``gemm.source`` renames its own).
-It defines ``<prefix>conv2d`` (``ss_conv2d``'s arguments and meaning), ``<prefix>conv2d_work_size``,
+It defines ``<prefix>conv2d`` (``ss_conv2d``'s arguments and meaning), ``<prefix>conv2d_residual``
+(``ss_conv2d_residual``'s: a fused residual Add), ``<prefix>conv2d_work_size``,
 ``<prefix>gemm_pack_b`` and ``<prefix>gemm_packed_b_size`` (the packed weights it reads).
 """
 

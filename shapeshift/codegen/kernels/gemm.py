@@ -35,6 +35,13 @@ float alpha, const float* bias, float beta, int64_t rs_bias, int64_t cs_bias, in
     ``ss_gemm`` with B given by ``ss_gemm_pack_b(K, N, ...)`` of the same schedule, the
     same B for every batch.
 
+``void ss_gemm_add(<ss_gemm's arguments>, const float* D)`` and
+``void ss_gemm_prepacked_add(<ss_gemm_prepacked's arguments>, const float* D)``
+    The same with an addend: ``C[m,n] = act(alpha * sum_k A[m,k] * B[k,n] + beta * bias[m,n]
+    + D[m,n])``, D(m,n) at ``D[i0*sc0 + i1*sc1 + m*ldc + n]`` (laid out as C, which it must
+    not overlap; NULL: none). A convolution's residual (kernels/conv.py): added in the
+    epilogue, in registers for full tiles, while the tile is in cache.
+
 Prepacked layout (a function of the schedule's ``nr`` and ``kc``): let
 ``Np = ceil(N / nr) * nr``. K is cut into blocks of ``kc`` rows; block ``k0`` (a multiple
 of kc) holds ``kb = min(kc, K - k0)`` rows and starts at ``k0 * Np``. Inside it, column
@@ -55,7 +62,7 @@ read from the prepacked B), mc rows of A packed into mr-row micro-panels, both
 zero-padded to full panels so the mr x nr micro-kernel never checks bounds; edge tiles go
 through a local tile of which only the valid part is stored, computed by a kernel of their
 own size (valid rows, columns rounded up to a vector), not the full mr x nr one. Full tiles apply the
-epilogue (alpha, bias, relu) in registers after their last K block; edge tiles, and a
+epilogue (alpha, bias, addend, relu) in registers after their last K block; edge tiles, and a
 bias whose column stride is neither 0 nor 1, get it from a separate pass over the tile
 while it is in L1. Row-major A and column-major B are packed through 8x8 transposes.
 

@@ -25,14 +25,17 @@ typedef struct {
     const float* packed_b; /* NULL unless B is prepacked */
     float* C; int64_t sc0, sc1, ldc;
     float alpha; const float* bias; float beta; int64_t rs_bias, cs_bias; int act;
+    const float* D; /* NULL, or an addend laid out as C (batch strides sc0, sc1, row stride ldc) */
 } ss_gemm_problem;
 
 /* The epilogue of one full tile, applied in registers before the store: act(alpha * acc +
-   beta * bias), bias (NULL: none) at the tile's origin, a row every rs_bias floats, per
-   column (bias_cols) or one value per row. */
+   beta * bias + add), bias (NULL: none) at the tile's origin, a row every rs_bias floats, per
+   column (bias_cols) or one value per row; add (NULL: none) the addend at the tile's
+   origin, its rows ldc apart as the tile's own. */
 typedef struct {
     float alpha, beta;
     const float* bias; int64_t rs_bias; int bias_cols;
+    const float* add;
     int relu;
 } ss_gemm_epi;
 
@@ -182,9 +185,10 @@ static void ss_gemm_pack_b_block(int64_t kc, int64_t nc, const float* b, int64_t
     }
 }
 
-/* c (mv x nv at row stride ldc) = act(alpha * c + beta * bias) for the rows m0.. and columns n0.. of C. */
+/* c (mv x nv at row stride ldc) = act(alpha * c + beta * bias + d) for the rows m0.. and
+   columns n0.. of C; d: NULL, or the addend at c's place (row stride ldc too). */
 static void ss_gemm_epilogue(float* c, int64_t ldc, int64_t mv, int64_t nv, const ss_gemm_problem* P,
-                             int64_t m0, int64_t n0)
+                             int64_t m0, int64_t n0, const float* d)
 {
     const float alpha = P->alpha, beta = P->beta;
     for (int64_t i = 0; i < mv; ++i) {
@@ -202,6 +206,8 @@ static void ss_gemm_epilogue(float* c, int64_t ldc, int64_t mv, int64_t nv, cons
                 for (int64_t j = 0; j < nv; ++j) row[j] = alpha * row[j] + beta * br[j * P->cs_bias];
             }
         }
+        if (d)
+            for (int64_t j = 0; j < nv; ++j) row[j] += d[i * ldc + j];
         if (P->act == 1)
             for (int64_t j = 0; j < nv; ++j) row[j] = row[j] < 0.0f ? 0.0f : row[j];  /* NaN stays NaN */
     }
@@ -209,7 +215,7 @@ static void ss_gemm_epilogue(float* c, int64_t ldc, int64_t mv, int64_t nv, cons
 
 static inline int ss_gemm_needs_epilogue(const ss_gemm_problem* P)
 {
-    return P->alpha != 1.0f || P->bias != NULL || P->act != 0;
+    return P->alpha != 1.0f || P->bias != NULL || P->act != 0 || P->D != NULL;
 }
 
 /* Copy (or add, when acc) the mv x nv valid part of a local tile into c. */
@@ -241,6 +247,7 @@ static inline void ss_gemm_ukernel(int64_t kc, const float* restrict a, const fl
             if (e) {
                 v *= e->alpha;
                 if (e->bias) v += e->beta * e->bias[i * e->rs_bias + (e->bias_cols ? j : 0)];
+                if (e->add) v += e->add[i * ldc + j];
                 if (e->relu) v = v < 0.0f ? 0.0f : v;  /* NaN stays NaN */
             }
             c[i * ldc + j] = v;
@@ -269,35 +276,39 @@ TILE_LOOPS = {
 # Private: the block loops, both paths, the plan and the parallel split; @TILE_LOOPS@ is
 # one of TILE_LOOPS.
 DRIVER = r"""
-/* Every tile of an mc x nc block: packed A (mc x kc) times packed B (kc x nc) into c. */
+/* Every tile of an mc x nc block: packed A (mc x kc) times packed B (kc x nc) into c (d:
+   the addend at c's place, or NULL). */
 static void ss_gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float* pa, const float* pb,
-                          float* c, int64_t ldc, int acc, int last, const ss_gemm_problem* P, int64_t m0, int64_t n0)
+                          float* c, int64_t ldc, int acc, int last, const ss_gemm_problem* P, int64_t m0, int64_t n0,
+                          const float* d)
 {
     float tile[SS_GEMM_MR * SS_GEMM_NR];
     const int epilogue = last && ss_gemm_needs_epilogue(P);
     /* Full tiles take the epilogue in registers (no reload of a C tile whose store may still
        be waiting for its cache line), unless the bias has a column stride other than 0 or 1. */
     const int in_kernel = epilogue && (!P->bias || P->cs_bias == 0 || P->cs_bias == 1);
-    ss_gemm_epi e = {P->alpha, P->beta, NULL, P->rs_bias, P->cs_bias == 1, P->act == 1};
+    ss_gemm_epi e = {P->alpha, P->beta, NULL, P->rs_bias, P->cs_bias == 1, NULL, P->act == 1};
 @TILE_LOOPS@
             const int64_t nv = ss_gemm_min(SS_GEMM_NR, nc - jr);
             const int64_t mv = ss_gemm_min(SS_GEMM_MR, mc - ir);
             float* ct = c + ir * ldc + jr;
+            const float* dt = d ? d + ir * ldc + jr : NULL;
             if (mv == SS_GEMM_MR && nv == SS_GEMM_NR) {
                 if (in_kernel && P->bias) e.bias = P->bias + (m0 + ir) * P->rs_bias + (n0 + jr) * P->cs_bias;
+                e.add = dt;
                 ss_gemm_ukernel(kc, pa + ir * kc, pb + jr * kc, ct, ldc, acc, in_kernel ? &e : NULL);
-                if (epilogue && !in_kernel) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr);
+                if (epilogue && !in_kernel) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr, dt);
             } else {
                 ss_gemm_edge_tile(mv, nv, kc, pa + ir * kc, pb + jr * kc, tile);
                 ss_gemm_store_tile(tile, SS_GEMM_NR, ct, ldc, mv, nv, acc);
-                if (epilogue) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr);
+                if (epilogue) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr, dt);
             }
         }
     }
 }
 
-/* Rows [m_lo, m_hi) x columns [n_lo, n_hi) of one batch, n_lo a multiple of NR. */
-static void ss_gemm_block_item(const ss_gemm_problem* P, const float* A, const float* B, float* C,
+/* Rows [m_lo, m_hi) x columns [n_lo, n_hi) of one batch (D: its addend, or NULL), n_lo a multiple of NR. */
+static void ss_gemm_block_item(const ss_gemm_problem* P, const float* A, const float* B, float* C, const float* D,
                                int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, float* abuf, float* bbuf)
 {
     const int64_t K = P->K, padded_n = ss_gemm_cdiv(P->N, SS_GEMM_NR) * SS_GEMM_NR;
@@ -315,7 +326,8 @@ static void ss_gemm_block_item(const ss_gemm_problem* P, const float* A, const f
             for (int64_t ic = m_lo; ic < m_hi; ic += SS_GEMM_MC) {
                 const int64_t mc = ss_gemm_min(SS_GEMM_MC, m_hi - ic);
                 ss_gemm_pack_a(mc, kc, A + ic * P->rsa + pc * P->csa, P->rsa, P->csa, abuf);
-                ss_gemm_macro(mc, nc, kc, abuf, pb, C + ic * P->ldc + jc, P->ldc, pc > 0, pc + kc >= K, P, ic, jc);
+                ss_gemm_macro(mc, nc, kc, abuf, pb, C + ic * P->ldc + jc, P->ldc, pc > 0, pc + kc >= K, P, ic, jc,
+                              D ? D + ic * P->ldc + jc : NULL);
             }
         }
     }
@@ -377,9 +389,9 @@ static inline int ss_gemm_small_in_place(const ss_gemm_problem* P)
     return !P->packed_b && P->csb == 1 && P->N >= SS_GEMM_NR;
 }
 
-/* All M (<= SS_GEMM_SMALL_M) rows x columns [n_lo, n_hi) of one batch: B is read once, A in
-   place (no packing: at this M the time goes into reading B). */
-static void ss_gemm_small_item(const ss_gemm_problem* P, const float* A, const float* B, float* C,
+/* All M (<= SS_GEMM_SMALL_M) rows x columns [n_lo, n_hi) of one batch (D: its addend, or
+   NULL): B is read once, A in place (no packing: at this M the time goes into reading B). */
+static void ss_gemm_small_item(const ss_gemm_problem* P, const float* A, const float* B, float* C, const float* D,
                                int64_t n_lo, int64_t n_hi, float* bbuf)
 {
     /* The one partial panel (the last of N) accumulates here across K blocks. */
@@ -388,7 +400,8 @@ static void ss_gemm_small_item(const ss_gemm_problem* P, const float* A, const f
     else ss_gemm_small_packed(P, A, B, C, n_lo, n_hi, bbuf, edge);
     const int64_t n_edge = (n_hi - n_lo) % SS_GEMM_NR;
     if (n_edge) ss_gemm_store_tile(edge, SS_GEMM_NR, C + n_hi - n_edge, P->ldc, P->M, n_edge, 0);
-    if (ss_gemm_needs_epilogue(P)) ss_gemm_epilogue(C + n_lo, P->ldc, P->M, n_hi - n_lo, P, 0, n_lo);
+    if (ss_gemm_needs_epilogue(P))
+        ss_gemm_epilogue(C + n_lo, P->ldc, P->M, n_hi - n_lo, P, 0, n_lo, D ? D + n_lo : NULL);
 }
 
 /* Items [lo, hi) of the plan; scratch is allocated once here, per thread. */
@@ -417,8 +430,9 @@ static void ss_gemm_items(const ss_gemm_problem* P, const ss_gemm_plan* plan, in
         const float* A = P->A + i0 * P->sa0 + i1 * P->sa1;
         const float* B = P->B ? P->B + i0 * P->sb0 + i1 * P->sb1 : NULL;
         float* C = P->C + i0 * P->sc0 + i1 * P->sc1;
-        if (plan->small) ss_gemm_small_item(P, A, B, C, n_lo, n_hi, bbuf);
-        else ss_gemm_block_item(P, A, B, C, m_lo, m_hi, n_lo, n_hi, abuf, bbuf);
+        const float* D = P->D ? P->D + i0 * P->sc0 + i1 * P->sc1 : NULL;
+        if (plan->small) ss_gemm_small_item(P, A, B, C, D, n_lo, n_hi, bbuf);
+        else ss_gemm_block_item(P, A, B, C, D, m_lo, m_hi, n_lo, n_hi, abuf, bbuf);
     }
     free(abuf);
     free(bbuf);
@@ -447,14 +461,14 @@ static ss_gemm_plan ss_gemm_make_plan(const ss_gemm_problem* P, int64_t threads)
     return plan;
 }
 
-/* K == 0: C = act(beta * bias), or 0. */
+/* K == 0: C = act(beta * bias + D), or 0 (then D). */
 static void ss_gemm_no_k(const ss_gemm_problem* P)
 {
     for (int64_t i0 = 0; i0 < P->batch0; ++i0)
         for (int64_t i1 = 0; i1 < P->batch1; ++i1) {
             float* C = P->C + i0 * P->sc0 + i1 * P->sc1;
             for (int64_t m = 0; m < P->M; ++m) memset(C + m * P->ldc, 0, (size_t)P->N * sizeof(float));
-            ss_gemm_epilogue(C, P->ldc, P->M, P->N, P, 0, 0);
+            ss_gemm_epilogue(C, P->ldc, P->M, P->N, P, 0, 0, P->D ? P->D + i0 * P->sc0 + i1 * P->sc1 : NULL);
         }
 }
 
@@ -487,7 +501,12 @@ ENTRIES = (
     Function("void", "ss_gemm", (*_PROBLEM_PARAMS, "const float* B", "int64_t sb0", "int64_t sb1", "int64_t rsb",
                                  "int64_t csb", *_OUTPUT_PARAMS), """
     const ss_gemm_problem P = {M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, B, sb0, sb1, rsb, csb, NULL,
-                               C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act};
+                               C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act, NULL};
+    ss_gemm_run(&P);"""),
+    Function("void", "ss_gemm_add", (*_PROBLEM_PARAMS, "const float* B", "int64_t sb0", "int64_t sb1",
+                                     "int64_t rsb", "int64_t csb", *_OUTPUT_PARAMS, "const float* D"), """
+    const ss_gemm_problem P = {M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, B, sb0, sb1, rsb, csb, NULL,
+                               C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act, D};
     ss_gemm_run(&P);"""),
     Function("int64_t", "ss_gemm_packed_b_size", ("int64_t K", "int64_t N"), """
     if (K <= 0 || N <= 0) return 0;
@@ -500,6 +519,11 @@ ENTRIES = (
         ss_gemm_pack_b_block(ss_gemm_min(SS_GEMM_KC, K - pc), N, B + pc * rsb, rsb, csb, packed + pc * padded_n);"""),
     Function("void", "ss_gemm_prepacked", (*_PROBLEM_PARAMS, "const float* packed_b", *_OUTPUT_PARAMS), """
     const ss_gemm_problem P = {M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, NULL, 0, 0, 0, 0, packed_b,
-                               C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act};
+                               C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act, NULL};
+    ss_gemm_run(&P);"""),
+    Function("void", "ss_gemm_prepacked_add", (*_PROBLEM_PARAMS, "const float* packed_b", *_OUTPUT_PARAMS,
+                                               "const float* D"), """
+    const ss_gemm_problem P = {M, N, K, batch0, batch1, A, sa0, sa1, rsa, csa, NULL, 0, 0, 0, 0, packed_b,
+                               C, sc0, sc1, ldc, alpha, bias, beta, rs_bias, cs_bias, act, D};
     ss_gemm_run(&P);"""),
 )

@@ -73,6 +73,14 @@ def full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
         # when acc) otherwise wait on lines that left the caches since the last K block.
         w.lines(f"_mm_prefetch((const char*)(c + {i} * ldc + {line}), _MM_HINT_T0);"
                 for i in range(s.mr) for line in range(0, s.nr, 16))
+        # The addend's lines (a conv's residual, rows a plane apart, from L3 or DRAM) of the
+        # tile after this one in the block's tile order: they arrive while this tile's k loop
+        # runs. Without it a 64->256 1x1 conv on 56x56 with its residual took 1.42-1.91 ms
+        # against 1.07 for the conv alone, with it 1.17-1.55 (1 thread, AMD Zen 4, noisy).
+        with w.block("if (e && e->add)"):
+            ahead = "ldc * SS_GEMM_MR" if s.a_in_l1 == 0 else "SS_GEMM_NR"
+            w.lines(f"_mm_prefetch((const char*)(e->add + {ahead} + {i} * ldc + {line}), _MM_HINT_T0);"
+                    for i in range(s.mr) for line in range(0, s.nr, 16))
     tile_loop(w, s, s.mr, vectors, lanes)
     with w.block("if (acc)"):
         w.lines(f"{acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(c + {i} * ldc + {lanes * j}));"
@@ -90,6 +98,10 @@ def full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
                     w.line(f"av = _mm512_set1_ps(e->bias[{i} * e->rs_bias]);" if wide
                            else f"av = _mm256_broadcast_ss(e->bias + {i} * e->rs_bias);")
                     w.lines(f"{acc[i][j]} = {mm}_fmadd_ps(vb, av, {acc[i][j]});" for j in range(vectors))
+        with w.block("if (e->add)"):
+            # The addend (a conv's residual) laid out as c: read while the tile is in registers.
+            w.lines(f"{acc[i][j]} = {mm}_add_ps({acc[i][j]}, {mm}_loadu_ps(e->add + {i} * ldc + {lanes * j}));"
+                    for i, j in cells)
         with w.block("if (e->relu)"):
             w.line(f"const {v} zero = {mm}_setzero_ps();")
             # max_ps returns its second operand where either is NaN: NaN stays NaN, as in ONNX's Relu.

@@ -3,7 +3,9 @@
 Each is one kernel call (kernels/normalize.py, conv.py, resize.py);
 this module only turns ONNX attributes into the kernels' arguments. Conv absorbs the
 activation after it (Relu, Sigmoid, or SiLU written as ``x * Sigmoid(x)``), so YOLO-style
-blocks do not take an extra pass over their output.
+blocks do not take an extra pass over their output, and then a residual ``Add`` of a
+tensor of its output's shape with the activation after that (ResNet's Conv -> Add -> Relu,
+YOLO's Conv -> SiLU -> Add), which ``ss_conv2d_residual`` adds in its store.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Optional, Sequence
 from ...ir.graph import Node, Value
 from ...ir.types import FLOAT
 from ...ops.common import product
-from ...symbolic import Dim
+from ...symbolic import Dim, prove_eq
 from ..kernels.conv import small_plane_ok
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
@@ -212,6 +214,38 @@ def _conv_activation(ctx: LowerContext, out: Value) -> tuple[list[Node], int]:
     return [], 0
 
 
+def _conv_residual(ctx: LowerContext, y: Value, cur: Value) -> tuple[Optional[Value], list[Node], int]:
+    """``Add(cur, other)`` after a conv whose output is ``y`` (``cur``: y, or its absorbed
+    activation's output), then the activation after the Add, to fold into the conv's store
+    as ``res_act(act(conv) + other)``: (other, the nodes, res_act), or (None, [], 0).
+
+    ``other`` must be a float32 tensor of y's very shape (no broadcast: the kernels read it
+    as laid out as y), not ``cur`` itself, and exist before the conv's step runs (the step
+    runs where the conv is; an Add of two convs' outputs fuses into the later conv). ``cur``
+    must be read by the Add alone and not be a graph output, since it is never stored."""
+    none: tuple[Optional[Value], list[Node], int] = (None, [], 0)
+    if not ctx.single_use(cur):
+        return none
+    add = cur.users[0][0]
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2 or add.outputs[0] is None:
+        return none
+    other = add.inputs[1] if add.inputs[0] is cur else add.inputs[0]
+    if other is None or other is cur or not ctx.defined_before(other):
+        return none
+    try:
+        shape = ctx.shape(y)
+        if ctx.dtype(other) != FLOAT or not all(_same_shape(ctx.shape(v), shape) for v in (other, add.outputs[0])):
+            return none
+    except Unsupported:  # an operand of unknown rank: the Add runs on its own
+        return none
+    nodes, res_act = _conv_activation(ctx, add.outputs[0])
+    return other, [add, *nodes], res_act
+
+
+def _same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    return len(a) == len(b) and all(prove_eq(x, y) for x, y in zip(a, b))
+
+
 @lowers("Conv")
 def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     _float_only(ctx, node)
@@ -225,6 +259,8 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     group = int(node.attrs.get("group", 1))
     in_shape = ctx.shape(x)
     absorbed, act = _conv_activation(ctx, y)
+    residual, added, res_act = _conv_residual(ctx, y, absorbed[-1].outputs[0] if absorbed else y)
+    absorbed += added
     out = absorbed[-1].outputs[0] if absorbed else y
     n, c, m = ctx.dim(in_shape[0]), ctx.dim(in_shape[1]), str(w_shape[0])
     h, wd, oh, ow = (ctx.dim(d) for d in (*hw, *ohw))
@@ -239,13 +275,18 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
                                ohw, act)
     if tuned is not None:
         # A tuned conv dispatcher (tune/records.py): its kernels read the weights in their
-        # own packed layout, whatever the plane (each picks its path per call).
+        # own packed layout, whatever the plane (each picks its path per call). It has
+        # ss_conv2d_residual's twin too (tune/dispatch.py), so a fused residual keeps it:
+        # the residual changes no path's choice, only what the store adds.
         slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, tuned.name)
         fn, packed = f"{tuned.name}conv2d", f"(const float*)v[{slot}]"
     else:
         fn, packed = "ss_conv2d", _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
+    tail = ""
+    if residual is not None:
+        fn, tail = f"{fn}_residual", f", {ctx.ptr(residual)}, {res_act}"
     code = (f"{fn}({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, {act}, "
-            f"(float*)WORK, {packed});")
+            f"(float*)WORK, {packed}{tail});")
     work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
     return Lowered(code, fragments=("conv",), absorbed=tuple(absorbed), work_bytes=work)
 
@@ -339,8 +380,6 @@ def lower_resize(node: Node, ctx: LowerContext, opset: int) -> Lowered:
 
 
 def _same_dim(a: Dim, b: Dim) -> bool:
-    from ...symbolic import prove_eq
-
     return prove_eq(a, b)
 
 
