@@ -31,6 +31,7 @@ from typing import Optional
 
 from ..symbolic import bounds, is_dim
 from .conv_family import CONV
+from .task import InstanceValues
 
 # The tree's variables: the arguments of the conv dispatcher's choice function, in order.
 DIMS = ("N", "C", "M", "H", "W")
@@ -49,7 +50,7 @@ def output(cls: Class, inst: Instance) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class ConvWorkload:
+class ConvWorkload(InstanceValues):
     conv_class: Class
     instances: tuple[Instance, ...]  # sorted, distinct
     # Measured as in a model, caches flushed before every call (the worker's
@@ -59,8 +60,6 @@ class ConvWorkload:
     cold: bool = False
 
     family = CONV
-    variable = "instance"
-    ordered = False
     shares_layout = True  # the weights are packed once, in the kernels' one layout
     tree_args = DIMS
     instance_fields = "(N, C, H, W, M, ph, pw, act)"  # what ``instance(value)`` holds
@@ -83,14 +82,6 @@ class ConvWorkload:
     def of(cls, conv_class, instances, cold: bool = False) -> "ConvWorkload":
         return cls(tuple(int(v) for v in conv_class), tuple(sorted({tuple(int(v) for v in i) for i in instances})),
                    cold)
-
-    @property
-    def lo(self) -> int:
-        return 1
-
-    @property
-    def hi(self) -> int:
-        return len(self.instances)
 
     @property
     def class_key(self) -> str:
@@ -152,13 +143,6 @@ class ConvWorkload:
         shapes = ", ".join(f"{c}->{m} on {h}x{w}" for _, c, h, w, m, _, _, _ in self.instances[:4])
         return (f"conv {kh}x{kw} stride {sh}x{sw} dilation {dh}x{dw}, {len(self.instances)} instance(s): {shapes}"
                 + (", ..." if len(self.instances) > 4 else ""))
-
-    def sampled_ms(self, count: int = 0) -> list[int]:
-        return list(range(1, self.hi + 1))
-
-    def weighted_samples(self, weights: dict[int, float], count: int = 0) -> tuple[list[int], list[float]]:
-        values = self.sampled_ms()
-        return values, [float(weights.get(v, 1.0)) for v in values]
 
 
 def _static(d):

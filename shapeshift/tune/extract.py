@@ -117,8 +117,37 @@ class BatchedTask:
         return self.calls * self.workload_.range_flops()
 
 
+class _InstanceTask:
+    """A model's task over instances (its workload's values 1..N, tune/task.py's
+    InstanceValues), each weighing its calls per run: ``instances`` maps instance -> calls,
+    ``workload(cold)`` makes the task."""
+
+    instances: dict
+
+    @property
+    def lo(self) -> int:
+        return 1
+
+    @property
+    def hi(self) -> int:
+        return len(self.instances)
+
+    def sample_weights(self) -> tuple[list[int], list[float]]:
+        """Every instance and its calls per run (what the kernel set is chosen by)."""
+        w = self.workload()
+        return w.sampled_ms(), [self.instances[w.instance(v)] for v in w.sampled_ms()]
+
+    def weighted_ms(self, symbol: str, histogram: Mapping[int, float],
+                    fixed: Optional[Mapping[str, int]] = None) -> dict[int, float]:
+        return {}  # the instances' own weights (``sample_weights``) serve
+
+    def range_flops(self) -> float:
+        w = self.workload()
+        return float(sum(w.flops(v) * self.instances[w.instance(v)] for v in w.sampled_ms()))
+
+
 @dataclass
-class GroupTask:
+class GroupTask(_InstanceTask):
     """Every dense GEMM of the model as one task (tune/gemm_group.py): an instance per
     (M, K, N) a call makes, weighted by its calls per run; a call whose M is dynamic gives an
     instance at each of ``samples`` values of its range."""
@@ -132,14 +161,6 @@ class GroupTask:
         return len(self.nodes)
 
     @property
-    def lo(self) -> int:
-        return 1
-
-    @property
-    def hi(self) -> int:
-        return len(self.instances)
-
-    @property
     def label(self) -> str:
         weights = {(k, n) for _, k, n in self.instances}
         return f"group: {len(weights)} weight shape(s), {len(self.instances)} instance(s)"
@@ -148,17 +169,6 @@ class GroupTask:
         """Cold by default, as a weight shape's task."""
         return GemmGroupWorkload.of(self.instances, cold)
 
-    def sample_weights(self) -> tuple[list[int], list[float]]:
-        """Every instance and its calls per run (what the kernel set is chosen by)."""
-        w = self.workload()
-        return w.sampled_ms(), [self.instances[w.instance(v)] for v in w.sampled_ms()]
-
-    def weighted_ms(self, symbol: str, histogram: Mapping[int, float],
-                    fixed: Optional[Mapping[str, int]] = None) -> dict[int, float]:
-        return {}  # the group's own weights (``sample_weights``) serve
-
-    def range_flops(self) -> float:
-        return float(sum(2.0 * m * k * n * calls for (m, k, n), calls in self.instances.items()))
 
 
 def group_task(tasks: list[ModelTask], samples: int = DEFAULT_SAMPLES) -> Optional[GroupTask]:
@@ -194,7 +204,7 @@ def _sampled_rows(m: Dim, samples: int) -> list[int]:
 
 
 @dataclass
-class ConvTask:
+class ConvTask(_InstanceTask):
     """Convs of one class (tune/conv_workload.py) as one task: every instance of the class
     in the model (grouped), or one instance alone; the calls per run of each."""
 
@@ -204,14 +214,6 @@ class ConvTask:
     @property
     def calls(self) -> int:
         return int(sum(self.instances.values()))
-
-    @property
-    def lo(self) -> int:
-        return 1
-
-    @property
-    def hi(self) -> int:
-        return len(self.instances)
 
     @property
     def symbols(self) -> set[str]:
@@ -234,17 +236,6 @@ class ConvTask:
         """Cold by default: each call after a flush of the caches, as in a model."""
         return ConvWorkload.of(self.conv_class, self.instances, cold)
 
-    def sample_weights(self) -> tuple[list[int], list[float]]:
-        w = self.workload()
-        return w.sampled_ms(), [self.instances[w.instance(v)] for v in w.sampled_ms()]
-
-    def weighted_ms(self, symbol: str, histogram: Mapping[int, float],
-                    fixed: Optional[Mapping[str, int]] = None) -> dict[int, float]:
-        return {}
-
-    def range_flops(self) -> float:
-        w = self.workload()
-        return float(sum(w.flops(v) * self.instances[w.instance(v)] for v in w.sampled_ms()))
 
 
 def conv_tasks(calls: list[tuple], group: bool = True) -> list[ConvTask]:

@@ -24,21 +24,20 @@ import hashlib
 from dataclasses import dataclass
 
 from .gemm_family import GEMM
+from .task import InstanceValues
 
 # The tree's variables: the arguments of the dispatcher's choice function, in this order.
 DIMS = ("M", "N", "K")
 
 
 @dataclass(frozen=True)
-class GemmGroupWorkload:
+class GemmGroupWorkload(InstanceValues):
     """Dense GEMMs C[M,N] = A[M,K] x B[K,N] with a constant B, one per instance (M, K, N)."""
 
     instances: tuple[tuple[int, int, int], ...]  # (M, K, N), sorted, distinct
     cold: bool = False
 
     family = GEMM
-    variable = "instance"
-    ordered = False  # value i is instance i: no order between neighbouring values (module docstring)
     shares_layout = True  # every weight of the group is packed once, in the kernels' one layout
     tree_args = DIMS
     instance_fields = "(M, K, N)"  # what ``instance(value)`` holds, for printing
@@ -55,14 +54,6 @@ class GemmGroupWorkload:
     @classmethod
     def of(cls, instances, cold: bool = False) -> "GemmGroupWorkload":
         return cls(tuple(sorted({(int(m), int(k), int(n)) for m, k, n in instances})), cold)
-
-    @property
-    def lo(self) -> int:
-        return 1
-
-    @property
-    def hi(self) -> int:
-        return len(self.instances)
 
     @property
     def key(self) -> str:
@@ -118,11 +109,3 @@ class GemmGroupWorkload:
         return (f"{len(self.instances)} dense GEMM instance(s) as one task ({weights}), (M, K, N) in "
                 f"{', '.join(f'({m}, {k}, {n})' for m, k, n in self.instances[:4])}"
                 + (", ..." if len(self.instances) > 4 else ""))
-
-    def sampled_ms(self, count: int = 0) -> list[int]:
-        """Every instance: a group's samples are its instances."""
-        return list(range(1, self.hi + 1))
-
-    def weighted_samples(self, weights: dict[int, float], count: int = 0) -> tuple[list[int], list[float]]:
-        values = self.sampled_ms()
-        return values, [float(weights.get(v, 1.0)) for v in values]

@@ -98,6 +98,30 @@ class TuningTask(Protocol):
                          ) -> tuple[list[int], list[float]]: ...
 
 
+class InstanceValues:
+    """The values 1..N of an unordered task naming its N ``instances`` (tune/gemm_group.py's
+    group, tune/conv_workload.py's conv class): every instance is a sample."""
+
+    instances: tuple
+    variable = "instance"
+    ordered = False
+
+    @property
+    def lo(self) -> int:
+        return 1
+
+    @property
+    def hi(self) -> int:
+        return len(self.instances)
+
+    def sampled_ms(self, count: int = 0) -> list[int]:
+        return list(range(1, self.hi + 1))
+
+    def weighted_samples(self, weights: dict[int, float], count: int = 0) -> tuple[list[int], list[float]]:
+        values = self.sampled_ms()
+        return values, [float(weights.get(v, 1.0)) for v in values]
+
+
 _FAMILIES: dict[str, KernelFamily] = {}
 
 
