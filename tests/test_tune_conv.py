@@ -41,6 +41,16 @@ from .codegen.test_kernels_conv import F32P, I64, apply_act, run_ort
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("sklearn")
 
+
+
+@pytest.fixture(autouse=True)
+def _direct_convs(monkeypatch):
+    # These tests tune the direct conv kernels; with Winograd on, the lowering sends 3 x 3
+    # stride-1 convs of 16+ channels to it instead (kernels/conv_wino.py), and the tuner
+    # leaves them alone (tests/test_conv_wino.py checks that).
+    monkeypatch.setenv("SHAPESHIFT_WINOGRAD", "off")
+
+
 FAST = RunnerConfig(repeats=1, sample_s=0.0005, timeout_s=60)
 # Three schedules of one weight layout (nr 16, kc 256): the default GEMM tile and others,
 # each sending some planes down other paths than the default's.

@@ -17,6 +17,7 @@ from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim, prove_eq
 from ..kernels.conv import small_plane_ok
+from ..kernels.conv_wino import winograd_wanted
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .layout import param_values
@@ -269,6 +270,16 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
             f"{dilations[0]}, {dilations[1]}, {group}")
     weights = ctx.const(w)
     tuned = None
+    if weights is not None and winograd_wanted(kernel, strides, dilations, group, in_shape[1], w_shape[0], ohw):
+        # Winograd F(4x4, 3x3) (kernels/conv_wino.py): a quarter of the multiply-adds; its
+        # weights transformed and packed once at load. Not a tuning task: no schedule of the
+        # direct kernels comes near it where it runs.
+        slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, "ss_conv_wino_")
+        res = f"{ctx.ptr(residual)}, {res_act}" if residual is not None else "NULL, 0"
+        code = (f"ss_conv2d_wino({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, "
+                f"{act}, (float*)WORK, (const float*)v[{slot}], {res});")
+        work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
+        return Lowered(code, fragments=("conv", "conv_wino"), absorbed=tuple(absorbed), work_bytes=work)
     if weights is not None and group == 1:
         static_pads = [int(p) if p.isdigit() else p for p in pads]
         tuned = ctx.tuned_conv(kernel, strides, dilations, static_pads, [in_shape[0], in_shape[1], *hw, w_shape[0]],

@@ -1,0 +1,407 @@
+"""Winograd F(4x4, 3x3): dense 3 x 3, stride-1 convolutions in a quarter of the
+multiply-adds (NCHW float32).
+
+A direct or implicit-GEMM 3 x 3 conv spends 9 * C multiply-adds on each output value.
+Winograd's minimal filtering (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+Networks", 2015) computes a 4 x 4 tile of outputs from a 6 x 6 tile of inputs as
+
+    Y = A^T [ (G g G^T) (.) (B^T d B) ] A
+
+(``(.)`` elementwise), so a tile costs 36 * C multiply-adds per output channel instead of
+144 * C: 2.25 * C an output. Summed over the input channels, the elementwise products
+become 36 independent GEMMs, one per position xi of the 6 x 6 transformed tile:
+
+    Mo[xi] [tiles, M] = V[xi] [tiles, C] x U[xi] [C, M]
+
+with V the transformed input tiles and U the transformed weights. That is why ResNet-style
+nets are worth it: at 224 x 224 ResNet-50 has 1.5 of its 4.1 G multiply-adds in stride-1
+3 x 3 convs, which the direct kernels already run at 85-90% of the FMA peak.
+
+Layout, per image:
+
+1. The input is copied once into a zero-padded channels-last image ``xp [Hp, Wp, Cp]``
+   (Cp: C rounded up to the vector), so that a tile's 36 input values of a run of
+   channels are 36 contiguous vector loads (8 x 8 transposes on AVX2).
+2. Tiles (raster order over the output) are taken in blocks. For a block, the input
+   transform writes ``V [36, tb, Cp]`` (vectorized over channels: 12 one-dimensional
+   transforms of 6 vectors a tile), the 36 GEMMs (``ss_gemm_prepacked``, U packed once at
+   load by ``ss_conv_wino_pack_b``) write ``Mo [36, tb, Mp]``, and the output transform
+   reads it back (vectorized over output channels), adds the bias, applies the activation
+   and the residual, and stores each channel's 4 x 4 (or edge) tile into y.
+3. With enough blocks for every thread, each thread runs whole blocks (no barrier); else
+   the block's three phases are shared out (tiles, then the 36 GEMMs, then tiles).
+
+A block holds ``tb`` tiles, chosen so that V and Mo take about half of L2 (the GEMMs reread
+V's rows for every panel of U), at least two GEMM row tiles.
+
+Accuracy: the transforms use the points 0, +-1, +-2 (exact in float32 for B and A; G has
+1/6, 1/12, 1/24, computed in double at packing). The result differs from a direct sum in
+the last bits, by about 1e-6 of the outputs' scale per hundred channels (tests/test_conv_wino.py).
+
+Exported C::
+
+    int64_t ss_conv_wino_packed_b_size(int64_t K, int64_t N);
+    void ss_conv_wino_pack_b(int64_t K, int64_t N, const float* B, int64_t rsb, int64_t csb, float* packed);
+        /* B(k, n) = B[k * rsb + n * csb] is a 3 x 3 conv's weight as the GEMM's B,
+           [C * 9, M] (k = c * 9 + kh * 3 + kw): what the lowering packs for ss_conv2d.
+           packed: 36 of ss_gemm_pack_b's layouts of U[xi] [C, M]. */
+    void ss_conv2d_wino(<ss_conv2d_residual's arguments, wpacked from ss_conv_wino_pack_b>);
+        /* ss_conv2d_residual's result; a conv that is not 3 x 3, stride 1, dilation 1,
+           group 1, or whose scratch cannot be allocated, runs ss_conv2d_residual with the
+           weights unpacked. */
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+from ...target import Target
+from ..cwriter import Fragment, Function, Private, Shared, fill
+
+DEPENDS = ("gemm", "vmath", "conv")
+
+#: Multiply-adds below which a conv runs on one thread.
+PAR_MIN_MACS = 1 << 18
+#: ``$SHAPESHIFT_WINOGRAD``: "off" (0/off/false/no) keeps every conv on the direct kernels.
+ENV = "SHAPESHIFT_WINOGRAD"
+#: Input and output channels below which the transforms cost more than the GEMMs save.
+MIN_CHANNELS = 16
+#: Output planes (pixels) below which a conv stays direct: too few tiles for the GEMMs.
+MIN_PLANE = 64
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
+def winograd_wanted(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], group: int,
+                    channels, outputs: int, out_hw: Sequence) -> bool:
+    """Whether a Conv of constant weights runs ss_conv2d_wino: 3 x 3, stride 1, dilation 1,
+    group 1, with enough channels and (where the plane is known) a plane large enough."""
+    if not enabled() or list(kernel) != [3, 3] or list(strides) != [1, 1] or list(dilations) != [1, 1] or group != 1:
+        return False
+    if isinstance(channels, int) and channels < MIN_CHANNELS or outputs < MIN_CHANNELS:
+        return False
+    known = [d for d in out_hw if isinstance(d, int)]
+    return len(known) < 2 or known[0] * known[1] >= MIN_PLANE
+
+_TEMPLATE = r"""
+/* ---- Winograd F(4x4, 3x3) ---- */
+#if defined(__AVX512F__)
+#define SS_WINO_VL 16
+#elif defined(__AVX2__)
+#define SS_WINO_VL 8
+#else
+#define SS_WINO_VL 4
+#endif
+/* Floats of L2 a block's transformed tiles (V and Mo) may take. */
+#define SS_WINO_BLOCK_FLOATS @BLOCK_FLOATS@
+#define SS_WINO_PAR_MIN @PAR_MIN@
+
+/* GCC's vector types: one source for 4, 8 and 16 lanes; the transforms are adds and
+   multiplies by constants, which the compiler turns into the build's vector FMAs. */
+typedef float ss_wino_v __attribute__((vector_size(SS_WINO_VL * 4), may_alias));
+typedef float ss_wino_vu __attribute__((vector_size(SS_WINO_VL * 4), aligned(4), may_alias));
+#define SS_WINO_LD(p) (*(const ss_wino_vu*)(p))
+#define SS_WINO_ST(p, v) (*(ss_wino_vu*)(p) = (v))
+
+/* B^T d for 6 values (the input transform along one axis). */
+static inline __attribute__((always_inline)) void ss_wino_in6(
+    ss_wino_v d0, ss_wino_v d1, ss_wino_v d2, ss_wino_v d3, ss_wino_v d4, ss_wino_v d5, ss_wino_v* o)
+{
+    const ss_wino_v s = d4 - 4.0f * d2, t = d3 - 4.0f * d1;   /* shared by rows 1, 2 */
+    const ss_wino_v p = d4 - d2, q = 2.0f * (d3 - d1);          /* shared by rows 3, 4 */
+    o[0] = 4.0f * d0 - 5.0f * d2 + d4;
+    o[1] = s + t;
+    o[2] = s - t;
+    o[3] = p + q;
+    o[4] = p - q;
+    o[5] = 4.0f * d1 - 5.0f * d3 + d5;
+}
+
+/* A^T m for 6 values (the output transform along one axis): 4 values. */
+static inline __attribute__((always_inline)) void ss_wino_out6(
+    ss_wino_v m0, ss_wino_v m1, ss_wino_v m2, ss_wino_v m3, ss_wino_v m4, ss_wino_v m5, ss_wino_v* o)
+{
+    const ss_wino_v a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4;
+    o[0] = m0 + a + c;
+    o[1] = b + 2.0f * d;
+    o[2] = a + 4.0f * c;
+    o[3] = b + 8.0f * d + m5;
+}
+
+static inline ss_wino_v ss_wino_act(ss_wino_v v, int act)
+{
+    if (act == 0) return v;
+#if SS_WINO_VL == 16
+    return (ss_wino_v)ss_act16((__m512)v, act);
+#elif SS_WINO_VL == 8
+    return (ss_wino_v)ss_act8((__m256)v, act);
+#else
+    for (int l = 0; l < SS_WINO_VL; ++l) v[l] = ss_actf(v[l], act);
+    return v;
+#endif
+}
+
+typedef struct {
+    const float* x;      /* the image's [C, H, W] */
+    float* xp;           /* [Hp, Wp, Cp], zero-padded channels-last copy */
+    const float* U;      /* 36 packed [C, M] */
+    const float* biasp;  /* [Mp], 0 past M */
+    float* y;            /* the image's [M, OH, OW] */
+    const float* res;    /* NULL or laid out as y */
+    int64_t C, H, W, M, OH, OW, ph, pw, Cp, Mp, TW, T, Hp, Wp, tb, part;
+    int act, res_act;
+} ss_wino_job;
+
+/* Row r of xp from x: zeros outside the image, channels last. */
+static void ss_wino_stage_row(const ss_wino_job* J, int64_t r)
+{
+    const int64_t Cp = J->Cp, Wp = J->Wp, iy = r - J->ph, HW = J->H * J->W;
+    float* row = J->xp + r * Wp * Cp;
+    if (iy < 0 || iy >= J->H) {
+        memset(row, 0, (size_t)(Wp * Cp) * sizeof(float));
+        return;
+    }
+    /* Columns s whose input s - pw lies in the image: [s0, s1). */
+    int64_t s0 = J->pw < 0 ? 0 : J->pw, s1 = J->pw + J->W;
+    if (s1 > Wp) s1 = Wp;
+    if (s0 > s1) s0 = s1;
+    memset(row, 0, (size_t)(s0 * Cp) * sizeof(float));
+    memset(row + s1 * Cp, 0, (size_t)((Wp - s1) * Cp) * sizeof(float));
+    const float* src = J->x + iy * J->W - J->pw;
+    int64_t s = s0;
+#ifdef __AVX2__
+    /* 8 x 8 transposes write channels up to C8; Cp (a multiple of SS_WINO_VL) may be past it. */
+    const int64_t C8 = (J->C + 7) / 8 * 8;
+    for (; s + 8 <= s1; s += 8) {
+        for (int64_t c = 0; c < J->C; c += 8)
+            ss_gemm_transpose8(src + c * HW + s, HW, (int)(J->C - c < 8 ? J->C - c : 8), row + s * Cp + c, Cp);
+        if (Cp > C8)
+            for (int64_t u = s; u < s + 8; ++u) memset(row + u * Cp + C8, 0, (size_t)(Cp - C8) * sizeof(float));
+    }
+#endif
+    for (; s < s1; ++s) {
+        float* d = row + s * Cp;
+        for (int64_t c = 0; c < J->C; ++c) d[c] = src[c * HW + s];
+        for (int64_t c = J->C; c < Cp; ++c) d[c] = 0.0f;
+    }
+}
+
+/* V [36, tb, Cp] of tiles [t0, t1). */
+static void ss_wino_input(const ss_wino_job* J, int64_t t0, int64_t t1, float* V)
+{
+    const int64_t Cp = J->Cp, Wp = J->Wp, stride = J->tb * Cp;
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t ty = t / J->TW, tx = t % J->TW;
+        const float* base = J->xp + (4 * ty * Wp + 4 * tx) * Cp;
+        float* vt = V + (t - t0) * Cp;
+        for (int64_t c = 0; c < Cp; c += SS_WINO_VL) {
+            ss_wino_v w[6][6], o[6];
+            for (int i = 0; i < 6; ++i) {
+                const float* p = base + i * Wp * Cp + c;
+                ss_wino_in6(SS_WINO_LD(p), SS_WINO_LD(p + Cp), SS_WINO_LD(p + 2 * Cp), SS_WINO_LD(p + 3 * Cp),
+                            SS_WINO_LD(p + 4 * Cp), SS_WINO_LD(p + 5 * Cp), w[i]);
+            }
+            for (int b = 0; b < 6; ++b) {
+                ss_wino_in6(w[0][b], w[1][b], w[2][b], w[3][b], w[4][b], w[5][b], o);
+                for (int a = 0; a < 6; ++a) SS_WINO_ST(vt + (a * 6 + b) * stride + c, o[a]);
+            }
+        }
+    }
+}
+
+/* The 36 GEMMs of a block of n tiles, positions [x0, x1). */
+static void ss_wino_gemms(const ss_wino_job* J, int64_t n, const float* V, float* Mo, int x0, int x1)
+{
+    for (int xi = x0; xi < x1; ++xi)
+        ss_gemm_prepacked(n, J->M, J->C, 1, 1, V + xi * J->tb * J->Cp, 0, 0, J->Cp, 1, J->U + xi * J->part,
+                          Mo + xi * J->tb * J->Mp, 0, 0, J->Mp, 1.0f, NULL, 0.0f, 0, 0, 0);
+}
+
+/* y of tiles [t0, t1) from Mo [36, tb, Mp] (the block starts at tile b0). */
+static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t t1, const float* Mo)
+{
+    const int64_t Mp = J->Mp, stride = J->tb * Mp, P = J->OH * J->OW;
+    float ob[16 * SS_WINO_VL] __attribute__((aligned(64)));
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t ty = t / J->TW, tx = t % J->TW, oy = 4 * ty, ox = 4 * tx;
+        const int64_t rows = J->OH - oy < 4 ? J->OH - oy : 4, cols = J->OW - ox < 4 ? J->OW - ox : 4;
+        const float* mt = Mo + (t - b0) * Mp;
+        for (int64_t m = 0; m < Mp; m += SS_WINO_VL) {
+            ss_wino_v p[6][4], o[4];
+            for (int a = 0; a < 6; ++a) {
+                const float* q = mt + a * 6 * stride + m;
+                ss_wino_out6(SS_WINO_LD(q), SS_WINO_LD(q + stride), SS_WINO_LD(q + 2 * stride),
+                             SS_WINO_LD(q + 3 * stride), SS_WINO_LD(q + 4 * stride), SS_WINO_LD(q + 5 * stride), p[a]);
+            }
+            const ss_wino_v bv = SS_WINO_LD(J->biasp + m);
+            for (int j = 0; j < 4; ++j) {
+                ss_wino_out6(p[0][j], p[1][j], p[2][j], p[3][j], p[4][j], p[5][j], o);
+                for (int i = 0; i < 4; ++i) SS_WINO_ST(ob + (i * 4 + j) * SS_WINO_VL, ss_wino_act(o[i] + bv, J->act));
+            }
+            const int64_t lanes = J->M - m < SS_WINO_VL ? J->M - m : SS_WINO_VL;
+            for (int64_t l = 0; l < lanes; ++l) {
+                const int64_t off = (m + l) * P + oy * J->OW + ox;
+                float* yp = J->y + off;
+                if (J->res) {
+                    const float* rp = J->res + off;
+                    for (int64_t i = 0; i < rows; ++i)
+                        for (int64_t j = 0; j < cols; ++j)
+                            yp[i * J->OW + j] = ss_actf(ob[(i * 4 + j) * SS_WINO_VL + l] + rp[i * J->OW + j], J->res_act);
+                } else {
+                    for (int64_t i = 0; i < rows; ++i)
+                        for (int64_t j = 0; j < cols; ++j) yp[i * J->OW + j] = ob[(i * 4 + j) * SS_WINO_VL + l];
+                }
+            }
+        }
+    }
+}
+
+/* One image; scratch: per thread 36 * tb * (Cp + Mp) floats. Called inside a parallel
+   region by all of its threads. */
+static void ss_wino_image(const ss_wino_job* J, float* scratch)
+{
+    const int threads = omp_get_num_threads(), me = omp_get_thread_num();
+    /* The GEMMs run on the calling thread: this sets the ICV of this thread's task only. */
+    omp_set_num_threads(1);
+    float* V = scratch + (int64_t)me * 36 * J->tb * (J->Cp + J->Mp);
+    float* Mo = V + 36 * J->tb * J->Cp;
+    #pragma omp for schedule(static)
+    for (int64_t r = 0; r < J->Hp; ++r) ss_wino_stage_row(J, r);
+    const int64_t blocks = (J->T + J->tb - 1) / J->tb;
+    if (blocks >= 2 * threads || threads == 1) {
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t k = 0; k < blocks; ++k) {
+            const int64_t t0 = k * J->tb, t1 = t0 + J->tb < J->T ? t0 + J->tb : J->T;
+            ss_wino_input(J, t0, t1, V);
+            ss_wino_gemms(J, t1 - t0, V, Mo, 0, 36);
+            ss_wino_output(J, t0, t0, t1, Mo);
+        }
+        return;
+    }
+    /* Few blocks: every thread takes a share of each phase, on thread 0's buffers. */
+    float* V0 = scratch;
+    float* Mo0 = V0 + 36 * J->tb * J->Cp;
+    for (int64_t k = 0; k < blocks; ++k) {
+        const int64_t t0 = k * J->tb, t1 = t0 + J->tb < J->T ? t0 + J->tb : J->T, n = t1 - t0;
+        #pragma omp for schedule(static)
+        for (int64_t t = t0; t < t1; ++t) ss_wino_input(J, t, t + 1, V0 + (t - t0) * J->Cp);
+        #pragma omp for schedule(static)
+        for (int xi = 0; xi < 36; ++xi) ss_wino_gemms(J, n, V0, Mo0, xi, xi + 1);
+        #pragma omp for schedule(static)
+        for (int64_t t = t0; t < t1; ++t) ss_wino_output(J, t0, t, t + 1, Mo0);
+    }
+}
+
+static void* ss_wino_alloc(int64_t floats)
+{
+    return aligned_alloc(64, ((size_t)floats * sizeof(float) + 63) / 64 * 64);
+}
+
+static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, int64_t C, int64_t H, int64_t W,
+                       int64_t M, int64_t OH, int64_t OW, int64_t ph, int64_t pw, int act, const float* U,
+                       const float* res, int res_act)
+{
+    ss_wino_job J;
+    J.C = C; J.H = H; J.W = W; J.M = M; J.OH = OH; J.OW = OW; J.ph = ph; J.pw = pw;
+    J.act = act; J.res_act = res_act; J.U = U;
+    J.Cp = (C + SS_WINO_VL - 1) / SS_WINO_VL * SS_WINO_VL;
+    J.Mp = (M + SS_WINO_VL - 1) / SS_WINO_VL * SS_WINO_VL;
+    J.TW = (OW + 3) / 4;
+    J.T = J.TW * ((OH + 3) / 4);
+    J.Hp = 4 * ((OH + 3) / 4) + 2;
+    J.Wp = 4 * J.TW + 2;
+    J.part = ss_gemm_packed_b_size(C, M);
+    const double macs = 36.0 * (double)J.T * (double)N * (double)C * (double)M;
+    const int threads = macs >= SS_WINO_PAR_MIN ? omp_get_max_threads() : 1;
+    /* Tiles a block: V and Mo in about SS_WINO_BLOCK_FLOATS, whole GEMM row tiles, at
+       least two of them, no more than the image has, and a block for every thread. */
+    int64_t tb = SS_WINO_BLOCK_FLOATS / (36 * (J.Cp + J.Mp)) / SS_GEMM_MR * SS_GEMM_MR;
+    if (tb < 2 * SS_GEMM_MR) tb = 2 * SS_GEMM_MR;
+    const int64_t share = (J.T + threads - 1) / threads;
+    if (tb > share && threads > 1 && J.T > 2 * SS_GEMM_MR * threads) tb = (share + SS_GEMM_MR - 1) / SS_GEMM_MR * SS_GEMM_MR;
+    if (tb > J.T) tb = J.T;
+    J.tb = tb;
+    const int64_t per_thread = 36 * tb * (J.Cp + J.Mp);
+    float* xp = (float*)ss_wino_alloc(J.Hp * J.Wp * J.Cp + SS_WINO_VL);
+    float* scratch = (float*)ss_wino_alloc(per_thread * threads + J.Mp + SS_WINO_VL);
+    if (!xp || !scratch) {
+        free(xp);
+        free(scratch);
+        return 0;
+    }
+    float* biasp = scratch + per_thread * threads;
+    for (int64_t m = 0; m < J.Mp; ++m) biasp[m] = bias && m < M ? bias[m] : 0.0f;
+    J.xp = xp;
+    J.biasp = biasp;
+    #pragma omp parallel num_threads(threads) if(threads > 1)
+    for (int64_t n = 0; n < N; ++n) {
+        ss_wino_job Jn = J;
+        Jn.x = x + n * C * H * W;
+        Jn.y = y + n * M * OH * OW;
+        Jn.res = res ? res + n * M * OH * OW : NULL;
+        ss_wino_image(&Jn, scratch);
+        #pragma omp barrier
+    }
+    free(xp);
+    free(scratch);
+    return 1;
+}
+"""
+
+_CONV2D_PARAMS = ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
+                  "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
+                  "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", "int64_t group",
+                  "int act", "float* work", "const float* wpacked", "const float* res", "int res_act")
+
+_ENTRIES = (
+    Function("int64_t", "ss_conv_wino_packed_b_size", ("int64_t K", "int64_t N"), """
+    if (K <= 0 || N <= 0 || K % 9) return 0;
+    return 36 * ss_gemm_packed_b_size(K / 9, N);"""),
+    Function("void", "ss_conv_wino_pack_b", ("int64_t K", "int64_t N", "const float* B", "int64_t rsb",
+                                             "int64_t csb", "float* packed"), """
+    if (K <= 0 || N <= 0 || K % 9) return;
+    /* U = G g G^T per (c, n), written straight into ss_gemm_pack_b's layout of each U[xi]
+       (kernels/gemm.py): block k0 of SS_GEMM_KC rows at k0 * Np, panel q at q * NR * kb. */
+    static const double G[6][3] = {{0.25, 0.0, 0.0}, {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                   {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0.0, 0.0, 1.0}};
+    const int64_t C = K / 9, Np = (N + SS_GEMM_NR - 1) / SS_GEMM_NR * SS_GEMM_NR, part = ss_gemm_packed_b_size(C, N);
+    for (int64_t c = 0; c < C; ++c) {
+        const int64_t k0 = c / SS_GEMM_KC * SS_GEMM_KC, kb = C - k0 < SS_GEMM_KC ? C - k0 : SS_GEMM_KC, k = c - k0;
+        for (int64_t n = 0; n < Np; ++n) {
+            double g[3][3], t[6][3];
+            for (int r = 0; r < 3; ++r)
+                for (int s = 0; s < 3; ++s) g[r][s] = n < N ? (double)B[(c * 9 + r * 3 + s) * rsb + n * csb] : 0.0;
+            for (int a = 0; a < 6; ++a)
+                for (int s = 0; s < 3; ++s) t[a][s] = G[a][0] * g[0][s] + G[a][1] * g[1][s] + G[a][2] * g[2][s];
+            const int64_t at = k0 * Np + (n / SS_GEMM_NR) * SS_GEMM_NR * kb + k * SS_GEMM_NR + n % SS_GEMM_NR;
+            for (int a = 0; a < 6; ++a)
+                for (int b = 0; b < 6; ++b)
+                    packed[(a * 6 + b) * part + at] = (float)(t[a][0] * G[b][0] + t[a][1] * G[b][1] + t[a][2] * G[b][2]);
+        }
+    }"""),
+    Function("void", "ss_conv2d_wino", _CONV2D_PARAMS, """
+    if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0) return;
+    if (wpacked && KH == 3 && KW == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && group == 1 &&
+        ss_wino_run(x, bias, y, N, C, H, W, M, OH, OW, ph, pw, act, wpacked, res, res_act))
+        return;
+    ss_conv2d_residual(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work,
+                       NULL, res, res_act);"""),
+)
+
+
+def fragment(target: Optional[Target] = None, par_min: int = PAR_MIN_MACS,
+             block_floats: Optional[int] = None) -> Fragment:
+    """The fragment for ``target`` (this machine's when None): its blocks sized to half its
+    L2 (``block_floats`` instead: tests take many small blocks or one large one)."""
+    from ...target import host_target
+
+    if block_floats is None:
+        block_floats = (target or host_target()).caches.l2 // 4 // 2
+    return Fragment([Private(fill(_TEMPLATE, BLOCK_FLOATS=int(block_floats), PAR_MIN=float(par_min))), *_ENTRIES])
+
+
+def source(target: Optional[Target] = None, **parameters) -> str:
+    return fragment(target, **parameters).text()

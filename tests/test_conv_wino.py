@@ -1,0 +1,243 @@
+"""Winograd F(4x4, 3x3) convs (shapeshift/codegen/kernels/conv_wino.py) against onnxruntime.
+
+The kernel on its own (ss_conv_wino_pack_b, then ss_conv2d_wino) at ragged channel counts
+(not multiples of 8 or 16), odd planes that leave partial edge tiles, asymmetric and zero
+pads, batch 2, every activation code and a fused residual; in the three vector widths a
+build can have (zmm; ymm with -mno-avx512f; 4-lane SSE with -mno-avx2), on 1 and 2
+threads, with blocks of many tiles and of a few (the per-thread and the shared-phase
+schedules). Then the lowering: which convs take it, dynamic batch and image sizes through
+one session, the ``SHAPESHIFT_WINOGRAD=off`` switch, and the tuner leaving its convs alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import shapeshift
+from shapeshift.cli.main import main
+from shapeshift.codegen.build import DEFAULT_FLAGS
+from shapeshift.codegen.kernels import conv, conv_wino
+
+from .codegen.naive_gemm import build_with_gemm
+from .codegen.test_kernels_conv import CONV_DEPS, F32P, I64, apply_act, run_ort
+
+ort = pytest.importorskip("onnxruntime")
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None and not os.environ.get("SHAPESHIFT_CC"),
+    reason="no C compiler on this machine")
+
+F = TensorProto.FLOAT
+# Winograd's result differs from a direct sum in the last bits: about 1e-6 of the output's
+# scale per hundred channels (outputs here are of scale 1).
+RTOL, ATOL = 1e-4, 1e-4
+
+# Builds: this machine's; without AVX-512 (8 lanes); without AVX2 (GCC's 4-lane vectors).
+BUILDS = {"native": (), "ymm": ("-mno-avx512f",), "sse": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
+# Block sizes (floats of V and Mo a block may take): a few tiles a block, so 2 threads each
+# run whole blocks; or the default (half of L2), whose blocks are few on these small planes,
+# so 2 threads share each block's phases.
+BLOCKS = {"small-blocks": 4096, "l2-blocks": None}
+
+
+@pytest.fixture(scope="module", params=[(b, k) for b in BUILDS for k in BLOCKS], ids=lambda p: f"{p[0]}-{p[1]}")
+def lib(request, tmp_path_factory):
+    build, blocks = request.param
+    source = CONV_DEPS + conv.source() + conv_wino.source(block_floats=BLOCKS[blocks])
+    cdll = build_with_gemm(source, tmp_path_factory.mktemp(f"wino-{build}-{blocks}"), f"test_wino_{build}",
+                           flags=(*DEFAULT_FLAGS, *BUILDS[build])).cdll
+    cdll.ss_conv_wino_packed_b_size.restype = I64
+    cdll.ss_conv_wino_packed_b_size.argtypes = [I64, I64]
+    cdll.ss_conv_wino_pack_b.restype = None
+    cdll.ss_conv_wino_pack_b.argtypes = [I64, I64, F32P, I64, I64, F32P]
+    cdll.ss_conv2d_wino.restype = None
+    cdll.ss_conv2d_wino.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P, F32P, ctypes.c_int]
+    cdll.ss_set_num_threads.argtypes = [ctypes.c_int]
+    return cdll
+
+
+def _p(a):
+    return a.ctypes.data_as(F32P) if a is not None else None
+
+
+def _pack(lib, w):
+    """w [M, C, 3, 3] transformed and packed as the lowering does (its [C*9, M] transpose)."""
+    m = w.shape[0]
+    b = np.ascontiguousarray(w.reshape(m, -1).T)
+    packed = np.empty(max(int(lib.ss_conv_wino_packed_b_size(b.shape[0], m)), 1), dtype=np.float32)
+    lib.ss_conv_wino_pack_b(b.shape[0], m, _p(b), m, 1, _p(packed))
+    return packed
+
+
+def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, packed=True):
+    n, c, h, wd = x.shape
+    m = w.shape[0]
+    kh, kw = w.shape[2:]
+    oh = (h + pads[0] + pads[2] - kh) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - kw) // strides[1] + 1
+    y = np.full((n, m, oh, ow), np.nan, dtype=np.float32)
+    work = np.empty(max(int(c * kh * kw * oh * ow), 1), dtype=np.float32)
+    lib.ss_conv2d_wino(_p(x), _p(w), _p(bias), _p(y), n, c, h, wd, m, kh, kw, oh, ow, strides[0], strides[1],
+                       pads[0], pads[1], 1, 1, 1, act, _p(work), _p(_pack(lib, w) if packed else None), _p(res),
+                       res_act)
+    return y
+
+
+def _reference(x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0):
+    inputs = [x, w] + ([bias] if bias is not None else [])
+    y = apply_act(run_ort("Conv", inputs, pads=list(pads), strides=list(strides)), act)
+    return y if res is None else apply_act(y + res, res_act)
+
+
+def _data(seed, n, c, h, w, m):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    weights = (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    return x, weights, rng.standard_normal(m).astype(np.float32)
+
+
+# (batch, C, H, W, M, pads (top, left, bottom, right)): ragged channels, planes whose last
+# tile row and column are partial (OH, OW not multiples of 4), one tile, asymmetric pads.
+CASES = [
+    (1, 16, 8, 8, 16, (1, 1, 1, 1)),
+    (2, 19, 9, 11, 37, (1, 1, 1, 1)),
+    (1, 33, 13, 6, 20, (0, 0, 0, 0)),
+    (2, 7, 17, 23, 9, (1, 0, 2, 1)),
+    (1, 130, 14, 14, 70, (1, 1, 1, 1)),
+    (1, 24, 3, 5, 17, (2, 1, 0, 2)),
+    (2, 64, 30, 29, 64, (1, 1, 1, 1)),
+]
+
+
+def _id(case):
+    n, c, h, w, m, pads = case
+    return f"n{n}c{c}_{h}x{w}m{m}p{''.join(map(str, pads))}"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", [0, 1, 2, 3])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_matches_onnxruntime(lib, case, act, threads):
+    n, c, h, w, m, pads = case
+    x, weights, bias = _data(sum(case[:5]), n, c, h, w, m)
+    lib.ss_set_num_threads(threads)
+    try:
+        got = _run(lib, x, weights, bias if act != 2 else None, pads, act=act)
+    finally:
+        lib.ss_set_num_threads(os.cpu_count() or 1)
+    np.testing.assert_allclose(got, _reference(x, weights, bias if act != 2 else None, pads, act=act),
+                               rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("acts", [(0, 1), (3, 0), (1, 3)], ids=["add-relu", "silu-add", "relu-add-silu"])
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[6]], ids=_id)
+def test_residual_is_added_in_the_store(lib, case, acts):
+    """y = res_act(act(conv + bias) + res), each image's residual at its own place."""
+    n, c, h, w, m, pads = case
+    x, weights, bias = _data(7, n, c, h, w, m)
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    res = np.random.default_rng(8).standard_normal((n, m, oh, ow)).astype(np.float32)
+    got = _run(lib, x, weights, bias, pads, act=acts[0], res=res, res_act=acts[1])
+    np.testing.assert_allclose(got, _reference(x, weights, bias, pads, act=acts[0], res=res, res_act=acts[1]),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_what_it_cannot_run_falls_back_to_the_direct_kernels(lib):
+    """A strided conv, or no packed weights, through ss_conv2d_wino: ss_conv2d_residual's result."""
+    x, weights, bias = _data(3, 2, 12, 11, 13, 18)
+    got = _run(lib, x, weights, bias, (1, 1, 1, 1), strides=(2, 2), act=1, packed=False)
+    np.testing.assert_allclose(got, _reference(x, weights, bias, (1, 1, 1, 1), strides=(2, 2), act=1),
+                               rtol=RTOL, atol=ATOL)
+    got = _run(lib, x, weights, bias, (1, 1, 1, 1), act=3, packed=False)
+    np.testing.assert_allclose(got, _reference(x, weights, bias, (1, 1, 1, 1), act=3), rtol=RTOL, atol=ATOL)
+
+
+def test_wide_channels_stay_accurate(lib):
+    """512 channels in: the error grows with C; still well inside the tolerance."""
+    x, weights, bias = _data(5, 1, 512, 10, 10, 32)
+    got = _run(lib, x, weights, bias, (1, 1, 1, 1))
+    want = _reference(x, weights, bias, (1, 1, 1, 1))
+    assert np.abs(got - want).max() < 2e-5 * max(1.0, float(np.abs(want).max())) * 10
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+# -- the lowering ---------------------------------------------------------------------------------
+
+
+def _model(c, m, pads=(1, 1, 1, 1), strides=(1, 1), dims=("N", None, "H", "W"), residual=True):
+    """Conv(3x3) -> Relu -> Conv(3x3) -> Add(first Relu) -> Relu, symbolic batch and plane."""
+    rng = np.random.default_rng(c * 100 + m)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32), name)
+             for name, s in (("w0", (m, c, 3, 3)), ("w1", (m, m, 3, 3)), ("b0", (m,)))]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=list(pads), strides=list(strides)),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1])]
+    nodes += [helper.make_node("Add", ["c1", "r0"], ["a1"]), helper.make_node("Relu", ["a1"], ["y"])] if residual \
+        else [helper.make_node("Relu", ["c1"], ["y"])]
+    shape = [d if d is not None else c for d in dims]
+    graph = helper.make_graph(nodes, "wino", [helper.make_tensor_value_info("x", F, shape)],
+                              [helper.make_tensor_value_info("y", F, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(autouse=False)
+def nchw(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wino-cache"))
+    return monkeypatch
+
+
+def _check(model, shapes, session=None):
+    session = session or shapeshift.InferenceSession(model, backend="native")
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    for shape in shapes:
+        feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+        np.testing.assert_allclose(session.run(None, feed)[0], reference.run(None, feed)[0], rtol=RTOL, atol=ATOL)
+    return session
+
+
+def _wino_calls(session):
+    return sum("ss_conv2d_wino(" in s.lowered.code for s in session._executor.program.steps if s.lowered)
+
+
+def test_one_session_runs_every_batch_and_image_size(nchw):
+    """Both convs (the second with its residual fused) take Winograd; batch 1 and 3, planes
+    from one partial tile to many, square and not."""
+    model = _model(20, 24)
+    session = _check(model, [(1, 20, 5, 7), (3, 20, 16, 16), (1, 20, 33, 18), (2, 20, 64, 41)])
+    assert _wino_calls(session) == 2
+    steps = [s.node.op_type for s in session._executor.program.steps]
+    assert steps.count("Conv") == 2 and "Add" not in steps
+
+
+def test_which_convs_take_it(nchw):
+    """Not: strided convs, fewer than 16 channels in or out, known planes under 8 x 8 pixels;
+    and none with SHAPESHIFT_WINOGRAD=off."""
+    assert _wino_calls(_check(_model(16, 16, strides=(2, 2), dims=(1, None, 20, 20)), [(1, 16, 20, 20)])) == 1
+    assert _wino_calls(_check(_model(8, 32), [(1, 8, 12, 12)])) == 1  # the first conv has 8 inputs
+    assert _wino_calls(_check(_model(32, 32, dims=(1, None, 7, 7)), [(1, 32, 7, 7)])) == 0
+    assert _wino_calls(_check(_model(32, 32, dims=(1, None, 8, 8)), [(1, 32, 8, 8)])) == 2
+    nchw.setenv("SHAPESHIFT_WINOGRAD", "off")
+    assert _wino_calls(_check(_model(32, 32), [(1, 32, 12, 12)])) == 0
+
+
+def test_the_tuner_leaves_winograd_convs_alone(tmp_path, nchw, capsys):
+    """Its stride-1 3 x 3 convs are no tuning task: only the strided class is."""
+    model = _model(16, 32, strides=(2, 2), dims=(1, None, 30, 26), residual=False)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    assert main(["tune", str(path), "--trials", "1", "--db", str(tmp_path / "t.db")]) == 0
+    out = capsys.readouterr().out
+    assert "1 task(s)" in out and "conv 3x3/2" in out and "3x3/1" not in out
+    session = shapeshift.InferenceSession(model, backend="native", num_threads=1, tuning_db=tmp_path / "t.db")
+    assert _wino_calls(session) == 1
+    _check(model, [(1, 16, 30, 26)], session)
+
