@@ -320,8 +320,10 @@ def test_expand_tile_pad_gather():
 def test_conv_on_small_planes_reads_prepacked_weights(monkeypatch):
     # Below conv.SMALL_PLANE output pixels ss_conv2d multiplies by the weights packed once at
     # load; above, by the per-call path. One session serves both, and a grouped conv gets none.
-    # (The NCHW kernels: with the blocked layout on, these convs run in NCHWc instead.)
+    # (The NCHW kernels: with the blocked layout on, these convs run in NCHWc instead; and
+    # ss_conv2d's own paths: with Winograd on, the 3 x 3 conv runs kernels/conv_wino.py.)
     monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
+    monkeypatch.setenv("SHAPESHIFT_WINOGRAD", "off")
     rng = np.random.default_rng(21)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"]),
@@ -339,8 +341,10 @@ def test_conv_on_small_planes_reads_prepacked_weights(monkeypatch):
 def test_dense_convs_get_prepacked_weights_where_a_path_reads_them(monkeypatch):
     # Every dense k x k conv's weights are packed at load (the implicit GEMM reads them); a
     # 1x1 conv's only where its static plane takes the small-plane path: 90 pixels with 96
-    # output channels, not with 8. A grouped conv gets none. (The NCHW kernels, as above.)
+    # output channels, not with 8. A grouped conv gets none. (The NCHW kernels and
+    # ss_conv2d's paths, as above.)
     monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
+    monkeypatch.setenv("SHAPESHIFT_WINOGRAD", "off")
     from shapeshift.codegen.kernels.conv import small_plane_ok
 
     assert small_plane_ok(90, 96) and not small_plane_ok(90, 8) and not small_plane_ok(300, 512)

@@ -220,6 +220,33 @@ static void ss_wino_gemms(const ss_wino_job* J, int64_t n, const float* V, float
                           Mo + xi * J->tb * J->Mp, 0, 0, J->Mp, 1.0f, NULL, 0.0f, 0, 0, 0);
 }
 
+#ifdef __AVX2__
+/* A whole 4 x 4 tile of `lanes` channels from ob [16 pixels, SS_WINO_VL channels]: turned
+   channel-major through 8 x 8 transposes in L1, then each channel's tile stored as two
+   8-float halves (rows 0-1, rows 2-3), the residual added on the way (y and res at the
+   tile's first pixel of its first channel). */
+static inline void ss_wino_store_tile(const ss_wino_job* J, const float* ob, int64_t lanes, float* y, const float* res)
+{
+    float tr[SS_WINO_VL * 16] __attribute__((aligned(64)));
+    for (int c0 = 0; c0 < SS_WINO_VL; c0 += 8)
+        for (int p0 = 0; p0 < 16; p0 += 8) ss_gemm_transpose8(ob + p0 * SS_WINO_VL + c0, SS_WINO_VL, 8, tr + c0 * 16 + p0, 16);
+    const int64_t OW = J->OW, P = J->OH * OW;
+    for (int64_t l = 0; l < lanes; ++l) {
+        float* yp = y + l * P;
+        for (int h = 0; h < 2; ++h) {
+            __m256 v = _mm256_load_ps(tr + l * 16 + h * 8);
+            float* row = yp + 2 * h * OW;
+            if (res) {
+                const float* rr = res + l * P + 2 * h * OW;
+                v = ss_act8(_mm256_add_ps(v, _mm256_set_m128(_mm_loadu_ps(rr + OW), _mm_loadu_ps(rr))), J->res_act);
+            }
+            _mm_storeu_ps(row, _mm256_castps256_ps128(v));
+            _mm_storeu_ps(row + OW, _mm256_extractf128_ps(v, 1));
+        }
+    }
+}
+#endif
+
 /* y of tiles [t0, t1) from Mo [36, tb, Mp] (the block starts at tile b0). */
 static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t t1, const float* Mo)
 {
@@ -242,6 +269,13 @@ static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t
                 for (int i = 0; i < 4; ++i) SS_WINO_ST(ob + (i * 4 + j) * SS_WINO_VL, ss_wino_act(o[i] + bv, J->act));
             }
             const int64_t lanes = J->M - m < SS_WINO_VL ? J->M - m : SS_WINO_VL;
+#ifdef __AVX2__
+            if (rows == 4 && cols == 4) {
+                ss_wino_store_tile(J, ob, lanes, J->y + m * P + oy * J->OW + ox,
+                                   J->res ? J->res + m * P + oy * J->OW + ox : NULL);
+                continue;
+            }
+#endif
             for (int64_t l = 0; l < lanes; ++l) {
                 const int64_t off = (m + l) * P + oy * J->OW + ox;
                 float* yp = J->y + off;
