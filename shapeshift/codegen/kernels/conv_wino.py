@@ -99,25 +99,35 @@ _TEMPLATE = r"""
 #define SS_WINO_BLOCK_FLOATS @BLOCK_FLOATS@
 #define SS_WINO_PAR_MIN @PAR_MIN@
 
-/* GCC's vector types: one source for 4, 8 and 16 lanes; the transforms are adds and
-   multiplies by constants, which the compiler turns into the build's vector FMAs. */
+/* GCC's vector types: one source for 4, 8 and 16 lanes (the transforms are adds and
+   multiply-adds by constants). */
 typedef float ss_wino_v __attribute__((vector_size(SS_WINO_VL * 4), may_alias));
 typedef float ss_wino_vu __attribute__((vector_size(SS_WINO_VL * 4), aligned(4), may_alias));
 #define SS_WINO_LD(p) (*(const ss_wino_vu*)(p))
 #define SS_WINO_ST(p, v) (*(ss_wino_vu*)(p) = (v))
 
+/* a * b + c for a vector a and c and a constant b, as one FMA: the units are built with
+   -std=c11, under which GCC does not contract a * b + c by itself. */
+#if SS_WINO_VL == 16
+#define SS_WINO_FMA(a, b, c) ((ss_wino_v)_mm512_fmadd_ps((__m512)(a), _mm512_set1_ps(b), (__m512)(c)))
+#elif SS_WINO_VL == 8 && defined(__FMA__)
+#define SS_WINO_FMA(a, b, c) ((ss_wino_v)_mm256_fmadd_ps((__m256)(a), _mm256_set1_ps(b), (__m256)(c)))
+#else
+#define SS_WINO_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
 /* B^T d for 6 values (the input transform along one axis). */
 static inline __attribute__((always_inline)) void ss_wino_in6(
     ss_wino_v d0, ss_wino_v d1, ss_wino_v d2, ss_wino_v d3, ss_wino_v d4, ss_wino_v d5, ss_wino_v* o)
 {
-    const ss_wino_v s = d4 - 4.0f * d2, t = d3 - 4.0f * d1;   /* shared by rows 1, 2 */
-    const ss_wino_v p = d4 - d2, q = 2.0f * (d3 - d1);          /* shared by rows 3, 4 */
-    o[0] = 4.0f * d0 - 5.0f * d2 + d4;
+    const ss_wino_v s = SS_WINO_FMA(d2, -4.0f, d4), t = SS_WINO_FMA(d1, -4.0f, d3);  /* rows 1, 2 */
+    const ss_wino_v p = d4 - d2, q = d3 - d1;                                          /* rows 3, 4 */
+    o[0] = SS_WINO_FMA(d0, 4.0f, SS_WINO_FMA(d2, -5.0f, d4));
     o[1] = s + t;
     o[2] = s - t;
-    o[3] = p + q;
-    o[4] = p - q;
-    o[5] = 4.0f * d1 - 5.0f * d3 + d5;
+    o[3] = SS_WINO_FMA(q, 2.0f, p);
+    o[4] = SS_WINO_FMA(q, -2.0f, p);
+    o[5] = SS_WINO_FMA(d1, 4.0f, SS_WINO_FMA(d3, -5.0f, d5));
 }
 
 /* A^T m for 6 values (the output transform along one axis): 4 values. */
@@ -126,9 +136,9 @@ static inline __attribute__((always_inline)) void ss_wino_out6(
 {
     const ss_wino_v a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4;
     o[0] = m0 + a + c;
-    o[1] = b + 2.0f * d;
-    o[2] = a + 4.0f * c;
-    o[3] = b + 8.0f * d + m5;
+    o[1] = SS_WINO_FMA(d, 2.0f, b);
+    o[2] = SS_WINO_FMA(c, 4.0f, a);
+    o[3] = SS_WINO_FMA(d, 8.0f, b) + m5;
 }
 
 static inline ss_wino_v ss_wino_act(ss_wino_v v, int act)
