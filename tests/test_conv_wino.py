@@ -41,10 +41,11 @@ RTOL, ATOL = 1e-4, 1e-4
 
 # Builds: this machine's; without AVX-512 (8 lanes); without AVX2 (GCC's 4-lane vectors).
 BUILDS = {"native": (), "ymm": ("-mno-avx512f",), "sse": ("-mno-avx512f", "-mno-avx2", "-mno-fma")}
-# Block sizes (floats of V and Mo a block may take): a few tiles a block, so 2 threads each
-# run whole blocks; or the default (half of L2), whose blocks are few on these small planes,
-# so 2 threads share each block's phases.
-BLOCKS = {"small-blocks": 4096, "l2-blocks": None}
+# Block sizes (floats of V and Mo a block may take): 16384, so that the 16-channel 30 x 27
+# case has 5 blocks of 12 tiles and 2 threads each run whole blocks, while the others,
+# whose transformed weights U pass that size, share each block's phases; or the default
+# (half of L2), whose blocks are few on these small planes.
+BLOCKS = {"small-blocks": 16384, "l2-blocks": None}
 
 
 @pytest.fixture(scope="module", params=[(b, k) for b in BUILDS for k in BLOCKS], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -113,6 +114,7 @@ CASES = [
     (1, 130, 14, 14, 70, (1, 1, 1, 1)),
     (1, 24, 3, 5, 17, (2, 1, 0, 2)),
     (2, 64, 30, 29, 64, (1, 1, 1, 1)),
+    (1, 16, 30, 27, 16, (1, 1, 1, 1)),
 ]
 
 

@@ -61,6 +61,8 @@ from ..cwriter import Fragment, Function, Private, Shared, fill
 
 DEPENDS = ("gemm", "vmath", "conv")
 
+#: With U past L2, blocks this many times the L2-sized ones (fewer rereadings of U).
+BIG_BLOCK = 4
 #: Multiply-adds below which a conv runs on one thread.
 PAR_MIN_MACS = 1 << 18
 #: ``$SHAPESHIFT_WINOGRAD``: "off" (0/off/false/no) keeps every conv on the direct kernels.
@@ -98,6 +100,8 @@ _TEMPLATE = r"""
 /* Floats of L2 a block's transformed tiles (V and Mo) may take. */
 #define SS_WINO_BLOCK_FLOATS @BLOCK_FLOATS@
 #define SS_WINO_PAR_MIN @PAR_MIN@
+/* Blocks this many times SS_WINO_BLOCK_FLOATS when U does not fit beside one in L2. */
+#define SS_WINO_BIG_BLOCK @BIG_BLOCK@
 
 /* GCC's vector types: one source for 4, 8 and 16 lanes (the transforms are adds and
    multiply-adds by constants). */
@@ -163,6 +167,7 @@ typedef struct {
     const float* res;    /* NULL or laid out as y */
     int64_t C, H, W, M, OH, OW, ph, pw, Cp, Mp, TW, T, Hp, Wp, tb, part;
     int act, res_act;
+    int shared;          /* the threads share each block's phases (else each runs whole blocks) */
 } ss_wino_job;
 
 /* Row r of xp from x: zeros outside the image, channels last. */
@@ -307,15 +312,15 @@ static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t
    region by all of its threads. */
 static void ss_wino_image(const ss_wino_job* J, float* scratch)
 {
-    const int threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const int me = omp_get_thread_num();
     /* The GEMMs run on the calling thread: this sets the ICV of this thread's task only. */
     omp_set_num_threads(1);
-    float* V = scratch + (int64_t)me * 36 * J->tb * (J->Cp + J->Mp);
-    float* Mo = V + 36 * J->tb * J->Cp;
     #pragma omp for schedule(static)
     for (int64_t r = 0; r < J->Hp; ++r) ss_wino_stage_row(J, r);
     const int64_t blocks = (J->T + J->tb - 1) / J->tb;
-    if (blocks >= 2 * threads || threads == 1) {
+    if (!J->shared) {
+        float* V = scratch + (int64_t)me * 36 * J->tb * (J->Cp + J->Mp);
+        float* Mo = V + 36 * J->tb * J->Cp;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < blocks; ++k) {
             const int64_t t0 = k * J->tb, t1 = t0 + J->tb < J->T ? t0 + J->tb : J->T;
@@ -325,7 +330,7 @@ static void ss_wino_image(const ss_wino_job* J, float* scratch)
         }
         return;
     }
-    /* Few blocks: every thread takes a share of each phase, on thread 0's buffers. */
+    /* Every thread takes a share of each phase, on one set of buffers. */
     float* V0 = scratch;
     float* Mo0 = V0 + 36 * J->tb * J->Cp;
     for (int64_t k = 0; k < blocks; ++k) {
@@ -360,23 +365,35 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     J.part = ss_gemm_packed_b_size(C, M);
     const double macs = 36.0 * (double)J.T * (double)N * (double)C * (double)M;
     const int threads = macs >= SS_WINO_PAR_MIN ? omp_get_max_threads() : 1;
-    /* Tiles a block: V and Mo in about SS_WINO_BLOCK_FLOATS, whole GEMM row tiles, at
-       least two of them, no more than the image has, and a block for every thread. */
-    int64_t tb = SS_WINO_BLOCK_FLOATS / (36 * (J.Cp + J.Mp)) / SS_GEMM_MR * SS_GEMM_MR;
+    /* Tiles a block. Every block rereads all of U. While U fits beside a block in L2, blocks
+       of V and Mo in about SS_WINO_BLOCK_FLOATS (half of L2), whole GEMM row tiles, at least
+       two, and each thread runs whole blocks when there are two or more for each. Past
+       that, U comes from L3 or DRAM at every reading (ResNet-50's 256-channel 3 x 3 convs:
+       9.4 MB each), so blocks up to SS_WINO_BIG_BLOCK times larger, shared by the threads
+       phase by phase (the 36 GEMMs split between them: U read once a block in all). */
+    const int64_t per_tile = 36 * (J.Cp + J.Mp);
+    int64_t tb = SS_WINO_BLOCK_FLOATS / per_tile / SS_GEMM_MR * SS_GEMM_MR;
     if (tb < 2 * SS_GEMM_MR) tb = 2 * SS_GEMM_MR;
-    const int64_t share = (J.T + threads - 1) / threads;
-    if (tb > share && threads > 1 && J.T > 2 * SS_GEMM_MR * threads) tb = (share + SS_GEMM_MR - 1) / SS_GEMM_MR * SS_GEMM_MR;
+    const int big_u = 36.0 * (double)C * (double)M > (double)SS_WINO_BLOCK_FLOATS;
+    if (big_u) {
+        const int64_t big = SS_WINO_BIG_BLOCK * SS_WINO_BLOCK_FLOATS / per_tile / SS_GEMM_MR * SS_GEMM_MR;
+        if (big > tb) tb = big;
+    } else if (threads > 1 && J.T > 2 * SS_GEMM_MR * threads) {
+        const int64_t share = (J.T + threads - 1) / threads;
+        if (tb > share) tb = (share + SS_GEMM_MR - 1) / SS_GEMM_MR * SS_GEMM_MR;
+    }
     if (tb > J.T) tb = J.T;
     J.tb = tb;
-    const int64_t per_thread = 36 * tb * (J.Cp + J.Mp);
+    J.shared = threads > 1 && (big_u || (J.T + tb - 1) / tb < 2 * threads);
+    const int64_t per_thread = 36 * tb * (J.Cp + J.Mp), buffers = J.shared ? 1 : threads;
     float* xp = (float*)ss_wino_alloc(J.Hp * J.Wp * J.Cp + SS_WINO_VL);
-    float* scratch = (float*)ss_wino_alloc(per_thread * threads + J.Mp + SS_WINO_VL);
+    float* scratch = (float*)ss_wino_alloc(per_thread * buffers + J.Mp + SS_WINO_VL);
     if (!xp || !scratch) {
         free(xp);
         free(scratch);
         return 0;
     }
-    float* biasp = scratch + per_thread * threads;
+    float* biasp = scratch + per_thread * buffers;
     for (int64_t m = 0; m < J.Mp; ++m) biasp[m] = bias && m < M ? bias[m] : 0.0f;
     J.xp = xp;
     J.biasp = biasp;
@@ -444,7 +461,8 @@ def fragment(target: Optional[Target] = None, par_min: int = PAR_MIN_MACS,
 
     if block_floats is None:
         block_floats = (target or host_target()).caches.l2 // 4 // 2
-    return Fragment([Private(fill(_TEMPLATE, BLOCK_FLOATS=int(block_floats), PAR_MIN=float(par_min))), *_ENTRIES])
+    return Fragment([Private(fill(_TEMPLATE, BLOCK_FLOATS=int(block_floats), PAR_MIN=float(par_min),
+                                       BIG_BLOCK=BIG_BLOCK)), *_ENTRIES])
 
 
 def source(target: Optional[Target] = None, **parameters) -> str:
