@@ -333,52 +333,115 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_@L@(
 """
 
 _DW = r"""
+/* Where most output columns read padding (MobileNetV3's 5x5 at 7x7, pads 2: 4 of 7), each
+   (image, channel block, run of output rows) first stages the input rows it reads into a
+   per-thread buffer with the zero padding around them, so that every tile reads its taps
+   with no bounds check: the checked tiles spent several scalar instructions per tap and
+   pixel beside each FMA. Elsewhere tiles read x itself, only the border columns' checked
+   (and so without a buffer). Runs of rows: enough (image, block, run) items for every
+   thread to have 4 (a 16-channel conv on a 112x112 plane is one block). */
 const int64_t CB = (C + @L@ - 1) / @L@;
+const int64_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1;  /* staged columns: ix + pw */
+/* Output columns [lo, hi) read no padding; the others take checked tiles. */
 const int64_t ox_lo = (pw + sw - 1) / sw;
 const int64_t span = W - 1 - (KW - 1) * dw + pw;
 const int64_t ox_hi = span < 0 ? -1 : span / sw;
+const int64_t lo = ox_lo < OW ? ox_lo : OW;
+const int64_t hi = ox_hi + 1 < lo ? lo : (ox_hi + 1 < OW ? ox_hi + 1 : OW);
+/* Stage when the checked columns (about 3x an unchecked tile's cost) outweigh the copy:
+   2 x their share of the row > input pixels copied per output pixel / taps. Staged: a 5x5
+   conv on 7x7 (4 of 7 columns checked); not: a 3x3 stride-2 one on 112x112. */
+const int stage = 2.0 * (double)(OW - (hi - lo)) / (double)OW > (double)(sh * sw) / (double)(KH * KW);
 ss_vi@L@ keep;
 for (int l = 0; l < @L@; l++) keep[l] = (CB - 1) * @L@ + l < C ? -1 : 0;
-#pragma omp parallel for collapse(3) if(N * C * OH * OW * KH * KW >= SS_CNC_PAR_MIN)
-for (int64_t n = 0; n < N; n++)
-    for (int64_t cb = 0; cb < CB; cb++)
-        for (int64_t oy = 0; oy < OH; oy++) {
-            const float* xp = x + (n * CB + cb) * H * W * @L@;
-            const float* wc = w + cb * KH * KW * @L@;
-            const ss_vf@L@ bv = bias ? *(const ss_vfu@L@*)(bias + cb * @L@) : (ss_vf@L@){0};
-            const int64_t iy0 = oy * sh - ph;
-            const int64_t row = ((n * CB + cb) * OH + oy) * OW * @L@;
-            const int64_t lo = ox_lo < OW ? ox_lo : OW;
-            const int64_t hi = ox_hi + 1 < lo ? lo : (ox_hi + 1 < OW ? ox_hi + 1 : OW);
-            int64_t ox = 0;
-#define SS_DWC_TILE(RXT, EDGE) do { \
-                ss_vf@L@ acc[@DWX@]; \
-                for (int j = 0; j < RXT; j++) acc[j] = bv; \
-                ss_dwc_tile_@L@(xp, wc, EDGE, RXT, KH, KW, H, W, iy0, dh, ox * sw - pw, sw, dw, acc); \
-                for (int j = 0; j < RXT; j++) { \
-                    const int64_t off = row + (ox + j) * @L@; \
-                    *(ss_vfu@L@*)(y + off) = ss_cnc_epilogue_@L@(acc[j], res ? res + off : NULL, act, a0, a1, \
-                                                                act2, b0, b1, cb == CB - 1, keep); \
-                } \
-            } while (0)
-            while (ox < lo) {
-                if (ox + 4 <= OW) { SS_DWC_TILE(4, 1); ox += 4; } else { SS_DWC_TILE(1, 1); ox++; }
-            }
-            for (; ox + @DWX@ <= hi; ox += @DWX@) SS_DWC_TILE(@DWX@, 0);
-            if (ox < hi && hi - lo >= @DWX@) {  /* the rest as one tile overlapping the last */
-                ox = hi - @DWX@;
-                SS_DWC_TILE(@DWX@, 0);
-                ox = hi;
-            }
-            for (; ox + 2 <= hi; ox += 2) SS_DWC_TILE(2, 0);
-            for (; ox < hi; ox++) SS_DWC_TILE(1, 0);
-            while (ox < OW) {
-                if (ox + 4 <= OW) { SS_DWC_TILE(4, 1); ox += 4; }
-                else if (OW >= 4) { ox = OW - 4; SS_DWC_TILE(4, 1); ox = OW; }
-                else { SS_DWC_TILE(1, 1); ox++; }
-            }
+const int par = N * C * OH * OW * KH * KW >= SS_CNC_PAR_MIN;
+const int64_t threads = par ? omp_get_max_threads() : 1;
+int64_t runs = 1;
+if (N * CB < 4 * threads) runs = (4 * threads + N * CB - 1) / (N * CB);
+if (runs > OH) runs = OH;
+const int64_t run_rows = (OH + runs - 1) / runs;
+const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
+#pragma omp parallel if(par)
+{
+    float* buf = stage ? (float*)aligned_alloc(64, ((size_t)(Rmax * Wp * @L@) * sizeof(float) + 63) / 64 * 64) : NULL;
+    #pragma omp for collapse(3) schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t cb = 0; cb < CB; cb++)
+            for (int64_t run = 0; run < runs; run++) {
+                const int64_t oy0 = run * run_rows, oy1 = oy0 + run_rows < OH ? oy0 + run_rows : OH;
+                if (oy0 >= oy1) continue;
+                const float* xp = x + (n * CB + cb) * H * W * @L@;
+                const float* wc = w + cb * KH * KW * @L@;
+                const ss_vf@L@ bv = bias ? *(const ss_vfu@L@*)(bias + cb * @L@) : (ss_vf@L@){0};
+                /* The rows read: staged row r is input row iys + r, column s input column s - pw. */
+                const int64_t iys = oy0 * sh - ph, R = (oy1 - oy0 - 1) * sh + (KH - 1) * dh + 1;
+                if (buf) {
+                    const int64_t s0 = pw < Wp ? pw : Wp, s1 = pw + W < Wp ? pw + W : Wp;
+                    for (int64_t r = 0; r < R; r++) {
+                        float* d = buf + r * Wp * @L@;
+                        const int64_t iy = iys + r;
+                        if (iy < 0 || iy >= H || s1 <= s0) {
+                            memset(d, 0, (size_t)(Wp * @L@) * sizeof(float));
+                            continue;
+                        }
+                        memset(d, 0, (size_t)(s0 * @L@) * sizeof(float));
+                        memcpy(d + s0 * @L@, xp + (iy * W + s0 - pw) * @L@, (size_t)((s1 - s0) * @L@) * sizeof(float));
+                        memset(d + s1 * @L@, 0, (size_t)((Wp - s1) * @L@) * sizeof(float));
+                    }
+                }
+                for (int64_t oy = oy0; oy < oy1; oy++) {
+                    const int64_t row = ((n * CB + cb) * OH + oy) * OW * @L@;
+                    int64_t ox = 0;
+#define SS_DWC_TILE(RXT, SRC, EDGE, RH, RW, IY0, IX0) do { \
+                    ss_vf@L@ acc[@DWX@]; \
+                    for (int j = 0; j < RXT; j++) acc[j] = bv; \
+                    ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
+                    for (int j = 0; j < RXT; j++) { \
+                        const int64_t off = row + (ox + j) * @L@; \
+                        *(ss_vfu@L@*)(y + off) = ss_cnc_epilogue_@L@(acc[j], res ? res + off : NULL, act, a0, a1, \
+                                                                    act2, b0, b1, cb == CB - 1, keep); \
+                    } \
+                } while (0)
+                    if (buf) {
+#define SS_DWC_STAGED(RXT) SS_DWC_TILE(RXT, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw)
+                        for (; ox + @DWX@ <= OW; ox += @DWX@) SS_DWC_STAGED(@DWX@);
+                        if (ox < OW && OW >= @DWX@) {  /* the rest as one tile overlapping the last */
+                            ox = OW - @DWX@;
+                            SS_DWC_STAGED(@DWX@);
+                            ox = OW;
+                        }
+                        /* A row narrower than a tile as one tile of its width: tiles of 4, 2
+                           and 1 pixels left single accumulators waiting on each FMA's latency. */
+                        switch (OW - ox) {
+@NARROW@
+                        default: break;
+                        }
+#undef SS_DWC_STAGED
+                    } else {  /* from x itself: the border columns' tiles check each tap */
+#define SS_DWC_X(RXT, EDGE) SS_DWC_TILE(RXT, xp, EDGE, H, W, oy * sh - ph, ox * sw - pw)
+                        while (ox < lo) {
+                            if (ox + 4 <= OW) { SS_DWC_X(4, 1); ox += 4; } else { SS_DWC_X(1, 1); ox++; }
+                        }
+                        for (; ox + @DWX@ <= hi; ox += @DWX@) SS_DWC_X(@DWX@, 0);
+                        if (ox < hi && hi - lo >= @DWX@) {  /* the rest as one tile overlapping the last */
+                            ox = hi - @DWX@;
+                            SS_DWC_X(@DWX@, 0);
+                            ox = hi;
+                        }
+                        for (; ox + 2 <= hi; ox += 2) SS_DWC_X(2, 0);
+                        for (; ox < hi; ox++) SS_DWC_X(1, 0);
+                        while (ox < OW) {
+                            if (ox + 4 <= OW) { SS_DWC_X(4, 1); ox += 4; }
+                            else if (OW >= 4) { ox = OW - 4; SS_DWC_X(4, 1); ox = OW; }
+                            else { SS_DWC_X(1, 1); ox++; }
+                        }
+#undef SS_DWC_X
+                    }
 #undef SS_DWC_TILE
-        }
+                }
+            }
+    free(buf);
+}
 """
 
 _EPILOGUE_PARAMS = ("const float* res", "int act", "float a0", "float a1", "int act2", "float b0", "float b1")
@@ -395,7 +458,9 @@ def _functions(lanes: int, par_min: int) -> list:
                          ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N",
                           "int64_t C", "int64_t H", "int64_t W", "int64_t KH", "int64_t KW", "int64_t OH",
                           "int64_t OW", "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh",
-                          "int64_t dw", *_EPILOGUE_PARAMS), fill(_DW, L=lanes, DWX=DW_PIXELS))
+                          "int64_t dw", *_EPILOGUE_PARAMS), fill(_DW, L=lanes, DWX=DW_PIXELS, NARROW="\n".join(
+                             f"                        case {r}: SS_DWC_STAGED({r}); break;"
+                             for r in range(DW_PIXELS - 1, 0, -1))))
     return [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx)), Private(fill(_DW_TILE, L=lanes, DWX=DW_PIXELS)),
             dense, depthwise]
 
