@@ -1,7 +1,8 @@
 """Convolutional nets end to end: shapeshift's native backend against onnxruntime (issue 28).
 
     python bench/cnn.py [--quick] [--models NAME ...] [--threads 1 2] [--batches 1 4]
-                        [--sizes HxW ...] [--repeats 7] [--sample-ms 200] [--out bench/results/cnn.md]
+                        [--sizes HxW ...] [--repeats 7] [--sample-ms 200] [--settle-ms 100]
+                        [--out bench/results/cnn.md]
                         [--no-nchwc-off] [--native-variant LABEL SETTING ...]
 
 Models (``--models``; default all):
@@ -25,7 +26,10 @@ processes keep one tool's idle thread pool (spinning after a run) off the other'
 Per shape both run once (outputs compared: max abs difference from onnxruntime, and that
 over onnxruntime's largest magnitude), then the tools are sampled in turn, ``--repeats``
 times, the order rotated each repeat: one sample is enough calls to last ``--sample-ms``
-(at least one). Latency is the median sample; ratio is native / onnxruntime (< 1: native
+(at least one), after a pause of ``--settle-ms`` (100 by default). Without the pause, at 2
+threads the tool sampled second shared its cores with the other process's idle pool still
+spinning: on an AMD Zen 4, 2 threads, batch 1, ResNet-50 native 51.1 / onnxruntime 50.7 ms
+and MobileNetV3-small 3.31 / 2.24 ms without it, 41.8 / 41.9 and 1.45 / 1.33 with 100 ms. Latency is the median sample; ratio is native / onnxruntime (< 1: native
 faster); geomeans per model and over all. Also reported: each model's conv + Gemm GFLOP at
 the shape (onnx shape inference; blank where it cannot resolve them) and native's GFLOPS
 against the measured peak (bench/machine.py).
@@ -361,6 +365,7 @@ def measure(spec: Spec, path: Path, threads: int, shapes: list, args, workdir: s
             for repeat in range(args.repeats):
                 turn = repeat % len(workers)
                 for w in workers[turn:] + workers[:turn]:
+                    time.sleep(args.settle_ms / 1e3)  # the tool before it has stopped spinning
                     row.samples[w.column].append(w.ask(op="sample")["s"])
             row.latency = {c: statistics.median(s) for c, s in row.samples.items()}
             print(format_row(row), flush=True)
@@ -478,6 +483,9 @@ def parse_args(argv=None):
                         help="HxW for every model (default: each model's own)")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved samples per tool and shape")
     parser.add_argument("--sample-ms", type=float, default=200.0, help="one sample lasts about this long")
+    parser.add_argument("--settle-ms", type=float, default=100.0,
+                        help="pause before each sample, so that the idle thread pool of the tool sampled before it "
+                             "no longer spins on a core this one's threads need")
     parser.add_argument("--no-nchwc-off", action="store_true",
                         help=f"leave out the columns {NCHWC_ON!r} and {NCHWC_OFF!r}")
     parser.add_argument("--native-variant", nargs="+", action="append", default=[], metavar="LABEL SETTING",

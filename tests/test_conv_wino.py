@@ -77,14 +77,15 @@ def _pack(lib, w):
     return packed
 
 
-def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, packed=True):
+def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, packed=True, scratch=True):
     n, c, h, wd = x.shape
     m = w.shape[0]
     kh, kw = w.shape[2:]
     oh = (h + pads[0] + pads[2] - kh) // strides[0] + 1
     ow = (wd + pads[1] + pads[3] - kw) // strides[1] + 1
     y = np.full((n, m, oh, ow), np.nan, dtype=np.float32)
-    work = np.empty(max(int(c * kh * kw * oh * ow), 1), dtype=np.float32)
+    # ss_conv2d_work_size floats, as the lowering gives (None: the kernel allocates its own).
+    work = np.empty(max(int(c * kh * kw * oh * ow), 1), dtype=np.float32) if scratch else None
     lib.ss_conv2d_wino(_p(x), _p(w), _p(bias), _p(y), n, c, h, wd, m, kh, kw, oh, ow, strides[0], strides[1],
                        pads[0], pads[1], 1, 1, 1, act, _p(work), _p(_pack(lib, w) if packed else None), _p(res),
                        res_act)
@@ -159,6 +160,15 @@ def test_what_it_cannot_run_falls_back_to_the_direct_kernels(lib):
                                rtol=RTOL, atol=ATOL)
     got = _run(lib, x, weights, bias, (1, 1, 1, 1), act=3, packed=False)
     np.testing.assert_allclose(got, _reference(x, weights, bias, (1, 1, 1, 1), act=3), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[7]], ids=_id)
+def test_without_the_callers_scratch(lib, case):
+    """work NULL: the kernel allocates its staged image and blocks itself, same result."""
+    n, c, h, w, m, pads = case
+    x, weights, bias = _data(9, n, c, h, w, m)
+    got = _run(lib, x, weights, bias, pads, act=1, scratch=False)
+    np.testing.assert_allclose(got, _reference(x, weights, bias, pads, act=1), rtol=RTOL, atol=ATOL)
 
 
 def test_wide_channels_stay_accurate(lib):

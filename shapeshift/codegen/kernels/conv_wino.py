@@ -48,7 +48,9 @@ Exported C::
     void ss_conv2d_wino(<ss_conv2d_residual's arguments, wpacked from ss_conv_wino_pack_b>);
         /* ss_conv2d_residual's result; a conv that is not 3 x 3, stride 1, dilation 1,
            group 1, or whose scratch cannot be allocated, runs ss_conv2d_residual with the
-           weights unpacked. */
+           weights unpacked. Its staged image and blocks go in `work` (NULL or
+           ss_conv2d_work_size floats, as ss_conv2d's) when they fit, else in memory of
+           its own for the call. */
 """
 
 from __future__ import annotations
@@ -351,7 +353,7 @@ static void* ss_wino_alloc(int64_t floats)
 
 static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, int64_t C, int64_t H, int64_t W,
                        int64_t M, int64_t OH, int64_t OW, int64_t ph, int64_t pw, int act, const float* U,
-                       const float* res, int res_act)
+                       const float* res, int res_act, float* work, int64_t work_floats)
 {
     ss_wino_job J;
     J.C = C; J.H = H; J.W = W; J.M = M; J.OH = OH; J.OW = OW; J.ph = ph; J.pw = pw;
@@ -386,8 +388,12 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     J.tb = tb;
     J.shared = threads > 1 && (big_u || (J.T + tb - 1) / tb < 2 * threads);
     const int64_t per_thread = 36 * tb * (J.Cp + J.Mp), buffers = J.shared ? 1 : threads;
-    float* xp = (float*)ss_wino_alloc(J.Hp * J.Wp * J.Cp + SS_WINO_VL);
-    float* scratch = (float*)ss_wino_alloc(per_thread * buffers + J.Mp + SS_WINO_VL);
+    /* In the caller's scratch when it is large enough (the VM's arena: its pages stay mapped
+       from run to run, where a large malloc may come back as fresh pages to fault in). */
+    const int64_t xp_floats = J.Hp * J.Wp * J.Cp + SS_WINO_VL, scratch_floats = per_thread * buffers + J.Mp + SS_WINO_VL;
+    const int own = !work || xp_floats + scratch_floats > work_floats;
+    float* xp = own ? (float*)ss_wino_alloc(xp_floats) : work;
+    float* scratch = own ? (float*)ss_wino_alloc(scratch_floats) : work + xp_floats;
     if (!xp || !scratch) {
         free(xp);
         free(scratch);
@@ -406,8 +412,10 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
         ss_wino_image(&Jn, scratch);
         #pragma omp barrier
     }
-    free(xp);
-    free(scratch);
+    if (own) {
+        free(xp);
+        free(scratch);
+    }
     return 1;
 }
 """
@@ -446,7 +454,8 @@ _ENTRIES = (
     Function("void", "ss_conv2d_wino", _CONV2D_PARAMS, """
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0) return;
     if (wpacked && KH == 3 && KW == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && group == 1 &&
-        ss_wino_run(x, bias, y, N, C, H, W, M, OH, OW, ph, pw, act, wpacked, res, res_act))
+        ss_wino_run(x, bias, y, N, C, H, W, M, OH, OW, ph, pw, act, wpacked, res, res_act, work,
+                    ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
         return;
     ss_conv2d_residual(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work,
                        NULL, res, res_act);"""),
