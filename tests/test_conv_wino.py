@@ -84,8 +84,8 @@ def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, pack
     oh = (h + pads[0] + pads[2] - kh) // strides[0] + 1
     ow = (wd + pads[1] + pads[3] - kw) // strides[1] + 1
     y = np.full((n, m, oh, ow), np.nan, dtype=np.float32)
-    # ss_conv2d_work_size floats, as the lowering gives (None: the kernel allocates its own).
-    work = np.empty(max(int(c * kh * kw * oh * ow), 1), dtype=np.float32) if scratch else None
+    # N x ss_conv2d_work_size floats, as the lowering gives (None: the kernel allocates its own).
+    work = np.empty(max(int(n * c * kh * kw * oh * ow), 1), dtype=np.float32) if scratch else None
     lib.ss_conv2d_wino(_p(x), _p(w), _p(bias), _p(y), n, c, h, wd, m, kh, kw, oh, ow, strides[0], strides[1],
                        pads[0], pads[1], 1, 1, 1, act, _p(work), _p(_pack(lib, w) if packed else None), _p(res),
                        res_act)

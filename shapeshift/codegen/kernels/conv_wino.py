@@ -48,9 +48,8 @@ Exported C::
     void ss_conv2d_wino(<ss_conv2d_residual's arguments, wpacked from ss_conv_wino_pack_b>);
         /* ss_conv2d_residual's result; a conv that is not 3 x 3, stride 1, dilation 1,
            group 1, or whose scratch cannot be allocated, runs ss_conv2d_residual with the
-           weights unpacked. Its staged image and blocks go in `work` (NULL or
-           ss_conv2d_work_size floats, as ss_conv2d's) when they fit, else in memory of
-           its own for the call. */
+           weights unpacked. Its staged images and blocks go in `work` (NULL, or N times
+           ss_conv2d_work_size floats) when they fit, else in memory of its own for the call. */
 """
 
 from __future__ import annotations
@@ -161,21 +160,21 @@ static inline ss_wino_v ss_wino_act(ss_wino_v v, int act)
 }
 
 typedef struct {
-    const float* x;      /* the image's [C, H, W] */
-    float* xp;           /* [Hp, Wp, Cp], zero-padded channels-last copy */
+    const float* x;      /* [N, C, H, W] */
+    float* xp;           /* [N, Hp, Wp, Cp], zero-padded channels-last copy */
     const float* U;      /* 36 packed [C, M] */
     const float* biasp;  /* [Mp], 0 past M */
-    float* y;            /* the image's [M, OH, OW] */
+    float* y;            /* [N, M, OH, OW] */
     const float* res;    /* NULL or laid out as y */
-    int64_t C, H, W, M, OH, OW, ph, pw, Cp, Mp, TW, T, Hp, Wp, tb, part;
+    int64_t N, C, H, W, M, OH, OW, ph, pw, Cp, Mp, TW, T, Timg, Hp, Wp, tb, part;  /* T: tiles of all N images */
     int act, res_act;
     int shared;          /* the threads share each block's phases (else each runs whole blocks) */
 } ss_wino_job;
 
-/* Row r of xp from x: zeros outside the image, channels last. */
+/* Row r of xp (row r % Hp of image r / Hp) from x: zeros outside the image, channels last. */
 static void ss_wino_stage_row(const ss_wino_job* J, int64_t r)
 {
-    const int64_t Cp = J->Cp, Wp = J->Wp, iy = r - J->ph, HW = J->H * J->W;
+    const int64_t Cp = J->Cp, Wp = J->Wp, iy = r % J->Hp - J->ph, HW = J->H * J->W;
     float* row = J->xp + r * Wp * Cp;
     if (iy < 0 || iy >= J->H) {
         memset(row, 0, (size_t)(Wp * Cp) * sizeof(float));
@@ -187,7 +186,7 @@ static void ss_wino_stage_row(const ss_wino_job* J, int64_t r)
     if (s0 > s1) s0 = s1;
     memset(row, 0, (size_t)(s0 * Cp) * sizeof(float));
     memset(row + s1 * Cp, 0, (size_t)((Wp - s1) * Cp) * sizeof(float));
-    const float* src = J->x + iy * J->W - J->pw;
+    const float* src = J->x + r / J->Hp * J->C * HW + iy * J->W - J->pw;
     int64_t s = s0;
 #ifdef __AVX2__
     /* 8 x 8 transposes write channels up to C8; Cp (a multiple of SS_WINO_VL) may be past it. */
@@ -211,8 +210,8 @@ static void ss_wino_input(const ss_wino_job* J, int64_t t0, int64_t t1, float* V
 {
     const int64_t Cp = J->Cp, Wp = J->Wp, stride = J->tb * Cp;
     for (int64_t t = t0; t < t1; ++t) {
-        const int64_t ty = t / J->TW, tx = t % J->TW;
-        const float* base = J->xp + (4 * ty * Wp + 4 * tx) * Cp;
+        const int64_t n = t / J->Timg, ty = t % J->Timg / J->TW, tx = t % J->TW;
+        const float* base = J->xp + ((n * J->Hp + 4 * ty) * Wp + 4 * tx) * Cp;
         float* vt = V + (t - t0) * Cp;
         for (int64_t c = 0; c < Cp; c += SS_WINO_VL) {
             ss_wino_v w[6][6], o[6];
@@ -270,7 +269,9 @@ static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t
     const int64_t Mp = J->Mp, stride = J->tb * Mp, P = J->OH * J->OW;
     float ob[16 * SS_WINO_VL] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; ++t) {
-        const int64_t ty = t / J->TW, tx = t % J->TW, oy = 4 * ty, ox = 4 * tx;
+        const int64_t n = t / J->Timg, ty = t % J->Timg / J->TW, tx = t % J->TW, oy = 4 * ty, ox = 4 * tx;
+        float* yn = J->y + n * J->M * P;
+        const float* rn = J->res ? J->res + n * J->M * P : NULL;
         const int64_t rows = J->OH - oy < 4 ? J->OH - oy : 4, cols = J->OW - ox < 4 ? J->OW - ox : 4;
         const float* mt = Mo + (t - b0) * Mp;
         for (int64_t m = 0; m < Mp; m += SS_WINO_VL) {
@@ -288,16 +289,15 @@ static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t
             const int64_t lanes = J->M - m < SS_WINO_VL ? J->M - m : SS_WINO_VL;
 #ifdef __AVX2__
             if (rows == 4 && cols == 4) {
-                ss_wino_store_tile(J, ob, lanes, J->y + m * P + oy * J->OW + ox,
-                                   J->res ? J->res + m * P + oy * J->OW + ox : NULL);
+                ss_wino_store_tile(J, ob, lanes, yn + m * P + oy * J->OW + ox, rn ? rn + m * P + oy * J->OW + ox : NULL);
                 continue;
             }
 #endif
             for (int64_t l = 0; l < lanes; ++l) {
                 const int64_t off = (m + l) * P + oy * J->OW + ox;
-                float* yp = J->y + off;
-                if (J->res) {
-                    const float* rp = J->res + off;
+                float* yp = yn + off;
+                if (rn) {
+                    const float* rp = rn + off;
                     for (int64_t i = 0; i < rows; ++i)
                         for (int64_t j = 0; j < cols; ++j)
                             yp[i * J->OW + j] = ss_actf(ob[(i * 4 + j) * SS_WINO_VL + l] + rp[i * J->OW + j], J->res_act);
@@ -310,15 +310,17 @@ static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t
     }
 }
 
-/* One image; scratch: per thread 36 * tb * (Cp + Mp) floats. Called inside a parallel
-   region by all of its threads. */
-static void ss_wino_image(const ss_wino_job* J, float* scratch)
+/* The whole batch (its tiles one sequence over the images: a block may span two, and a
+   batch of small planes makes blocks as large as one large plane); scratch: 36 * tb *
+   (Cp + Mp) floats per thread, or one set when the threads share the phases. Called inside
+   a parallel region by all of its threads. */
+static void ss_wino_batch(const ss_wino_job* J, float* scratch)
 {
     const int me = omp_get_thread_num();
     /* The GEMMs run on the calling thread: this sets the ICV of this thread's task only. */
     omp_set_num_threads(1);
     #pragma omp for schedule(static)
-    for (int64_t r = 0; r < J->Hp; ++r) ss_wino_stage_row(J, r);
+    for (int64_t r = 0; r < J->N * J->Hp; ++r) ss_wino_stage_row(J, r);
     const int64_t blocks = (J->T + J->tb - 1) / J->tb;
     if (!J->shared) {
         float* V = scratch + (int64_t)me * 36 * J->tb * (J->Cp + J->Mp);
@@ -361,11 +363,13 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     J.Cp = (C + SS_WINO_VL - 1) / SS_WINO_VL * SS_WINO_VL;
     J.Mp = (M + SS_WINO_VL - 1) / SS_WINO_VL * SS_WINO_VL;
     J.TW = (OW + 3) / 4;
-    J.T = J.TW * ((OH + 3) / 4);
+    J.N = N;
+    J.Timg = J.TW * ((OH + 3) / 4);
+    J.T = N * J.Timg;
     J.Hp = 4 * ((OH + 3) / 4) + 2;
     J.Wp = 4 * J.TW + 2;
     J.part = ss_gemm_packed_b_size(C, M);
-    const double macs = 36.0 * (double)J.T * (double)N * (double)C * (double)M;
+    const double macs = 36.0 * (double)J.T * (double)C * (double)M;
     const int threads = macs >= SS_WINO_PAR_MIN ? omp_get_max_threads() : 1;
     /* Tiles a block. Every block rereads all of U. While U fits beside a block in L2, blocks
        of V and Mo in about SS_WINO_BLOCK_FLOATS (half of L2), whole GEMM row tiles, at least
@@ -390,7 +394,7 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     const int64_t per_thread = 36 * tb * (J.Cp + J.Mp), buffers = J.shared ? 1 : threads;
     /* In the caller's scratch when it is large enough (the VM's arena: its pages stay mapped
        from run to run, where a large malloc may come back as fresh pages to fault in). */
-    const int64_t xp_floats = J.Hp * J.Wp * J.Cp + SS_WINO_VL, scratch_floats = per_thread * buffers + J.Mp + SS_WINO_VL;
+    const int64_t xp_floats = N * J.Hp * J.Wp * J.Cp + SS_WINO_VL, scratch_floats = per_thread * buffers + J.Mp + SS_WINO_VL;
     const int own = !work || xp_floats + scratch_floats > work_floats;
     float* xp = own ? (float*)ss_wino_alloc(xp_floats) : work;
     float* scratch = own ? (float*)ss_wino_alloc(scratch_floats) : work + xp_floats;
@@ -403,15 +407,11 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     for (int64_t m = 0; m < J.Mp; ++m) biasp[m] = bias && m < M ? bias[m] : 0.0f;
     J.xp = xp;
     J.biasp = biasp;
+    J.x = x;
+    J.y = y;
+    J.res = res;
     #pragma omp parallel num_threads(threads) if(threads > 1)
-    for (int64_t n = 0; n < N; ++n) {
-        ss_wino_job Jn = J;
-        Jn.x = x + n * C * H * W;
-        Jn.y = y + n * M * OH * OW;
-        Jn.res = res ? res + n * M * OH * OW : NULL;
-        ss_wino_image(&Jn, scratch);
-        #pragma omp barrier
-    }
+    ss_wino_batch(&J, scratch);
     if (own) {
         free(xp);
         free(scratch);
@@ -455,7 +455,7 @@ _ENTRIES = (
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0) return;
     if (wpacked && KH == 3 && KW == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && group == 1 &&
         ss_wino_run(x, bias, y, N, C, H, W, M, OH, OW, ph, pw, act, wpacked, res, res_act, work,
-                    ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
+                    N * ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
         return;
     ss_conv2d_residual(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work,
                        NULL, res, res_act);"""),

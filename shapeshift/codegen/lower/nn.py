@@ -278,7 +278,8 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         res = f"{ctx.ptr(residual)}, {res_act}" if residual is not None else "NULL, 0"
         code = (f"ss_conv2d_wino({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, "
                 f"{act}, (float*)WORK, (const float*)v[{slot}], {res});")
-        work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
+        # The batch's staged images and blocks (ss_conv2d_wino), in the im2col's size per image.
+        work = product([in_shape[0], _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)])
         return Lowered(code, fragments=("conv", "conv_wino"), absorbed=tuple(absorbed), work_bytes=work)
     if weights is not None and group == 1:
         static_pads = [int(p) if p.isdigit() else p for p in pads]
