@@ -46,6 +46,8 @@ BUILDS = {"native": (), "ymm": ("-mno-avx512f",), "sse": ("-mno-avx512f", "-mno-
 # whose transformed weights U pass that size, share each block's phases; or the default
 # (half of L2), whose blocks are few on these small planes.
 BLOCKS = {"small-blocks": 16384, "l2-blocks": None}
+# The tile sizes and their entry points: F(4x4, 3x3) and F(2x2, 3x3).
+VARIANTS = {"f4": "wino", "f2": "wino2"}
 
 
 @pytest.fixture(scope="module", params=[(b, k) for b in BUILDS for k in BLOCKS], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -54,12 +56,14 @@ def lib(request, tmp_path_factory):
     source = CONV_DEPS + conv.source() + conv_wino.source(block_floats=BLOCKS[blocks])
     cdll = build_with_gemm(source, tmp_path_factory.mktemp(f"wino-{build}-{blocks}"), f"test_wino_{build}",
                            flags=(*DEFAULT_FLAGS, *BUILDS[build])).cdll
-    cdll.ss_conv_wino_packed_b_size.restype = I64
-    cdll.ss_conv_wino_packed_b_size.argtypes = [I64, I64]
-    cdll.ss_conv_wino_pack_b.restype = None
-    cdll.ss_conv_wino_pack_b.argtypes = [I64, I64, F32P, I64, I64, F32P]
-    cdll.ss_conv2d_wino.restype = None
-    cdll.ss_conv2d_wino.argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P, F32P, ctypes.c_int]
+    for name in VARIANTS.values():
+        getattr(cdll, f"ss_conv_{name}_packed_b_size").restype = I64
+        getattr(cdll, f"ss_conv_{name}_packed_b_size").argtypes = [I64, I64]
+        getattr(cdll, f"ss_conv_{name}_pack_b").restype = None
+        getattr(cdll, f"ss_conv_{name}_pack_b").argtypes = [I64, I64, F32P, I64, I64, F32P]
+        getattr(cdll, f"ss_conv2d_{name}").restype = None
+        getattr(cdll, f"ss_conv2d_{name}").argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P, F32P,
+                                                                                  ctypes.c_int]
     cdll.ss_set_num_threads.argtypes = [ctypes.c_int]
     return cdll
 
@@ -68,16 +72,16 @@ def _p(a):
     return a.ctypes.data_as(F32P) if a is not None else None
 
 
-def _pack(lib, w):
+def _pack(lib, w, name):
     """w [M, C, 3, 3] transformed and packed as the lowering does (its [C*9, M] transpose)."""
     m = w.shape[0]
     b = np.ascontiguousarray(w.reshape(m, -1).T)
-    packed = np.empty(max(int(lib.ss_conv_wino_packed_b_size(b.shape[0], m)), 1), dtype=np.float32)
-    lib.ss_conv_wino_pack_b(b.shape[0], m, _p(b), m, 1, _p(packed))
+    packed = np.empty(max(int(getattr(lib, f"ss_conv_{name}_packed_b_size")(b.shape[0], m)), 1), dtype=np.float32)
+    getattr(lib, f"ss_conv_{name}_pack_b")(b.shape[0], m, _p(b), m, 1, _p(packed))
     return packed
 
 
-def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, packed=True, scratch=True):
+def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, packed=True, scratch=True, variant="f4"):
     n, c, h, wd = x.shape
     m = w.shape[0]
     kh, kw = w.shape[2:]
@@ -86,9 +90,10 @@ def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, pack
     y = np.full((n, m, oh, ow), np.nan, dtype=np.float32)
     # N x ss_conv2d_work_size floats, as the lowering gives (None: the kernel allocates its own).
     work = np.empty(max(int(n * c * kh * kw * oh * ow), 1), dtype=np.float32) if scratch else None
-    lib.ss_conv2d_wino(_p(x), _p(w), _p(bias), _p(y), n, c, h, wd, m, kh, kw, oh, ow, strides[0], strides[1],
-                       pads[0], pads[1], 1, 1, 1, act, _p(work), _p(_pack(lib, w) if packed else None), _p(res),
-                       res_act)
+    name = VARIANTS[variant]
+    getattr(lib, f"ss_conv2d_{name}")(_p(x), _p(w), _p(bias), _p(y), n, c, h, wd, m, kh, kw, oh, ow, strides[0],
+                                      strides[1], pads[0], pads[1], 1, 1, 1, act, _p(work),
+                                      _p(_pack(lib, w, name) if packed else None), _p(res), res_act)
     return y
 
 
@@ -124,57 +129,62 @@ def _id(case):
     return f"n{n}c{c}_{h}x{w}m{m}p{''.join(map(str, pads))}"
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("act", [0, 1, 2, 3])
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_matches_onnxruntime(lib, case, act, threads):
+def test_matches_onnxruntime(lib, case, act, threads, variant):
     n, c, h, w, m, pads = case
     x, weights, bias = _data(sum(case[:5]), n, c, h, w, m)
     lib.ss_set_num_threads(threads)
     try:
-        got = _run(lib, x, weights, bias if act != 2 else None, pads, act=act)
+        got = _run(lib, x, weights, bias if act != 2 else None, pads, act=act, variant=variant)
     finally:
         lib.ss_set_num_threads(os.cpu_count() or 1)
     np.testing.assert_allclose(got, _reference(x, weights, bias if act != 2 else None, pads, act=act),
                                rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("acts", [(0, 1), (3, 0), (1, 3)], ids=["add-relu", "silu-add", "relu-add-silu"])
 @pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[6]], ids=_id)
-def test_residual_is_added_in_the_store(lib, case, acts):
+def test_residual_is_added_in_the_store(lib, case, acts, variant):
     """y = res_act(act(conv + bias) + res), each image's residual at its own place."""
     n, c, h, w, m, pads = case
     x, weights, bias = _data(7, n, c, h, w, m)
     oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
     res = np.random.default_rng(8).standard_normal((n, m, oh, ow)).astype(np.float32)
-    got = _run(lib, x, weights, bias, pads, act=acts[0], res=res, res_act=acts[1])
+    got = _run(lib, x, weights, bias, pads, act=acts[0], res=res, res_act=acts[1], variant=variant)
     np.testing.assert_allclose(got, _reference(x, weights, bias, pads, act=acts[0], res=res, res_act=acts[1]),
                                rtol=RTOL, atol=ATOL)
 
 
-def test_what_it_cannot_run_falls_back_to_the_direct_kernels(lib):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_what_it_cannot_run_falls_back_to_the_direct_kernels(lib, variant):
     """A strided conv, or no packed weights, through ss_conv2d_wino: ss_conv2d_residual's result."""
     x, weights, bias = _data(3, 2, 12, 11, 13, 18)
-    got = _run(lib, x, weights, bias, (1, 1, 1, 1), strides=(2, 2), act=1, packed=False)
+    got = _run(lib, x, weights, bias, (1, 1, 1, 1), strides=(2, 2), act=1, packed=False, variant=variant)
     np.testing.assert_allclose(got, _reference(x, weights, bias, (1, 1, 1, 1), strides=(2, 2), act=1),
                                rtol=RTOL, atol=ATOL)
-    got = _run(lib, x, weights, bias, (1, 1, 1, 1), act=3, packed=False)
+    got = _run(lib, x, weights, bias, (1, 1, 1, 1), act=3, packed=False, variant=variant)
     np.testing.assert_allclose(got, _reference(x, weights, bias, (1, 1, 1, 1), act=3), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[7]], ids=_id)
-def test_without_the_callers_scratch(lib, case):
+def test_without_the_callers_scratch(lib, case, variant):
     """work NULL: the kernel allocates its staged image and blocks itself, same result."""
     n, c, h, w, m, pads = case
     x, weights, bias = _data(9, n, c, h, w, m)
-    got = _run(lib, x, weights, bias, pads, act=1, scratch=False)
+    got = _run(lib, x, weights, bias, pads, act=1, scratch=False, variant=variant)
     np.testing.assert_allclose(got, _reference(x, weights, bias, pads, act=1), rtol=RTOL, atol=ATOL)
 
 
-def test_wide_channels_stay_accurate(lib):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_wide_channels_stay_accurate(lib, variant):
     """512 channels in: the error grows with C; still well inside the tolerance."""
     x, weights, bias = _data(5, 1, 512, 10, 10, 32)
-    got = _run(lib, x, weights, bias, (1, 1, 1, 1))
+    got = _run(lib, x, weights, bias, (1, 1, 1, 1), variant=variant)
     want = _reference(x, weights, bias, (1, 1, 1, 1))
     assert np.abs(got - want).max() < 2e-5 * max(1.0, float(np.abs(want).max())) * 10
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
@@ -216,8 +226,8 @@ def _check(model, shapes, session=None):
     return session
 
 
-def _wino_calls(session):
-    return sum("ss_conv2d_wino(" in s.lowered.code for s in session._executor.program.steps if s.lowered)
+def _wino_calls(session, name="wino"):
+    return sum(f"ss_conv2d_{name}(" in s.lowered.code for s in session._executor.program.steps if s.lowered)
 
 
 def test_one_session_runs_every_batch_and_image_size(nchw):
@@ -231,12 +241,14 @@ def test_one_session_runs_every_batch_and_image_size(nchw):
 
 
 def test_which_convs_take_it(nchw):
-    """Not: strided convs, fewer than 16 channels in or out, known planes under 8 x 8 pixels;
-    and none with SHAPESHIFT_WINOGRAD=off."""
+    """Not: strided convs, fewer than 16 channels in or out, known planes under 6 x 6 pixels;
+    F(2x2) on a 7 x 7 plane with 384 channels in and out; none with SHAPESHIFT_WINOGRAD=off."""
     assert _wino_calls(_check(_model(16, 16, strides=(2, 2), dims=(1, None, 20, 20)), [(1, 16, 20, 20)])) == 1
     assert _wino_calls(_check(_model(8, 32), [(1, 8, 12, 12)])) == 1  # the first conv has 8 inputs
-    assert _wino_calls(_check(_model(32, 32, dims=(1, None, 7, 7)), [(1, 32, 7, 7)])) == 0
-    assert _wino_calls(_check(_model(32, 32, dims=(1, None, 8, 8)), [(1, 32, 8, 8)])) == 2
+    assert _wino_calls(_check(_model(32, 32, dims=(1, None, 5, 5)), [(1, 32, 5, 5)])) == 0
+    assert _wino_calls(_check(_model(32, 32, dims=(1, None, 7, 7)), [(1, 32, 7, 7)])) == 2
+    wide = _check(_model(384, 384, dims=(2, None, 7, 7)), [(2, 384, 7, 7)])
+    assert _wino_calls(wide, "wino2") == 2 and _wino_calls(wide) == 0
     nchw.setenv("SHAPESHIFT_WINOGRAD", "off")
     assert _wino_calls(_check(_model(32, 32), [(1, 32, 12, 12)])) == 0
 

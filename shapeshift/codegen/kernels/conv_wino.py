@@ -62,6 +62,8 @@ from ..cwriter import Fragment, Function, Private, Shared, fill
 
 DEPENDS = ("gemm", "vmath", "conv")
 
+#: Output tile sizes (F x F pixels from (F + 2) x (F + 2) inputs): F(2x2, 3x3) and F(4x4, 3x3).
+TILES = (2, 4)
 #: With U past L2, blocks this many times the L2-sized ones (fewer rereadings of U).
 BIG_BLOCK = 4
 #: Multiply-adds below which a conv runs on one thread.
@@ -71,26 +73,47 @@ ENV = "SHAPESHIFT_WINOGRAD"
 #: Input and output channels below which the transforms cost more than the GEMMs save.
 MIN_CHANNELS = 16
 #: Output planes (pixels) below which a conv stays direct: too few tiles for the GEMMs.
-MIN_PLANE = 64
+MIN_PLANE = 36
+#: F(2x2, 3x3) instead of F(4x4, 3x3) when the batch's planes make F(4x4) fewer than
+#: SMALL_TILE_ROWS tiles (GEMM rows) and C x M is at least SMALL_TILE_CHANNELS. ResNet-50 at
+#: batch 4 ran 0.89-0.95x onnxruntime with F(4x4) on its 7x7 stage and 0.95x with F(2x2)
+#: (1 thread; F(2x2) has 1.8x the multiply-adds there). Chains of 4 convs, batch 1, separate
+#: processes, AMD Zen 4: 512 -> 512
+#: on 7x7 ran F(2x2) 1.05-1.20 ms a conv at 2 threads against F(4x4) 1.28-1.61 (4 tiles a
+#: plane: the GEMMs of 4 rows stream 9.4 MB of transformed weights; 16 rows with F(2x2)),
+#: at 1 thread 1.81-1.87 against 1.71-1.87 (direct kernels: 1.54-1.61 and 2.84-2.89); 256
+#: -> 256 on 7x7 ran F(4x4) as fast or faster (0.22-0.42 ms against 0.25-0.47).
+SMALL_TILE_ROWS = 16
+SMALL_TILE_CHANNELS = 1 << 17
 
 
 def enabled() -> bool:
     return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
-def winograd_wanted(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], group: int,
-                    channels, outputs: int, out_hw: Sequence) -> bool:
-    """Whether a Conv of constant weights runs ss_conv2d_wino: 3 x 3, stride 1, dilation 1,
-    group 1, with enough channels and (where the plane is known) a plane large enough."""
+def winograd_tile(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], group: int,
+                  channels, outputs: int, out_hw: Sequence, batch=1) -> int:
+    """The Winograd tile size F (2 or 4) a Conv of constant weights runs with, or 0 for none:
+    3 x 3, stride 1, dilation 1, group 1, with enough channels, a known plane of at least
+    MIN_PLANE pixels; F(2x2) where wide channels meet a batch (1 where not known) of small
+    planes that gives F(4x4) fewer than SMALL_TILE_ROWS tiles (SMALL_TILE_*)."""
     if not enabled() or list(kernel) != [3, 3] or list(strides) != [1, 1] or list(dilations) != [1, 1] or group != 1:
-        return False
+        return 0
     if isinstance(channels, int) and channels < MIN_CHANNELS or outputs < MIN_CHANNELS:
-        return False
+        return 0
     known = [d for d in out_hw if isinstance(d, int)]
-    return len(known) < 2 or known[0] * known[1] >= MIN_PLANE
+    if len(known) < 2:
+        return 4
+    plane = known[0] * known[1]
+    if plane < MIN_PLANE:
+        return 0
+    wide = isinstance(channels, int) and channels * outputs >= SMALL_TILE_CHANNELS
+    tiles = (batch if isinstance(batch, int) else 1) * -(-known[0] // 4) * -(-known[1] // 4)
+    return 2 if wide and tiles < SMALL_TILE_ROWS else 4
 
-_TEMPLATE = r"""
-/* ---- Winograd F(4x4, 3x3) ---- */
+
+_COMMON = r"""
+/* ---- Winograd F(2x2, 3x3) and F(4x4, 3x3) ---- */
 #if defined(__AVX512F__)
 #define SS_WINO_VL 16
 #elif defined(__AVX2__)
@@ -121,31 +144,6 @@ typedef float ss_wino_vu __attribute__((vector_size(SS_WINO_VL * 4), aligned(4),
 #define SS_WINO_FMA(a, b, c) ((a) * (b) + (c))
 #endif
 
-/* B^T d for 6 values (the input transform along one axis). */
-static inline __attribute__((always_inline)) void ss_wino_in6(
-    ss_wino_v d0, ss_wino_v d1, ss_wino_v d2, ss_wino_v d3, ss_wino_v d4, ss_wino_v d5, ss_wino_v* o)
-{
-    const ss_wino_v s = SS_WINO_FMA(d2, -4.0f, d4), t = SS_WINO_FMA(d1, -4.0f, d3);  /* rows 1, 2 */
-    const ss_wino_v p = d4 - d2, q = d3 - d1;                                          /* rows 3, 4 */
-    o[0] = SS_WINO_FMA(d0, 4.0f, SS_WINO_FMA(d2, -5.0f, d4));
-    o[1] = s + t;
-    o[2] = s - t;
-    o[3] = SS_WINO_FMA(q, 2.0f, p);
-    o[4] = SS_WINO_FMA(q, -2.0f, p);
-    o[5] = SS_WINO_FMA(d1, 4.0f, SS_WINO_FMA(d3, -5.0f, d5));
-}
-
-/* A^T m for 6 values (the output transform along one axis): 4 values. */
-static inline __attribute__((always_inline)) void ss_wino_out6(
-    ss_wino_v m0, ss_wino_v m1, ss_wino_v m2, ss_wino_v m3, ss_wino_v m4, ss_wino_v m5, ss_wino_v* o)
-{
-    const ss_wino_v a = m1 + m2, b = m1 - m2, c = m3 + m4, d = m3 - m4;
-    o[0] = m0 + a + c;
-    o[1] = SS_WINO_FMA(d, 2.0f, b);
-    o[2] = SS_WINO_FMA(c, 4.0f, a);
-    o[3] = SS_WINO_FMA(d, 8.0f, b) + m5;
-}
-
 static inline ss_wino_v ss_wino_act(ss_wino_v v, int act)
 {
     if (act == 0) return v;
@@ -162,7 +160,7 @@ static inline ss_wino_v ss_wino_act(ss_wino_v v, int act)
 typedef struct {
     const float* x;      /* [N, C, H, W] */
     float* xp;           /* [N, Hp, Wp, Cp], zero-padded channels-last copy */
-    const float* U;      /* 36 packed [C, M] */
+    const float* U;      /* XI packed [C, M], XI = (F + 2)^2 for tiles of F x F */
     const float* biasp;  /* [Mp], 0 past M */
     float* y;            /* [N, M, OH, OW] */
     const float* res;    /* NULL or laid out as y */
@@ -205,37 +203,6 @@ static void ss_wino_stage_row(const ss_wino_job* J, int64_t r)
     }
 }
 
-/* V [36, tb, Cp] of tiles [t0, t1). */
-static void ss_wino_input(const ss_wino_job* J, int64_t t0, int64_t t1, float* V)
-{
-    const int64_t Cp = J->Cp, Wp = J->Wp, stride = J->tb * Cp;
-    for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n = t / J->Timg, ty = t % J->Timg / J->TW, tx = t % J->TW;
-        const float* base = J->xp + ((n * J->Hp + 4 * ty) * Wp + 4 * tx) * Cp;
-        float* vt = V + (t - t0) * Cp;
-        for (int64_t c = 0; c < Cp; c += SS_WINO_VL) {
-            ss_wino_v w[6][6], o[6];
-            for (int i = 0; i < 6; ++i) {
-                const float* p = base + i * Wp * Cp + c;
-                ss_wino_in6(SS_WINO_LD(p), SS_WINO_LD(p + Cp), SS_WINO_LD(p + 2 * Cp), SS_WINO_LD(p + 3 * Cp),
-                            SS_WINO_LD(p + 4 * Cp), SS_WINO_LD(p + 5 * Cp), w[i]);
-            }
-            for (int b = 0; b < 6; ++b) {
-                ss_wino_in6(w[0][b], w[1][b], w[2][b], w[3][b], w[4][b], w[5][b], o);
-                for (int a = 0; a < 6; ++a) SS_WINO_ST(vt + (a * 6 + b) * stride + c, o[a]);
-            }
-        }
-    }
-}
-
-/* The 36 GEMMs of a block of n tiles, positions [x0, x1). */
-static void ss_wino_gemms(const ss_wino_job* J, int64_t n, const float* V, float* Mo, int x0, int x1)
-{
-    for (int xi = x0; xi < x1; ++xi)
-        ss_gemm_prepacked(n, J->M, J->C, 1, 1, V + xi * J->tb * J->Cp, 0, 0, J->Cp, 1, J->U + xi * J->part,
-                          Mo + xi * J->tb * J->Mp, 0, 0, J->Mp, 1.0f, NULL, 0.0f, 0, 0, 0);
-}
-
 #ifdef __AVX2__
 /* A whole 4 x 4 tile of `lanes` channels from ob [16 pixels, SS_WINO_VL channels]: turned
    channel-major through 8 x 8 transposes in L1, then each channel's tile stored as two
@@ -263,31 +230,119 @@ static inline void ss_wino_store_tile(const ss_wino_job* J, const float* ob, int
 }
 #endif
 
-/* y of tiles [t0, t1) from Mo [36, tb, Mp] (the block starts at tile b0). */
-static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t t1, const float* Mo)
+static void* ss_wino_alloc(int64_t floats)
+{
+    return aligned_alloc(64, ((size_t)floats * sizeof(float) + 63) / 64 * 64);
+}
+
+"""
+
+#: The one-axis transforms of each tile size F (output pixels a side).
+_TRANSFORMS = {
+    4: r"""
+/* B^T d for the 6 values of one axis (the input transform of F(4x4, 3x3)). */
+static inline __attribute__((always_inline)) void ss_wino_in_4(const ss_wino_v* d, ss_wino_v* o)
+{
+    const ss_wino_v s = SS_WINO_FMA(d[2], -4.0f, d[4]), t = SS_WINO_FMA(d[1], -4.0f, d[3]);  /* rows 1, 2 */
+    const ss_wino_v p = d[4] - d[2], q = d[3] - d[1];                                          /* rows 3, 4 */
+    o[0] = SS_WINO_FMA(d[0], 4.0f, SS_WINO_FMA(d[2], -5.0f, d[4]));
+    o[1] = s + t;
+    o[2] = s - t;
+    o[3] = SS_WINO_FMA(q, 2.0f, p);
+    o[4] = SS_WINO_FMA(q, -2.0f, p);
+    o[5] = SS_WINO_FMA(d[1], 4.0f, SS_WINO_FMA(d[3], -5.0f, d[5]));
+}
+
+/* A^T m for the 6 values of one axis (its output transform): 4 values. */
+static inline __attribute__((always_inline)) void ss_wino_out_4(const ss_wino_v* m, ss_wino_v* o)
+{
+    const ss_wino_v a = m[1] + m[2], b = m[1] - m[2], c = m[3] + m[4], d = m[3] - m[4];
+    o[0] = m[0] + a + c;
+    o[1] = SS_WINO_FMA(d, 2.0f, b);
+    o[2] = SS_WINO_FMA(c, 4.0f, a);
+    o[3] = SS_WINO_FMA(d, 8.0f, b) + m[5];
+}
+""",
+    2: r"""
+/* B^T d for the 4 values of one axis (the input transform of F(2x2, 3x3)). */
+static inline __attribute__((always_inline)) void ss_wino_in_2(const ss_wino_v* d, ss_wino_v* o)
+{
+    o[0] = d[0] - d[2];
+    o[1] = d[1] + d[2];
+    o[2] = d[2] - d[1];
+    o[3] = d[1] - d[3];
+}
+
+/* A^T m for the 4 values of one axis: 2 values. */
+static inline __attribute__((always_inline)) void ss_wino_out_2(const ss_wino_v* m, ss_wino_v* o)
+{
+    o[0] = m[0] + m[1] + m[2];
+    o[1] = m[1] - m[2] - m[3];
+}
+""",
+}
+
+_VARIANT = r"""
+/* V [XI, tb, Cp] of tiles [t0, t1). */
+static void ss_wino_input_@F@(const ss_wino_job* J, int64_t t0, int64_t t1, float* V)
+{
+    const int64_t Cp = J->Cp, Wp = J->Wp, stride = J->tb * Cp;
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n = t / J->Timg, ty = t % J->Timg / J->TW, tx = t % J->TW;
+        const float* base = J->xp + ((n * J->Hp + @F@ * ty) * Wp + @F@ * tx) * Cp;
+        float* vt = V + (t - t0) * Cp;
+        for (int64_t c = 0; c < Cp; c += SS_WINO_VL) {
+            ss_wino_v w[@A@][@A@], d[@A@], o[@A@];
+            for (int i = 0; i < @A@; ++i) {
+                const float* p = base + i * Wp * Cp + c;
+                for (int j = 0; j < @A@; ++j) d[j] = SS_WINO_LD(p + j * Cp);
+                ss_wino_in_@F@(d, w[i]);
+            }
+            for (int b = 0; b < @A@; ++b) {
+                for (int i = 0; i < @A@; ++i) d[i] = w[i][b];
+                ss_wino_in_@F@(d, o);
+                for (int a = 0; a < @A@; ++a) SS_WINO_ST(vt + (a * @A@ + b) * stride + c, o[a]);
+            }
+        }
+    }
+}
+
+/* The XI GEMMs of a block of n tiles, positions [x0, x1). */
+static void ss_wino_gemms_@F@(const ss_wino_job* J, int64_t n, const float* V, float* Mo, int x0, int x1)
+{
+    for (int xi = x0; xi < x1; ++xi)
+        ss_gemm_prepacked(n, J->M, J->C, 1, 1, V + xi * J->tb * J->Cp, 0, 0, J->Cp, 1, J->U + xi * J->part,
+                          Mo + xi * J->tb * J->Mp, 0, 0, J->Mp, 1.0f, NULL, 0.0f, 0, 0, 0);
+}
+
+
+/* y of tiles [t0, t1) from Mo [XI, tb, Mp] (the block starts at tile b0). */
+static void ss_wino_output_@F@(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t t1, const float* Mo)
 {
     const int64_t Mp = J->Mp, stride = J->tb * Mp, P = J->OH * J->OW;
-    float ob[16 * SS_WINO_VL] __attribute__((aligned(64)));
+    float ob[@F@ * @F@ * SS_WINO_VL] __attribute__((aligned(64)));
     for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n = t / J->Timg, ty = t % J->Timg / J->TW, tx = t % J->TW, oy = 4 * ty, ox = 4 * tx;
+        const int64_t n = t / J->Timg, ty = t % J->Timg / J->TW, tx = t % J->TW, oy = @F@ * ty, ox = @F@ * tx;
         float* yn = J->y + n * J->M * P;
         const float* rn = J->res ? J->res + n * J->M * P : NULL;
-        const int64_t rows = J->OH - oy < 4 ? J->OH - oy : 4, cols = J->OW - ox < 4 ? J->OW - ox : 4;
+        const int64_t rows = J->OH - oy < @F@ ? J->OH - oy : @F@, cols = J->OW - ox < @F@ ? J->OW - ox : @F@;
         const float* mt = Mo + (t - b0) * Mp;
         for (int64_t m = 0; m < Mp; m += SS_WINO_VL) {
-            ss_wino_v p[6][4], o[4];
-            for (int a = 0; a < 6; ++a) {
-                const float* q = mt + a * 6 * stride + m;
-                ss_wino_out6(SS_WINO_LD(q), SS_WINO_LD(q + stride), SS_WINO_LD(q + 2 * stride),
-                             SS_WINO_LD(q + 3 * stride), SS_WINO_LD(q + 4 * stride), SS_WINO_LD(q + 5 * stride), p[a]);
+            ss_wino_v p[@A@][@F@], d[@A@], o[@F@];
+            for (int a = 0; a < @A@; ++a) {
+                const float* q = mt + a * @A@ * stride + m;
+                for (int b = 0; b < @A@; ++b) d[b] = SS_WINO_LD(q + b * stride);
+                ss_wino_out_@F@(d, p[a]);
             }
             const ss_wino_v bv = SS_WINO_LD(J->biasp + m);
-            for (int j = 0; j < 4; ++j) {
-                ss_wino_out6(p[0][j], p[1][j], p[2][j], p[3][j], p[4][j], p[5][j], o);
-                for (int i = 0; i < 4; ++i) SS_WINO_ST(ob + (i * 4 + j) * SS_WINO_VL, ss_wino_act(o[i] + bv, J->act));
+            for (int j = 0; j < @F@; ++j) {
+                for (int a = 0; a < @A@; ++a) d[a] = p[a][j];
+                ss_wino_out_@F@(d, o);
+                for (int i = 0; i < @F@; ++i)
+                    SS_WINO_ST(ob + (i * @F@ + j) * SS_WINO_VL, ss_wino_act(o[i] + bv, J->act));
             }
             const int64_t lanes = J->M - m < SS_WINO_VL ? J->M - m : SS_WINO_VL;
-#ifdef __AVX2__
+#if defined(__AVX2__) && @F@ == 4
             if (rows == 4 && cols == 4) {
                 ss_wino_store_tile(J, ob, lanes, yn + m * P + oy * J->OW + ox, rn ? rn + m * P + oy * J->OW + ox : NULL);
                 continue;
@@ -300,10 +355,11 @@ static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t
                     const float* rp = rn + off;
                     for (int64_t i = 0; i < rows; ++i)
                         for (int64_t j = 0; j < cols; ++j)
-                            yp[i * J->OW + j] = ss_actf(ob[(i * 4 + j) * SS_WINO_VL + l] + rp[i * J->OW + j], J->res_act);
+                            yp[i * J->OW + j] = ss_actf(ob[(i * @F@ + j) * SS_WINO_VL + l] + rp[i * J->OW + j],
+                                                        J->res_act);
                 } else {
                     for (int64_t i = 0; i < rows; ++i)
-                        for (int64_t j = 0; j < cols; ++j) yp[i * J->OW + j] = ob[(i * 4 + j) * SS_WINO_VL + l];
+                        for (int64_t j = 0; j < cols; ++j) yp[i * J->OW + j] = ob[(i * @F@ + j) * SS_WINO_VL + l];
                 }
             }
         }
@@ -311,10 +367,10 @@ static void ss_wino_output(const ss_wino_job* J, int64_t b0, int64_t t0, int64_t
 }
 
 /* The whole batch (its tiles one sequence over the images: a block may span two, and a
-   batch of small planes makes blocks as large as one large plane); scratch: 36 * tb *
+   batch of small planes makes blocks as large as one large plane); scratch: XI * tb *
    (Cp + Mp) floats per thread, or one set when the threads share the phases. Called inside
    a parallel region by all of its threads. */
-static void ss_wino_batch(const ss_wino_job* J, float* scratch)
+static void ss_wino_batch_@F@(const ss_wino_job* J, float* scratch)
 {
     const int me = omp_get_thread_num();
     /* The GEMMs run on the calling thread: this sets the ICV of this thread's task only. */
@@ -323,37 +379,32 @@ static void ss_wino_batch(const ss_wino_job* J, float* scratch)
     for (int64_t r = 0; r < J->N * J->Hp; ++r) ss_wino_stage_row(J, r);
     const int64_t blocks = (J->T + J->tb - 1) / J->tb;
     if (!J->shared) {
-        float* V = scratch + (int64_t)me * 36 * J->tb * (J->Cp + J->Mp);
-        float* Mo = V + 36 * J->tb * J->Cp;
+        float* V = scratch + (int64_t)me * @XI@ * J->tb * (J->Cp + J->Mp);
+        float* Mo = V + @XI@ * J->tb * J->Cp;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < blocks; ++k) {
             const int64_t t0 = k * J->tb, t1 = t0 + J->tb < J->T ? t0 + J->tb : J->T;
-            ss_wino_input(J, t0, t1, V);
-            ss_wino_gemms(J, t1 - t0, V, Mo, 0, 36);
-            ss_wino_output(J, t0, t0, t1, Mo);
+            ss_wino_input_@F@(J, t0, t1, V);
+            ss_wino_gemms_@F@(J, t1 - t0, V, Mo, 0, @XI@);
+            ss_wino_output_@F@(J, t0, t0, t1, Mo);
         }
         return;
     }
     /* Every thread takes a share of each phase, on one set of buffers. */
     float* V0 = scratch;
-    float* Mo0 = V0 + 36 * J->tb * J->Cp;
+    float* Mo0 = V0 + @XI@ * J->tb * J->Cp;
     for (int64_t k = 0; k < blocks; ++k) {
         const int64_t t0 = k * J->tb, t1 = t0 + J->tb < J->T ? t0 + J->tb : J->T, n = t1 - t0;
         #pragma omp for schedule(static)
-        for (int64_t t = t0; t < t1; ++t) ss_wino_input(J, t, t + 1, V0 + (t - t0) * J->Cp);
+        for (int64_t t = t0; t < t1; ++t) ss_wino_input_@F@(J, t, t + 1, V0 + (t - t0) * J->Cp);
         #pragma omp for schedule(static)
-        for (int xi = 0; xi < 36; ++xi) ss_wino_gemms(J, n, V0, Mo0, xi, xi + 1);
+        for (int xi = 0; xi < @XI@; ++xi) ss_wino_gemms_@F@(J, n, V0, Mo0, xi, xi + 1);
         #pragma omp for schedule(static)
-        for (int64_t t = t0; t < t1; ++t) ss_wino_output(J, t0, t, t + 1, Mo0);
+        for (int64_t t = t0; t < t1; ++t) ss_wino_output_@F@(J, t0, t, t + 1, Mo0);
     }
 }
 
-static void* ss_wino_alloc(int64_t floats)
-{
-    return aligned_alloc(64, ((size_t)floats * sizeof(float) + 63) / 64 * 64);
-}
-
-static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, int64_t C, int64_t H, int64_t W,
+static int ss_wino_run_@F@(const float* x, const float* bias, float* y, int64_t N, int64_t C, int64_t H, int64_t W,
                        int64_t M, int64_t OH, int64_t OW, int64_t ph, int64_t pw, int act, const float* U,
                        const float* res, int res_act, float* work, int64_t work_floats)
 {
@@ -362,25 +413,25 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     J.act = act; J.res_act = res_act; J.U = U;
     J.Cp = (C + SS_WINO_VL - 1) / SS_WINO_VL * SS_WINO_VL;
     J.Mp = (M + SS_WINO_VL - 1) / SS_WINO_VL * SS_WINO_VL;
-    J.TW = (OW + 3) / 4;
+    J.TW = (OW + @F@ - 1) / @F@;
     J.N = N;
-    J.Timg = J.TW * ((OH + 3) / 4);
+    J.Timg = J.TW * ((OH + @F@ - 1) / @F@);
     J.T = N * J.Timg;
-    J.Hp = 4 * ((OH + 3) / 4) + 2;
-    J.Wp = 4 * J.TW + 2;
+    J.Hp = @F@ * ((OH + @F@ - 1) / @F@) + 2;
+    J.Wp = @F@ * J.TW + 2;
     J.part = ss_gemm_packed_b_size(C, M);
-    const double macs = 36.0 * (double)J.T * (double)C * (double)M;
+    const double macs = @XI@.0 * (double)J.T * (double)C * (double)M;
     const int threads = macs >= SS_WINO_PAR_MIN ? omp_get_max_threads() : 1;
     /* Tiles a block. Every block rereads all of U. While U fits beside a block in L2, blocks
        of V and Mo in about SS_WINO_BLOCK_FLOATS (half of L2), whole GEMM row tiles, at least
        two, and each thread runs whole blocks when there are two or more for each. Past
        that, U comes from L3 or DRAM at every reading (ResNet-50's 256-channel 3 x 3 convs:
        9.4 MB each), so blocks up to SS_WINO_BIG_BLOCK times larger, shared by the threads
-       phase by phase (the 36 GEMMs split between them: U read once a block in all). */
-    const int64_t per_tile = 36 * (J.Cp + J.Mp);
+       phase by phase (the XI GEMMs split between them: U read once a block in all). */
+    const int64_t per_tile = @XI@ * (J.Cp + J.Mp);
     int64_t tb = SS_WINO_BLOCK_FLOATS / per_tile / SS_GEMM_MR * SS_GEMM_MR;
     if (tb < 2 * SS_GEMM_MR) tb = 2 * SS_GEMM_MR;
-    const int big_u = 36.0 * (double)C * (double)M > (double)SS_WINO_BLOCK_FLOATS;
+    const int big_u = @XI@.0 * (double)C * (double)M > (double)SS_WINO_BLOCK_FLOATS;
     if (big_u) {
         const int64_t big = SS_WINO_BIG_BLOCK * SS_WINO_BLOCK_FLOATS / per_tile / SS_GEMM_MR * SS_GEMM_MR;
         if (big > tb) tb = big;
@@ -391,7 +442,7 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     if (tb > J.T) tb = J.T;
     J.tb = tb;
     J.shared = threads > 1 && (big_u || (J.T + tb - 1) / tb < 2 * threads);
-    const int64_t per_thread = 36 * tb * (J.Cp + J.Mp), buffers = J.shared ? 1 : threads;
+    const int64_t per_thread = @XI@ * tb * (J.Cp + J.Mp), buffers = J.shared ? 1 : threads;
     /* In the caller's scratch when it is large enough (the VM's arena: its pages stay mapped
        from run to run, where a large malloc may come back as fresh pages to fault in). */
     const int64_t xp_floats = N * J.Hp * J.Wp * J.Cp + SS_WINO_VL, scratch_floats = per_thread * buffers + J.Mp + SS_WINO_VL;
@@ -411,7 +462,7 @@ static int ss_wino_run(const float* x, const float* bias, float* y, int64_t N, i
     J.y = y;
     J.res = res;
     #pragma omp parallel num_threads(threads) if(threads > 1)
-    ss_wino_batch(&J, scratch);
+    ss_wino_batch_@F@(&J, scratch);
     if (own) {
         free(xp);
         free(scratch);
@@ -425,41 +476,52 @@ _CONV2D_PARAMS = ("const float* x", "const float* w", "const float* bias", "floa
                   "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", "int64_t group",
                   "int act", "float* work", "const float* wpacked", "const float* res", "int res_act")
 
-_ENTRIES = (
-    Function("int64_t", "ss_conv_wino_packed_b_size", ("int64_t K", "int64_t N"), """
+#: G of each tile size (F + 2 rows): the weight transform U = G g G^T, in double at packing.
+_G = {
+    4: "{0.25, 0.0, 0.0}, {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6}, "
+       "{1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0.0, 0.0, 1.0}",
+    2: "{1.0, 0.0, 0.0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0.0, 0.0, 1.0}",
+}
+#: Entry-point names of each tile size: F(4x4) keeps the plain names.
+_NAMES = {4: "wino", 2: "wino2"}
+
+
+def _entries(f: int) -> tuple:
+    a, name = f + 2, _NAMES[f]
+    return (
+        Function("int64_t", f"ss_conv_{name}_packed_b_size", ("int64_t K", "int64_t N"), f"""
     if (K <= 0 || N <= 0 || K % 9) return 0;
-    return 36 * ss_gemm_packed_b_size(K / 9, N);"""),
-    Function("void", "ss_conv_wino_pack_b", ("int64_t K", "int64_t N", "const float* B", "int64_t rsb",
-                                             "int64_t csb", "float* packed"), """
+    return {a * a} * ss_gemm_packed_b_size(K / 9, N);"""),
+        Function("void", f"ss_conv_{name}_pack_b", ("int64_t K", "int64_t N", "const float* B", "int64_t rsb",
+                                                    "int64_t csb", "float* packed"), f"""
     if (K <= 0 || N <= 0 || K % 9) return;
     /* U = G g G^T per (c, n), written straight into ss_gemm_pack_b's layout of each U[xi]
        (kernels/gemm.py): block k0 of SS_GEMM_KC rows at k0 * Np, panel q at q * NR * kb. */
-    static const double G[6][3] = {{0.25, 0.0, 0.0}, {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                   {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0.0, 0.0, 1.0}};
+    static const double G[{a}][3] = {{{_G[f]}}};
     const int64_t C = K / 9, Np = (N + SS_GEMM_NR - 1) / SS_GEMM_NR * SS_GEMM_NR, part = ss_gemm_packed_b_size(C, N);
-    for (int64_t c = 0; c < C; ++c) {
+    for (int64_t c = 0; c < C; ++c) {{
         const int64_t k0 = c / SS_GEMM_KC * SS_GEMM_KC, kb = C - k0 < SS_GEMM_KC ? C - k0 : SS_GEMM_KC, k = c - k0;
-        for (int64_t n = 0; n < Np; ++n) {
-            double g[3][3], t[6][3];
+        for (int64_t n = 0; n < Np; ++n) {{
+            double g[3][3], t[{a}][3];
             for (int r = 0; r < 3; ++r)
                 for (int s = 0; s < 3; ++s) g[r][s] = n < N ? (double)B[(c * 9 + r * 3 + s) * rsb + n * csb] : 0.0;
-            for (int a = 0; a < 6; ++a)
-                for (int s = 0; s < 3; ++s) t[a][s] = G[a][0] * g[0][s] + G[a][1] * g[1][s] + G[a][2] * g[2][s];
+            for (int i = 0; i < {a}; ++i)
+                for (int s = 0; s < 3; ++s) t[i][s] = G[i][0] * g[0][s] + G[i][1] * g[1][s] + G[i][2] * g[2][s];
             const int64_t at = k0 * Np + (n / SS_GEMM_NR) * SS_GEMM_NR * kb + k * SS_GEMM_NR + n % SS_GEMM_NR;
-            for (int a = 0; a < 6; ++a)
-                for (int b = 0; b < 6; ++b)
-                    packed[(a * 6 + b) * part + at] = (float)(t[a][0] * G[b][0] + t[a][1] * G[b][1] + t[a][2] * G[b][2]);
-        }
-    }"""),
-    Function("void", "ss_conv2d_wino", _CONV2D_PARAMS, """
+            for (int i = 0; i < {a}; ++i)
+                for (int j = 0; j < {a}; ++j)
+                    packed[(i * {a} + j) * part + at] = (float)(t[i][0] * G[j][0] + t[i][1] * G[j][1] + t[i][2] * G[j][2]);
+        }}
+    }}"""),
+        Function("void", f"ss_conv2d_{name}", _CONV2D_PARAMS, f"""
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0) return;
     if (wpacked && KH == 3 && KW == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && group == 1 &&
-        ss_wino_run(x, bias, y, N, C, H, W, M, OH, OW, ph, pw, act, wpacked, res, res_act, work,
-                    N * ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
+        ss_wino_run_{f}(x, bias, y, N, C, H, W, M, OH, OW, ph, pw, act, wpacked, res, res_act, work,
+                      N * ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
         return;
     ss_conv2d_residual(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work,
                        NULL, res, res_act);"""),
-)
+    )
 
 
 def fragment(target: Optional[Target] = None, par_min: int = PAR_MIN_MACS,
@@ -470,8 +532,12 @@ def fragment(target: Optional[Target] = None, par_min: int = PAR_MIN_MACS,
 
     if block_floats is None:
         block_floats = (target or host_target()).caches.l2 // 4 // 2
-    return Fragment([Private(fill(_TEMPLATE, BLOCK_FLOATS=int(block_floats), PAR_MIN=float(par_min),
-                                       BIG_BLOCK=BIG_BLOCK)), *_ENTRIES])
+    parts: list = [Private(fill(_COMMON, BLOCK_FLOATS=int(block_floats), PAR_MIN=float(par_min), BIG_BLOCK=BIG_BLOCK))]
+    for f in TILES:
+        parts += [Private(_TRANSFORMS[f]), Private(fill(_VARIANT, F=f, A=f + 2, XI=(f + 2) ** 2))]
+    for f in TILES:
+        parts += _entries(f)
+    return Fragment(parts)
 
 
 def source(target: Optional[Target] = None, **parameters) -> str:

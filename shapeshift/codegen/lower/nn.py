@@ -17,7 +17,7 @@ from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim, prove_eq
 from ..kernels.conv import small_plane_ok
-from ..kernels.conv_wino import winograd_wanted
+from ..kernels.conv_wino import winograd_tile
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .layout import param_values
@@ -270,13 +270,16 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
             f"{dilations[0]}, {dilations[1]}, {group}")
     weights = ctx.const(w)
     tuned = None
-    if weights is not None and winograd_wanted(kernel, strides, dilations, group, in_shape[1], w_shape[0], ohw):
+    tile = (winograd_tile(kernel, strides, dilations, group, in_shape[1], w_shape[0], ohw, in_shape[0])
+            if weights is not None else 0)
+    if tile:
         # Winograd F(4x4, 3x3) (kernels/conv_wino.py): a quarter of the multiply-adds; its
         # weights transformed and packed once at load. Not a tuning task: no schedule of the
         # direct kernels comes near it where it runs.
-        slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, "ss_conv_wino_")
+        name = "wino" if tile == 4 else "wino2"
+        slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, f"ss_conv_{name}_")
         res = f"{ctx.ptr(residual)}, {res_act}" if residual is not None else "NULL, 0"
-        code = (f"ss_conv2d_wino({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, "
+        code = (f"ss_conv2d_{name}({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, "
                 f"{act}, (float*)WORK, (const float*)v[{slot}], {res});")
         # The batch's staged images and blocks (ss_conv2d_wino), in the im2col's size per image.
         work = product([in_shape[0], _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)])
