@@ -1,15 +1,17 @@
-"""Winograd F(4x4, 3x3): dense 3 x 3, stride-1 convolutions in a quarter of the
-multiply-adds (NCHW float32).
+"""Winograd F(4x4, 3x3) and F(2x2, 3x3): dense 3 x 3, stride-1 convolutions in a quarter
+(or, on small planes, 4/9) of the multiply-adds (NCHW float32).
 
 A direct or implicit-GEMM 3 x 3 conv spends 9 * C multiply-adds on each output value.
 Winograd's minimal filtering (Lavin and Gray, "Fast Algorithms for Convolutional Neural
-Networks", 2015) computes a 4 x 4 tile of outputs from a 6 x 6 tile of inputs as
+Networks", 2015) computes an F x F tile of outputs from an A x A tile of inputs, A = F + 2,
+as
 
     Y = A^T [ (G g G^T) (.) (B^T d B) ] A
 
-(``(.)`` elementwise), so a tile costs 36 * C multiply-adds per output channel instead of
-144 * C: 2.25 * C an output. Summed over the input channels, the elementwise products
-become 36 independent GEMMs, one per position xi of the 6 x 6 transformed tile:
+(``(.)`` elementwise), so with F = 4 a tile costs 36 * C multiply-adds per output channel
+instead of 144 * C: 2.25 * C an output (F = 2: 16 * C for 4 outputs, 4 * C an output).
+Summed over the input channels, the elementwise products become XI = A * A independent
+GEMMs, one per position xi of the transformed tile:
 
     Mo[xi] [tiles, M] = V[xi] [tiles, C] x U[xi] [C, M]
 
@@ -17,34 +19,41 @@ with V the transformed input tiles and U the transformed weights. That is why Re
 nets are worth it: at 224 x 224 ResNet-50 has 1.5 of its 4.1 G multiply-adds in stride-1
 3 x 3 convs, which the direct kernels already run at 85-90% of the FMA peak.
 
-Layout, per image:
+Layout:
 
-1. The input is copied once into a zero-padded channels-last image ``xp [Hp, Wp, Cp]``
-   (Cp: C rounded up to the vector), so that a tile's 36 input values of a run of
-   channels are 36 contiguous vector loads (8 x 8 transposes on AVX2).
-2. Tiles (raster order over the output) are taken in blocks. For a block, the input
-   transform writes ``V [36, tb, Cp]`` (vectorized over channels: 12 one-dimensional
-   transforms of 6 vectors a tile), the 36 GEMMs (``ss_gemm_prepacked``, U packed once at
-   load by ``ss_conv_wino_pack_b``) write ``Mo [36, tb, Mp]``, and the output transform
-   reads it back (vectorized over output channels), adds the bias, applies the activation
-   and the residual, and stores each channel's 4 x 4 (or edge) tile into y.
-3. With enough blocks for every thread, each thread runs whole blocks (no barrier); else
-   the block's three phases are shared out (tiles, then the 36 GEMMs, then tiles).
+1. The batch is copied once into zero-padded channels-last images ``xp [N, Hp, Wp, Cp]``
+   (Cp: C rounded up to the vector), so that a tile's A * A input values of a run of
+   channels are contiguous vector loads (8 x 8 transposes on AVX2).
+2. Tiles (raster order over each output plane, image after image) are taken in blocks.
+   For a block, the input transform writes ``V [XI, tb, Cp]`` (vectorized over channels:
+   2 * A one-dimensional transforms of A vectors a tile), the XI GEMMs
+   (``ss_gemm_prepacked``, U packed once at load) write ``Mo [XI, tb, Mp]``, and the output
+   transform reads it back (vectorized over output channels), adds the bias, applies the
+   activation and the residual, and stores each channel's F x F (or edge) tile into y
+   (F = 4: whole tiles through 8 x 8 transposes).
+3. With enough blocks for every thread, each thread runs whole blocks (no barrier); else,
+   or when U does not fit in L2 beside a block, the block's three phases are shared out
+   (tiles, then the XI GEMMs, then tiles).
 
 A block holds ``tb`` tiles, chosen so that V and Mo take about half of L2 (the GEMMs reread
-V's rows for every panel of U), at least two GEMM row tiles.
+V's rows for every panel of U), at least two GEMM row tiles; when U itself passes that, up
+to BIG_BLOCK times more, since every block rereads all of U.
+
+Which tile size runs (``winograd_tile``, the lowering's choice): F(4x4), except where a
+batch of small planes would give its GEMMs fewer than SMALL_TILE_ROWS rows and the channels
+are wide, where F(2x2)'s 4x the tiles make better GEMMs.
 
 Accuracy: the transforms use the points 0, +-1, +-2 (exact in float32 for B and A; G has
 1/6, 1/12, 1/24, computed in double at packing). The result differs from a direct sum in
 the last bits, by about 1e-6 of the outputs' scale per hundred channels (tests/test_conv_wino.py).
 
-Exported C::
+Exported C (for F(4x4) ``wino``, for F(2x2) ``wino2``)::
 
     int64_t ss_conv_wino_packed_b_size(int64_t K, int64_t N);
     void ss_conv_wino_pack_b(int64_t K, int64_t N, const float* B, int64_t rsb, int64_t csb, float* packed);
         /* B(k, n) = B[k * rsb + n * csb] is a 3 x 3 conv's weight as the GEMM's B,
            [C * 9, M] (k = c * 9 + kh * 3 + kw): what the lowering packs for ss_conv2d.
-           packed: 36 of ss_gemm_pack_b's layouts of U[xi] [C, M]. */
+           packed: XI of ss_gemm_pack_b's layouts of U[xi] [C, M]. */
     void ss_conv2d_wino(<ss_conv2d_residual's arguments, wpacked from ss_conv_wino_pack_b>);
         /* ss_conv2d_residual's result; a conv that is not 3 x 3, stride 1, dilation 1,
            group 1, or whose scratch cannot be allocated, runs ss_conv2d_residual with the
@@ -58,7 +67,7 @@ import os
 from typing import Optional, Sequence
 
 from ...target import Target
-from ..cwriter import Fragment, Function, Private, Shared, fill
+from ..cwriter import Fragment, Function, Private, fill
 
 DEPENDS = ("gemm", "vmath", "conv")
 
