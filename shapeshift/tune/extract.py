@@ -32,6 +32,7 @@ from ..passes.simplify import simplify_graph
 from ..symbolic import Dim, Expr, bounds, evaluate, free_symbols
 from .conv_workload import ConvWorkload, conv_instance
 from .gemm_group import GemmGroupWorkload
+from .task import InstanceRange
 from .workload import DEFAULT_SAMPLES, BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str, uniform_samples
 
 
@@ -117,20 +118,12 @@ class BatchedTask:
         return self.calls * self.workload_.range_flops()
 
 
-class _InstanceTask:
+class _InstanceTask(InstanceRange):
     """A model's task over instances (its workload's values 1..N, tune/task.py's
     InstanceValues), each weighing its calls per run: ``instances`` maps instance -> calls,
     ``workload(cold)`` makes the task."""
 
     instances: dict
-
-    @property
-    def lo(self) -> int:
-        return 1
-
-    @property
-    def hi(self) -> int:
-        return len(self.instances)
 
     def sample_weights(self) -> tuple[list[int], list[float]]:
         """Every instance and its calls per run (what the kernel set is chosen by)."""

@@ -28,7 +28,7 @@ routine in tune/worker.py; search.py, dispatch.py and database.py stay as they a
 from __future__ import annotations
 
 import random
-from typing import Any, Hashable, Protocol, Sequence
+from typing import Any, Hashable, Protocol, Sequence, Sized
 
 from ..target import Target
 
@@ -98,13 +98,11 @@ class TuningTask(Protocol):
                          ) -> tuple[list[int], list[float]]: ...
 
 
-class InstanceValues:
-    """The values 1..N of an unordered task naming its N ``instances`` (tune/gemm_group.py's
-    group, tune/conv_workload.py's conv class): every instance is a sample."""
+class InstanceRange:
+    """Values 1..N over N ``instances`` (a tuple, or a dict keyed by instance): value i is
+    instance i. The workloads' InstanceValues and the model tasks over them (tune/extract.py)."""
 
-    instances: tuple
-    variable = "instance"
-    ordered = False
+    instances: Sized
 
     @property
     def lo(self) -> int:
@@ -113,6 +111,15 @@ class InstanceValues:
     @property
     def hi(self) -> int:
         return len(self.instances)
+
+
+class InstanceValues(InstanceRange):
+    """The values 1..N of an unordered task naming its N ``instances`` (tune/gemm_group.py's
+    group, tune/conv_workload.py's conv class): every instance is a sample."""
+
+    instances: tuple
+    variable = "instance"
+    ordered = False
 
     def sampled_ms(self, count: int = 0) -> list[int]:
         return list(range(1, self.hi + 1))

@@ -451,7 +451,7 @@ static int ss_wino_run_@F@(const float* x, const float* bias, float* y, int64_t 
     if (tb > J.T) tb = J.T;
     J.tb = tb;
     J.shared = threads > 1 && (big_u || (J.T + tb - 1) / tb < 2 * threads);
-    const int64_t per_thread = @XI@ * tb * (J.Cp + J.Mp), buffers = J.shared ? 1 : threads;
+    const int64_t per_thread = tb * per_tile, buffers = J.shared ? 1 : threads;
     /* In the caller's scratch when it is large enough (the VM's arena: its pages stay mapped
        from run to run, where a large malloc may come back as fresh pages to fault in). */
     const int64_t xp_floats = N * J.Hp * J.Wp * J.Cp + SS_WINO_VL, scratch_floats = per_thread * buffers + J.Mp + SS_WINO_VL;

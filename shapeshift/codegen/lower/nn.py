@@ -272,38 +272,37 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     tuned = None
     tile = (winograd_tile(kernel, strides, dilations, group, in_shape[1], w_shape[0], ohw, in_shape[0])
             if weights is not None else 0)
+    fragments: tuple[str, ...] = ("conv",)
+    work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
     if tile:
-        # Winograd F(4x4, 3x3) (kernels/conv_wino.py): a quarter of the multiply-adds; its
-        # weights transformed and packed once at load. Not a tuning task: no schedule of the
-        # direct kernels comes near it where it runs.
+        # Winograd (kernels/conv_wino.py, F(4x4) or F(2x2) tiles): its weights transformed
+        # and packed once at load; its one entry point takes the residual (NULL for none);
+        # its scratch holds the batch's staged images, an im2col's size per image. Not a
+        # tuning task: no schedule of the direct kernels comes near it where it runs.
         name = "wino" if tile == 4 else "wino2"
         slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, f"ss_conv_{name}_")
-        res = f"{ctx.ptr(residual)}, {res_act}" if residual is not None else "NULL, 0"
-        code = (f"ss_conv2d_{name}({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, "
-                f"{act}, (float*)WORK, (const float*)v[{slot}], {res});")
-        # The batch's staged images and blocks (ss_conv2d_wino), in the im2col's size per image.
-        work = product([in_shape[0], _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)])
-        return Lowered(code, fragments=("conv", "conv_wino"), absorbed=tuple(absorbed), work_bytes=work)
-    if weights is not None and group == 1:
-        static_pads = [int(p) if p.isdigit() else p for p in pads]
-        tuned = ctx.tuned_conv(kernel, strides, dilations, static_pads, [in_shape[0], in_shape[1], *hw, w_shape[0]],
-                               ohw, act)
-    if tuned is not None:
-        # A tuned conv dispatcher (tune/records.py): its kernels read the weights in their
-        # own packed layout, whatever the plane (each picks its path per call). It has
-        # ss_conv2d_residual's twin too (tune/dispatch.py), so a fused residual keeps it:
-        # the residual changes no path's choice, only what the store adds.
-        slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, tuned.name)
-        fn, packed = f"{tuned.name}conv2d", f"(const float*)v[{slot}]"
+        fn, packed, fragments = f"ss_conv2d_{name}", f"(const float*)v[{slot}]", ("conv", "conv_wino")
+        work = product([in_shape[0], work])
     else:
-        fn, packed = "ss_conv2d", _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
-    tail = ""
+        if weights is not None and group == 1:
+            static_pads = [int(p) if p.isdigit() else p for p in pads]
+            tuned = ctx.tuned_conv(kernel, strides, dilations, static_pads,
+                                   [in_shape[0], in_shape[1], *hw, w_shape[0]], ohw, act)
+        if tuned is not None:
+            # A tuned conv dispatcher (tune/records.py): its kernels read the weights in their
+            # own packed layout, whatever the plane (each picks its path per call). It has
+            # ss_conv2d_residual's twin too (tune/dispatch.py), so a fused residual keeps it:
+            # the residual changes no path's choice, only what the store adds.
+            slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, tuned.name)
+            fn, packed = f"{tuned.name}conv2d", f"(const float*)v[{slot}]"
+        else:
+            fn, packed = "ss_conv2d", _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
+    tail = ", NULL, 0" if tile else ""
     if residual is not None:
-        fn, tail = f"{fn}_residual", f", {ctx.ptr(residual)}, {res_act}"
+        fn, tail = fn if tile else f"{fn}_residual", f", {ctx.ptr(residual)}, {res_act}"
     code = (f"{fn}({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, {act}, "
             f"(float*)WORK, {packed}{tail});")
-    work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
-    return Lowered(code, fragments=("conv",), absorbed=tuple(absorbed), work_bytes=work)
+    return Lowered(code, fragments=fragments, absorbed=tuple(absorbed), work_bytes=work)
 
 
 def _packed_conv_weight(ctx: LowerContext, w: Value, w_shape: Sequence[int], group: int, pixels: Dim) -> str:
