@@ -184,15 +184,77 @@ static inline __attribute__((always_inline)) void ss_cnc_flat_@L@(
     }
 }
 
-/* bias, act, residual, act2 and the zeroed lanes past M, then the store. */
-static inline ss_vf@L@ ss_cnc_epilogue_@L@(ss_vf@L@ v, const float* res, int act, float a0, float a1,
-                                         int act2, float b0, float b1, int last, ss_vi@L@ keep)
+/* Any activation, out of line: what the rarer codes and border tiles call. */
+static __attribute__((noinline)) ss_vf@L@ ss_cnc_act_any_@L@(ss_vf@L@ v, int act, float a0, float a1)
+{
+    return ss_nchwc_act_@L@(v, act, a0, a1);
+}
+
+/* bias, act, residual, act2 and the zeroed lanes past M, then the store. act is a constant
+   where the caller made it one (inlined then); act2 after a residual is none or Relu inline,
+   anything else a call. */
+static inline __attribute__((always_inline)) ss_vf@L@ ss_cnc_epilogue_@L@(
+    ss_vf@L@ v, const float* res, const int act, float a0, float a1, int act2, float b0, float b1, int last,
+    ss_vi@L@ keep)
 {
     v = ss_nchwc_act_@L@(v, act, a0, a1);
-    if (res) v = ss_nchwc_act_@L@(v + *(const ss_vfu@L@*)res, act2, b0, b1);
+    if (res) {
+        v += *(const ss_vfu@L@*)res;
+        if (act2 == 1) v = ss_nchwc_max_@L@(v, (ss_vf@L@){0});
+        else if (act2) v = ss_cnc_act_any_@L@(v, act2, b0, b1);
+    }
     if (last) v = (ss_vf@L@)((ss_vi@L@)v & keep);
     return v;
 }
+
+/* A tile's accumulators stored as they are: nb blocks (block b at yb + b * bstep) of rx
+   pixels (pixel j at + j * pstep floats). nb and rx are constants at the hot tiles' calls:
+   unrolled, the accumulators never leave the registers. */
+static inline __attribute__((always_inline)) void ss_cnc_store_@L@(
+    float* yb, int64_t bstep, int64_t pstep, const int nb, const int rx, ss_vf@L@ acc[][2])
+{
+    #pragma GCC unroll 2
+    for (int b = 0; b < nb; b++)
+        #pragma GCC unroll 16
+        for (int j = 0; j < rx; j++)
+            *(ss_vfu@L@*)(yb + b * bstep + j * pstep) = acc[j][b];
+}
+
+/* The epilogue over a tile just stored (still in L1): the activation chosen once per tile,
+   then a rolled loop with it as a constant. Picking it per vector (a jump table before every
+   store, the accumulators on the stack) made a 1x1 16->72 conv on 56x56 take 1.4x as long,
+   and inlining each activation into every tile's store made the fragment's object 1.5x and
+   gcc's time on it 2.4x. res: NULL or at the same offsets from rb; block `last` (or -1) has
+   its lanes past M zeroed. */
+static __attribute__((noinline)) void ss_cnc_post_@L@(
+    float* yb, const float* rb, int64_t bstep, int64_t pstep, int nb, int rx, int act,
+    float a0, float a1, int act2, float b0, float b1, int last, ss_vi@L@ keep)
+{
+#define SS_CNC_POST(ACT) \
+    for (int b = 0; b < nb; b++) \
+        for (int j = 0; j < rx; j++) { \
+            const int64_t off = b * bstep + j * pstep; \
+            *(ss_vfu@L@*)(yb + off) = ss_cnc_epilogue_@L@(*(const ss_vfu@L@*)(yb + off), rb ? rb + off : NULL, ACT, \
+                                                         a0, a1, act2, b0, b1, b == last, keep); \
+        }
+    switch (act) {
+    case 0: SS_CNC_POST(0); break;
+    case 1: SS_CNC_POST(1); break;
+    case 2: SS_CNC_POST(2); break;
+    case 3: SS_CNC_POST(3); break;
+    case 6: SS_CNC_POST(6); break;
+    default: SS_CNC_POST(act);
+    }
+#undef SS_CNC_POST
+}
+
+/* A tile's store and its epilogue, skipped where there is none (no activation, no residual,
+   no lanes past M: LAST is -1 then). */
+#define SS_CNC_STORE_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, LAST, ACC) do { \
+    ss_cnc_store_@L@(YB, BSTEP, PSTEP, NB, RXT, ACC); \
+    if (act || (RB) || ((LAST) >= 0 && (LAST) < (NB))) \
+        ss_cnc_post_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, act, a0, a1, act2, b0, b1, LAST, keep); \
+} while (0)
 """
 
 _DENSE = r"""
@@ -234,12 +296,10 @@ if (OW < 2 * @RX@ && OH * OW >= @RX@ && xblk == @L@) {
                         acc[j][b] = bias && b < nb ? *(const ss_vfu@L@*)(bias + (ob + b) * @L@) : (ss_vf@L@){0};
                 if (nb == 2) ss_cnc_flat_@L@(xg, wo, wob, 2, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
                 else ss_cnc_flat_@L@(xg, wo, wob, 1, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
-                for (int b = 0; b < nb; b++) {
-                    const int64_t off = ((n * MB + ob + b) * P + p0) * @L@;
-                    for (int j = 0; j < @RX@; j++)
-                        *(ss_vfu@L@*)(y + off + j * @L@) = ss_cnc_epilogue_@L@(
-                            acc[j][b], res ? res + off + j * @L@ : NULL, act, a0, a1, act2, b0, b1, ob + b == MB - 1, keep);
-                }
+                const int64_t off = ((n * MB + ob) * P + p0) * @L@;
+                const int last = M % @L@ ? (int)(MB - 1 - ob) : -1;
+                if (nb == 2) SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, 2, @RX@, last, acc);
+                else SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, 1, @RX@, last, acc);
             }
     return;
 }
@@ -280,11 +340,13 @@ for (int64_t n = 0; n < N; n++)
                 else if (RXT == @RX@ && sw == 1) SS_CNC_FAST(RXT, @L@, 1); \
                 else if (RXT == @RX@ && sw == 2) SS_CNC_FAST(RXT, @L@, 2); \
                 else SS_CNC_FAST(RXT, @L@, sw); \
-                for (int b = 0; b < nb; b++) { \
-                    const int64_t off = (((n * MB + ob + b) * OH + oy) * OW + ox) * @L@; \
-                    for (int j = 0; j < RXT; j++) \
-                        *(ss_vfu@L@*)(y + off + j * @L@) = ss_cnc_epilogue_@L@( \
-                            acc[j][b], res ? res + off + j * @L@ : NULL, act, a0, a1, act2, b0, b1, ob + b == MB - 1, keep); \
+                { \
+                    const int64_t off = (((n * MB + ob) * OH + oy) * OW + ox) * @L@; \
+                    const int last = M % @L@ ? (int)(MB - 1 - ob) : -1; \
+                    if (nb == 2) SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, OH * OW * @L@, @L@, 2, RXT, \
+                                                 last, acc); \
+                    else SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, OH * OW * @L@, @L@, 1, RXT, \
+                                          last, acc); \
                 } \
             } while (0)
             while (ox < lo) {
@@ -396,10 +458,12 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                     ss_vf@L@ acc[@DWX@]; \
                     for (int j = 0; j < RXT; j++) acc[j] = bv; \
                     ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
-                    for (int j = 0; j < RXT; j++) { \
-                        const int64_t off = row + (ox + j) * @L@; \
-                        *(ss_vfu@L@*)(y + off) = ss_cnc_epilogue_@L@(acc[j], res ? res + off : NULL, act, a0, a1, \
-                                                                    act2, b0, b1, cb == CB - 1, keep); \
+                    { \
+                        ss_vf@L@ acc2[RXT][2]; \
+                        for (int j = 0; j < RXT; j++) acc2[j][0] = acc[j]; \
+                        const int64_t off = row + ox * @L@; \
+                        SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, 0, @L@, 1, RXT, \
+                                         cb == CB - 1 && C % @L@ ? 0 : -1, acc2); \
                     } \
                 } while (0)
                     if (buf) {
