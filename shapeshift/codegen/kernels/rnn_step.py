@@ -49,11 +49,20 @@ def rows_per_tile(registers: int, ng: int) -> int:
     return max(1, min(MR_CAP, (registers - ng - 1) // ng))
 
 
+#: Independent FMA chains a tile keeps in flight: two FMA ports x a 4-cycle latency, the
+#: most any class of target/microarch.py needs (the AVX2 entry; the Xeon's two zmm ports).
+FMA_CHAINS = 8
+
+
 def k_splits(registers: int, ng: int, rows: int) -> int:
-    """Independent accumulator sets over alternate k: enough FMA chains to hide the FMA
-    latency when rows x gates alone are few (one row of one gate is one chain), as many as
-    the register file holds beside the weights, at most 4."""
-    return max(1, min(4, (registers - ng - 1) // (rows * ng)))
+    """Independent accumulator sets over alternate k: only as many as it takes for rows x
+    gates x sets to reach FMA_CHAINS (one row of one gate is one chain), at most 4 and within
+    the register file beside the weights. More sets than that cost loads: with 3 rows of 3
+    gates, 3 sets filled 27 of the 32 zmm registers, gcc read each weight vector from memory
+    in every FMA (9 loads a k where 3 do), and the step ran load-bound at about half the
+    FMA peak."""
+    chains = rows * ng
+    return max(1, min(4, -(-FMA_CHAINS // chains), (registers - ng - 1) // chains))
 
 
 def _dot_function(ng: int, rows: int, registers: int) -> str:
@@ -70,6 +79,9 @@ def _dot_function(ng: int, rows: int, registers: int) -> str:
         w.lines(f"_mm_prefetch((const char*)(p{s} + (SS_RNN_PREFETCH_K * {ng} + {g}) * SS_RNN_VW), _MM_HINT_T0);"
                 for g in range(ng))
         w.line("ss_rnn_v " + ", ".join(f"w{s}_{g} = ss_rnn_vload(p{s} + {g} * SS_RNN_VW)" for g in range(ng)) + ";")
+        # Each weight vector in a register, loaded once for all rows: left alone, gcc folds
+        # the load into every row's FMA, and the step runs on the load ports, not the FMAs.
+        w.lines(f'__asm__("" : "+v"(w{s}_{g}));' for g in range(ng))
         for r in range(rows):
             w.line(f"const ss_rnn_v x{s}_{r} = ss_rnn_vset1(h[{r} * ldh + {k}]);")
             w.lines(f"{acc[s][r][g]} = ss_rnn_vfma(x{s}_{r}, w{s}_{g}, {acc[s][r][g]});" for g in range(ng))
