@@ -80,6 +80,14 @@ static inline ss_vf@L@ ss_cnc_fma_@L@(ss_vf@L@ a, ss_vf@L@ b, ss_vf@L@ c)
 #endif
 }
 
+/* A broadcast two blocks' FMAs share, made once into a register: left alone, gcc folds it
+   into each FMA as an embedded broadcast, one load per FMA where one per pixel does. */
+#if (@L@ == 8 && defined(__AVX__)) || (@L@ == 16 && defined(__AVX512F__))
+#define SS_CNC_IN_REGISTER_@L@(v, nb) do { if ((nb) > 1) __asm__("" : "+v"(v)); } while (0)
+#else  /* a vector wider than the registers: nothing to pin */
+#define SS_CNC_IN_REGISTER_@L@(v, nb) do { (void)(nb); } while (0)
+#endif
+
 /* s in every lane (one vbroadcastss; 0 + s would be a scalar add first). */
 static inline ss_vf@L@ ss_cnc_splat_@L@(float s)
 {
@@ -131,7 +139,8 @@ static inline __attribute__((always_inline)) void ss_cnc_tile_@L@(
                     #pragma GCC unroll 16
                     for (int j = 0; j < rx; j++) {
                         const float xs = px[j][cl];
-                        const ss_vf@L@ xv = ss_cnc_splat_@L@(xs);
+                        ss_vf@L@ xv = ss_cnc_splat_@L@(xs);
+                        SS_CNC_IN_REGISTER_@L@(xv, nb);
                         acc[j][0] = ss_cnc_fma_@L@(xv, w0, acc[j][0]);
                         if (nb > 1) acc[j][1] = ss_cnc_fma_@L@(xv, w1, acc[j][1]);
                     }
@@ -175,7 +184,8 @@ static inline __attribute__((always_inline)) void ss_cnc_flat_@L@(
                     if (nb > 1) w1 = *(const ss_vfu@L@*)(wp + wob + cl * @L@);
                     #pragma GCC unroll 16
                     for (int j = 0; j < rx; j++) {
-                        const ss_vf@L@ xv = ss_cnc_splat_@L@(px[j][cl]);
+                        ss_vf@L@ xv = ss_cnc_splat_@L@(px[j][cl]);
+                        SS_CNC_IN_REGISTER_@L@(xv, nb);
                         acc[j][0] = ss_cnc_fma_@L@(xv, w0, acc[j][0]);
                         if (nb > 1) acc[j][1] = ss_cnc_fma_@L@(xv, w1, acc[j][1]);
                     }
