@@ -63,7 +63,7 @@ def lib(request, tmp_path_factory):
         getattr(cdll, f"ss_conv_{name}_pack_b").argtypes = [I64, I64, F32P, I64, I64, F32P]
         getattr(cdll, f"ss_conv2d_{name}").restype = None
         getattr(cdll, f"ss_conv2d_{name}").argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P, F32P,
-                                                                                  ctypes.c_int]
+                                                                                  F32P, ctypes.c_int]
     cdll.ss_set_num_threads.argtypes = [ctypes.c_int]
     return cdll
 
@@ -93,7 +93,7 @@ def _run(lib, x, w, bias, pads, strides=(1, 1), act=0, res=None, res_act=0, pack
     name = VARIANTS[variant]
     getattr(lib, f"ss_conv2d_{name}")(_p(x), _p(w), _p(bias), _p(y), n, c, h, wd, m, kh, kw, oh, ow, strides[0],
                                       strides[1], pads[0], pads[1], 1, 1, 1, act, _p(work),
-                                      _p(_pack(lib, w, name) if packed else None), _p(res), res_act)
+                                      _p(_pack(lib, w, name) if packed else None), None, _p(res), res_act)
     return y
 
 
@@ -238,6 +238,20 @@ def test_one_session_runs_every_batch_and_image_size(nchw):
     assert _wino_calls(session) == 2
     steps = [s.node.op_type for s in session._executor.program.steps]
     assert steps.count("Conv") == 2 and "Add" not in steps
+
+
+def test_a_plane_left_open_keeps_the_direct_weights_too(nchw):
+    """A symbolic plane: the call gets the direct kernels' packed weights beside the
+    transformed ones, and planes under MIN_PLANE pixels (2x3, 5x7) run on them; a known
+    plane gets none (NULL)."""
+    def direct_args(session):  # what each Winograd call passes after its transformed weights
+        calls = [s.lowered.code for s in session._executor.program.steps
+                 if s.lowered and "ss_conv2d_wino(" in s.lowered.code]
+        return [c[c.index("(") + 1:c.rindex(")")].split(", ")[-3] for c in calls]  # ..., direct, res, res_act
+
+    open_plane = direct_args(_check(_model(24, 32), [(1, 24, 2, 3), (2, 24, 5, 7), (1, 24, 9, 9)]))
+    assert len(open_plane) == 2 and all(a.startswith("(const float*)v[") for a in open_plane), open_plane
+    assert direct_args(_check(_model(24, 32, dims=(1, None, 8, 8)), [(1, 24, 8, 8)])) == ["NULL", "NULL"]
 
 
 def test_which_convs_take_it(nchw):

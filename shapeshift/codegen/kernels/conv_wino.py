@@ -54,11 +54,15 @@ Exported C (for F(4x4) ``wino``, for F(2x2) ``wino2``)::
         /* B(k, n) = B[k * rsb + n * csb] is a 3 x 3 conv's weight as the GEMM's B,
            [C * 9, M] (k = c * 9 + kh * 3 + kw): what the lowering packs for ss_conv2d.
            packed: XI of ss_gemm_pack_b's layouts of U[xi] [C, M]. */
-    void ss_conv2d_wino(<ss_conv2d_residual's arguments, wpacked from ss_conv_wino_pack_b>);
+    void ss_conv2d_wino(<ss_conv2d's arguments up to wpacked, from ss_conv_wino_pack_b>,
+                        const float* direct, const float* res, int res_act);
         /* ss_conv2d_residual's result; a conv that is not 3 x 3, stride 1, dilation 1,
-           group 1, or whose scratch cannot be allocated, runs ss_conv2d_residual with the
-           weights unpacked. Its staged images and blocks go in `work` (NULL, or N times
-           ss_conv2d_work_size floats) when they fit, else in memory of its own for the call. */
+           group 1, whose output plane has fewer than MIN_PLANE pixels (a plane the
+           lowering could not see: yolov8n's last stages at 64x96 are 2x3, one mostly
+           empty tile each), or whose scratch cannot be allocated, runs ss_conv2d_residual
+           with `direct` (NULL, or the weights as ss_conv2d's wpacked). Its staged images and
+           blocks go in `work` (NULL, or N times ss_conv2d_work_size floats) when they fit,
+           else in memory of its own for the call. */
 """
 
 from __future__ import annotations
@@ -483,7 +487,8 @@ static int ss_wino_run_@F@(const float* x, const float* bias, float* y, int64_t 
 _CONV2D_PARAMS = ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
                   "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
                   "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", "int64_t group",
-                  "int act", "float* work", "const float* wpacked", "const float* res", "int res_act")
+                  "int act", "float* work", "const float* wpacked", "const float* direct", "const float* res",
+                  "int res_act")
 
 #: G of each tile size (F + 2 rows): the weight transform U = G g G^T, in double at packing.
 _G = {
@@ -525,11 +530,12 @@ def _entries(f: int) -> tuple:
         Function("void", f"ss_conv2d_{name}", _CONV2D_PARAMS, f"""
     if (N <= 0 || M <= 0 || OH <= 0 || OW <= 0) return;
     if (wpacked && KH == 3 && KW == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 && group == 1 &&
+        OH * OW >= {MIN_PLANE} &&
         ss_wino_run_{f}(x, bias, y, N, C, H, W, M, OH, OW, ph, pw, act, wpacked, res, res_act, work,
                       N * ss_conv2d_work_size(C, KH, KW, OH, OW, group)))
         return;
     ss_conv2d_residual(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work,
-                       NULL, res, res_act);"""),
+                       direct, res, res_act);"""),
     )
 
 

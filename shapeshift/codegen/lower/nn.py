@@ -281,7 +281,11 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         # tuning task: no schedule of the direct kernels comes near it where it runs.
         name = "wino" if tile == 4 else "wino2"
         slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, f"ss_conv_{name}_")
-        fn, packed, fragments = f"ss_conv2d_{name}", f"(const float*)v[{slot}]", ("conv", "conv_wino")
+        # A plane the types leave open may turn out too small for the tiles at run time:
+        # the direct kernels' packed weights too, for the kernel to fall back on.
+        direct = "NULL" if all(isinstance(d, int) for d in ohw) else \
+            _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
+        fn, packed, fragments = f"ss_conv2d_{name}", f"(const float*)v[{slot}], {direct}", ("conv", "conv_wino")
         work = product([in_shape[0], work])
     else:
         if weights is not None and group == 1:
