@@ -111,3 +111,37 @@ def test_avx2_epilogue_blocks_by_8(act, tmp_path, monkeypatch):
     for n, h, w in ((1, 5, 5), (2, 13, 30)):
         feed = {"x": (rng.standard_normal((n, 17, h, w)) * 2).astype(np.float32)}
         _assert_close(session.run(None, feed), ref.run(None, feed), f"{act} x86-64-v3 at {n}x{h}x{w}")
+
+
+def _squeeze_excite(c: int, squeeze: int, seed: int = 1) -> onnx.ModelProto:
+    """A depthwise conv, then squeeze-excite: GlobalAveragePool, 1x1 conv + Relu, 1x1 conv +
+    HardSigmoid (both on 1x1 planes), Mul."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("wd", rng.standard_normal((c, 1, 3, 3)) / 3), ("w1", rng.standard_normal((squeeze, c, 1, 1)) / np.sqrt(c)),
+        ("b1", rng.standard_normal(squeeze) * 0.1), ("w2", rng.standard_normal((c, squeeze, 1, 1)) / np.sqrt(squeeze)),
+        ("b2", rng.standard_normal(c) * 0.1))]
+    nodes = [helper.make_node("Conv", ["x", "wd"], ["d"], kernel_shape=[3, 3], pads=[1] * 4, group=c),
+             helper.make_node("GlobalAveragePool", ["d"], ["g"]),
+             helper.make_node("Conv", ["g", "w1", "b1"], ["s1"]), helper.make_node("Relu", ["s1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["s2"]),
+             helper.make_node("HardSigmoid", ["s2"], ["h"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["d", "h"], ["y"])]
+    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", c, "h", "w"])],
+                              [helper.make_empty_tensor_value_info("y")], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("c,squeeze", [(40, 10), (32, 16)])
+def test_squeeze_excite_convs_take_the_images_as_pixels(c, squeeze, monkeypatch):
+    """The 1x1 convs on 1x1 planes run a batch's images as one tile's pixels: batches of 1,
+    2, 5, 13 and 25 (one tile, ragged tiles, several) give onnxruntime's outputs."""
+    monkeypatch.setenv("SHAPESHIFT_NCHWC", "1")
+    model = _squeeze_excite(c, squeeze)
+    session = shapeshift.InferenceSession(model, backend="native")
+    assert sum(n.op_type == CONV for n in session.graph.nodes) == 3
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(6)
+    for n in (1, 2, 5, 13, 25):
+        feed = {"x": rng.standard_normal((n, c, 6, 5)).astype(np.float32)}
+        _assert_close(session.run(None, feed), ref.run(None, feed), f"C={c} S={squeeze} batch {n}")

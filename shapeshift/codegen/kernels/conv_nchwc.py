@@ -281,6 +281,34 @@ const int64_t span = W - 1 - (KW - 1) * dw + pw;
 const int64_t ox_hi = span < 0 ? -1 : span / sw;
 ss_vi@L@ keep;
 for (int l = 0; l < @L@; l++) keep[l] = (MB - 1) * @L@ + l < M ? -1 : 0;
+if (N > 1 && H * W == 1 && OH * OW == 1 && KH == 1 && KW == 1 && xblk == @L@) {
+    /* A 1x1 conv of 1x1 planes (squeeze-excite's, after a global pool) on a batch: the images
+       are a tile's pixels (the flat tile with image n as row n, rows x_img apart), so the
+       weights are read once per tile of up to RX images, not once per image, and the tile
+       has images x blocks FMA chains where one image had 2. */
+    const int64_t T = (N + @RX@ - 1) / @RX@;
+    #pragma omp parallel for collapse(2) if(N * M * (C / group) >= SS_CNC_PAR_MIN)
+    for (int64_t gp = 0; gp < group * NP; gp++)
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t g = gp / NP, ob = g * MBg + 2 * (gp % NP);
+            const int nb = ob + 1 < (g + 1) * MBg ? 2 : 1;
+            const int64_t n0 = t * @RX@;
+            const int rx = N - n0 < @RX@ ? (int)(N - n0) : @RX@;
+            int64_t iy0[@RX@], ix0[@RX@];
+            for (int j = 0; j < @RX@; j++) { iy0[j] = n0 + (j < rx ? j : 0); ix0[j] = 0; }
+            ss_vf@L@ acc[@RX@][2];
+            for (int j = 0; j < @RX@; j++)
+                for (int b = 0; b < 2; b++)
+                    acc[j][b] = bias && b < nb ? *(const ss_vfu@L@*)(bias + (ob + b) * @L@) : (ss_vf@L@){0};
+            const float* xg = x + g * IB * bs;
+            if (nb == 2) ss_cnc_flat_@L@(xg, w + ob * wob, wob, 2, @L@, rx, IB, 1, 1, bs, x_img, N, 1, iy0, ix0, 1, 1, acc);
+            else ss_cnc_flat_@L@(xg, w + ob * wob, wob, 1, @L@, rx, IB, 1, 1, bs, x_img, N, 1, iy0, ix0, 1, 1, acc);
+            const int64_t off = (n0 * MB + ob) * @L@;
+            const int last = M % @L@ ? (int)(MB - 1 - ob) : -1;
+            SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, @L@, MB * @L@, nb, rx, last, acc);
+        }
+    return;
+}
 if (OW < 2 * @RX@ && OH * OW >= @RX@ && xblk == @L@) {
     /* Narrow planes: tiles of RX pixels in row-major order over the plane (the last one
        overlapping the one before). */
