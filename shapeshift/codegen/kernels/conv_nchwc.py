@@ -232,7 +232,7 @@ static inline __attribute__((always_inline)) void ss_cnc_store_@L@(
 
 /* The epilogue over a tile just stored (still in L1): the activation chosen once per tile,
    then a rolled loop with it as a constant. Picking it per vector (a jump table before every
-   store, the accumulators on the stack) made a 1x1 16->72 conv on 56x56 take 1.4x as long,
+   store, the accumulators on the stack) made a 1x1 16->72 conv on 56x56 take 1.2x as long,
    and inlining each activation into every tile's store made the fragment's object 1.5x and
    gcc's time on it 2.4x. res: NULL or at the same offsets from rb; block `last` (or -1) has
    its lanes past M zeroed. */
@@ -259,9 +259,10 @@ static __attribute__((noinline)) void ss_cnc_post_@L@(
 }
 
 /* A tile's store and its epilogue, skipped where there is none (no activation, no residual,
-   no lanes past M: LAST is -1 then). */
+   no lanes past M: LAST is -1 then). NB (1 or 2) becomes a constant for the store. */
 #define SS_CNC_STORE_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, LAST, ACC) do { \
-    ss_cnc_store_@L@(YB, BSTEP, PSTEP, NB, RXT, ACC); \
+    if ((NB) == 2) ss_cnc_store_@L@(YB, BSTEP, PSTEP, 2, RXT, ACC); \
+    else ss_cnc_store_@L@(YB, BSTEP, PSTEP, 1, RXT, ACC); \
     if (act || (RB) || ((LAST) >= 0 && (LAST) < (NB))) \
         ss_cnc_post_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, act, a0, a1, act2, b0, b1, LAST, keep); \
 } while (0)
@@ -281,6 +282,8 @@ const int64_t span = W - 1 - (KW - 1) * dw + pw;
 const int64_t ox_hi = span < 0 ? -1 : span / sw;
 ss_vi@L@ keep;
 for (int l = 0; l < @L@; l++) keep[l] = (MB - 1) * @L@ + l < M ? -1 : 0;
+/* The block whose lanes past M the epilogue zeroes, or -1 where M fills its blocks. */
+const int64_t pad_block = M % @L@ ? MB - 1 : -1;
 if (N > 1 && H * W == 1 && OH * OW == 1 && KH == 1 && KW == 1 && xblk == @L@) {
     /* A 1x1 conv of 1x1 planes (squeeze-excite's, after a global pool) on a batch: the images
        are a tile's pixels (the flat tile with image n as row n, rows x_img apart), so the
@@ -304,8 +307,7 @@ if (N > 1 && H * W == 1 && OH * OW == 1 && KH == 1 && KW == 1 && xblk == @L@) {
             if (nb == 2) ss_cnc_flat_@L@(xg, w + ob * wob, wob, 2, @L@, rx, IB, 1, 1, bs, x_img, N, 1, iy0, ix0, 1, 1, acc);
             else ss_cnc_flat_@L@(xg, w + ob * wob, wob, 1, @L@, rx, IB, 1, 1, bs, x_img, N, 1, iy0, ix0, 1, 1, acc);
             const int64_t off = (n0 * MB + ob) * @L@;
-            const int last = M % @L@ ? (int)(MB - 1 - ob) : -1;
-            SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, @L@, MB * @L@, nb, rx, last, acc);
+            SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, @L@, MB * @L@, nb, rx, (int)(pad_block - ob), acc);
         }
     return;
 }
@@ -335,9 +337,7 @@ if (OW < 2 * @RX@ && OH * OW >= @RX@ && xblk == @L@) {
                 if (nb == 2) ss_cnc_flat_@L@(xg, wo, wob, 2, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
                 else ss_cnc_flat_@L@(xg, wo, wob, 1, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
                 const int64_t off = ((n * MB + ob) * P + p0) * @L@;
-                const int last = M % @L@ ? (int)(MB - 1 - ob) : -1;
-                if (nb == 2) SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, 2, @RX@, last, acc);
-                else SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, 1, @RX@, last, acc);
+                SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, nb, @RX@, (int)(pad_block - ob), acc);
             }
     return;
 }
@@ -380,11 +380,8 @@ for (int64_t n = 0; n < N; n++)
                 else SS_CNC_FAST(RXT, @L@, sw); \
                 { \
                     const int64_t off = (((n * MB + ob) * OH + oy) * OW + ox) * @L@; \
-                    const int last = M % @L@ ? (int)(MB - 1 - ob) : -1; \
-                    if (nb == 2) SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, OH * OW * @L@, @L@, 2, RXT, \
-                                                 last, acc); \
-                    else SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, OH * OW * @L@, @L@, 1, RXT, \
-                                          last, acc); \
+                    SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, OH * OW * @L@, @L@, nb, RXT, \
+                                     (int)(pad_block - ob), acc); \
                 } \
             } while (0)
             while (ox < lo) {
