@@ -220,6 +220,27 @@ def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
     run_case(ymm_lib, 16, *case, epilogue=epilogue, seed=3)
 
 
+# Row tilings of the dense conv: kernel, stride, pads. A row's pixels whose taps fall
+# inside it are tiled by RX (12 in zmm, 6 in ymm), the rest of them by one RX tile
+# overlapping the last, else by 4 (the same overlap) and 1; the border pixels are checked
+# tiles of 4 and 1. Rows of every width 1..31 hit each of those cases at both RX.
+ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1)), ((3, 3), (2, 2), (1, 1, 1, 1)), ((1, 1), (1, 1), (0, 0, 0, 0)),
+               ((1, 5), (1, 1), (0, 2, 0, 1))]
+
+
+@pytest.mark.parametrize("build", ["native", "no-avx512"])
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("tiling", ROW_TILINGS, ids=lambda t: f"k{t[0][0]}{t[0][1]}_s{t[1][0]}_p{''.join(map(str, t[2]))}")
+def test_conv_nchwc_every_row_width(request, build, lanes, tiling):
+    kernel, strides, pads = tiling
+    built = request.getfixturevalue("lib" if build == "native" else "ymm_lib")
+    for width in range(max(1, kernel[1] - pads[1] - pads[3]), 32):  # every width with an output pixel
+        try:
+            run_case(built, lanes, (1, 17, 2, width), 24, kernel, strides, pads, (1, 1), 1, "add_relu", seed=width)
+        except AssertionError as failure:
+            raise AssertionError(f"row of {width} pixels: {failure}") from None
+
+
 @pytest.mark.parametrize("lanes", nchwc.WIDTHS)
 @pytest.mark.parametrize("shape", [(1, 3, 7, 7), (2, 17, 13, 5), (1, 33, 31, 13), (1, 100, 1, 1), (0, 5, 3, 3)])
 def test_block_roundtrip(lib, lanes, shape):

@@ -384,22 +384,33 @@ for (int64_t n = 0; n < N; n++)
                                      (int)(pad_block - ob), acc); \
                 } \
             } while (0)
-            while (ox < lo) {
-                if (ox + 4 <= OW) { SS_CNC_TILE(4, 1); ox += 4; } else { SS_CNC_TILE(1, 1); ox++; }
-            }
-            for (; ox + @RX@ <= hi; ox += @RX@) SS_CNC_TILE(@RX@, 0);
-            if (ox < hi && hi - lo >= @RX@) {  /* the rest as one tile overlapping the last: same values again */
-                ox = hi - @RX@;
-                SS_CNC_TILE(@RX@, 0);
-                ox = hi;
-            }
-            for (; ox + 4 <= hi; ox += 4) SS_CNC_TILE(4, 0);
-            if (ox < hi && hi - lo >= 4) { ox = hi - 4; SS_CNC_TILE(4, 0); ox = hi; }
-            for (; ox < hi; ox++) SS_CNC_TILE(1, 0);
+            /* The row's tiles in order: the left border [0, lo) in checked tiles of 4 (1 where
+               fewer are left); the inside [lo, hi) in tiles of RX, the rest as one tile of RX
+               overlapping the last (the same values again) where the inside has RX pixels,
+               else in tiles of 4 (the same overlap) and 1; the right border in checked tiles
+               of 4 (the last overlapping) or 1. Each tile shape is expanded once, whatever
+               part of the row takes it: expanding it per part took gcc twice the time for
+               the same code. */
             while (ox < OW) {
-                if (ox + 4 <= OW) { SS_CNC_TILE(4, 1); ox += 4; }
-                else if (OW >= 4) { ox = OW - 4; SS_CNC_TILE(4, 1); ox = OW; }
-                else { SS_CNC_TILE(1, 1); ox++; }
+                int rxt = 1, edge = 1;
+                if (ox < lo) {
+                    if (ox + 4 <= OW) rxt = 4;
+                } else if (ox < hi) {
+                    edge = 0;
+                    if (ox + @RX@ <= hi) rxt = @RX@;
+                    else if (hi - lo >= @RX@) { ox = hi - @RX@; rxt = @RX@; }
+                    else if (ox + 4 <= hi) rxt = 4;
+                    else if (hi - lo >= 4) { ox = hi - 4; rxt = 4; }
+                } else if (ox + 4 <= OW) {
+                    rxt = 4;
+                } else if (OW >= 4) {
+                    ox = OW - 4;
+                    rxt = 4;
+                }
+                if (rxt == @RX@ && !edge) SS_CNC_TILE(@RX@, 0);
+                else if (rxt == 4) SS_CNC_TILE(4, edge);
+                else SS_CNC_TILE(1, edge);
+                ox += rxt;
             }
 #undef SS_CNC_TILE
 #undef SS_CNC_FAST
