@@ -220,23 +220,35 @@ def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
     run_case(ymm_lib, 16, *case, epilogue=epilogue, seed=3)
 
 
-# Row tilings of the dense conv: kernel, stride, pads. A row's pixels whose taps fall
-# inside it are tiled by RX (12 in zmm, 6 in ymm), the rest of them by one RX tile
-# overlapping the last, else by 4 (the same overlap) and 1; the border pixels are checked
-# tiles of 4 and 1. Rows of every width 1..31 hit each of those cases at both RX.
-ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1)), ((3, 3), (2, 2), (1, 1, 1, 1)), ((1, 1), (1, 1), (0, 0, 0, 0)),
-               ((1, 5), (1, 1), (0, 2, 0, 1))]
+# Row tilings: kernel, stride, pads, depthwise. The dense conv tiles a row's pixels whose
+# taps fall inside it by RX (12 in zmm, 6 in ymm), the rest of them by one RX tile
+# overlapping the last, else by 4 (the same overlap) and 1; the depthwise one by 8, the
+# same overlap, 2 and 1 (or, staged, by 8 with the overlap, and a row narrower than 8 as one
+# tile); the border pixels are checked tiles of 4 and 1. Rows of every width 1..31 hit
+# each of those cases at every width of tile.
+ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1), False), ((3, 3), (2, 2), (1, 1, 1, 1), False),
+               ((1, 1), (1, 1), (0, 0, 0, 0), False), ((1, 5), (1, 1), (0, 2, 0, 1), False),
+               ((3, 3), (1, 1), (1, 1, 1, 1), True), ((3, 3), (2, 2), (1, 1, 1, 1), True),
+               ((5, 5), (1, 1), (2, 2, 2, 2), True), ((1, 7), (1, 1), (0, 3, 0, 3), True),
+               ((1, 3), (1, 1), (0, 1, 0, 1), True)]  # read in place, not staged, from 12 pixels on
+
+
+def _tiling_id(tiling):
+    kernel, strides, pads, depthwise = tiling
+    return f"{'dw' if depthwise else 'dense'}_k{kernel[0]}{kernel[1]}_s{strides[0]}_p{''.join(map(str, pads))}"
 
 
 @pytest.mark.parametrize("build", ["native", "no-avx512"])
 @pytest.mark.parametrize("lanes", nchwc.WIDTHS)
-@pytest.mark.parametrize("tiling", ROW_TILINGS, ids=lambda t: f"k{t[0][0]}{t[0][1]}_s{t[1][0]}_p{''.join(map(str, t[2]))}")
+@pytest.mark.parametrize("tiling", ROW_TILINGS, ids=_tiling_id)
 def test_conv_nchwc_every_row_width(request, build, lanes, tiling):
-    kernel, strides, pads = tiling
+    kernel, strides, pads, depthwise = tiling
     built = request.getfixturevalue("lib" if build == "native" else "ymm_lib")
+    m, group = (17, 17) if depthwise else (24, 1)
     for width in range(max(1, kernel[1] - pads[1] - pads[3]), 32):  # every width with an output pixel
         try:
-            run_case(built, lanes, (1, 17, 2, width), 24, kernel, strides, pads, (1, 1), 1, "add_relu", seed=width)
+            run_case(built, lanes, (1, 17, kernel[0], width), m, kernel, strides, pads, (1, 1), group, "add_relu",
+                     seed=width)
         except AssertionError as failure:
             raise AssertionError(f"row of {width} pixels: {failure}") from None
 

@@ -552,11 +552,9 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                 } while (0)
                     if (buf) {
 #define SS_DWC_STAGED(RXT) SS_DWC_TILE(RXT, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw)
-                        for (; ox + @DWX@ <= OW; ox += @DWX@) SS_DWC_STAGED(@DWX@);
-                        if (ox < OW && OW >= @DWX@) {  /* the rest as one tile overlapping the last */
-                            ox = OW - @DWX@;
+                        for (; ox < OW && OW >= @DWX@; ox += @DWX@) {
+                            if (ox + @DWX@ > OW) ox = OW - @DWX@;  /* the rest as one tile overlapping the last */
                             SS_DWC_STAGED(@DWX@);
-                            ox = OW;
                         }
                         /* A row narrower than a tile as one tile of its width: tiles of 4, 2
                            and 1 pixels left single accumulators waiting on each FMA's latency. */
@@ -567,21 +565,32 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
 #undef SS_DWC_STAGED
                     } else {  /* from x itself: the border columns' tiles check each tap */
 #define SS_DWC_X(RXT, EDGE) SS_DWC_TILE(RXT, xp, EDGE, H, W, oy * sh - ph, ox * sw - pw)
-                        while (ox < lo) {
-                            if (ox + 4 <= OW) { SS_DWC_X(4, 1); ox += 4; } else { SS_DWC_X(1, 1); ox++; }
-                        }
-                        for (; ox + @DWX@ <= hi; ox += @DWX@) SS_DWC_X(@DWX@, 0);
-                        if (ox < hi && hi - lo >= @DWX@) {  /* the rest as one tile overlapping the last */
-                            ox = hi - @DWX@;
-                            SS_DWC_X(@DWX@, 0);
-                            ox = hi;
-                        }
-                        for (; ox + 2 <= hi; ox += 2) SS_DWC_X(2, 0);
-                        for (; ox < hi; ox++) SS_DWC_X(1, 0);
+                        /* The row's tiles in order (each shape expanded once, as in the dense
+                           conv): the left border [0, lo) in checked tiles of 4 (1 where fewer
+                           are left); the inside [lo, hi) in tiles of DWX, the rest as one tile
+                           overlapping the last where the inside has DWX pixels, else in tiles
+                           of 2 and 1; the right border in checked tiles of 4 (the last
+                           overlapping) or 1. */
                         while (ox < OW) {
-                            if (ox + 4 <= OW) { SS_DWC_X(4, 1); ox += 4; }
-                            else if (OW >= 4) { ox = OW - 4; SS_DWC_X(4, 1); ox = OW; }
-                            else { SS_DWC_X(1, 1); ox++; }
+                            int rxt = 1, edge = 1;
+                            if (ox < lo) {
+                                if (ox + 4 <= OW) rxt = 4;
+                            } else if (ox < hi) {
+                                edge = 0;
+                                if (ox + @DWX@ <= hi) rxt = @DWX@;
+                                else if (hi - lo >= @DWX@) { ox = hi - @DWX@; rxt = @DWX@; }
+                                else if (ox + 2 <= hi) rxt = 2;
+                            } else if (ox + 4 <= OW) {
+                                rxt = 4;
+                            } else if (OW >= 4) {
+                                ox = OW - 4;
+                                rxt = 4;
+                            }
+                            if (rxt == @DWX@ && !edge) SS_DWC_X(@DWX@, 0);
+                            else if (rxt == 4) SS_DWC_X(4, edge);
+                            else if (rxt == 2) SS_DWC_X(2, edge);
+                            else SS_DWC_X(1, edge);
+                            ox += rxt;
                         }
 #undef SS_DWC_X
                     }
