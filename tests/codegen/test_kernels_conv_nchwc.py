@@ -253,6 +253,22 @@ def test_conv_nchwc_every_row_width(request, build, lanes, tiling):
             raise AssertionError(f"row of {width} pixels: {failure}") from None
 
 
+@pytest.mark.parametrize("build", ["native", "no-avx512"])
+@pytest.mark.parametrize("lanes", nchwc.WIDTHS)
+@pytest.mark.parametrize("tiling", ROW_TILINGS[:4], ids=_tiling_id)
+def test_conv_nchwc_wide_rows_split_into_runs(request, build, lanes, tiling):
+    """Fewer rows than 4 items a thread (a 1x1 conv's plane comes as one row): each row is cut
+    into runs of whole tiles, every run with its own borders, inside and overlapping tail."""
+    kernel, strides, pads, _ = tiling
+    built = request.getfixturevalue("lib" if build == "native" else "ymm_lib")
+    for width in (48, 49, 95, 97, 131, 200, 257, 784):
+        try:
+            run_case(built, lanes, (1, 17, kernel[0], width), 24, kernel, strides, pads, (1, 1), 1, "add_relu",
+                     seed=width)
+        except AssertionError as failure:
+            raise AssertionError(f"row of {width} pixels: {failure}") from None
+
+
 @pytest.mark.parametrize("lanes", nchwc.WIDTHS)
 @pytest.mark.parametrize("shape", [(1, 3, 7, 7), (2, 17, 13, 5), (1, 33, 31, 13), (1, 100, 1, 1), (0, 5, 3, 3)])
 def test_block_roundtrip(lib, lanes, shape):

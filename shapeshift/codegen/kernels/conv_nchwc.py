@@ -341,10 +341,21 @@ if (OW < 2 * @RX@ && OH * OW >= @RX@ && xblk == @L@) {
             }
     return;
 }
-#pragma omp parallel for collapse(3) if(N * M * OH * OW * (C / group) * KH * KW >= SS_CNC_PAR_MIN)
+/* Rows split into runs of whole tiles where rows alone give the threads too few items: a
+   1x1 conv comes as its plane in one row, and MobileNetV3's 72->24 one on 28x28 was then
+   one item, run by one thread while the other waited. */
+const int par = N * M * OH * OW * (C / group) * KH * KW >= SS_CNC_PAR_MIN;
+const int64_t row_items = N * group * NP * OH, threads = par ? omp_get_max_threads() : 1;
+int64_t runs = 1;
+if (row_items < 4 * threads) runs = (4 * threads + row_items - 1) / row_items;
+if (runs > OW / (2 * @RX@)) runs = OW / (2 * @RX@) > 1 ? OW / (2 * @RX@) : 1;
+const int64_t run_w = ((OW + runs - 1) / runs + @RX@ - 1) / @RX@ * @RX@;
+runs = (OW + run_w - 1) / run_w;
+#pragma omp parallel for collapse(4) if(par)
 for (int64_t n = 0; n < N; n++)
     for (int64_t gp = 0; gp < group * NP; gp++)
-        for (int64_t oy = 0; oy < OH; oy++) {
+        for (int64_t oy = 0; oy < OH; oy++)
+        for (int64_t run = 0; run < runs; run++) {
             const int64_t g = gp / NP, ob = g * MBg + 2 * (gp % NP);
             const int nb = ob + 1 < (g + 1) * MBg ? 2 : 1;
             const float* xg = x + n * x_img + g * IB * bs;
@@ -353,11 +364,11 @@ for (int64_t n = 0; n < N; n++)
             ss_vf@L@ bv[2] = {{0}, {0}};
             for (int b = 0; b < nb; b++)
                 if (bias) bv[b] = *(const ss_vfu@L@*)(bias + (ob + b) * @L@);
-            /* Border pixels one at a time with bounds checks; the inside in tiles of RX (the last one
-               overlapping the one before), or of 4 and 1 in a row narrower than RX. */
-            const int64_t lo = ox_lo < OW ? ox_lo : OW;
-            const int64_t hi = ox_hi + 1 < lo ? lo : (ox_hi + 1 < OW ? ox_hi + 1 : OW);
-            int64_t ox = 0;
+            /* The run's columns [rs0, re): its part of the inside [lo, hi), the rest border. */
+            const int64_t rs0 = run * run_w, re = rs0 + run_w < OW ? rs0 + run_w : OW;
+            const int64_t lo = ox_lo < rs0 ? rs0 : (ox_lo < re ? ox_lo : re);
+            const int64_t hi = ox_hi + 1 < lo ? lo : (ox_hi + 1 < re ? ox_hi + 1 : re);
+            int64_t ox = rs0;
 /* The hot tiles are inlined with their shape as constants (the stride too where it is 1
    or 2: the pixels' addresses are then one register plus constant offsets); border tiles,
    single pixels and anything else go through one out-of-line copy that takes every
@@ -384,27 +395,27 @@ for (int64_t n = 0; n < N; n++)
                                      (int)(pad_block - ob), acc); \
                 } \
             } while (0)
-            /* The row's tiles in order: the left border [0, lo) in checked tiles of 4 (1 where
-               fewer are left); the inside [lo, hi) in tiles of RX, the rest as one tile of RX
-               overlapping the last (the same values again) where the inside has RX pixels,
-               else in tiles of 4 (the same overlap) and 1; the right border in checked tiles
-               of 4 (the last overlapping) or 1. Each tile shape is expanded once, whatever
-               part of the row takes it: expanding it per part took gcc twice the time for
-               the same code. */
-            while (ox < OW) {
+            /* The run's tiles in order: the left border [rs0, lo) in checked tiles of 4 (1
+               where fewer are left); the inside [lo, hi) in tiles of RX, the rest as one tile
+               of RX overlapping the last (the same values again) where the inside has RX
+               pixels, else in tiles of 4 (the same overlap) and 1; the right border up to re
+               in checked tiles of 4 (the last overlapping) or 1. No tile leaves the run. Each
+               tile shape is expanded once, whatever part of the row takes it: expanding it
+               per part took gcc twice the time for the same code. */
+            while (ox < re) {
                 int rxt = 1, edge = 1;
                 if (ox < lo) {
-                    if (ox + 4 <= OW) rxt = 4;
+                    if (ox + 4 <= re) rxt = 4;
                 } else if (ox < hi) {
                     edge = 0;
                     if (ox + @RX@ <= hi) rxt = @RX@;
                     else if (hi - lo >= @RX@) { ox = hi - @RX@; rxt = @RX@; }
                     else if (ox + 4 <= hi) rxt = 4;
                     else if (hi - lo >= 4) { ox = hi - 4; rxt = 4; }
-                } else if (ox + 4 <= OW) {
+                } else if (ox + 4 <= re) {
                     rxt = 4;
-                } else if (OW >= 4) {
-                    ox = OW - 4;
+                } else if (re - rs0 >= 4) {
+                    ox = re - 4;
                     rxt = 4;
                 }
                 if (rxt == @RX@ && !edge) SS_CNC_TILE(@RX@, 0);
