@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -142,11 +143,14 @@ def measure(models: dict[str, str], runs: int, timeout: float, workdir: Path) ->
     return times
 
 
-def report(times: dict[tuple[str, str], list[float]], models: list[str], runs: int, overhead: dict) -> str:
+def report(times: dict[tuple[str, str], list[float]], models: list[str], runs: int, overhead: dict,
+           command: str = "") -> str:
+    """The results as markdown; ``command``: the arguments the bench ran with, as typed."""
     median = {key: statistics.median(values) for key, values in times.items()}
     columns = [*STATES, "hit: build", "import"]
     lines = ["# Session creation: native backend by cache state, against onnxruntime", "", machine.describe(), "",
-             f"`python bench/build_time.py --runs {runs}` on {platform.machine()}, {os.cpu_count()} CPUs; "
+             f"`python bench/build_time.py {command or f'--runs {runs}'}` on {platform.machine()}, "
+             f"{os.cpu_count()} CPUs; "
              f"Python {platform.python_version()}; load average before the run {_load()}. Seconds, median of "
              f"{runs} fresh processes per cell (native: session creation after the package's import: load, "
              "simplify, lowering, build or cache lookup; see the docstring for the states and columns). "
@@ -245,7 +249,8 @@ def main(argv=None) -> int:
             onnx.save(build_encoder(**BERT_SIZE), models[BERT])
         times = measure(models, args.runs, args.timeout, workdir)
         overhead = per_run_overhead(workdir / "overhead")
-    text = report(times, list(models), args.runs, overhead)
+    command = " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    text = report(times, list(models), args.runs, overhead, command)
     print(text)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text)

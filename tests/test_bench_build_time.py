@@ -24,3 +24,12 @@ def test_report_gives_medians_and_ratios_to_onnxruntime(monkeypatch, tmp_path):
     assert "| native / onnxruntime | 2.00x | 2.00x |" in text
     assert "median of 3" in text
     assert "measured FMA peak" in text
+
+
+def test_report_names_the_command_as_it_ran(monkeypatch, tmp_path):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
+    times = {("m", state): [1.0] for state in ("empty cache", "fragments cached", "cache hit", "onnxruntime",
+                                               "hit: build", "import")}
+    overhead = {(tool, kind): 1e-6 for tool in ("native", "onnxruntime") for kind in ("wall", "cpu")}
+    text = build_bench.report(times, ["m"], runs=1, overhead=overhead, command="--no-bert --runs 1")
+    assert "`python bench/build_time.py --no-bert --runs 1` on " in text
