@@ -64,6 +64,35 @@ def registers_for(lanes: int) -> int:
     return 32 if lanes == 16 else 16
 
 
+# How the dense and depthwise kernels walk a row (both widths: emitted once per fragment).
+_NEXT_TILE = r"""
+/* The next tile of a row walked from rs0 to re whose inside (no tap in the pad) is [lo, hi):
+   the borders in checked tiles of 4 (1 where fewer are left), the last one on the right
+   overlapping the one before; the inside in tiles of `full`, the rest as one such tile
+   overlapping the last (the same values again) where the inside has `full` pixels, else in
+   tiles of `mid` (one overlapping the last too where mid_overlap and the inside has `mid`
+   pixels) and 1. No tile leaves [rs0, re). Moves *ox back where a tile overlaps the last;
+   returns the tile's width and sets *edge where its taps must be checked. */
+static inline int ss_cnc_next_tile(int64_t* ox, int64_t rs0, int64_t lo, int64_t hi, int64_t re,
+                                   const int full, const int mid, const int mid_overlap, int* edge)
+{
+    const int64_t o = *ox;
+    *edge = 1;
+    if (o < lo) return o + 4 <= re ? 4 : 1;
+    if (o < hi) {
+        *edge = 0;
+        if (o + full <= hi) return full;
+        if (hi - lo >= full) { *ox = hi - full; return full; }
+        if (o + mid <= hi) return mid;
+        if (mid_overlap && hi - lo >= mid) { *ox = hi - mid; return mid; }
+        return 1;
+    }
+    if (o + 4 <= re) return 4;
+    if (re - rs0 >= 4) { *ox = re - 4; return 4; }
+    return 1;
+}
+"""
+
 _FMA = r"""
 /* a * b + c in one rounding: the fragment is compiled as ISO C, where gcc does not
    contract a * b + c on its own. */
@@ -395,29 +424,11 @@ for (int64_t n = 0; n < N; n++)
                                      (int)(pad_block - ob), acc); \
                 } \
             } while (0)
-            /* The run's tiles in order: the left border [rs0, lo) in checked tiles of 4 (1
-               where fewer are left); the inside [lo, hi) in tiles of RX, the rest as one tile
-               of RX overlapping the last (the same values again) where the inside has RX
-               pixels, else in tiles of 4 (the same overlap) and 1; the right border up to re
-               in checked tiles of 4 (the last overlapping) or 1. No tile leaves the run. Each
-               tile shape is expanded once, whatever part of the row takes it: expanding it
-               per part took gcc twice the time for the same code. */
+            /* The run's tiles, each shape expanded once whatever part of the row takes it
+               (expanding it per part took gcc twice the time for the same code). */
             while (ox < re) {
-                int rxt = 1, edge = 1;
-                if (ox < lo) {
-                    if (ox + 4 <= re) rxt = 4;
-                } else if (ox < hi) {
-                    edge = 0;
-                    if (ox + @RX@ <= hi) rxt = @RX@;
-                    else if (hi - lo >= @RX@) { ox = hi - @RX@; rxt = @RX@; }
-                    else if (ox + 4 <= hi) rxt = 4;
-                    else if (hi - lo >= 4) { ox = hi - 4; rxt = 4; }
-                } else if (ox + 4 <= re) {
-                    rxt = 4;
-                } else if (re - rs0 >= 4) {
-                    ox = re - 4;
-                    rxt = 4;
-                }
+                int edge;
+                const int rxt = ss_cnc_next_tile(&ox, rs0, lo, hi, re, @RX@, 4, 1, &edge);
                 if (rxt == @RX@ && !edge) SS_CNC_TILE(@RX@, 0);
                 else if (rxt == 4) SS_CNC_TILE(4, edge);
                 else SS_CNC_TILE(1, edge);
@@ -576,27 +587,10 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
 #undef SS_DWC_STAGED
                     } else {  /* from x itself: the border columns' tiles check each tap */
 #define SS_DWC_X(RXT, EDGE) SS_DWC_TILE(RXT, xp, EDGE, H, W, oy * sh - ph, ox * sw - pw)
-                        /* The row's tiles in order (each shape expanded once, as in the dense
-                           conv): the left border [0, lo) in checked tiles of 4 (1 where fewer
-                           are left); the inside [lo, hi) in tiles of DWX, the rest as one tile
-                           overlapping the last where the inside has DWX pixels, else in tiles
-                           of 2 and 1; the right border in checked tiles of 4 (the last
-                           overlapping) or 1. */
+                        /* The row's tiles, each shape expanded once, as in the dense conv. */
                         while (ox < OW) {
-                            int rxt = 1, edge = 1;
-                            if (ox < lo) {
-                                if (ox + 4 <= OW) rxt = 4;
-                            } else if (ox < hi) {
-                                edge = 0;
-                                if (ox + @DWX@ <= hi) rxt = @DWX@;
-                                else if (hi - lo >= @DWX@) { ox = hi - @DWX@; rxt = @DWX@; }
-                                else if (ox + 2 <= hi) rxt = 2;
-                            } else if (ox + 4 <= OW) {
-                                rxt = 4;
-                            } else if (OW >= 4) {
-                                ox = OW - 4;
-                                rxt = 4;
-                            }
+                            int edge;
+                            const int rxt = ss_cnc_next_tile(&ox, 0, lo, hi, OW, @DWX@, 2, 0, &edge);
                             if (rxt == @DWX@ && !edge) SS_DWC_X(@DWX@, 0);
                             else if (rxt == 4) SS_DWC_X(4, edge);
                             else if (rxt == 2) SS_DWC_X(2, edge);
@@ -635,7 +629,7 @@ def _functions(lanes: int, par_min: int) -> list:
 
 def fragment(par_min: int = 1 << 17) -> Fragment:
     """``par_min``: multiply-adds below which a conv runs on one thread."""
-    parts: list = [Private(f"#define SS_CNC_PAR_MIN {int(par_min)}\n")]
+    parts: list = [Private(f"#define SS_CNC_PAR_MIN {int(par_min)}\n"), Private(_NEXT_TILE)]
     for lanes in WIDTHS:
         parts.extend(_functions(lanes, par_min))
     return Fragment(parts)
