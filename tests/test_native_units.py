@@ -166,3 +166,36 @@ def test_repeated_steps_share_one_function_and_keep_their_error_codes(small_unit
     feed["idx2"] = np.array([[0], [6], [1]], np.int64)  # out of range: the third step's error
     with pytest.raises(ExecutionError, match="gnd2"):
         session.run(None, feed)
+
+
+def test_repeated_hot_steps_share_one_function_and_run_in_parallel(small_units):
+    # Four elementwise chains alike but for their slots, each a parallel loop over a
+    # symbolic size (hot: -O3), as a transformer repeats its layers' GELU and residual Add:
+    # one function per unit, called four times, computing what onnxruntime does whether or
+    # not the loop splits across the threads.
+    import onnxruntime as ort
+
+    nodes = []
+    for i in range(4):
+        nodes += [helper.make_node("Erf", [f"x{i}"], [f"e{i}"]), helper.make_node("Mul", [f"x{i}", f"e{i}"], [f"y{i}"])]
+    graph = helper.make_graph(
+        nodes, "hot_repeats", [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, ["n", 37]) for i in range(4)],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(4)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = shapeshift.InferenceSession(model, backend="native", num_threads=2)
+    program = session._executor.program
+    units = [program.source, *program.parts]
+    definitions = {name: [u for u, text in enumerate(units) if f"static int {name}(" in text]
+                   for name in set(re.findall(r"static int (ss_step_shared_\d+)\(", program.full_source()))}
+    assert len(definitions) == 1, definitions
+    (name, defined_in), = definitions.items()
+    assert all(program.unit_kinds[u] == emit.HOT for u in defined_in)
+    assert "#pragma omp parallel" in units[defined_in[0]].split(f"static int {name}(")[1]
+    assert program.full_source().count(f"{name}(v, e,") == 4
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 33, 1000):  # 37000 elements: past the loop's parallel threshold
+        feed = {f"x{i}": rng.standard_normal((n, 37)).astype(np.float32) for i in range(4)}
+        for got, want in zip(session.run(None, feed), reference.run(None, feed)):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

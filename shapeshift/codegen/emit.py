@@ -33,10 +33,14 @@ Units hold blocks of one kind, at most ``UNIT_CHARS`` characters of hot code (ti
 takes a bounded time; a segment's part is a run of consecutive blocks in one unit. The
 first unit, glue, holds the segment functions.
 
-Glue and warm steps whose code repeats but for the slots and extents it indexes and its
-error code share one static function per template, defined in each unit that calls it
-(``_shared_steps``): on SSDlite (1635 steps, 597 KB of step code) that left 2 warm units of
-4 and cut gcc's serial time from 3.0 to 1.9 s.
+Steps whose code repeats but for the slots and extents it indexes and its error code share
+one static function per template, defined in each unit that calls it (``_shared_steps``):
+on SSDlite (1635 steps, 597 KB of step code) that left 2 warm units of 4 and cut gcc's
+serial time from 3.0 to 1.9 s. Hot steps share too: a transformer repeats each layer's
+GELU, residual Add and mask per layer, and sharing them took bert.ts from two hot units
+(1.2 s of gcc -O3 each) to one (0.9 s), its session creation on a warm kernel library from
+2.1 to 1.4 s. The shared loop is the same code (the template keeps every literal stride and
+size; only the slot and extent indices become arguments), so run time does not change.
 
 How many units there are depends only on the program's size, never on the machine, so
 that one program always prints the same text (a compiled artifact is checked against it).
@@ -75,8 +79,8 @@ SMALL_PROGRAM_CHARS = 8_000
 #: Outputs of at most this many elements in all, every dim static, make a loop warm.
 SMALL_ELEMENTS = 16_384
 _SIGNATURE = "(void* const* v, const int64_t* e)"
-#: Glue and warm steps whose code, but for the slots and extents it names and its error
-#: code, repeats in the program and is at least this long run as one function per unit
+#: Steps whose code, but for the slots and extents it names and its error code, repeats
+#: in the program and is at least this long run as one function per unit
 #: (``_shared_steps``).
 SHARED_MIN_CHARS = 160
 # The slot and extent tables a step's code indexes with literals.
@@ -198,7 +202,7 @@ def _step_blocks(program: "Program", indices: list[int]) -> list[tuple[str, str]
 
 
 def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[str, tuple[str, str]]]:
-    """``blocks`` with each glue or warm step whose code repeats in ``programs`` (a template:
+    """``blocks`` with each step whose code repeats in ``programs`` (a template:
     its code with the slots and extents it indexes, in order of appearance, and its error
     code as parameters) replaced by a call of one static function per template, which each
     unit that calls it defines once. Returns the blocks as (text, kind, function name or
@@ -207,8 +211,8 @@ def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[s
     A model that repeats a structure repeats its steps' code: SSDlite's post-processing per
     class (90 classes: 1635 steps, 597 KB of step code, 256 templates of 119 KB), a
     transformer's layers. gcc's time grows with the code, so the repeats were most of a
-    cold build. Hot steps (their own parallel loops over large tensors) stay inline, where
-    gcc sees their pointers as they are."""
+    cold build. A shared hot step keeps its parallel loop: the region is outlined from the
+    shared function as it was from the segment's part."""
     templates: dict[str, list] = {}
     keyed: dict[tuple, tuple] = {}
     for key, bs in blocks.items():
@@ -216,7 +220,7 @@ def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[s
         indices = program.segments[key[1]]
         for j, ((text, kind), i) in enumerate(zip(bs, indices)):
             code = program.steps[i].lowered.code
-            if kind == HOT or program.profiled or _SHADOW.search(code):
+            if program.profiled or _SHADOW.search(code):
                 continue
             slots: list[str] = []
             extents: list[str] = []
@@ -241,7 +245,10 @@ def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[s
             continue
         name = f"ss_step_shared_{len(functions)}"
         kind = blocks[uses[0][0]][uses[0][1]][1]
-        functions[name] = (f"\nstatic int {name}(void* const* v, const int64_t* e, const int32_t* ss_s, "
+        # noinline: gcc -O3 otherwise inlines the function (its parallel loop outlined,
+        # what is left looks small) into every call, and vectorizes its serial tail loop
+        # again in each: bert.ts's hot unit took 1.16 s of gcc with the copies, 0.67 s without.
+        functions[name] = (f"\n__attribute__((noinline)) static int {name}(void* const* v, const int64_t* e, const int32_t* ss_s, "
                            f"const int32_t* ss_x, int ss_code) {{\n    (void)v; (void)e; (void)ss_s; (void)ss_x; "
                            f"(void)ss_code;\n    {{\n{_indent(template, 8)}\n    }}\n    return 0;\n}}\n", kind)
         for key, j in uses:
