@@ -580,7 +580,9 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                     else ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
                     { \
                         ss_vf@L@ acc2[RXT][2]; \
-                        for (int j = 0; j < RXT; j++) acc2[j][0] = acc[j]; \
+                        if (act == 1) for (int j = 0; j < RXT; j++) acc2[j][0] = ss_nchwc_act_@L@(acc[j], 1, 0, 0); \
+                        else if (act == 3) for (int j = 0; j < RXT; j++) acc2[j][0] = ss_nchwc_act_@L@(acc[j], 3, 0, 0); \
+                        else for (int j = 0; j < RXT; j++) acc2[j][0] = acc[j]; \
                         ss_cnc_store_@L@(y + row + ox * @L@, 0, @L@, 1, RXT, acc2); \
                     } \
                 } while (0)
@@ -612,12 +614,14 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
 #undef SS_DWC_X
                     }
 #undef SS_DWC_TILE
-                    /* The epilogue once per row, not per tile: a depthwise tile has few FMAs,
-                       and the call per tile was 40% of a 3x3 stride-2 conv's time (72
-                       channels, 56x56, batch 4: 0.16-0.22 ms against onnxruntime's 0.09). */
+                    /* The rest of the epilogue once per row, not per tile: a depthwise tile has
+                       few FMAs, and the call per tile was a fifth of a 3x3 stride-2 conv's time
+                       (72 channels, 56x56, batch 4). Relu and HardSwish, MobileNetV3's, went
+                       into the tiles' stores above (the pass over the row took another tenth). */
                     const int last = cb == CB - 1 && C % @L@ ? 0 : -1;
-                    if (act || res || last == 0)
-                        ss_cnc_post_@L@(y + row, res ? res + row : NULL, 0, @L@, 1, (int)OW, act, a0, a1, act2, b0,
+                    const int rest = act == 1 || act == 3 ? 0 : act;
+                    if (rest || res || last == 0)
+                        ss_cnc_post_@L@(y + row, res ? res + row : NULL, 0, @L@, 1, (int)OW, rest, a0, a1, act2, b0,
                                         b1, last, keep);
                 }
             }
