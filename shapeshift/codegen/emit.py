@@ -37,10 +37,11 @@ Steps whose code repeats but for the slots and extents it indexes and its error 
 one static function per template, defined in each unit that calls it (``_shared_steps``):
 on SSDlite (1635 steps, 597 KB of step code) that left 2 warm units of 4 and cut gcc's
 serial time from 3.0 to 1.9 s. Hot steps share too: a transformer repeats each layer's
-GELU, residual Add and mask per layer, and sharing them took bert.ts from two hot units
-(1.2 s of gcc -O3 each) to one (0.9 s), its session creation on a warm kernel library from
-2.1 to 1.4 s. The shared loop is the same code (the template keeps every literal stride and
-size; only the slot and extent indices become arguments), so run time does not change.
+GELU, residual Add and mask per layer, and sharing them (the functions noinline) took
+bert.ts from two hot units (1.2 s of gcc -O3 each) to one (0.55 s), its session creation on
+a warm kernel library from 2.1 to 1.1 s (AMD Zen 4). The shared loop is the same code (the
+template keeps every literal stride and size; only the slot and extent indices become
+arguments), so run time does not change.
 
 How many units there are depends only on the program's size, never on the machine, so
 that one program always prints the same text (a compiled artifact is checked against it).
@@ -248,9 +249,10 @@ def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[s
         # noinline: gcc -O3 otherwise inlines the function (its parallel loop outlined,
         # what is left looks small) into every call, and vectorizes its serial tail loop
         # again in each: bert.ts's hot unit took 1.16 s of gcc with the copies, 0.67 s without.
-        functions[name] = (f"\n__attribute__((noinline)) static int {name}(void* const* v, const int64_t* e, const int32_t* ss_s, "
-                           f"const int32_t* ss_x, int ss_code) {{\n    (void)v; (void)e; (void)ss_s; (void)ss_x; "
-                           f"(void)ss_code;\n    {{\n{_indent(template, 8)}\n    }}\n    return 0;\n}}\n", kind)
+        functions[name] = (f"\n__attribute__((noinline)) static int {name}(void* const* v, const int64_t* e, "
+                           f"const int32_t* ss_s, const int32_t* ss_x, int ss_code) {{\n"
+                           f"    (void)v; (void)e; (void)ss_s; (void)ss_x; (void)ss_code;\n"
+                           f"    {{\n{_indent(template, 8)}\n    }}\n    return 0;\n}}\n", kind)
         for key, j in uses:
             _, slots, extents, i = keyed[key, j]
             text, kind, _ = out[key][j]
