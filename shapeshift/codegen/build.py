@@ -89,7 +89,12 @@ class CompiledLibrary:
 # idle thread on its core between parallel regions. With another busy process per core,
 # those spins took the time the other thread of the region needed, and every region waited
 # for it: the BERT-base-size encoder at 2 threads slowed 2.5-3.5x against onnxruntime's
-# 1.7-2.4x; with 10,000 it slowed 2.0-2.3x (bench/results/e2e_bert_2t_load*.md).
+# 1.7-2.4x; with 10,000 it slowed 2.0-2.3x (bench/results/e2e_bert_2t_load*.md). A spin is
+# a PAUSE, 25 ns on an AMD Zen 4 VM: 10,000 is about 250 us there, and 30,000 (750 us)
+# already collapsed the loaded encoder (seq 1: 127.8 ms against onnxruntime's 30.9, idle
+# 12.5 both), while 10,000 is too short to keep the worker awake between runs of a small
+# model (e2e_bert_2t_load_zen4_spin30000.md says both). Only a pool whose caller does not
+# wait for a sleeping worker escapes the trade.
 OPENMP_SPINCOUNT = "10000"
 
 
