@@ -293,13 +293,22 @@ static __attribute__((noinline)) void ss_cnc_post_@L@(
 #undef SS_CNC_POST
 }
 
-/* A tile's store and its epilogue, skipped where there is none (no activation, no residual,
-   no lanes past M: LAST is -1 then). NB (1 or 2) becomes a constant for the store. */
-#define SS_CNC_STORE_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, LAST, ACC) do { \
+/* A tile's accumulators stored as they are; NB (1 or 2) becomes a constant for the store. */
+#define SS_CNC_PUT_@L@(YB, BSTEP, PSTEP, NB, RXT, ACC) do { \
     if ((NB) == 2) ss_cnc_store_@L@(YB, BSTEP, PSTEP, 2, RXT, ACC); \
     else ss_cnc_store_@L@(YB, BSTEP, PSTEP, 1, RXT, ACC); \
-    if (act || (RB) || ((LAST) >= 0 && (LAST) < (NB))) \
-        ss_cnc_post_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, act, a0, a1, act2, b0, b1, LAST, keep); \
+} while (0)
+/* The epilogue over RX stored pixels of NB blocks, skipped where there is none (no
+   activation ACT, no residual, no lanes past M: LAST is -1 then): after each tile, or
+   once per row or run of them. */
+#define SS_CNC_EPILOGUE_@L@(YB, RB, BSTEP, PSTEP, NB, RX, ACT, LAST) do { \
+    if ((ACT) || (RB) || ((LAST) >= 0 && (LAST) < (NB))) \
+        ss_cnc_post_@L@(YB, RB, BSTEP, PSTEP, NB, RX, ACT, a0, a1, act2, b0, b1, LAST, keep); \
+} while (0)
+/* A tile's store and its epilogue. */
+#define SS_CNC_STORE_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, LAST, ACC) do { \
+    SS_CNC_PUT_@L@(YB, BSTEP, PSTEP, NB, RXT, ACC); \
+    SS_CNC_EPILOGUE_@L@(YB, RB, BSTEP, PSTEP, NB, RXT, act, LAST); \
 } while (0)
 """
 
@@ -424,11 +433,7 @@ for (int64_t n = 0; n < N; n++)
                 else if (RXT == @RX@ && sw == 1) SS_CNC_FAST(RXT, @L@, 1); \
                 else if (RXT == @RX@ && sw == 2) SS_CNC_FAST(RXT, @L@, 2); \
                 else SS_CNC_FAST(RXT, @L@, sw); \
-                { \
-                    float* yt = y + (((n * MB + ob) * OH + oy) * OW + ox) * @L@; \
-                    if (nb == 2) ss_cnc_store_@L@(yt, OH * OW * @L@, @L@, 2, RXT, acc); \
-                    else ss_cnc_store_@L@(yt, OH * OW * @L@, @L@, 1, RXT, acc); \
-                } \
+                SS_CNC_PUT_@L@(y + (((n * MB + ob) * OH + oy) * OW + ox) * @L@, OH * OW * @L@, @L@, nb, RXT, acc); \
             } while (0)
             /* The run's tiles, each shape expanded once whatever part of the row takes it
                (expanding it per part took gcc twice the time for the same code). */
@@ -444,12 +449,9 @@ for (int64_t n = 0; n < N; n++)
 #undef SS_CNC_FAST
             /* The epilogue once per run of the row, its tiles still in L1 (as the
                depthwise kernel's per row). */
-            const int last = (int)(pad_block - ob);
-            if (act || res || (last >= 0 && last < nb)) {
-                const int64_t off = (((n * MB + ob) * OH + oy) * OW + rs0) * @L@;
-                ss_cnc_post_@L@(y + off, res ? res + off : NULL, OH * OW * @L@, @L@, nb, (int)(re - rs0), act, a0, a1,
-                                act2, b0, b1, last, keep);
-            }
+            const int64_t off = (((n * MB + ob) * OH + oy) * OW + rs0) * @L@;
+            SS_CNC_EPILOGUE_@L@(y + off, res ? res + off : NULL, OH * OW * @L@, @L@, nb, (int)(re - rs0), act,
+                                (int)(pad_block - ob));
         }
 """
 
@@ -618,11 +620,8 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                        few FMAs, and the call per tile was a fifth of a 3x3 stride-2 conv's time
                        (72 channels, 56x56, batch 4). Relu and HardSwish, MobileNetV3's, went
                        into the tiles' stores above (the pass over the row took another tenth). */
-                    const int last = cb == CB - 1 && C % @L@ ? 0 : -1;
-                    const int rest = act == 1 || act == 3 ? 0 : act;
-                    if (rest || res || last == 0)
-                        ss_cnc_post_@L@(y + row, res ? res + row : NULL, 0, @L@, 1, (int)OW, rest, a0, a1, act2, b0,
-                                        b1, last, keep);
+                    SS_CNC_EPILOGUE_@L@(y + row, res ? res + row : NULL, 0, @L@, 1, (int)OW,
+                                        act == 1 || act == 3 ? 0 : act, cb == CB - 1 && C % @L@ ? 0 : -1);
                 }
             }
     free(buf);
