@@ -106,7 +106,8 @@ def _timed(tool: str, path: str, cache: Path, timeout: float) -> dict:
 def build_fragment_cache(cache: Path) -> None:
     """Compile every kernel fragment's object into ``cache`` (through one library that links them all)."""
     from shapeshift.codegen import fragments
-    from shapeshift.codegen.build import compile_library
+    from shapeshift.codegen.build import compile_library, precompile_header, target_flags, with_opt
+    from shapeshift.codegen.emit import OPT_FLAGS
     from shapeshift.codegen.kernels.prelude import PRELUDE
 
     ordered = fragments.dependency_order(fragments.names())
@@ -115,6 +116,10 @@ def build_fragment_cache(cache: Path) -> None:
     for library in cache.rglob("*.so"):  # keep the objects only
         library.unlink()
         library.with_suffix(".json").unlink()
+    # Part of the kernel library too: the precompiled header of each unit kind's flags, made
+    # by any earlier build that compiled a few units with them.
+    for opt in sorted(set(OPT_FLAGS.values())):
+        precompile_header(with_opt(target_flags(), opt), cache_dir=cache)
 
 
 def measure(models: dict[str, str], runs: int, timeout: float, workdir: Path) -> dict[tuple[str, str], list[float]]:

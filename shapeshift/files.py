@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -59,6 +60,21 @@ def publish(tmp: PathLike, path: PathLike) -> None:
     fsync_path(tmp)
     os.replace(tmp, Path(path))
     fsync_path(Path(path).parent, directory=True)
+
+
+def replace_file(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``: other
+    processes see the old file or the new one. Not durable across a power cut (no fsync):
+    for caches, which check what they read and rebuild what a crash damaged."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def output_target(path: PathLike, what: str = "output") -> Path:

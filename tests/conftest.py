@@ -43,6 +43,23 @@ def compiler_calls(monkeypatch, tmp_path) -> list:
     return calls
 
 
+@pytest.fixture
+def compiles(monkeypatch) -> list[list[str]]:
+    """Every compiler command run through the build module's runner (unit compiles and
+    links alike), in order."""
+    from shapeshift.codegen import build
+
+    calls: list[list[str]] = []
+    real = build._run_compiler
+
+    def counting(cmd):
+        calls.append(cmd)
+        return real(cmd)
+
+    monkeypatch.setattr(build, "_run_compiler", counting)
+    return calls
+
+
 def shared_model(name: str) -> Path:
     path = SHARED_MODELS / name
     if not path.exists():

@@ -43,20 +43,6 @@ def _clean_env(monkeypatch):
     monkeypatch.delenv("SHAPESHIFT_CACHE_DIR", raising=False)
 
 
-@pytest.fixture
-def compiles(monkeypatch) -> list[list[str]]:
-    """Records every compiler invocation made through the module's runner."""
-    calls: list[list[str]] = []
-    real = build._run_compiler
-
-    def counting(cmd):
-        calls.append(cmd)
-        return real(cmd)
-
-    monkeypatch.setattr(build, "_run_compiler", counting)
-    return calls
-
-
 def call_add(lib, a: int, b: int) -> int:
     fn = lib.cdll.add
     fn.restype = ctypes.c_int64
