@@ -117,6 +117,20 @@ def test_flags_and_source_change_the_key(tmp_path, compiles):
     assert build.cache_key("b", ("a",), "v") != build.cache_key("", ("ab",), "v")
 
 
+def test_what_native_means_here_is_part_of_the_key(monkeypatch):
+    # A cache shared by two machines (NFS) must not give a Xeon's AMX code to a Zen 4.
+    portable = ("-O3", "-march=x86-64-v3")
+    keys = {}
+    for cpu in ("AMD EPYC 9R14\0avx2 avx512f fma", "Intel Xeon Platinum 8488C\0amx_tile avx2 avx512f fma"):
+        monkeypatch.setattr(build, "native_cpu", lambda cpu=cpu: cpu)
+        keys[cpu] = (build.cache_key("x", DEFAULT_FLAGS, "gcc"), build.cache_key("x", portable, "gcc"))
+    (zen_native, zen_v3), (xeon_native, xeon_v3) = keys.values()
+    assert zen_native != xeon_native
+    assert zen_v3 == xeon_v3, "code for a named target is the same whoever builds it"
+    monkeypatch.undo()
+    assert build.native_cpu() == build.native_cpu() and "avx2" in build.native_cpu()
+
+
 @pytest.mark.parametrize("corruption", ["truncated", "garbage", "no_metadata", "bad_metadata"])
 def test_corrupt_entry_is_rebuilt(tmp_path, compiles, corruption):
     good = compile_library(ADD_SOURCE, cache_dir=tmp_path / "a")

@@ -181,11 +181,25 @@ def compiler_version(cc: str) -> str:
     return proc.stdout.strip()
 
 
+@functools.cache
+def native_cpu() -> str:
+    """What -march=native builds for on this machine: the CPU's model name and flags from
+    /proc/cpuinfo ('' where it cannot be read). In the key of whatever is built with it, so
+    that a cache shared by machines of two CPUs (a home folder on NFS across a cluster's
+    nodes) never gives one of them code made for instructions it lacks."""
+    from ..target.cpu import read_host  # here: the target package imports this module
+
+    cpu, _ = read_host()
+    return "" if cpu is None else cpu.model_name + "\0" + " ".join(sorted(cpu.flags))
+
+
 def cache_key(source: str, flags: Sequence[str], version: str, linked: Sequence[str] = ()) -> str:
-    """Hex sha256 over the cache format, compiler version, flags, source and the keys of
-    the objects ``linked`` into it (each length-prefixed)."""
+    """Hex sha256 over the cache format, compiler version, flags (with -march=native, what
+    it means here: ``native_cpu``), source and the keys of the objects ``linked`` into it
+    (each length-prefixed)."""
+    native = ("\0native\0", native_cpu()) if "-march=native" in flags else ()
     h = hashlib.sha256()
-    for part in (str(CACHE_FORMAT), version, *flags, "\0source\0", source, "\0linked\0", *linked):
+    for part in (str(CACHE_FORMAT), version, *flags, *native, "\0source\0", source, "\0linked\0", *linked):
         data = part.encode()
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
