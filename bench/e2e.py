@@ -54,12 +54,14 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -203,9 +205,11 @@ def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, t
 
 
 def measure(tool: str, path: str, feeds, threads: int, runs: int, workdir: Path, tag: str, tuning_db=None,
-            dynamic=None) -> dict:
+            dynamic=None, kernel_library: Optional[Path] = None) -> dict:
     """One tool's session on the model at ``path``: load times, each feed's median latency,
-    outputs saved under ``workdir`` (named by ``tag``), peak memory, and for native its fallbacks."""
+    outputs saved under ``workdir`` (named by ``tag``), peak memory, and for native its fallbacks.
+    ``kernel_library``: a build cache holding only the kernel library (bench/build_time.py's
+    ``build_fragment_cache``); native's session creation from a copy of it is timed too."""
     import numpy as np
 
     os.environ["SHAPESHIFT_CACHE_DIR"] = str(workdir / f"cache-{tool}-{tag}-{time.time_ns()}")
@@ -247,6 +251,14 @@ def measure(tool: str, path: str, feeds, threads: int, runs: int, workdir: Path,
         result["tuned"] = sum(p.prefix != "ss_gemm_" for prog in programs for p in prog.packs)
         result["tuned_batched"] = sum(len(prog.tuned_calls) for prog in programs)
         _time_warm_cache(result, session, path, threads, tool, tuning_db, dynamic)
+        if kernel_library is not None:
+            # Last: it points the build cache elsewhere.
+            library_copy = workdir / f"library-{tool}-{tag}-{time.time_ns()}"
+            shutil.copytree(kernel_library, library_copy)
+            os.environ["SHAPESHIFT_CACHE_DIR"] = str(library_copy)
+            start = time.perf_counter()
+            _session(tool, path, threads, tuning_db, dynamic)
+            result["library_load_s"] = time.perf_counter() - start
     return result
 
 

@@ -34,15 +34,16 @@ def test_built_model_runs_natively_like_onnxruntime(name, tmp_path, monkeypatch)
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=label)
 
 
-def _result(latency: dict, load_s: float = 1.0) -> dict:
-    return {"latency": latency, "load_s": load_s, "outputs": {}}
+def _result(latency: dict, library_load_s: float = 1.0) -> dict:
+    # Cold creation (the kernel library built too) is reported, not held to the target.
+    return {"latency": latency, "load_s": 9.0, "library_load_s": library_load_s, "outputs": {}}
 
 
 def test_targets_name_every_shape_above_onnxruntime_and_the_recurrent_geomean():
     args = type("Args", (), {"threads": [1]})()
     results = {(1, "lstm_seq", "native"): _result({"seq 1": 0.5, "seq 16": 2.0}),
                (1, "lstm_seq", "onnxruntime"): _result({"seq 1": 1.0, "seq 16": 1.0}),
-               (1, "yolo", "native"): _result({"a": 1.0}, load_s=2.5),
+               (1, "yolo", "native"): _result({"a": 1.0}, library_load_s=2.5),
                (1, "yolo", "onnxruntime"): _result({"a": 1.0})}
     lines = tail.targets(results, ["lstm_seq", "yolo"], args)
     assert "NOT met, 1 above: lstm_seq seq 16 1t (2.00)" in lines[2]
