@@ -50,6 +50,8 @@ RECURRENT = ("gru_encoder", "gru_decoder_step", "lstm_ctc", "lstm_seq", "silero_
 TARGET_EVERY = 1.0
 TARGET_RECURRENT_GEOMEAN = 0.8
 TARGET_COLD_S = 2.0
+# Issue 27: native's 1-thread / 2-thread speed-up at least this fraction of onnxruntime's.
+TARGET_SCALING = 0.9
 # The folder of the workdir holding the kernel library's build cache.
 KERNEL_LIBRARY = "kernel-library"
 
@@ -173,7 +175,37 @@ def targets(results: dict, models: list[str], args) -> list[str]:
         over = [f"{m} {s:.2f} s" for m, s in warm.items() if not s <= TARGET_COLD_S]
         out.append(f"- session creation of the models of ../shared/models on a warm kernel library, empty model "
                    f"cache, <= {TARGET_COLD_S:.0f} s: " + ("met" if not over else "NOT met: " + ", ".join(over)))
+    out += scaling_targets(results, models, args)
     return out + [""]
+
+
+def speedups(results: dict, model: str, tool: str, low: int, high: int) -> dict[str, float]:
+    """Per feed, ``tool``'s latency at ``low`` threads over its latency at ``high``."""
+    a, b = results.get((low, model, tool), {}), results.get((high, model, tool), {})
+    if "latency" not in a or "latency" not in b:
+        return {}
+    return {label: a["latency"][label] / b["latency"][label] for label in a["latency"] if label in b["latency"]}
+
+
+def scaling_targets(results: dict, models: list[str], args) -> list[str]:
+    """Issue 27's line, where 1 and 2 threads were both measured: native's speed-up from 1 to
+    2 threads >= 0.9x onnxruntime's, for every model of ../shared/models at every feed."""
+    if not {1, 2} <= set(args.threads):
+        return []
+    shared = [m for m in models if m not in tail_models.BUILDERS]
+    relative = {}
+    for m in shared:
+        ort = speedups(results, m, "onnxruntime", 1, 2)
+        for label, native in speedups(results, m, "native", 1, 2).items():
+            if label in ort:
+                relative[(m, label)] = native / ort[label]
+    if not relative:
+        return []
+    under = [f"{m} {label} ({r:.2f})" for (m, label), r in relative.items() if r < TARGET_SCALING]
+    return [f"- issue 27: native's 1-thread / 2-thread speed-up over onnxruntime's, models of ../shared/models, "
+            f"every feed >= {TARGET_SCALING}: " + ("met" if not under else f"NOT met, {len(under)} under: "
+                                                  + "; ".join(under))
+            + f" (range {min(relative.values()):.2f}-{max(relative.values()):.2f})"]
 
 
 def plot(results: dict, models: list[str], args, path: Path) -> None:

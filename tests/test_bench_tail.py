@@ -49,3 +49,16 @@ def test_targets_name_every_shape_above_onnxruntime_and_the_recurrent_geomean():
     assert "NOT met, 1 above: lstm_seq seq 16 1t (2.00)" in lines[2]
     assert "geomean over shapes and thread counts: 1.00 (target <= 0.8) NOT met" in lines[3]
     assert lines[4].endswith("NOT met: yolo 2.50 s")
+
+
+def test_scaling_line_compares_each_feeds_speed_up_with_onnxruntimes():
+    args = type("Args", (), {"threads": [1, 2]})()
+    results = {(1, "yolo", "native"): _result({"a": 2.0, "b": 2.0}), (2, "yolo", "native"): _result({"a": 1.0, "b": 2.0}),
+               (1, "yolo", "onnxruntime"): _result({"a": 2.0, "b": 2.0}),
+               (2, "yolo", "onnxruntime"): _result({"a": 1.25, "b": 1.0}),
+               (1, "lstm_seq", "native"): _result({"a": 9.0}), (2, "lstm_seq", "native"): _result({"a": 9.0}),
+               (1, "lstm_seq", "onnxruntime"): _result({"a": 1.0}), (2, "lstm_seq", "onnxruntime"): _result({"a": 0.5})}
+    (line,) = tail.scaling_targets(results, ["lstm_seq", "yolo"], args)
+    # yolo a: 2.0 against 1.6 (1.25); b: 1.0 against 2.0 (0.50); lstm_seq is not a shared model.
+    assert "NOT met, 1 under: yolo b (0.50)" in line and "(range 0.50-1.25)" in line
+    assert tail.scaling_targets(results, ["yolo"], type("Args", (), {"threads": [1]})()) == []
