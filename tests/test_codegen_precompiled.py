@@ -226,3 +226,40 @@ def test_the_warm_up_makes_the_header_a_build_then_uses(tmp_path, compiles):
     library(cache, count=1, opt=("-O1",), start=80)
     (cmd,) = [c for c in compiles if "-c" in c and opt_of(c) == "-O1"]
     assert included(cmd) == header
+
+
+def test_a_cache_that_cannot_hold_the_header_only_costs_the_time(tmp_path, monkeypatch, caplog):
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(precompiled, "_make", full_disk)
+    cache = tmp_path / "cache"
+    with caplog.at_level(logging.WARNING, logger="shapeshift.codegen.precompiled"):
+        lib = library(cache, count=3)
+    assert call_total(lib) == expected_total()
+    assert "No space left on device" in caplog.text and not header_folders(cache)
+
+
+def _build_in_child(cache: str, start: int, results) -> None:
+    try:
+        results.put(call_total(library(Path(cache), count=3, start=start)))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        results.put(repr(exc))
+
+
+def test_two_processes_make_one_header_and_both_build(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    cache = str(tmp_path / "cache")
+    children = [context.Process(target=_build_in_child, args=(cache, start, results)) for start in (100, 200)]
+    for child in children:
+        child.start()
+    got = sorted(results.get(timeout=300) for _ in children)
+    for child in children:
+        child.join(timeout=60)
+    assert got == sorted([expected_total(start=100), expected_total(start=200)])
+    (folder,) = header_folders(Path(cache))
+    assert precompiled.find(folder) is not None
+    assert not list(folder.glob(".make.*")), "no scratch folder left behind"

@@ -88,15 +88,19 @@ def find(folder: Path) -> Optional[Path]:
 def make(folder: Path, cc: str, flags: Sequence[str]) -> Optional[Path]:
     """The header in ``folder``, precompiled first by ``cc`` with ``flags`` if it is not
     already (another process may be at it: the lock makes it wait and reuse that one).
-    None where the compiler cannot make it, now or before."""
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / "lock"
-    with open(lock, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        found = find(folder)
-        if found is not None or (folder / "unusable").exists():
-            return found
-        return _make(folder, cc, header_flags(flags))
+    None where the compiler cannot make it, now or before, or the cache cannot hold it (a
+    full disk, a folder it may not write: the build goes on without)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "lock", "a+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            found = find(folder)
+            if found is not None or (folder / "unusable").exists():
+                return found
+            return _make(folder, cc, header_flags(flags))
+    except OSError as exc:
+        log.warning("no precompiled header in %s: %s", folder, exc)
+        return None
 
 
 def discard(folder: Path) -> None:
