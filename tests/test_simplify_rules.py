@@ -604,3 +604,38 @@ def test_rules_reach_into_loop_bodies():
 
     graph = check(build, ["Loop"])
     assert ops(graph.nodes[0].attrs["body"]) == ["Add"]
+
+
+# -- Range over a cast integer -------------------------------------------------------------
+
+
+def _anchor_range(b, start: float, delta: float, axis: int = 1, x=None):
+    """Range(start, Cast<float>(Gather(Shape(x), axis)), delta) + 0.5, as exporters write anchors."""
+    x = x if x is not None else b.input("x", "float32", ("B", "T"))
+    n = b.Gather(b.Shape(x), np.array(axis, np.int64), axis=0)
+    r = b.Range(np.array(start, np.float32), b.Cast(n, to=1), np.array(delta, np.float32))
+    b.output(b.Add(r, np.array(0.5, np.float32)))
+
+
+@pytest.mark.parametrize("start, delta", [(0.0, 1.0), (2.0, 3.0), (7.0, -2.0), (-3.0, 1.0)])
+def test_float_range_over_a_cast_dim_becomes_an_integer_range(start, delta):
+    graph = check(lambda b: _anchor_range(b, start, delta), ["Shape", "Gather", "Range", "Cast", "Add"])
+    r = only(graph, "Range")
+    assert [v.type.dtype for v in r.inputs] == [7, 7, 7], "an int64 Range over the dim itself"
+    assert only(graph, "Cast").attrs["to"] == 1
+
+
+@pytest.mark.parametrize("start, delta", [(0.5, 1.0), (0.0, 0.25)])
+def test_float_range_with_fractional_ends_stays(start, delta):
+    check(lambda b: _anchor_range(b, start, delta), ["Shape", "Gather", "Cast", "Range", "Add"])
+
+
+def test_float_range_over_a_dim_float32_cannot_hold_exactly_stays():
+    # T up to 2^30: past 2^24 float32 rounds the limit and the values, and onnxruntime's
+    # float Range then differs from a cast integer one, so nothing is rewritten.
+    b = GraphBuilder(opset=17, dynamic={"B": (1, 8), "T": (1, 1 << 30)})
+    _anchor_range(b, 0.0, 1.0)
+    graph = b.build()
+    infer_types(graph)
+    run_rules(graph)
+    assert ops(graph) == ["Shape", "Gather", "Cast", "Range", "Add"]
