@@ -437,9 +437,9 @@ def _build(entry: _Entry, source: str, name_hint: str, flags: tuple[str, ...], c
     with _scratch(entry, entry.suffix) as tmp, _scratch(entry, ".o") as own:
         if linked:
             own_flags = own_flags or _object_flags(flags)
-            make_headers = _headers_worth_making([(source, own_flags), *((unit.source, unit.flags) for unit in linked
-                                                                          if not _entry(cache_dir, unit.key, ".o").meta.exists())],
-                                                 version)
+            to_compile = [(unit.source, unit.flags) for unit in linked
+                          if not _entry(cache_dir, unit.key, ".o").meta.exists()]
+            make_headers = _headers_worth_making([(source, own_flags), *to_compile], version)
             own_cmd = [cc, *own_flags, str(entry.source), "-o", str(own)]
             own_header = functools.partial(_header, source, own_flags, cc, version, cache_dir, make_headers)
             jobs = [(len(source), lambda: _compile(entry, name_hint, own_cmd, header=own_header()))]
