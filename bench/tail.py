@@ -15,14 +15,15 @@ lowering, the C build of the kernels and of the model), again from the warm cach
 the kernel objects and precompiled headers any earlier model leaves, bench/build_time.py's
 ``build_fragment_cache``, built once before the workers), then per feed the median of
 ``--runs`` runs after warm-up. ``OMP_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` are set
-to the thread count; onnxruntime gets the same
-``intra_op_num_threads`` and its default graph optimizations. The whole set runs
-``--rounds`` times with the tools' order reversed every other round; each feed keeps its
-fastest round's median (this machine's noise only ever adds time).
+to the thread count; onnxruntime gets the same ``intra_op_num_threads`` and its default
+graph optimizations. The whole set runs ``--rounds`` times with the tools' order reversed
+every other round; each feed keeps its fastest round's median (this machine's noise only
+ever adds time).
 
 Issue 32's targets, checked in the report: every model at every shape and thread count
-<= 1.0x onnxruntime, the recurrent models <= 0.8x geomean, session creation on a warm kernel
-library but an empty model cache <= 2 s for the models of ../shared/models. Writes bench/results/tail.md and tail.png.
+<= 1.0x onnxruntime, the recurrent models <= 0.8x geomean, session creation on a warm
+kernel library but an empty model cache <= 2 s for the models of ../shared/models; with 1
+and 2 threads, issue 27's scaling line. Writes bench/results/tail.md and tail.png.
 """
 
 from __future__ import annotations

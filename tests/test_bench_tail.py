@@ -53,7 +53,8 @@ def test_targets_name_every_shape_above_onnxruntime_and_the_recurrent_geomean():
 
 def test_scaling_line_compares_each_feeds_speed_up_with_onnxruntimes():
     args = type("Args", (), {"threads": [1, 2]})()
-    results = {(1, "yolo", "native"): _result({"a": 2.0, "b": 2.0}), (2, "yolo", "native"): _result({"a": 1.0, "b": 2.0}),
+    results = {(1, "yolo", "native"): _result({"a": 2.0, "b": 2.0}),
+               (2, "yolo", "native"): _result({"a": 1.0, "b": 2.0}),
                (1, "yolo", "onnxruntime"): _result({"a": 2.0, "b": 2.0}),
                (2, "yolo", "onnxruntime"): _result({"a": 1.25, "b": 1.0}),
                (1, "lstm_seq", "native"): _result({"a": 9.0}), (2, "lstm_seq", "native"): _result({"a": 9.0}),
