@@ -10,6 +10,8 @@ import math
 import multiprocessing
 import random
 import sqlite3
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -280,6 +282,44 @@ def test_db_two_processes_at_once(tmp_path):
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert conn.execute("SELECT COUNT(*) FROM candidates").fetchone()[0] == 120
     assert conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 360
+
+
+def _hold_write_lock(path: str) -> sqlite3.Connection:
+    """A connection holding the write lock of a new database still in rollback-journal mode:
+    what a second process meets while the first creates the file."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def test_db_open_waits_for_a_writer_switching_modes(tmp_path):
+    # SQLite refuses the switch to WAL at once, without its busy handler, while another
+    # connection holds the write lock: the open waits for it instead of failing.
+    path = str(tmp_path / "t.db")
+    holder = _hold_write_lock(path)
+    release = threading.Timer(0.3, holder.execute, ("COMMIT",))
+    start = time.monotonic()
+    release.start()
+    try:
+        with Database(path, timeout_s=20) as db:
+            waited = time.monotonic() - start
+            assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        release.join()
+        holder.close()
+    assert waited >= 0.25
+
+
+def test_db_open_gives_up_after_its_timeout(tmp_path):
+    path = str(tmp_path / "t.db")
+    holder = _hold_write_lock(path)
+    try:
+        with pytest.raises(ShapeshiftError, match="cannot be opened: database is locked"):
+            Database(path, timeout_s=0.2)
+    finally:
+        holder.close()
+    assert sqlite3.connect(path).execute("SELECT name FROM sqlite_master").fetchall() == [("other",)]
 
 
 def test_tuning_resumes(tmp_path, cache):

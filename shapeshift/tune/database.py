@@ -177,6 +177,24 @@ def read_only(path: Path, query: Callable[[sqlite3.Connection], T], timeout_s: f
         conn.close()
 
 
+def _enter_wal(conn: sqlite3.Connection, deadline: float) -> None:
+    """``PRAGMA journal_mode=WAL``, retried until ``deadline`` while the file is locked.
+
+    SQLite answers the mode change with SQLITE_BUSY at once, without calling the busy
+    handler, while another connection holds a lock on the file (two processes opening a
+    new database together): the busy timeout does not cover it, so this waits instead."""
+    delay = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
+
+
 class Database:
     def __init__(self, path: Path | str = DEFAULT_DB, timeout_s: float = 60.0):
         self.path = Path(path)
@@ -186,7 +204,7 @@ class Database:
         self.conn = None
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
-            self.conn.execute("PRAGMA journal_mode=WAL")
+            _enter_wal(self.conn, time.monotonic() + timeout_s)
             self.conn.execute("PRAGMA synchronous=NORMAL")
             with self._tx():
                 for statement in SCHEMA.split(";"):
