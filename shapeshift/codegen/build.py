@@ -187,10 +187,10 @@ def native_cpu() -> str:
     /proc/cpuinfo ('' where it cannot be read). In the key of whatever is built with it, so
     that a cache shared by machines of two CPUs (a home folder on NFS across a cluster's
     nodes) never gives one of them code made for instructions it lacks."""
-    from ..target.cpu import read_host  # here: the target package imports this module
+    from ..target.cpu import identity_text, read_host  # here: the target package imports this module
 
     cpu, _ = read_host()
-    return "" if cpu is None else cpu.model_name + "\0" + " ".join(sorted(cpu.flags))
+    return "" if cpu is None else identity_text(cpu.model_name, cpu.flags)
 
 
 def cache_key(source: str, flags: Sequence[str], version: str, linked: Sequence[str] = ()) -> str:

@@ -26,6 +26,12 @@ class CpuIdentity:
     logical_cpus: int
 
 
+def identity_text(model_name: str, flags) -> str:
+    """A CPU's model name and sorted flags as one string: what the target key hashes and
+    what a -march=native build's cache key holds (codegen/build.py's native_cpu)."""
+    return model_name + "\0" + " ".join(sorted(flags))
+
+
 @dataclass(frozen=True)
 class Caches:
     """Data cache sizes in bytes: L1d and L2 of one core, L3 of the whole package (0: none)."""

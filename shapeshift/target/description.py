@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ShapeshiftError
-from .cpu import Caches, CpuIdentity, parse_cpuinfo, read_host
+from .cpu import Caches, CpuIdentity, identity_text, parse_cpuinfo, read_host
 from .microarch import MicroarchClass, classify
 
 # The x86-64 psABI levels, as /proc/cpuinfo spells their features (lzcnt is "abm" there).
@@ -114,8 +114,7 @@ class Target:
     def key(self) -> str:
         """A short hash of the CPU model and flags: what measured facts and tuning records
         are keyed by (a change of either makes them stale)."""
-        text = self.cpu_model + "\0" + " ".join(sorted(self.flags))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return hashlib.sha256(identity_text(self.cpu_model, self.flags).encode()).hexdigest()[:16]
 
     def missing(self, features) -> list[str]:
         """``features`` this target lacks, sorted."""
