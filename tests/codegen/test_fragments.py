@@ -86,7 +86,10 @@ def test_each_declared_view_compiles_on_its_own(name, tmp_path):
     unit = tmp_path / "unit.c"
     unit.write_text(PRELUDE + fragments.declarations(fragments.dependency_order([name])))
     flags = [f for f in target_flags() if f not in ("-shared", "-fPIC", "-O3")]
-    proc = subprocess.run([find_compiler(), *flags, "-fsyntax-only", "-Werror", str(unit)],
+    # -Wno-psabi: without AVX-512 the 16-lane NCHWc helpers pass 64-byte vectors by value,
+    # which GCC notes changes the ABI; they are static inline (no call crosses a unit), so
+    # the note is no defect, and the pragmas that could silence it miss GCC's IPA clones.
+    proc = subprocess.run([find_compiler(), *flags, "-Wno-psabi", "-fsyntax-only", "-Werror", str(unit)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
