@@ -425,9 +425,13 @@ for (int64_t n = 0; n < N; n++)
                 ss_vf@L@ acc[@RX@][2]; \
                 for (int j = 0; j < RXT; j++) { acc[j][0] = bv[0]; acc[j][1] = bv[1]; } \
                 const int64_t ix0 = ox * sw - pw; \
-                if (EDGE || RXT == 1 || (xblk != @L@ && RXT != @RX@)) \
+                if ((EDGE && (RXT != 4 || xblk != @L@)) || RXT == 1 || (xblk != @L@ && RXT != @RX@)) \
                     ss_cnc_tile_any_@L@(xg, wo, wob, nb, (int)xblk, EDGE, RXT, IB, KH, KW, bs, rs, H, W, iy0, dh, ix0, sw, \
                                         dw, acc); \
+                else if (EDGE && nb == 2) \
+                    ss_cnc_tile_@L@(xg, wo, wob, 2, @L@, 1, 4, IB, KH, KW, bs, rs, H, W, iy0, dh, ix0, sw, dw, acc); \
+                else if (EDGE) \
+                    ss_cnc_tile_@L@(xg, wo, wob, 1, @L@, 1, 4, IB, KH, KW, bs, rs, H, W, iy0, dh, ix0, sw, dw, acc); \
                 else if (xblk != @L@ && sw == 2) SS_CNC_FAST(RXT, 1, 2); \
                 else if (xblk != @L@) SS_CNC_FAST(RXT, 1, sw); \
                 else if (RXT == @RX@ && sw == 1) SS_CNC_FAST(RXT, @L@, 1); \
