@@ -702,15 +702,15 @@ def _loop_nest(out_shape: tuple, operands: list[_Operand], expr: str, out_ctype:
     # One loop per outer group, collapsed for OpenMP: GCC splits the collapsed space into
     # chunks and steps the indices with carries, where recovering them from a flat row
     # index took two divisions a row (a blocked-layout Mul over 8-float rows ran 5x slower).
-    lines.append(f"#pragma omp parallel for collapse({inner}) if(rows > 1 && rows * n{inner} >= {PARALLEL_ELEMENTS})"
-                 if inner > 1 else f"#pragma omp parallel for if(rows > 1 && rows * n{inner} >= {PARALLEL_ELEMENTS})")
-    lines.extend(f"for (int64_t i{g} = 0; i{g} < n{g}; i{g}++)" for g in range(inner - 1))
-    lines.append(f"for (int64_t i{inner - 1} = 0; i{inner - 1} < n{inner - 1}; i{inner - 1}++) {{")
-    for op in arrays:
-        lines.append(f"    const int64_t b_{op.name} = " + " + ".join(f"i{g} * s_{op.name}_{g}" for g in range(inner)) + ";")
+    collapse = f" collapse({inner})" if inner > 1 else ""
+    lines.append(f"#pragma omp parallel for{collapse} if(rows > 1 && rows * n{inner} >= {PARALLEL_ELEMENTS})")
+    lines.extend(f"for (int64_t i{g} = 0; i{g} < n{g}; i{g}++)" for g in range(inner))
+    lines.append("{")
     row = "i0"
     for g in range(1, inner):
-        row = f"({row}) * n{g} + i{g}" if g > 1 else f"i0 * n1 + i1"
+        row = f"({row}) * n{g} + i{g}"
+    for op in arrays:
+        lines.append(f"    const int64_t b_{op.name} = " + " + ".join(f"i{g} * s_{op.name}_{g}" for g in range(inner)) + ";")
     lines.append(f"    {out_ctype}* o = out + ({row}) * n{inner};")
     lines.append("    int64_t j = 0;")
     if vector is not None:
