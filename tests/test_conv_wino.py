@@ -279,3 +279,18 @@ def test_the_tuner_leaves_winograd_convs_alone(tmp_path, nchw, capsys):
     assert _wino_calls(session) == 1
     _check(model, [(1, 16, 30, 26)], session)
 
+
+
+def test_tile_size_rule():
+    """F(2x2) where F(4x4) would give the batch at most 16 tiles and C x M is at least 256 x 256
+    (ResNet-50's 14x14 stage at batch 1, its 7x7 one at batch 4); F(4x4) with more tiles
+    or narrower channels; 0 below the plane and channel minimums."""
+    from shapeshift.codegen.kernels.conv_wino import winograd_tile
+
+    def tile(channels, outputs, hw, batch=1):
+        return winograd_tile([3, 3], [1, 1], [1, 1], 1, channels, outputs, hw, batch)
+
+    assert tile(256, 256, (14, 14)) == 2 and tile(512, 512, (7, 7), 4) == 2 and tile(256, 256, (16, 16)) == 2
+    assert tile(256, 256, (17, 16)) == 4 and tile(256, 256, (14, 14), 2) == 4 and tile(128, 256, (14, 14)) == 4
+    assert tile(128, 128, (7, 7)) == 4 and tile(64, 64, (56, 56)) == 4 and tile(256, 256, ("h", "w")) == 4
+    assert tile(256, 256, (5, 5)) == 0 and tile(8, 256, (14, 14)) == 0

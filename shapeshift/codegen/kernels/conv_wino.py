@@ -41,7 +41,7 @@ to BIG_BLOCK times more, since every block rereads all of U.
 
 Which tile size runs (``winograd_tile``, the lowering's choice): F(4x4), except where a
 batch of small planes would give its GEMMs fewer than SMALL_TILE_ROWS rows and the channels
-are wide, where F(2x2)'s 4x the tiles make better GEMMs.
+are wide, where F(2x2)'s 4x the tiles make better GEMMs and its U is 16/36 the size.
 
 Accuracy: the transforms use the points 0, +-1, +-2 (exact in float32 for B and A; G has
 1/6, 1/12, 1/24, computed in double at packing). The result differs from a direct sum in
@@ -95,9 +95,15 @@ MIN_PLANE = 36
 #: on 7x7 ran F(2x2) 1.05-1.20 ms a conv at 2 threads against F(4x4) 1.28-1.61 (4 tiles a
 #: plane: the GEMMs of 4 rows stream 9.4 MB of transformed weights; 16 rows with F(2x2)),
 #: at 1 thread 1.81-1.87 against 1.71-1.87 (direct kernels: 1.54-1.61 and 2.84-2.89); 256
-#: -> 256 on 7x7 ran F(4x4) as fast or faster (0.22-0.42 ms against 0.25-0.47).
-SMALL_TILE_ROWS = 16
-SMALL_TILE_CHANNELS = 1 << 17
+#: -> 256 on 7x7 ran F(4x4) as fast or faster (0.22-0.42 ms against 0.25-0.47). Those chains
+#: held every U in that CPU's 32 MB L3; in a whole net they do not, and F(4x4)'s 36 x C x M
+#: floats of U, read for only 16 multiply-adds each at 16 tiles, also push the next convs'
+#: operands out of cache. ResNet-50's 14x14 stage (256 -> 256, 16 tiles) as a chain of its
+#: five bottleneck blocks, 1 thread, AMD Zen 2 (16 MB L3): 24.5 -> 22.3 ms with F(2x2) (the
+#: 3 x 3 convs 1.97 -> 1.77 ms, the 1 x 1 convs after them 1.71 -> 1.52); 2 threads 15.3
+#: both ways. Hence 16 tiles and 256 x 256 channels count as small and wide.
+SMALL_TILE_ROWS = 17
+SMALL_TILE_CHANNELS = 1 << 16
 
 
 def enabled() -> bool:
