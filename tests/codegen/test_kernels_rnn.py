@@ -118,3 +118,16 @@ def test_lstm_optional_outputs(lib):
     Y_h = np.full(expected[1].shape, np.nan, np.float32)
     lstm(lib, inputs, (None, Y_h, None), T, B, I, H, 0)
     np.testing.assert_allclose(Y_h, expected[1], rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_tiles_split_only_on_a_small_register_file():
+    """16 ymm registers: an LSTM tile of all four gates holds 2 rows, so rows 3..6 run as two
+    passes of two gates, and the generated dispatch has those passes; 32 zmm registers hold 6
+    rows of all four and never split."""
+    from shapeshift.codegen.kernels import rnn_step
+
+    assert rnn_step.rows_per_tile(16, 4) == 2 and rnn_step.split_rows(16) == 6 and rnn_step.lstm_rows(16) == 6
+    assert rnn_step.split_rows(32) == 0 and rnn_step.lstm_rows(32) == rnn_step.rows_per_tile(32, 4) == 6
+    ymm = rnn_step._vector_branch(16, 8)
+    assert all(f"case {4 * 16 + r}: ss_rnn_dot_g2of4_r{r}(" in ymm for r in range(3, 7))
+    assert "case 66: ss_rnn_dot_g4_r2(" in ymm and "g2of4" not in rnn_step._vector_branch(32, 16)
