@@ -131,3 +131,48 @@ def test_lstm_tiles_split_only_on_a_small_register_file():
     ymm = rnn_step._vector_branch(16, 8)
     assert all(f"case {4 * 16 + r}: ss_rnn_dot_g2of4_r{r}(" in ymm for r in range(3, 7))
     assert "case 66: ss_rnn_dot_g4_r2(" in ymm and "g2of4" not in rnn_step._vector_branch(32, 16)
+
+
+_ACTIVATIONS_HARNESS = r"""
+void ss_test_gate_acts(const float* x, int64_t n, float* tv, float* sv, float* ts, float* ss) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(tv + i, ss_rg_tanh(_mm256_loadu_ps(x + i)));
+        _mm256_storeu_ps(sv + i, ss_rg_sigmoid(_mm256_loadu_ps(x + i)));
+    }
+    for (i = 0; i < n; ++i) {
+        ts[i] = ss_rg_tanhf(x[i]);
+        ss[i] = ss_rg_sigmoidf(x[i]);
+    }
+}
+"""
+
+
+def test_ymm_gate_activations(tmp_path):
+    """The ymm gate updates' rational tanh and sigmoid (rnn_gates.RATIONAL_TANH_*): each
+    vector lane equals its scalar twin bit for bit, tanh is within 4e-7 of tanh relative
+    (and in [-1, 1]), sigmoid within 2.5e-7 absolute (and in [0, 1]); NaN stays NaN and
+    infinities saturate. Built with -mno-avx512f, where the ymm blocks run."""
+    cdll = build_with_gemm(vmath.source() + rnn.source() + _ACTIVATIONS_HARNESS, tmp_path, "test_rnn_acts",
+                           flags=(*DEFAULT_FLAGS, "-mno-avx512f")).cdll
+    cdll.ss_test_gate_acts.restype = None
+    cdll.ss_test_gate_acts.argtypes = [F32P, I64, F32P, F32P, F32P, F32P]
+    rng = np.random.default_rng(5)
+    x = np.concatenate([np.linspace(-30, 30, 600_001), np.geomspace(1e-12, 1, 20_000), -np.geomspace(1e-12, 1, 20_000),
+                        rng.standard_normal(20_000) * 4, [0.0, -0.0, np.inf, -np.inf, np.nan, 9.0, -9.0, 1e30]])
+    x = x.astype(np.float32)
+    x = np.concatenate([x, np.zeros(-len(x) % 8, np.float32)])
+    tv, sv, ts, ss = (np.empty_like(x) for _ in range(4))
+    ptr = [a.ctypes.data_as(F32P) for a in (x, tv, sv, ts, ss)]
+    cdll.ss_test_gate_acts(ptr[0], len(x), *ptr[1:])
+    np.testing.assert_array_equal(tv.view(np.uint32), ts.view(np.uint32))
+    np.testing.assert_array_equal(sv.view(np.uint32), ss.view(np.uint32))
+    finite = np.isfinite(x)
+    x64 = x[finite].astype(np.float64)
+    tanh, sig = np.tanh(x64), 0.5 * (1.0 + np.tanh(0.5 * x64))
+    assert np.all(np.abs(ts[finite] - tanh) <= 4e-7 * np.maximum(np.abs(tanh), 1e-30))
+    assert np.abs(ss[finite] - sig).max() <= 2.5e-7
+    assert np.nanmin(ts) >= -1 and np.nanmax(ts) <= 1 and np.nanmin(ss) >= 0 and np.nanmax(ss) <= 1
+    nan, pinf, ninf = (np.flatnonzero(np.isnan(x))[0], np.flatnonzero(x == np.inf)[0], np.flatnonzero(x == -np.inf)[0])
+    assert np.isnan(ts[nan]) and np.isnan(ss[nan])
+    assert (ts[pinf], ts[ninf], ss[pinf], ss[ninf]) == (1.0, -1.0, 1.0, 0.0)
