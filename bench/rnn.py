@@ -1,7 +1,8 @@
 """Latency of one-node LSTM and GRU models: shapeshift's native backend against onnxruntime.
 
     python bench/rnn.py [--quick] [--threads 1 [2]] [--repeats 7] [--sample-ms 30]
-                        [--only SUBSTRING ...] [--gru-lbr 0|1] [--clock wall|cpu] [--no-write]
+                        [--only SUBSTRING ...] [--gru-lbr 0|1] [--clock wall|cpu] [--settle-ms 100]
+                        [--no-write] [--output FILE]
 
 The grid of issue #32: each of LSTM and GRU (forward, bias, outputs Y and Y_h) at batch
 1, 4, 16, hidden 64, 256, 1024, 1, 16, 128 and 512 steps, input size = hidden; ``--quick``
@@ -11,8 +12,12 @@ and batch, weights constant (so native packs R once at load), built once and run
 (batch, steps) of the grid.
 
 Per case and thread count, native (num_threads=t) and onnxruntime (intra_op_num_threads=t,
-default graph optimizations) run interleaved: one sample (enough runs for --sample-ms) of
-each in turn, --repeats times; the table gives the median sample, the ratio native / ort
+default graph optimizations) run interleaved, each warmed up first (WARMUP_S of runs): one
+sample (enough runs for --sample-ms) of each in turn, --repeats times, each sample at 2 or
+more threads after a pause of
+``--settle-ms`` (100 by default): the two share a process, and without the pause the other
+runtime's idle threads still spun on the cores a sample needed (AMD Zen 2, 2 threads: an LSTM
+at batch 1, hidden 64, 128 steps ran 3.6x onnxruntime's time that way, 0.69x at 1 thread); the table gives the median sample, the ratio native / ort
 and the geomean of the ratios per thread count; beside it the ratio with each runtime's
 per-run floor (a one-Relu model, measured the same way) taken off both times, which is
 the recurrent kernel against onnxruntime's without the session overhead. ``--clock cpu`` times samples with the
@@ -83,6 +88,21 @@ def build_model(op: str, hidden: int, gru_lbr: int, seed: int = 0) -> onnx.Model
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
+#: Seconds each runtime runs a case before its samples. At 2 threads the first runs of a new
+#: shape were slow (an LSTM at batch 1, hidden 64, 128 steps, AMD Zen 2: the first 30 ms
+#: sample 0.8 ms a run, the next ones 0.22), and the sampler sizes its samples by one run.
+WARMUP_S = 0.3
+
+
+def warm(fn: Callable[[], object], seconds: float) -> None:
+    """Calls fn for about ``seconds`` (at least twice)."""
+    end = time.perf_counter() + seconds
+    fn()
+    fn()
+    while time.perf_counter() < end:
+        fn()
+
+
 def sampler(fn: Callable[[], object], sample_s: float, clock: Callable[[], float] = time.perf_counter
             ) -> Callable[[], float]:
     """A function returning seconds per call (by ``clock``), over enough calls to last about sample_s."""
@@ -120,7 +140,7 @@ def floor_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
-def run_floor(threads: int, repeats: int, sample_s: float, clock) -> dict[str, float]:
+def run_floor(threads: int, repeats: int, sample_s: float, clock, settle_s: float = 0.0) -> dict[str, float]:
     """Median seconds of a run of floor_model() per runtime, interleaved like the cases."""
     ours, ref = sessions(floor_model(), threads)
     feed = {"X": np.ones((1, 64), np.float32)}
@@ -129,20 +149,25 @@ def run_floor(threads: int, repeats: int, sample_s: float, clock) -> dict[str, f
     times: dict[str, list[float]] = {k: [] for k in samplers}
     for _ in range(repeats):
         for name, sample in samplers.items():
+            time.sleep(settle_s)
             times[name].append(sample())
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def bench_case(case: Case, ours, ref, repeats: int, sample_s: float, clock=time.perf_counter) -> dict:
+def bench_case(case: Case, ours, ref, repeats: int, sample_s: float, clock=time.perf_counter,
+               settle_s: float = 0.0) -> dict:
     feed = {"X": np.random.default_rng(1).uniform(-1, 1, (case.steps, case.batch, case.hidden)).astype(np.float32)}
     expected = ref.run(None, feed)
     got = ours.run(None, feed)
     diff = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected))
+    for run in (lambda: ours.run(None, feed), lambda: ref.run(None, feed)):
+        warm(run, WARMUP_S)
     samplers = {"native": sampler(lambda: ours.run(None, feed), sample_s, clock),
                 "onnxruntime": sampler(lambda: ref.run(None, feed), sample_s, clock)}
     times: dict[str, list[float]] = {k: [] for k in samplers}
     for _ in range(repeats):
         for name, sample in samplers.items():
+            time.sleep(settle_s)  # the other runtime's idle threads have stopped spinning
             times[name].append(sample())
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"case": case, "native": med["native"], "onnxruntime": med["onnxruntime"], "diff": diff}
@@ -192,6 +217,8 @@ def main(argv=None) -> None:
     parser.add_argument("--only", nargs="*", default=None, help="run the cases whose name contains one of these")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time samples by the wall clock or by this process's CPU time (1 thread)")
+    parser.add_argument("--settle-ms", type=float, default=100.0,
+                        help="with 2 or more threads, a pause before each sample (see the docstring)")
     parser.add_argument("--no-write", action="store_true", help="do not write the results file")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "rnn.md",
                         help="the results file (default bench/results/rnn.md)")
@@ -203,7 +230,8 @@ def main(argv=None) -> None:
 
     grid = QUICK if args.quick else FULL
     rows = []
-    floors = {t: run_floor(t, args.repeats, args.sample_ms / 1e3, clock) for t in args.threads}
+    settle = {t: args.settle_ms / 1e3 if t > 1 else 0.0 for t in args.threads}
+    floors = {t: run_floor(t, args.repeats, args.sample_ms / 1e3, clock, settle[t]) for t in args.threads}
     for op, hidden in itertools.product(OPS, grid["hidden"]):
         cases = [Case(op, b, hidden, t) for b, t in itertools.product(grid["batch"], grid["steps"])]
         cases = [c for c in cases if not args.only or any(s in c.name for s in args.only)]
@@ -213,7 +241,8 @@ def main(argv=None) -> None:
         for threads in args.threads:
             ours, ref = sessions(model, threads)
             for case in cases:
-                row = dict(bench_case(case, ours, ref, args.repeats, args.sample_ms / 1e3, clock), threads=threads)
+                row = dict(bench_case(case, ours, ref, args.repeats, args.sample_ms / 1e3, clock, settle[threads]),
+                           threads=threads)
                 rows.append(row)
                 print(f"{case.name:26s} t{threads} native {row['native'] * 1e3:9.4f} ms  "
                       f"ort {row['onnxruntime'] * 1e3:9.4f} ms  ratio {row['native'] / row['onnxruntime']:.2f}",
@@ -230,7 +259,9 @@ def main(argv=None) -> None:
                   f"Python {platform.python_version()}, onnxruntime {ort.__version__}; load average at the end "
                   f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}. Forward, bias, input size = hidden, GRU "
                   f"linear_before_reset={args.gru_lbr}. Median of {args.repeats} interleaved samples of about "
-                  f"{args.sample_ms:g} ms each ({'CPU time of the process' if args.clock == 'cpu' else 'wall clock'}), "
+                  f"{args.sample_ms:g} ms each ({'CPU time of the process' if args.clock == 'cpu' else 'wall clock'}"
+                  + (f"; at 2 or more threads each after a {args.settle_ms:g} ms pause" if max(args.threads) > 1 else "")
+                  + "), "
                   "whole session.run calls. Ratio > 1: native slower. GFLOP/s counts "
                   "both products. Generated by `python bench/rnn.py" + (" --quick" if args.quick else "")
                   + (f" --threads {' '.join(map(str, args.threads))}" if args.threads != [1] else "")
