@@ -14,10 +14,10 @@ and batch, weights constant (so native packs R once at load), built once and run
 Per case and thread count, native (num_threads=t) and onnxruntime (intra_op_num_threads=t,
 default graph optimizations) run interleaved, each warmed up first (WARMUP_S of runs): one
 sample (enough runs for --sample-ms) of each in turn, --repeats times, each sample at 2 or
-more threads after a pause of
-``--settle-ms`` (100 by default): the two share a process, and without the pause the other
-runtime's idle threads still spun on the cores a sample needed (AMD Zen 2, 2 threads: an LSTM
-at batch 1, hidden 64, 128 steps ran 3.6x onnxruntime's time that way, 0.69x at 1 thread); the table gives the median sample, the ratio native / ort
+more threads after a pause of ``--settle-ms`` (100 by default): the two share a process,
+and without the pause the other runtime's idle threads still spun on the cores a sample
+needed (AMD Zen 2, 2 threads: an LSTM at batch 1, hidden 64, 128 steps ran 3.6x
+onnxruntime's time without both, 0.68x with them); the table gives the median sample, the ratio native / ort
 and the geomean of the ratios per thread count; beside it the ratio with each runtime's
 per-run floor (a one-Relu model, measured the same way) taken off both times, which is
 the recurrent kernel against onnxruntime's without the session overhead. ``--clock cpu`` times samples with the
