@@ -40,7 +40,7 @@ Per direction, GEMMs project the steps' inputs (X W^T plus the biases that add o
 any product, rows in X's own order, so layout 1 needs no transposition; on W packed at
 load when it is a constant) a chunk of steps at a time, in the order the direction takes
 them, so that the chunk is still in L2 when its steps read it (SS_RNN_CHUNK_FLOATS, from
-the target's L2). Each step is then the packed product of kernels/rnn_step.py, block by block of hidden units,
+the target's L2), but at least W's size, since every chunk's GEMM reads all of W. Each step is then the packed product of kernels/rnn_step.py, block by block of hidden units,
 each block's gates updated as soon as its product is done (GRU without
 linear_before_reset: two such passes, since the candidate's product reads r * h). The
 state is double-buffered, since every block reads all of the old state. The two
@@ -212,17 +212,22 @@ static inline void ss_recur_store_y(const ss_recur_step* s, int64_t b, int64_t j
 """
 
 _DIRECTION = r"""
-/* Steps per projection chunk: about SS_RNN_CHUNK_FLOATS of projection, at least one. */
-static inline int64_t ss_recur_chunk_steps(int64_t T, int64_t B, int64_t G) {
+/* Steps per projection chunk: about SS_RNN_CHUNK_FLOATS of projection, or as many floats as
+   W's I x G where that is more, at least one step. Every chunk's GEMM streams all of W:
+   sized by L2 alone, the chunks of an LSTM at batch 4, hidden and input 1024 (16 MB of W)
+   were 2 steps of 8 rows each, and the projection read W once per 2 steps (a third of
+   the run, AMD Zen 2); chunks at least as large as W read it no more than they write. */
+static inline int64_t ss_recur_chunk_steps(int64_t T, int64_t B, int64_t G, int64_t I) {
     const int64_t per_step = B * G > 0 ? B * G : 1;
-    const int64_t tc = SS_RNN_CHUNK_FLOATS / per_step;
+    const int64_t floats = I * G > SS_RNN_CHUNK_FLOATS ? I * G : SS_RNN_CHUNK_FLOATS;
+    const int64_t tc = floats / per_step;
     return tc < 1 ? 1 : (tc > T ? T : tc);
 }
 
-/* Floats one direction's workspace takes: its projection chunk, two states, the cell,
-   GRU's z and r * h, the summed and the recurrent biases. */
+/* Floats one direction's workspace takes: a projection chunk of up to all T steps, two
+   states, the cell, GRU's z and r * h, the summed and the recurrent biases. */
 static inline int64_t ss_recur_direction_work(int64_t T, int64_t B, int64_t H, int64_t G) {
-    return ss_recur_chunk_steps(T, B, G) * B * G + 5 * B * H + 2 * G;
+    return T * B * G + 5 * B * H + 2 * G;
 }
 
 /* The biases of direction d, split by where they add: bsum[G] joins the input
@@ -260,7 +265,7 @@ static void ss_recur_project(const ss_recur_call* c, int64_t d, int64_t lo, int6
 static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t d, float* work) {
     const ss_recur_geom* g = &c->g;
     const int64_t T = g->T, B = g->B, H = g->H, G = g->G;
-    const int64_t tc = ss_recur_chunk_steps(T, B, G);
+    const int64_t tc = ss_recur_chunk_steps(T, B, G, c->I);
     const int layout1 = c->layout;
     float* xw = work;
     float* h = xw + tc * B * G;
@@ -382,9 +387,9 @@ _RNN = Function("void", "ss_rnn", ("const float* X", "const float* W", "const fl
 
 
 def work_floats(T, B, H: int, directions: int, kind: int, prepacked: bool):
-    """Floats the kernel of ``kind`` needs (at least ss_recur_work_size: the projection
-    chunk is sized for every step, the packed copy for the widest block); works on
-    symbolic T and B."""
+    """Floats the kernel of ``kind`` needs (ss_recur_work_size's, the packed copy sized for
+    the widest block: the projection chunk has room for every step); works on symbolic T
+    and B."""
     G = rnn_step.KIND_GATES[kind] * H
     packed = 0 if prepacked else rnn_step.packed_floats_bound(directions, H, G // H)
     return directions * (T * B * G + 5 * B * H + 2 * G) + packed  # the chunk is at most all T steps
