@@ -88,9 +88,10 @@ def build_model(op: str, hidden: int, gru_lbr: int, seed: int = 0) -> onnx.Model
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
-#: Seconds each runtime runs a case before its samples. At 2 threads the first runs of a new
-#: shape were slow (an LSTM at batch 1, hidden 64, 128 steps, AMD Zen 2: the first 30 ms
-#: sample 0.8 ms a run, the next ones 0.22), and the sampler sizes its samples by one run.
+#: Seconds each runtime runs a case before its samples. At 2 threads, beside onnxruntime's
+#: first runs in this process, native's first 30 ms sample of a case ran 0.8 ms a run and the
+#: next ones 0.22 (an LSTM at batch 1, hidden 64, 128 steps, AMD Zen 2; alone in a process its
+#: first runs take 0.28-0.32 ms, then 0.25), and the sampler sizes its samples by one run.
 WARMUP_S = 0.3
 
 
