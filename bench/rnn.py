@@ -13,11 +13,14 @@ and batch, weights constant (so native packs R once at load), built once and run
 
 Per case and thread count, native (num_threads=t) and onnxruntime (intra_op_num_threads=t,
 default graph optimizations) run interleaved, each warmed up first (WARMUP_S of runs): one
-sample (enough runs for --sample-ms) of each in turn, --repeats times, each sample at 2 or
-more threads after a pause of ``--settle-ms`` (100 by default): the two share a process,
-and without the pause the other runtime's idle threads still spun on the cores a sample
-needed (AMD Zen 2, 2 threads: an LSTM at batch 1, hidden 64, 128 steps ran 3.6x
-onnxruntime's time without both, 0.68x with them); the table gives the median sample, the ratio native / ort
+sample of each in turn, --repeats times, each sample at 2 or more threads after a pause of
+``--settle-ms`` (100 by default), then SAMPLE_WARM_CALLS untimed runs, then enough timed runs
+for --sample-ms (counted from the fastest of five). The two share a process: without the
+pause the other runtime's idle threads still spun on the cores a sample needed, and without
+the untimed runs a sample timed the wake-up of its own threads (AMD Zen 2, 2 threads: an
+LSTM at batch 1, hidden 64, 128 steps ran 3.6x onnxruntime's time without any of these,
+0.68x with them; at batch 16, hidden 256, 1 step, 4.3x with the pause alone, 0.90x with all,
+0.14 ms a run as alone in a process). The table gives the median sample, the ratio native / ort
 and the geomean of the ratios per thread count; beside it the ratio with each runtime's
 per-run floor (a one-Relu model, measured the same way) taken off both times, which is
 the recurrent kernel against onnxruntime's without the session overhead. ``--clock cpu`` times samples with the
@@ -104,14 +107,27 @@ def warm(fn: Callable[[], object], seconds: float) -> None:
         fn()
 
 
+#: Untimed calls that open every sample: after a settle pause the thread pool sleeps, and the
+#: first calls wake it (an LSTM at batch 16, hidden 256, 1 step, 2 threads, Zen 2: the first
+#: calls after a 100 ms pause 0.3-0.55 ms, then 0.14).
+SAMPLE_WARM_CALLS = 5
+
+
 def sampler(fn: Callable[[], object], sample_s: float, clock: Callable[[], float] = time.perf_counter
             ) -> Callable[[], float]:
-    """A function returning seconds per call (by ``clock``), over enough calls to last about sample_s."""
-    start = clock()
-    fn()
-    calls = max(1, int(sample_s / max(clock() - start, 1e-6)))
+    """A function returning seconds per call (by ``clock``), over enough calls to last about
+    sample_s after SAMPLE_WARM_CALLS untimed ones; the count from the fastest of five calls
+    (one slow call had made every sample a few calls long)."""
+    times = []
+    for _ in range(5):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    calls = max(1, int(sample_s / max(min(times), 1e-6)))
 
     def sample() -> float:
+        for _ in range(SAMPLE_WARM_CALLS):
+            fn()
         t0 = clock()
         for _ in range(calls):
             fn()
