@@ -13,8 +13,8 @@ of the list, clip). Internal C only (static), used by rnn.py's direction loop::
     static void ss_recur_run_step(const ss_recur_step* s);   one step of one direction
 """
 
-from ..cwriter import CWriter, fill
-from .vmath import EXP_P, TANH_P, TANH_SWITCH
+from ..cwriter import fill
+from .vmath import EXP_P, TANH_P, TANH_SWITCH, float_literal, horner
 
 _STEPS = r"""
 /* ---- rnn: gate updates ---- */
@@ -469,33 +469,6 @@ static void ss_recur_run_step(const ss_recur_step* s) {
 """
 
 
-def _lit(v: float) -> str:
-    """A C float literal that reads back as float32(v) (as vmath writes its constants)."""
-    text = f"{v:.9g}"
-    return text + ("f" if any(c in text for c in ".en") else ".0f")
-
-
-def _horner16(var: str, coeffs) -> str:
-    """C statements (one level in) leaving sum(coeffs[k] * var**k) in a new __m512 ``p``."""
-    w = CWriter(level=1)
-    w.line(f"__m512 p = _mm512_set1_ps({_lit(coeffs[-1])});")
-    w.lines(f"p = _mm512_fmadd_ps(p, {var}, _mm512_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
-    return w.text().rstrip("\n")
-
-
-def _horner(var: str, out: str, coeffs, lanes: int) -> str:
-    """C statements (one level in) leaving sum(coeffs[k] * var**k) in a new ``out``: a
-    __m256 (lanes 8) or a float (lanes 1), the same fused steps in both."""
-    w = CWriter(level=1)
-    if lanes == 8:
-        w.line(f"__m256 {out} = _mm256_set1_ps({_lit(coeffs[-1])});")
-        w.lines(f"{out} = ss_fmadd8({out}, {var}, _mm256_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
-    else:
-        w.line(f"float {out} = {_lit(coeffs[-1])};")
-        w.lines(f"{out} = ss_fmaf({out}, {var}, {_lit(c)});" for c in reversed(coeffs[:-1]))
-    return w.text().rstrip("\n")
-
-
 #: The ymm gate updates' tanh (and through it sigmoid), tanh(x) ~ x P(x^2) / Q(x^2) for |x| <=
 #: RATIONAL_TANH_LIMIT (tanh(9) is 1 - 3e-8, 1 in float32). Fitted to tanh in float64 by
 #: iteratively reweighted linear least squares of x P - tanh(x) Q on 18,000 points of [0, 9]
@@ -511,7 +484,7 @@ RATIONAL_TANH_Q = (1.0, 0.46252504, 0.023763135, 0.000228099103)
 RATIONAL_TANH_LIMIT = 9.0
 
 #: The steps' C (a Private part of the rnn fragment).
-STEPS = fill(_STEPS, EXP_P=_horner16("r", EXP_P), TANH_P=_horner16("z", TANH_P), TANH_SWITCH=_lit(TANH_SWITCH),
-             RT_LIMIT=_lit(RATIONAL_TANH_LIMIT), RT_P8=_horner("t", "p", RATIONAL_TANH_P, 8),
-             RT_Q8=_horner("t", "q", RATIONAL_TANH_Q, 8), RT_P1=_horner("t", "p", RATIONAL_TANH_P, 1),
-             RT_Q1=_horner("t", "q", RATIONAL_TANH_Q, 1))
+STEPS = fill(_STEPS, EXP_P=horner("r", EXP_P, True, 1, lanes=16), TANH_P=horner("z", TANH_P, True, 1, lanes=16),
+             TANH_SWITCH=float_literal(TANH_SWITCH), RT_LIMIT=float_literal(RATIONAL_TANH_LIMIT),
+             RT_P8=horner("t", RATIONAL_TANH_P, True, 1), RT_Q8=horner("t", RATIONAL_TANH_Q, True, 1, out="q"),
+             RT_P1=horner("t", RATIONAL_TANH_P, False, 1), RT_Q1=horner("t", RATIONAL_TANH_Q, False, 1, out="q"))

@@ -78,25 +78,27 @@ ERF_SWITCH = 1.0
 ERF_ONE = 3.93
 
 
-def _lit(v: float) -> str:
+def float_literal(v: float) -> str:
     """A C float literal that reads back as float32(v)."""
     text = f"{v:.9g}"
     return text + ("f" if any(c in text for c in ".en") else ".0f")
 
 
-def _horner(var: str, coeffs: Sequence[float], vector: bool, level: int, lanes: int = 8) -> str:
-    """C statements, ``level`` indents deep, leaving sum(coeffs[k] * var**k) in ``p`` (declared
-    here): scalar, or in vectors of ``lanes`` floats (8: ymm, 16: zmm)."""
+def horner(var: str, coeffs: Sequence[float], vector: bool, level: int, lanes: int = 8, out: str = "p") -> str:
+    """C statements, ``level`` indents deep, leaving sum(coeffs[k] * var**k) in ``out``
+    (declared here): scalar, or in vectors of ``lanes`` floats (8: ymm, 16: zmm). The
+    recurrent gate updates (rnn_gates.py) write their polynomials with it too."""
     w = CWriter(level=level)
     if vector and lanes == 16:
-        w.line(f"__m512 p = _mm512_set1_ps({_lit(coeffs[-1])});")
-        w.lines(f"p = _mm512_fmadd_ps(p, {var}, _mm512_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
+        w.line(f"__m512 {out} = _mm512_set1_ps({float_literal(coeffs[-1])});")
+        w.lines(f"{out} = _mm512_fmadd_ps({out}, {var}, _mm512_set1_ps({float_literal(c)}));"
+                for c in reversed(coeffs[:-1]))
     elif vector:
-        w.line(f"__m256 p = _mm256_set1_ps({_lit(coeffs[-1])});")
-        w.lines(f"p = ss_fmadd8(p, {var}, _mm256_set1_ps({_lit(c)}));" for c in reversed(coeffs[:-1]))
+        w.line(f"__m256 {out} = _mm256_set1_ps({float_literal(coeffs[-1])});")
+        w.lines(f"{out} = ss_fmadd8({out}, {var}, _mm256_set1_ps({float_literal(c)}));" for c in reversed(coeffs[:-1]))
     else:
-        w.line(f"float p = {_lit(coeffs[-1])};")
-        w.lines(f"p = ss_fmaf(p, {var}, {_lit(c)});" for c in reversed(coeffs[:-1]))
+        w.line(f"float {out} = {float_literal(coeffs[-1])};")
+        w.lines(f"{out} = ss_fmaf({out}, {var}, {float_literal(c)});" for c in reversed(coeffs[:-1]))
     return w.text().rstrip("\n")
 
 
@@ -498,21 +500,21 @@ def _exp_core(lanes: int) -> str:
     """ss_exp_reduced<lanes> and ss_exp_times<lanes> in ymm (8) or zmm (16) vectors."""
     if lanes == 16:
         return fill(_EXP_CORE, V="__m512", N=16, P="_mm512_", ROUND="_mm512_roundscale_ps", FMA="_mm512_fmadd_ps",
-                    CAST="_mm512_castsi512_ps", EXP_P=_horner("r", EXP_P, True, 1, lanes=16))
+                    CAST="_mm512_castsi512_ps", EXP_P=horner("r", EXP_P, True, 1, lanes=16))
     return fill(_EXP_CORE, V="__m256", N=8, P="_mm256_", ROUND="_mm256_round_ps", FMA="ss_fmadd8",
-                CAST="_mm256_castsi256_ps", EXP_P=_horner("r", EXP_P, True, 1))
+                CAST="_mm256_castsi256_ps", EXP_P=horner("r", EXP_P, True, 1))
 
 
 def fragment() -> Fragment:
     """The C fragment, header-only (every unit inlines these): scalar helpers, then the AVX2
     helpers under ``#ifdef __AVX2__``."""
-    literals = dict(TANH_SWITCH=_lit(TANH_SWITCH), ERF_SWITCH=_lit(ERF_SWITCH), ERF_ONE=_lit(ERF_ONE))
-    scalar = fill(_SCALAR, **literals, EXP_P=_horner("r", EXP_P, False, 1), LOG_P=_horner("f", LOG_P, False, 1),
-                  TANH_P=_horner("z", TANH_P, False, 2), ERF_SMALL_P=_horner("z", ERF_SMALL_P, False, 2),
-                  ERF_LARGE_P=_horner("t", ERF_LARGE_P, False, 1))
-    vector = fill(_VECTOR, **literals, EXP_CORE8=_exp_core(8), LOG_P=_horner("f", LOG_P, True, 1),
-                  TANH_P=_horner("z", TANH_P, True, 1), ERF_SMALL_P=_horner("z", ERF_SMALL_P, True, 2),
-                  ERF_LARGE_P=_horner("t", ERF_LARGE_P, True, 2),
+    literals = dict(TANH_SWITCH=float_literal(TANH_SWITCH), ERF_SWITCH=float_literal(ERF_SWITCH), ERF_ONE=float_literal(ERF_ONE))
+    scalar = fill(_SCALAR, **literals, EXP_P=horner("r", EXP_P, False, 1), LOG_P=horner("f", LOG_P, False, 1),
+                  TANH_P=horner("z", TANH_P, False, 2), ERF_SMALL_P=horner("z", ERF_SMALL_P, False, 2),
+                  ERF_LARGE_P=horner("t", ERF_LARGE_P, False, 1))
+    vector = fill(_VECTOR, **literals, EXP_CORE8=_exp_core(8), LOG_P=horner("f", LOG_P, True, 1),
+                  TANH_P=horner("z", TANH_P, True, 1), ERF_SMALL_P=horner("z", ERF_SMALL_P, True, 2),
+                  ERF_LARGE_P=horner("t", ERF_LARGE_P, True, 2),
                   ZMM=fill(_ZMM, EXP_CORE16=_exp_core(16)))
     # Guarded: a unit that has vmath declared may also hold a tuned kernel's copy of a
     # fragment that brings it along (kernels/conv_tuned.py).
