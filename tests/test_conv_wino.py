@@ -294,3 +294,25 @@ def test_tile_size_rule():
     assert tile(256, 256, (17, 16)) == 4 and tile(256, 256, (14, 14), 2) == 4 and tile(128, 256, (14, 14)) == 4
     assert tile(128, 128, (7, 7)) == 4 and tile(64, 64, (56, 56)) == 4 and tile(256, 256, ("h", "w")) == 4
     assert tile(256, 256, (5, 5)) == 0 and tile(8, 256, (14, 14)) == 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tiles_wider_than_the_block_budget(tmp_path, variant):
+    """Blocks of 64 floats, so that one tile's V and Mo (36 or 16 x their channels) pass even
+    SS_WINO_BIG_BLOCK times the budget (no other case here does): blocks of whole row tiles
+    still cover every tile, on the smallest plane the kernel takes (6 x 6, batch 1) and on
+    a ragged batch of two."""
+    source = CONV_DEPS + conv.source() + conv_wino.source(block_floats=64)
+    cdll = build_with_gemm(source, tmp_path, f"test_wino_tiny_{variant}", flags=DEFAULT_FLAGS).cdll
+    name = VARIANTS[variant]
+    getattr(cdll, f"ss_conv_{name}_packed_b_size").restype = I64
+    getattr(cdll, f"ss_conv_{name}_packed_b_size").argtypes = [I64, I64]
+    getattr(cdll, f"ss_conv_{name}_pack_b").restype = None
+    getattr(cdll, f"ss_conv_{name}_pack_b").argtypes = [I64, I64, F32P, I64, I64, F32P]
+    getattr(cdll, f"ss_conv2d_{name}").restype = None
+    getattr(cdll, f"ss_conv2d_{name}").argtypes = [F32P] * 4 + [I64] * 16 + [ctypes.c_int, F32P, F32P, F32P, F32P,
+                                                                          ctypes.c_int]
+    for n, c, h, w, m in ((1, 16, 6, 6, 16), (2, 20, 9, 7, 24)):
+        x, weights, bias = _data(c, n, c, h, w, m)
+        got = _run(cdll, x, weights, bias, (1, 1, 1, 1), act=1, variant=variant)
+        np.testing.assert_allclose(got, _reference(x, weights, bias, (1, 1, 1, 1), act=1), rtol=RTOL, atol=ATOL)

@@ -456,8 +456,9 @@ static int ss_wino_run_@F@(const float* x, const float* bias, float* y, int64_t 
            U, and rounding the budget down to whole row tiles left a last block of a few
            tiles that read it all again (ResNet-50's 7x7 stage: 16 tiles as 12 + 4, the 4
            on the B-streaming path, 16 MB of U read twice a conv). */
-        const int64_t budget = SS_WINO_BIG_BLOCK * SS_WINO_BLOCK_FLOATS / per_tile;
-        const int64_t blocks = (J.T + budget - 1) / (budget > 1 ? budget : 1);
+        int64_t budget = SS_WINO_BIG_BLOCK * SS_WINO_BLOCK_FLOATS / per_tile;
+        if (budget < 1) budget = 1;  /* tiles wider than the budget (thousands of channels) */
+        const int64_t blocks = (J.T + budget - 1) / budget;
         const int64_t big = ((J.T + blocks - 1) / blocks + SS_GEMM_MR - 1) / SS_GEMM_MR * SS_GEMM_MR;
         if (big > tb) tb = big;
     } else if (threads > 1 && J.T > 2 * SS_GEMM_MR * threads) {

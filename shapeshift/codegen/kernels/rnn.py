@@ -40,8 +40,9 @@ Per direction, GEMMs project the steps' inputs (X W^T plus the biases that add o
 any product, rows in X's own order, so layout 1 needs no transposition; on W packed at
 load when it is a constant) a chunk of steps at a time, in the order the direction takes
 them, so that the chunk is still in L2 when its steps read it (SS_RNN_CHUNK_FLOATS, from
-the target's L2), but at least W's size, since every chunk's GEMM reads all of W. Each step is then the packed product of kernels/rnn_step.py, block by block of hidden units,
-each block's gates updated as soon as its product is done (GRU without
+the target's L2), but at least W's size, since every chunk's GEMM reads all of W. Each step
+is then the packed product of kernels/rnn_step.py, block by block of hidden units, each
+block's gates updated as soon as its product is done (GRU without
 linear_before_reset: two such passes, since the candidate's product reads r * h). The
 state is double-buffered, since every block reads all of the old state. The two
 directions of a bidirectional node run on two threads when the session has two.
