@@ -48,7 +48,7 @@ def _fragment(name: str, target: Optional[Target] = None) -> Fragment:
         from .defaults import default_schedule
 
         return module.fragment(default_schedule(target))
-    if name in ("rnn", "conv_igemm", "conv_panels", "conv_wino"):  # their tiles and switches follow the target
+    if name in ("rnn", "conv_igemm", "conv_panels", "conv_wino", "conv_nchwc"):  # their tiles and switches follow the target
         return module.fragment(target)
     return module.fragment()
 

@@ -36,15 +36,21 @@ image is copied or padded: tiles whose taps all fall inside the row (nearly all 
 take a path with no bounds checks, the few at the borders one that checks each pixel. A
 1x1 stride-1 unpadded conv is called with the plane as one row (H = 1, W = H * W), which
 makes it a GEMM [pixels x C] x [C x M] that reads the activations in place: no packing,
-no transposes. The depthwise conv keeps the channels in the lanes: tiles of 8 output
-pixels, each tap one vector load of input per pixel and one of weights.
+no transposes; 1x1 unpadded convs (any stride) take a kernel of their own blocked for the
+caches (``ss_cnc_pointwise_L``: input channels in chunks whose weights stay in L1, output
+pixels in ranges whose input stays in L2). The depthwise conv keeps the channels in the
+lanes: tiles of 8 output pixels, each tap one vector load of input per pixel and one of
+weights.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
-from ..cwriter import Fragment, Function, Private, fill
+from ...target import Target
+from ..cwriter import CWriter, Fragment, Function, Private, fill
 from .nchwc import WIDTHS
 
 DEPENDS = ("nchwc",)
@@ -312,6 +318,106 @@ static __attribute__((noinline)) void ss_cnc_post_@L@(
 } while (0)
 """
 
+_POINTWISE = r"""
+/* A 1 x 1 unpadded conv of a blocked input, group 1 (any stride): a GEMM [pixels x C] x
+   [C x M] whose operands are read where they lie, blocked for the caches. The input blocks
+   are taken in chunks of CB whose weights for two output blocks take a quarter of L1, the
+   output pixels in ranges of PR (in raster order over the plane, tiles within its rows)
+   whose chunk of input takes a quarter of L2; a work item (image, range, group of
+   output-block pairs) runs each chunk over its pairs, each pair over the range's tiles: the
+   chunk's input stays in L2 for every pair, the pair's weights in L1 for every tile.
+   Chunks after the first add to what y holds; the last applies the epilogue, once per range
+   and pair. Through the general row kernel, with neither blocking nor the named tiles,
+   every tile read all of C's weights (64 KB for a pair at C = 1024, past L1) and every pair
+   all of the row's input (past L2): ResNet-50's 512 -> 128 conv on 28 x 28 took 1.65 ms
+   (62 GFLOPS), here 1.06 (97; AMD Zen 2, 1 thread, best of 5 processes). A software
+   prefetch of the next input blocks' lines, 1 to 4 blocks ahead, made it no faster. */
+static __attribute__((noinline)) void ss_cnc_pointwise_@L@(
+    const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t C, int64_t H, int64_t W,
+    int64_t M, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+    const float* res, int act, float a0, float a1, int act2, float b0, float b1)
+{
+    const int64_t MB = (M + @L@ - 1) / @L@, IB = (C + @L@ - 1) / @L@, NP = (MB + 1) / 2;
+    const int64_t bs = H * W * @L@, ybs = OH * OW * @L@, wob = IB * @L@ * @L@;
+    int64_t CB = SS_CNC_L1_FLOATS / 4 / (2 * @L@ * @L@);
+    if (CB < 1) CB = 1;
+    const int64_t chunks = (IB + CB - 1) / CB;
+    CB = (IB + chunks - 1) / chunks;
+    /* A strided conv reads one pixel in sw of each input row it reads: its lines hold sw
+       times the floats it uses. */
+    int64_t PR = SS_CNC_L2_FLOATS / 4 / (CB * @L@ * sw) / @RX@ * @RX@;
+    if (PR < @RX@) PR = @RX@;
+    const int64_t P = OH * OW;
+    int64_t ranges;
+    if (OH > 1 && PR >= OW) {
+        /* Whole rows: a range that cut rows gave them short tiles at both ends. */
+        const int64_t rows = PR / OW;
+        ranges = (OH + rows - 1) / rows;
+        PR = (OH + ranges - 1) / ranges * OW;
+    } else {
+        ranges = (P + PR - 1) / PR;
+        PR = ((P + ranges - 1) / ranges + @RX@ - 1) / @RX@ * @RX@;
+    }
+    const int par = N * M * P * C >= SS_CNC_PAR_MIN;
+    const int64_t items = N * ranges, threads = par ? omp_get_max_threads() : 1;
+    /* Pairs split into groups where the ranges give the threads too few items. */
+    int64_t OG = items < 4 * threads ? (4 * threads + items - 1) / items : 1;
+    if (OG > NP) OG = NP;
+    ss_vi@L@ keep;
+    for (int l = 0; l < @L@; l++) keep[l] = (MB - 1) * @L@ + l < M ? -1 : 0;
+    const int64_t pad_block = M % @L@ ? MB - 1 : -1;
+    #pragma omp parallel for collapse(3) if(par)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t r = 0; r < ranges; r++)
+            for (int64_t og = 0; og < OG; og++) {
+                /* The range: output pixels [p0, p1) of the plane, in rows of OW. */
+                const int64_t p0 = r * PR, p1 = p0 + PR < P ? p0 + PR : P;
+                const int64_t q0 = og * NP / OG, q1 = (og + 1) * NP / OG;
+                for (int64_t ib0 = 0; ib0 < IB; ib0 += CB) {
+                    const int64_t nib = IB - ib0 < CB ? IB - ib0 : CB;
+                    const int first = ib0 == 0, last = ib0 + nib == IB;
+                    const float* xc = x + (n * IB + ib0) * bs;
+                    for (int64_t q = q0; q < q1; q++) {
+                        const int64_t ob = 2 * q;
+                        const int nb = ob + 1 < MB ? 2 : 1;
+                        const float* wo = w + ob * wob + ib0 * @L@ * @L@;
+                        float* yb = y + (n * MB + ob) * ybs;
+                        const float* bo = bias ? bias + ob * @L@ : NULL;
+                        for (int64_t oy = p0 / OW; oy * OW < p1; oy++) {
+                            const int64_t ox0 = p0 > oy * OW ? p0 - oy * OW : 0;
+                            const int64_t ox1 = p1 < (oy + 1) * OW ? p1 - oy * OW : OW;
+                            const float* xg = xc + oy * sh * W * @L@;
+                            float* yr = yb + oy * OW * @L@;
+/* The tile at ox of RXT pixels, its stride a constant where it is 1 or 2: a stride known
+   only at run time costs a register per pixel, and gcc then spilled them (a 256 -> 512
+   stride-2 conv on 56 x 56 took 3.65 ms, 2.4 through the NCHW GEMM; AMD Zen 2). */
+#define SS_CNC_PW(RXT, NB) do { \
+                                if (sw == 1) ss_cnc_pw_@L@_##RXT##x##NB(xg + ox * @L@, @L@, bs, wo, wob, nib, yr + ox * @L@, \
+                                                                     ybs, !first, bo); \
+                                else if (sw == 2) ss_cnc_pw_@L@_##RXT##x##NB(xg + ox * 2 * @L@, 2 * @L@, bs, wo, wob, nib, \
+                                                                          yr + ox * @L@, ybs, !first, bo); \
+                                else ss_cnc_pw_@L@_##RXT##x##NB(xg + ox * sw * @L@, sw * @L@, bs, wo, wob, nib, \
+                                                              yr + ox * @L@, ybs, !first, bo); \
+                            } while (0)
+#define SS_CNC_PW_TILE(RXT) do { if (nb == 2) SS_CNC_PW(RXT, 2); else SS_CNC_PW(RXT, 1); } while (0)
+                            int64_t ox = ox0;
+                            for (; ox + @RX@ <= ox1; ox += @RX@) SS_CNC_PW_TILE(@RX@);
+                            if (ox + 4 <= ox1) { SS_CNC_PW_TILE(4); ox += 4; }
+                            for (; ox < ox1; ox++) SS_CNC_PW_TILE(1);
+#undef SS_CNC_PW_TILE
+#undef SS_CNC_PW
+                        }
+                        if (last) {
+                            const int64_t off = (n * MB + ob) * ybs + p0 * @L@;
+                            SS_CNC_EPILOGUE_@L@(y + off, res ? res + off : NULL, ybs, @L@, nb, (int)(p1 - p0), act,
+                                                (int)(pad_block - ob));
+                        }
+                    }
+                }
+            }
+}
+"""
+
 _DENSE = r"""
 const int64_t MB = (M + @L@ - 1) / @L@;
 const int64_t MBg = MB / group;
@@ -328,6 +434,10 @@ ss_vi@L@ keep;
 for (int l = 0; l < @L@; l++) keep[l] = (MB - 1) * @L@ + l < M ? -1 : 0;
 /* The block whose lanes past M the epilogue zeroes, or -1 where M fills its blocks. */
 const int64_t pad_block = M % @L@ ? MB - 1 : -1;
+if (KH == 1 && KW == 1 && ph == 0 && pw == 0 && xblk == @L@ && group == 1 && OH * OW >= @RX@) {
+    ss_cnc_pointwise_@L@(x, w, bias, y, N, C, H, W, M, OH, OW, sh, sw, res, act, a0, a1, act2, b0, b1);
+    return;
+}
 if (N > 1 && H * W == 1 && OH * OW == 1 && KH == 1 && KW == 1 && xblk == @L@) {
     /* A 1x1 conv of 1x1 planes (squeeze-excite's, after a global pool) on a batch: the images
        are a tile's pixels (the flat tile with image n as row n, rows x_img apart), so the
@@ -636,6 +746,44 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
 _EPILOGUE_PARAMS = ("const float* res", "int act", "float a0", "float a1", "int act2", "float b0", "float b1")
 
 
+def pointwise_tile(lanes: int, rx: int, nb: int) -> str:
+    """``ss_cnc_pw_L_RXxNB``: one register tile of the pointwise kernel, rx pixels x nb output
+    blocks, its accumulators named one by one (arrays of them, as the general tile keeps,
+    left gcc copying accumulators between the FMAs). Written with AVX intrinsics instead
+    (the GEMM tile's form, which compiles to nothing but broadcasts and FMAs) the stride-1
+    512 -> 128 conv on 28 x 28 took 1.22-1.29 ms against 1.06-1.10 this way (AMD Zen 2):
+    the loads gcc folds into its FMAs here come earlier. x: the tile's first pixel in the chunk's
+    first input block (pixels ps floats apart, blocks bs); wp: the chunk's weights of the
+    first output block (the second wob floats on); y: the tile's first pixel of the first
+    output block (the second ybs floats on), read back first where ``from_y``, else the
+    tile starts from ``bias`` (NULL: zero)."""
+    v = f"ss_vf{lanes}"
+    acc = [[f"c{j}_{b}" for b in range(nb)] for j in range(rx)]
+    w = CWriter(level=1)
+    w.line(f"{v} " + ", ".join(name for row in acc for name in row) + ";")
+    with w.block("if (from_y)"):
+        w.lines(f"{acc[j][b]} = *(const ss_vfu{lanes}*)(y + {b} * ybs + {j * lanes});"
+                for j in range(rx) for b in range(nb))
+    with w.block("else"):
+        w.lines(f"const {v} b{b} = bias ? *(const ss_vfu{lanes}*)(bias + {b * lanes}) : ({v}){{0}};" for b in range(nb))
+        w.lines(f"{acc[j][b]} = b{b};" for j in range(rx) for b in range(nb))
+    with w.block("for (int64_t ib = 0; ib < nib; ib++)"):
+        w.raw(f"#pragma GCC unroll {lanes}")
+        with w.block(f"for (int cl = 0; cl < {lanes}; cl++)"):
+            w.lines(f"const {v} w{b} = *(const ss_vfu{lanes}*)(wp + {b} * wob + cl * {lanes});" for b in range(nb))
+            for j in range(rx):
+                w.line(f"{{ {v} xv = ss_cnc_splat_{lanes}(x[{j} * ps + cl]); SS_CNC_IN_REGISTER_{lanes}(xv, {nb});")
+                w.lines(f"  {acc[j][b]} = ss_cnc_fma_{lanes}(xv, w{b}, {acc[j][b]});" for b in range(nb))
+                w.line("}")
+        w.line(f"x += bs; wp += {lanes * lanes};")
+    w.lines(f"*(ss_vfu{lanes}*)(y + {b} * ybs + {j * lanes}) = {acc[j][b]};" for j in range(rx) for b in range(nb))
+    # Inlined at both calls: the unit-stride one makes ps a constant.
+    return Function("__attribute__((always_inline)) void", f"ss_cnc_pw_{lanes}_{rx}x{nb}",
+                    ("const float* restrict x", "int64_t ps", "int64_t bs", "const float* restrict wp", "int64_t wob",
+                     "int64_t nib", "float* restrict y", "int64_t ybs", "int from_y", "const float* bias"),
+                    w.text(), linkage="inline").definition()
+
+
 def _functions(lanes: int, par_min: int) -> list:
     rx = dense_pixels(lanes, registers_for(lanes))
     dense = Function("void", f"ss_conv_nchwc_{lanes}",
@@ -650,20 +798,27 @@ def _functions(lanes: int, par_min: int) -> list:
                           "int64_t dw", *_EPILOGUE_PARAMS), fill(_DW, L=lanes, DWX=DW_PIXELS, NARROW="\n".join(
                              f"                        case {r}: SS_DWC_STAGED({r}); break;"
                              for r in range(DW_PIXELS - 1, 0, -1))))
-    return [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx)), Private(fill(_DW_TILE, L=lanes, DWX=DW_PIXELS)),
-            dense, depthwise]
+    return [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx)),
+            Private("".join(pointwise_tile(lanes, t, nb) for t in (rx, 4, 1) for nb in (1, 2))),
+            Private(fill(_POINTWISE, L=lanes, RX=rx)), Private(fill(_DW_TILE, L=lanes, DWX=DW_PIXELS)), dense, depthwise]
 
 
-def fragment(par_min: int = 1 << 17) -> Fragment:
-    """``par_min``: multiply-adds below which a conv runs on one thread."""
-    parts: list = [Private(f"#define SS_CNC_PAR_MIN {int(par_min)}\n"), Private(_NEXT_TILE)]
+def fragment(target: Optional[Target] = None, par_min: int = 1 << 17) -> Fragment:
+    """``par_min``: multiply-adds below which a conv runs on one thread; the pointwise
+    kernel's blocking follows ``target``'s L1d and L2 (this machine's when None)."""
+    from ...target import host_target
+
+    caches = (target or host_target()).caches
+    parts: list = [Private(f"#define SS_CNC_PAR_MIN {int(par_min)}\n"
+                           f"#define SS_CNC_L1_FLOATS {caches.l1d // 4}\n#define SS_CNC_L2_FLOATS {caches.l2 // 4}\n"),
+                   Private(_NEXT_TILE)]
     for lanes in WIDTHS:
         parts.extend(_functions(lanes, par_min))
     return Fragment(parts)
 
 
-def source(**params) -> str:
-    return fragment(**params).text()
+def source(target: Optional[Target] = None, **params) -> str:
+    return fragment(target, **params).text()
 
 
 # -- weight packing (numpy, once at build time) ------------------------------------------------
