@@ -104,16 +104,20 @@ def test_bidirectional_on_two_threads(threads):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_steps_on_two_threads(threads):
     """Steps whose product is split between threads (rnn_step.STEP_PAR_MIN and SEQ_PAR_MIN:
-    hidden 256 at batch 1 and 16 steps crosses both; 3 steps do not) give the same."""
+    hidden 256 at batch 1 and 16 steps crosses both for each gate count; 3 steps do not)
+    give the same: run by a team over each projection chunk, a barrier after each step's
+    tiles (two a step for GRU without linear_before_reset). 45 steps at batch 2 take more
+    than one chunk on every L2 up to 2 MB (a chunk is a quarter of L2 in floats over batch
+    x gates), some of them of odd length, after which the team's state buffers swap."""
     hidden = 256
-    assert 4 * hidden * hidden >= rnn_step.STEP_PAR_MIN and 16 * 4 * hidden * hidden >= rnn_step.SEQ_PAR_MIN
-    assert 3 * 3 * hidden * hidden < rnn_step.SEQ_PAR_MIN
-    model, params = _recurrent_model([("LSTM", "forward", {}), ("GRU", "reverse", {"linear_before_reset": 1})],
-                                     with_state=True, with_lens=True, hidden=hidden, input_size=5,
+    assert 3 * hidden * hidden >= rnn_step.STEP_PAR_MIN and 16 * 3 * hidden * hidden >= rnn_step.SEQ_PAR_MIN
+    assert 3 * 4 * hidden * hidden < rnn_step.SEQ_PAR_MIN
+    nodes = [("LSTM", "forward", {}), ("GRU", "reverse", {"linear_before_reset": 1}), ("GRU", "forward", {})]
+    model, params = _recurrent_model(nodes, with_state=True, with_lens=True, hidden=hidden, input_size=5,
                                      weight_scale=0.0625)
     session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for feed in _feeds(model, params, 0, bindings=((16, 1), (17, 2), (3, 1))):
+    for feed in _feeds(model, params, 0, bindings=((16, 1), (17, 2), (3, 1), (45, 2))):
         for got, want in zip(session.run(None, feed), reference.run(None, feed)):
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 

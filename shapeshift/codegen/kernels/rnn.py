@@ -199,6 +199,9 @@ typedef struct {
     const float* peep;      /* LSTM peepholes of the direction (i, o, f), or NULL */
     ss_recur_act f, gact, hact;
     int fast;               /* the default activations and no clip: rnn_gates' vector updates */
+    int team;               /* run by every thread of a team region over the steps (see
+                               ss_recur_direction): the tiles are shared out by an orphaned
+                               omp for, whose barrier ends the step */
 } ss_recur_step;
 
 /* Y[t, d, b, j0 .. j0+n) = v, or zeros for an inactive row. */
@@ -289,21 +292,46 @@ static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t 
     s.hact = ss_recur_act_of(c->acts, c->alphas, c->betas, d, nact, nact > 2 ? 2 : 0, 1);
     s.fast = c->clip < 0.0f && (c->kind == 0 ? s.f.kind == 1
                                 : s.f.kind == 0 && s.gact.kind == 1 && (c->kind != 3 || s.hact.kind == 1));
+    s.team = 0;
     const int reverse = c->direction == 1 || d == 1;
-    int64_t lo = 0, hi = 0;   /* the chunk in xw: steps [lo, hi) */
-    for (int64_t step = 0; step < T; ++step) {
-        s.t = reverse ? T - 1 - step : step;
-        if (s.t < lo || s.t >= hi) {
-            lo = reverse ? (s.t + 1 > tc ? s.t + 1 - tc : 0) : s.t;
-            hi = reverse ? s.t + 1 : (s.t + tc < T ? s.t + tc : T);
-            ss_recur_project(c, d, lo, hi, bsum, xw);
-        }
+    const int team = ss_recur_team(&s);
+    for (int64_t step = 0; step < T;) {
+        /* The chunk in xw: steps [lo, hi), projected first, then run. */
+        const int64_t t0 = reverse ? T - 1 - step : step;
+        const int64_t lo = reverse ? (t0 + 1 > tc ? t0 + 1 - tc : 0) : t0;
+        const int64_t hi = reverse ? t0 + 1 : (t0 + tc < T ? t0 + tc : T);
+        ss_recur_project(c, d, lo, hi, bsum, xw);
         s.xw_b = layout1 ? (hi - lo) * G : G;
-        s.xw = xw + (s.t - lo) * (layout1 ? G : B * G);
-        s.h = h;
-        s.hn = hn;
-        ss_recur_run_step(&s);
-        float* swap = h; h = hn; hn = swap;
+        if (team) {
+            /* One region for the chunk's steps: each thread walks them with its own copy of
+               the step, the tiles of each shared out with a barrier at its end. A region
+               per step cost about as much as a small step (the other threads are woken
+               through the kernel each time): GRU at batch 1, hidden 256, 2 threads took
+               2.9 ms for 128 steps, 2.1 on one thread (AMD Zen 2). */
+            #pragma omp parallel firstprivate(s, h, hn)
+            {
+                s.team = 1;
+                for (int64_t k = 0; k < hi - lo; ++k) {
+                    s.t = reverse ? hi - 1 - k : lo + k;
+                    s.xw = xw + (s.t - lo) * (layout1 ? G : B * G);
+                    s.h = h;
+                    s.hn = hn;
+                    ss_recur_run_step(&s);
+                    float* swap = h; h = hn; hn = swap;
+                }
+            }
+            if ((hi - lo) % 2) { float* swap = h; h = hn; hn = swap; }
+        } else {
+            for (int64_t k = 0; k < hi - lo; ++k) {
+                s.t = reverse ? hi - 1 - k : lo + k;
+                s.xw = xw + (s.t - lo) * (layout1 ? G : B * G);
+                s.h = h;
+                s.hn = hn;
+                ss_recur_run_step(&s);
+                float* swap = h; h = hn; hn = swap;
+            }
+        }
+        step += hi - lo;
     }
     ss_recur_store_state(c->Y_h, h, c->lens, g, d);
     if (c->kind == 3) ss_recur_store_state(c->Y_c, cs, c->lens, g, d);

@@ -241,6 +241,21 @@ static inline int64_t ss_recur_block(const float* P, const float* h, int64_t H, 
 
 typedef void (*ss_recur_tile_fn)(const ss_recur_step* s, int64_t jb, int64_t b0, int rows);
 
+/* Whether a direction's steps run on a team of threads (ss_recur_direction's region over a
+   chunk of steps): every thread it has, enough work a step to share (SS_RNN_STEP_PAR_MIN
+   FMAs) and over the sequence to pay for waking the threads (SS_RNN_SEQ_PAR_MIN), and at
+   least two tiles a step. Not inside another region (the directions' own). */
+static int ss_recur_team(const ss_recur_step* s) {
+    const int64_t B = s->c->g.B, H = s->c->g.H;
+    /* The gates of the step's (first) tile: GRU without linear_before_reset runs z and r,
+       then the candidate. */
+    const int ng = s->c->kind == 1 ? 2 : (int)(s->c->g.G / H);
+    const int64_t tasks = (H + SS_RNN_VW - 1) / SS_RNN_VW * ((B + ss_rnn_mr(ng) - 1) / ss_rnn_mr(ng));
+    const int64_t step_fmas = B * s->c->g.G * H;
+    return step_fmas >= SS_RNN_STEP_PAR_MIN && s->c->g.T * step_fmas >= SS_RNN_SEQ_PAR_MIN && tasks >= 2 &&
+           !omp_in_parallel() && omp_get_max_threads() >= 2;
+}
+
 /* Runs tile(s, jb, b0, rows) over every (block, row group) of a step, in parallel when
    the step is large enough to pay for a parallel region. Blocks outer, row groups inner:
    every row group of a block reads the same packed weights (H x ng vectors) while they
@@ -253,19 +268,19 @@ static void ss_recur_tiles(const ss_recur_step* s, int ng, ss_recur_tile_fn tile
     const int64_t nb = (H + SS_RNN_VW - 1) / SS_RNN_VW;
     const int mr = ss_rnn_mr(ng);
     const int64_t groups = (B + mr - 1) / mr, tasks = nb * groups;
-    const int64_t step_fmas = B * ng * H * H;
-    if (step_fmas < SS_RNN_STEP_PAR_MIN || s->c->g.T * step_fmas < SS_RNN_SEQ_PAR_MIN || tasks < 2 ||
-        omp_in_parallel() || omp_get_max_threads() < 2) {
+    if (!s->team) {
         /* Not even an inactive OpenMP region: at a few microseconds a step, entering one
-           costs a good part of it; and a short sequence does not pay for waking the
-           other threads, which sleep between runs. */
+           costs a good part of it. */
         for (int64_t task = 0; task < tasks; ++task) {
             const int64_t b0 = task % groups * mr;
             tile(s, task / groups, b0, (int)(B - b0 < mr ? B - b0 : mr));
         }
         return;
     }
-    #pragma omp parallel for schedule(static)
+    /* Orphaned: shared out among the team that ss_recur_direction started; static, so each
+       thread takes the same blocks (and so the same part of R, kept in its cache) every
+       step; the implicit barrier ends the step. */
+    #pragma omp for schedule(static)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b0 = task % groups * mr;
         tile(s, task / groups, b0, (int)(B - b0 < mr ? B - b0 : mr));

@@ -171,12 +171,17 @@ static void ss_rnn_dot(const float* P, const float* h, int64_t ldh, int64_t H, i
 }
 """
 
-# When steps and directions go parallel (the SS_RNN_*_PAR_MIN macros below say what each
-# counts). A region costs a few microseconds when the other thread spins, but tens to
-# hundreds when it has gone to sleep between runs (0.4 ms measured in a VM: one LSTM step
-# of hidden 256 took 0.44 ms at 2 threads against 0.03 at 1, bench/results/tail.md).
-STEP_PAR_MIN = 1 << 18
-SEQ_PAR_MIN = 1 << 22
+# When a direction's steps run on a team of threads (the SS_RNN_*_PAR_MIN macros below say
+# what each counts). The team is one region over a chunk of steps, a barrier ending each step
+# (rnn.py's ss_recur_direction); starting it costs tens to hundreds of microseconds when the
+# threads have gone to sleep between runs (0.4 ms measured in a VM, bench/results/tail.md),
+# a barrier about a microsecond. With a region per step (before the team), the step had to
+# be 1 << 18 FMAs and the sequence 1 << 22; with the team, GRU at batch 1, hidden 256 (196608
+# FMAs a step), 2 threads, AMD Zen 2, bench/rnn.py: 128 steps 2.9 -> 1.3 ms (onnxruntime 1.9-
+# 2.7), 16 steps 0.33-0.41 -> 0.19-0.23 (0.35); hidden 1024, one step (3.1M FMAs) 1.17-1.75
+# -> 0.51 ms (0.67). Below 1 << 17 (LSTM at batch 4, hidden 64) the team measured no faster.
+STEP_PAR_MIN = 1 << 17
+SEQ_PAR_MIN = 1 << 20
 # A direction of bench/tail.py's GRU encoder (hidden 256, input 128, batch 1, 5 steps) has
 # 1.5M FMAs, about 50 us: at 1 << 21 both ran on one thread and 2 threads took 0.13-0.16 ms
 # against onnxruntime's 0.10-0.14; on a thread each, 0.08-0.14 (Zen 4, back-to-back runs).
