@@ -129,16 +129,41 @@ _RESIZE2D = Function("void", "ss_resize2d", ("const float* x", "float* y", "int6
     float* ww = wh + taps * OH;
     ss_resize_axis(OH, H, scale_h, mode, coord, nearest, cubic_a, exclude_outside, ih, wh);
     ss_resize_axis(OW, W, scale_w, mode, coord, nearest, cubic_a, exclude_outside, iw, ww);
+    if (taps == 1) {
+        /* Nearest: an output row that reads the input row the one before it read is a copy of
+           that row, and a row whose columns read input column ow / 2 (an upscale by 2) is each
+           input value twice, not a gather. Threads take contiguous runs of rows, so that the
+           row copied is one the same thread wrote. yolov8n's two 2x upsamples at 640x640 took
+           0.28 + 0.53 ms gathering every value (1 thread, AMD Zen 2), and more at 2 threads. */
+        int doubled = OW == 2 * W;
+        for (int64_t ow = 0; doubled && ow < OW; ++ow) doubled = iw[ow] == ow / 2;
+        #pragma omp parallel if(NC * OH * OW >= SS_RESIZE_PAR_MIN)
+        {
+            const int64_t R = NC * OH, nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const int64_t r0 = R * t / nt, r1 = R * (t + 1) / nt;
+            for (int64_t r = r0; r < r1; ++r) {
+                const int64_t oh = r % OH;
+                float* yr = y + r * OW;
+                if (r > r0 && oh > 0 && ih[oh] == ih[oh - 1]) {
+                    memcpy(yr, yr - OW, (size_t)OW * sizeof(float));
+                    continue;
+                }
+                const float* row = x + r / OH * H * W + ih[oh] * W;
+                if (doubled)
+                    for (int64_t w = 0; w < W; ++w) yr[2 * w] = yr[2 * w + 1] = row[w];
+                else
+                    for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = row[iw[ow]];
+            }
+        }
+        free(ih);
+        free(wh);
+        return;
+    }
     #pragma omp parallel for if(NC * OH * OW * taps * taps >= SS_RESIZE_PAR_MIN)
     for (int64_t r = 0; r < NC * OH; ++r) {
         int64_t nc = r / OH, oh = r % OH;
         const float* xp = x + nc * H * W;
         float* yr = y + r * OW;
-        if (taps == 1) {
-            const float* row = xp + ih[oh] * W;
-            for (int64_t ow = 0; ow < OW; ++ow) yr[ow] = row[iw[ow]];
-            continue;
-        }
         for (int64_t ow = 0; ow < OW; ++ow) {
             float acc = 0.0f;
             for (int i = 0; i < taps; ++i) {
