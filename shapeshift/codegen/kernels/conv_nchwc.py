@@ -419,6 +419,10 @@ static __attribute__((noinline)) void ss_cnc_pointwise_@L@(
 """
 
 _DENSE = r"""
+if (KH == 1 && KW == 1 && ph == 0 && pw == 0 && xblk == @L@ && group == 1 && OH * OW >= @RX@) {
+    ss_cnc_pointwise_@L@(x, w, bias, y, N, C, H, W, M, OH, OW, sh, sw, res, act, a0, a1, act2, b0, b1);
+    return;
+}
 const int64_t MB = (M + @L@ - 1) / @L@;
 const int64_t MBg = MB / group;
 const int64_t IB = xblk == @L@ ? (C / group + @L@ - 1) / @L@ : C / group;
@@ -434,10 +438,6 @@ ss_vi@L@ keep;
 for (int l = 0; l < @L@; l++) keep[l] = (MB - 1) * @L@ + l < M ? -1 : 0;
 /* The block whose lanes past M the epilogue zeroes, or -1 where M fills its blocks. */
 const int64_t pad_block = M % @L@ ? MB - 1 : -1;
-if (KH == 1 && KW == 1 && ph == 0 && pw == 0 && xblk == @L@ && group == 1 && OH * OW >= @RX@) {
-    ss_cnc_pointwise_@L@(x, w, bias, y, N, C, H, W, M, OH, OW, sh, sw, res, act, a0, a1, act2, b0, b1);
-    return;
-}
 if (N > 1 && H * W == 1 && OH * OW == 1 && KH == 1 && KW == 1 && xblk == @L@) {
     /* A 1x1 conv of 1x1 planes (squeeze-excite's, after a global pool) on a batch: the images
        are a tile's pixels (the flat tile with image n as row n, rows x_img apart), so the
@@ -777,7 +777,7 @@ def pointwise_tile(lanes: int, rx: int, nb: int) -> str:
                 w.line("}")
         w.line(f"x += bs; wp += {lanes * lanes};")
     w.lines(f"*(ss_vfu{lanes}*)(y + {b} * ybs + {j * lanes}) = {acc[j][b]};" for j in range(rx) for b in range(nb))
-    # Inlined at both calls: the unit-stride one makes ps a constant.
+    # Inlined at every call: those for strides 1 and 2 make ps a constant.
     return Function("__attribute__((always_inline)) void", f"ss_cnc_pw_{lanes}_{rx}x{nb}",
                     ("const float* restrict x", "int64_t ps", "int64_t bs", "const float* restrict wp", "int64_t wob",
                      "int64_t nib", "float* restrict y", "int64_t ybs", "int from_y", "const float* bias"),

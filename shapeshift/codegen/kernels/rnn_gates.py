@@ -256,10 +256,10 @@ static int ss_recur_team(const ss_recur_step* s) {
            !omp_in_parallel() && omp_get_max_threads() >= 2;
 }
 
-/* Runs tile(s, jb, b0, rows) over every (block, row group) of a step, in parallel when
-   the step is large enough to pay for a parallel region. Blocks outer, row groups inner:
-   every row group of a block reads the same packed weights (H x ng vectors) while they
-   are in L1 or L2, and each thread reads only its blocks' share of R. The other way
+/* Runs tile(s, jb, b0, rows) over every (block, row group) of a step, shared out among the
+   team when a team runs the steps (ss_recur_team), else on this thread. Blocks outer, row
+   groups inner: every row group of a block reads the same packed weights (H x ng vectors)
+   while they are in L1 or L2, and each thread reads only its blocks' share of R. The other way
    round, every row group streamed all of R: with 16 ymm registers an LSTM tile holds 2
    rows, so at batch 16 R (1 MB at hidden 256, past a 512 KiB L2) came from L3 eight
    times a step. */
