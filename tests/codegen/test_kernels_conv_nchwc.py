@@ -172,6 +172,10 @@ DENSE = [
     ((1, 100, 7, 7), 33, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), 1),
     ((1, 3, 31, 13), 24, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
     ((1, 5, 2, 3), 17, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # plane smaller than a tile, all edges
+    # The pointwise kernel with input channels in several chunks in 16-lane blocks on any L1 up to
+    # 64 KB (10 blocks; test_nchwc_pointwise.py covers 8-lane blocks through sessions).
+    ((1, 150, 9, 11), 37, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    ((2, 150, 9, 11), 37, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),
 ]
 GROUPED = [  # C/group and M/group multiples of both widths
     ((1, 32, 13, 7), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
