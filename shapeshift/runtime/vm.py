@@ -44,6 +44,7 @@ from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..ops.context import EvalContext
 from ..symbolic import evaluate, free_symbols
+from . import huge_pages
 from .output_buffers import MIN_BYTES, OutputBuffers
 from .profile import BRANCH, StepTime
 from .reference import ReferenceExecutor, materialize
@@ -186,7 +187,7 @@ class NativeVM:
                                           "build the program again for another VM")
                 size_of, pack_b = _packing_functions(lib, pack.prefix)
                 k, n = pack.source.shape
-                packed = np.empty(max(int(size_of(k, n)), 1), dtype=np.float32)
+                packed = huge_pages.empty(max(int(size_of(k, n)), 1), np.float32)
                 pack_b(k, n, pack.source.ctypes.data, n, 1, packed.ctypes.data)
                 self._keep_alive.append(packed)
                 self._fixed[pack.slot] = packed.ctypes.data
@@ -755,7 +756,7 @@ def _allocate(nbytes: int, what: str, kind: str = "") -> np.ndarray:
     if physical is not None and nbytes > physical:
         raise ExecutionError(f"{told}, more than this machine's memory ({physical} bytes)")
     try:
-        return np.empty(nbytes, dtype=np.uint8)
+        return huge_pages.empty(nbytes)
     except MemoryError:
         raise ExecutionError(f"{told}, more than this machine can allocate") from None
 
