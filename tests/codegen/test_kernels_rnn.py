@@ -122,15 +122,22 @@ def test_lstm_optional_outputs(lib):
 
 def test_lstm_tiles_split_only_on_a_small_register_file():
     """16 ymm registers: an LSTM tile of all four gates holds 2 rows, so rows 3..6 run as two
-    passes of two gates, and the generated dispatch has those passes; 32 zmm registers hold 6
-    rows of all four and never split."""
+    passes of two gates, each over a panel of its own, and the generated dispatch has those
+    passes and whole tiles that read both panels; 32 zmm registers hold 6 rows of all four
+    and never split (one panel)."""
     from shapeshift.codegen.kernels import rnn_step
 
     assert rnn_step.rows_per_tile(16, 4) == 2 and rnn_step.split_rows(16) == 6 and rnn_step.lstm_rows(16) == 6
     assert rnn_step.split_rows(32) == 0 and rnn_step.lstm_rows(32) == rnn_step.rows_per_tile(32, 4) == 6
+    assert rnn_step.lstm_panels(16) == 2 and rnn_step.lstm_panels(32) == 1
     ymm = rnn_step._vector_branch(16, 8)
-    assert all(f"case {4 * 16 + r}: ss_rnn_dot_g2of4_r{r}(" in ymm for r in range(3, 7))
-    assert "case 66: ss_rnn_dot_g4_r2(" in ymm and "g2of4" not in rnn_step._vector_branch(32, 16)
+    assert "#define SS_RNN_LSTM_PANELS 2" in ymm
+    assert all(f"case {4 * 16 + r}: ss_rnn_dot_g2o4_r{r}(P, h, ldh, H, out); "
+               f"ss_rnn_dot_g2o4_r{r}(P + 2 * H * SS_RNN_VW," in ymm for r in range(3, 7))
+    assert "case 66: ss_rnn_dot_g4p2_r2(" in ymm
+    zmm = rnn_step._vector_branch(32, 16)
+    assert "#define SS_RNN_LSTM_PANELS 1" in zmm and "case 70: ss_rnn_dot_g4_r6(" in zmm
+    assert "o4_r" not in zmm and "g4p2" not in zmm
 
 
 _ACTIVATIONS_HARNESS = r"""

@@ -11,6 +11,8 @@ rows in registers (MR from the target's register file; with few rows, several se
 alternate k, so that enough FMA chains hide the FMA latency; an LSTM's four gates in two
 passes of two where the register file is small, ``split_rows``), and hands the VW x gates results
 of each row to the gate update through a small L1 buffer, never through a [B, G] array.
+Where an LSTM runs in two passes, its block is two panels, gates 0-1 then 2-3, each
+``[k][2][VW]`` (``lstm_panels``), so that each pass streams a run of memory of its own.
 
 Exported C (besides the kernels of rnn.py)::
 
@@ -82,28 +84,50 @@ def lstm_rows(registers: int) -> int:
     return split_rows(registers) or rows_per_tile(registers, 4)
 
 
-def _dot_function(ng: int, rows: int, registers: int, lanes: int, stride: int = 0) -> str:
-    """``ss_rnn_dot_g<ng>_r<rows>``: one block's product for ``rows`` rows, accumulators named
-    so that they stay in registers, ``k_splits`` sets of them over alternate k, summed at
-    the end; blocks of ``lanes`` floats (SS_RNN_VW of the branch it is compiled in).
-    ``stride``: the gates a k of the packed block holds, where the function computes ng of
-    them (``ss_rnn_dot_g<ng>of<stride>_r<rows>``, P and out at its first gate)."""
-    stride = stride or ng
-    name = f"ss_rnn_dot_g{ng}_r{rows}" if stride == ng else f"ss_rnn_dot_g{ng}of{stride}_r{rows}"
+def lstm_panels(registers: int) -> int:
+    """Panels an LSTM block of R is packed in: 2 where its tiles run as two passes of two
+    gates (split_rows), each pass then streaming a panel of its own (gates 0-1, then 2-3,
+    for every k) rather than every other cache line of the whole block; else 1."""
+    return 2 if split_rows(registers) else 1
+
+
+def _dot_name(ng: int, rows: int, per_panel: int, out_stride: int) -> str:
+    """``ss_rnn_dot_g<ng>[p<panels>][o<out_stride>]_r<rows>``."""
+    panels = f"p{ng // per_panel}" if per_panel != ng else ""
+    out = f"o{out_stride}" if out_stride != ng else ""
+    return f"ss_rnn_dot_g{ng}{panels}{out}_r{rows}"
+
+
+def _dot_function(ng: int, rows: int, registers: int, lanes: int, per_panel: int = 0, out_stride: int = 0) -> str:
+    """One block's product for ``rows`` rows, accumulators named so that they stay in
+    registers, ``k_splits`` sets of them over alternate k, summed at the end; blocks of
+    ``lanes`` floats (SS_RNN_VW of the branch it is compiled in). The block's gates lie in
+    panels of ``per_panel`` gates (default: one panel of all ``ng``), panel q at P + q * H *
+    per_panel * VW, holding [k][per_panel][VW]; the results go to out[r][g] rows of
+    ``out_stride`` gates (default ng), so that a pass over one panel of an LSTM block writes
+    its gates' places among all four."""
+    per_panel = per_panel or ng
+    out_stride = out_stride or ng
+    name = _dot_name(ng, rows, per_panel, out_stride)
     ks = k_splits(registers, ng, rows)
+    panels = ng // per_panel
     w = CWriter()
     acc = [[[f"a{s}_{r}_{g}" for g in range(ng)] for r in range(rows)] for s in range(ks)]
 
     def step(w: CWriter, s: int, k: str) -> None:
-        w.line(f"const float* p{s} = P + ({k}) * {stride} * SS_RNN_VW;")
+        w.line(f"const float* p{s} = P + ({k}) * {per_panel} * SS_RNN_VW;")
         # R streams once per step: fetch SS_RNN_PREFETCH_K values of k ahead, one prefetch per
-        # cache line of the k's ng x lanes floats (the rows of k are contiguous, so a line one
-        # k leaves out is the next k's first). One per gate issued two per line with ymm
-        # blocks: with the loads and broadcasts, 10 load-port operations a k against 8 FMAs
-        # for an LSTM tile of 2 rows, which then ran on the load ports.
-        w.lines(f"_mm_prefetch((const char*)(p{s} + SS_RNN_PREFETCH_K * {stride} * SS_RNN_VW + {line * 16}), "
-                "_MM_HINT_T0);" for line in range(-(-ng * lanes // 16)))
-        w.line("ss_rnn_v " + ", ".join(f"w{s}_{g} = ss_rnn_vload(p{s} + {g} * SS_RNN_VW)" for g in range(ng)) + ";")
+        # cache line of each panel's per_panel x lanes floats of the k (the rows of k are
+        # contiguous in a panel, so a line one k leaves out is the next k's first). One per
+        # gate issued two per line with ymm blocks: with the loads and broadcasts, 10
+        # load-port operations a k against 8 FMAs for an LSTM tile of 2 rows, which then
+        # ran on the load ports.
+        w.lines(f"_mm_prefetch((const char*)(p{s} + {f'{q} * pstride + ' if q else ''}"
+                f"SS_RNN_PREFETCH_K * {per_panel} * SS_RNN_VW + {line * 16}), _MM_HINT_T0);"
+                for q in range(panels) for line in range(-(-per_panel * lanes // 16)))
+        w.line("ss_rnn_v " + ", ".join(
+            f"w{s}_{g} = ss_rnn_vload(p{s} + {f'{g // per_panel} * pstride + ' if g >= per_panel else ''}"
+            f"{g % per_panel} * SS_RNN_VW)" for g in range(ng)) + ";")
         # Each weight vector in a register, loaded once for all rows: left alone, gcc folds
         # the load into every row's FMA, and the step runs on the load ports, not the FMAs.
         w.lines(f'__asm__("" : "+v"(w{s}_{g}));' for g in range(ng))
@@ -112,6 +136,8 @@ def _dot_function(ng: int, rows: int, registers: int, lanes: int, stride: int = 
             w.lines(f"{acc[s][r][g]} = ss_rnn_vfma(x{s}_{r}, w{s}_{g}, {acc[s][r][g]});" for g in range(ng))
 
     with w.block(f"static inline void {name}(const float* P, const float* h, int64_t ldh, int64_t H, float* out)"):
+        if panels > 1:
+            w.line(f"const int64_t pstride = H * {per_panel} * SS_RNN_VW;")
         w.line("ss_rnn_v " + ", ".join(f"{a} = ss_rnn_vzero()" for split in acc for row in split for a in row) + ";")
         w.line("int64_t k = 0;")
         if ks > 1:
@@ -124,19 +150,22 @@ def _dot_function(ng: int, rows: int, registers: int, lanes: int, stride: int = 
             w.lines(f"{acc[0][r][g]} = ss_rnn_vadd({acc[0][r][g]}, {acc[s][r][g]});"
                     for r in range(rows) for g in range(ng))
         for r in range(rows):
-            w.lines(f"ss_rnn_vstore(out + {r * stride + g} * SS_RNN_VW, {acc[0][r][g]});" for g in range(ng))
+            w.lines(f"ss_rnn_vstore(out + {r * out_stride + g} * SS_RNN_VW, {acc[0][r][g]});" for g in range(ng))
     return w.text()
 
 
 def _vector_branch(registers: int, lanes: int) -> str:
     """The specialized dots and their dispatch for one register file of ``lanes``-float vectors."""
     w = CWriter()
+    halves = split_rows(registers)
+    # An LSTM set in two panels of two gates (lstm_panels): its whole tiles read both.
+    lstm_panel = 2 if halves else 4
+    w.line(f"#define SS_RNN_LSTM_PANELS {4 // lstm_panel}")
     for ng in (1, 2, 3, 4):
         for rows in range(1, rows_per_tile(registers, ng) + 1):
-            w.raw(_dot_function(ng, rows, registers, lanes))
-    halves = split_rows(registers)
+            w.raw(_dot_function(ng, rows, registers, lanes, per_panel=lstm_panel if ng == 4 else ng))
     for rows in range(rows_per_tile(registers, 4) + 1, halves + 1):
-        w.raw(_dot_function(2, rows, registers, lanes, stride=4))
+        w.raw(_dot_function(2, rows, registers, lanes, out_stride=4))
     mr = [rows_per_tile(registers, 1), rows_per_tile(registers, 2), rows_per_tile(registers, 3), lstm_rows(registers)]
     with w.block("static inline int ss_rnn_mr(int ng)"):
         w.line(f"static const int mr[5] = {{1, {', '.join(map(str, mr))}}};")
@@ -146,16 +175,19 @@ def _vector_branch(registers: int, lanes: int) -> str:
         with w.block("switch (ng * 16 + rows)"):
             for ng in (1, 2, 3, 4):
                 for rows in range(1, rows_per_tile(registers, ng) + 1):
-                    w.line(f"case {ng * 16 + rows}: ss_rnn_dot_g{ng}_r{rows}(P, h, ldh, H, out); return;")
-            # Past the whole tile's rows, an LSTM block in two passes of two gates (split_rows).
+                    name = _dot_name(ng, rows, lstm_panel if ng == 4 else ng, ng)
+                    w.line(f"case {ng * 16 + rows}: {name}(P, h, ldh, H, out); return;")
+            # Past the whole tile's rows, an LSTM block in two passes, a panel each (split_rows).
             for rows in range(rows_per_tile(registers, 4) + 1, halves + 1):
-                w.line(f"case {4 * 16 + rows}: ss_rnn_dot_g2of4_r{rows}(P, h, ldh, H, out); "
-                       f"ss_rnn_dot_g2of4_r{rows}(P + 2 * SS_RNN_VW, h, ldh, H, out + 2 * SS_RNN_VW); return;")
+                name = _dot_name(2, rows, 2, 4)
+                w.line(f"case {4 * 16 + rows}: {name}(P, h, ldh, H, out); "
+                       f"{name}(P + 2 * H * SS_RNN_VW, h, ldh, H, out + 2 * SS_RNN_VW); return;")
             w.line("default: return;")
     return w.text()
 
 
 _SCALAR_DOT = r"""
+#define SS_RNN_LSTM_PANELS 1
 static inline int ss_rnn_mr(int ng) { (void)ng; return 1; }
 
 static void ss_rnn_dot(const float* P, const float* h, int64_t ldh, int64_t H, int ng, int rows, float* out) {
@@ -224,18 +256,21 @@ typedef __m256 ss_rnn_v;
 """
 
 _PACK = r"""
-/* One set of ng gates (rows Rset[0 .. ng*H) of H) into P[jb][k][g][VW]. */
-static void ss_rnn_pack_set(const float* Rset, int64_t H, int ng, float* P) {
+/* One set of ng gates (rows Rset[0 .. ng*H) of H) into blocks of VW hidden units, each
+   block in panels of gpp gates: P[jb][q][k][g][VW] holds gate q * gpp + g. */
+static void ss_rnn_pack_set(const float* Rset, int64_t H, int ng, int gpp, float* P) {
     const int64_t nb = (H + SS_RNN_VW - 1) / SS_RNN_VW;
     for (int64_t jb = 0; jb < nb; ++jb)
-        for (int64_t k = 0; k < H; ++k)
-            for (int g = 0; g < ng; ++g) {
-                float* p = P + ((jb * H + k) * ng + g) * SS_RNN_VW;
-                for (int v = 0; v < SS_RNN_VW; ++v) {
-                    const int64_t j = jb * SS_RNN_VW + v;
-                    p[v] = j < H ? Rset[(g * H + j) * H + k] : 0.0f;
+        for (int q = 0; q < ng / gpp; ++q)
+            for (int64_t k = 0; k < H; ++k)
+                for (int g = 0; g < gpp; ++g) {
+                    float* p = P + jb * H * ng * SS_RNN_VW + ((q * H + k) * gpp + g) * SS_RNN_VW;
+                    const int64_t row = (int64_t)(q * gpp + g) * H;
+                    for (int v = 0; v < SS_RNN_VW; ++v) {
+                        const int64_t j = jb * SS_RNN_VW + v;
+                        p[v] = j < H ? Rset[(row + j) * H + k] : 0.0f;
+                    }
                 }
-            }
 }
 
 /* Floats of one direction's packed set of ng gates. */
@@ -255,10 +290,10 @@ _PACK_ALL = Function("void", "ss_rnn_pack", ("const float* R", "int64_t D", "int
         const float* Rd = R + d * gates * H * H;
         float* Pd = P + d * ss_rnn_set_size(H, gates);
         if (kind == 1) {   /* z, r; then h, which multiplies r * h */
-            ss_rnn_pack_set(Rd, H, 2, Pd);
-            ss_rnn_pack_set(Rd + 2 * H * H, H, 1, Pd + ss_rnn_set_size(H, 2));
+            ss_rnn_pack_set(Rd, H, 2, 2, Pd);
+            ss_rnn_pack_set(Rd + 2 * H * H, H, 1, 1, Pd + ss_rnn_set_size(H, 2));
         } else {
-            ss_rnn_pack_set(Rd, H, gates, Pd);
+            ss_rnn_pack_set(Rd, H, gates, kind == 3 ? 4 / SS_RNN_LSTM_PANELS : gates, Pd);
         }
     }""")
 
