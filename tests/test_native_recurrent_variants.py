@@ -123,6 +123,32 @@ def test_steps_on_two_threads(threads):
 
 
 @pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batch_rows_on_two_threads(threads, layout):
+    """Small hidden sizes (R within half of L2) over many steps: at 2 threads each thread
+    runs every step for its own batch rows (SS_RECUR_ROWS), no barrier between steps. Odd
+    batches (rows split 1 + 2, 4 + 5), rows whose sequence ends early, every kind and
+    direction (a bidirectional node's directions run on a thread each instead), odd-length
+    projection chunks (201 steps of batch 3, 71 of batch 9; several chunks each on a 512 KiB
+    L2), a ragged hidden size, peepholes and initial states."""
+    hidden, input_size = 44, 5
+    # Every kind's sequence crosses SEQ_PAR_MIN at both bindings (RNN, 1 gate, the least work).
+    assert min(201 * 3, 71 * 9) * hidden * hidden >= rnn_step.SEQ_PAR_MIN
+    model, params = _recurrent_model(EVERY_KIND, layout, with_state=True, with_lens=True, hidden=hidden,
+                                     input_size=input_size, peepholes=True, weight_scale=0.25)
+    session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
+    reference = ort.InferenceSession((_layout0_twin(model) if layout else model).SerializeToString(),
+                                     providers=["CPUExecutionProvider"])
+    names = [o.name for o in model.graph.output]
+    for feed in _feeds(model, params, layout, bindings=((201, 3), (71, 9))):
+        want = reference.run(None, _to_layout0(feed) if layout else feed)
+        if layout:
+            want = [_from_layout0(n, w) for n, w in zip(names, want)]
+        for name, got, expected in zip(names, session.run(None, feed), want):
+            np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("layout", [0, 1])
 def test_avx2_only_build(layout, tmp_path):
     """The x86-64-v3 artifact (ymm blocks, 16-register row tiles) against onnxruntime, every
     kind and direction at ragged sizes, R packed at load."""

@@ -202,6 +202,8 @@ typedef struct {
     int team;               /* run by every thread of a team region over the steps (see
                                ss_recur_direction): the tiles are shared out by an orphaned
                                omp for, whose barrier ends the step */
+    int64_t b_lo, b_hi;     /* the batch rows this thread's steps compute (all but in a
+                               region of SS_RECUR_ROWS) */
 } ss_recur_step;
 
 /* Y[t, d, b, j0 .. j0+n) = v, or zeros for an inactive row. */
@@ -308,8 +310,10 @@ static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t 
     s.fast = c->clip < 0.0f && (c->kind == 0 ? s.f.kind == 1
                                 : s.f.kind == 0 && s.gact.kind == 1 && (c->kind != 3 || s.hact.kind == 1));
     s.team = 0;
+    s.b_lo = 0;
+    s.b_hi = B;
     const int reverse = c->direction == 1 || d == 1;
-    const int team = ss_recur_team(&s);
+    const int mode = ss_recur_mode(&s);
     for (int64_t step = 0; step < T;) {
         /* The chunk in xw: steps [lo, hi), projected first, then run. */
         const int64_t t0 = reverse ? T - 1 - step : step;
@@ -318,7 +322,7 @@ static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t 
         ss_recur_project(c, d, lo, hi, bsum, xw);
         s.xw_b = layout1 ? (hi - lo) * G : G;
         const int64_t xw_t = layout1 ? G : B * G;
-        if (team) {
+        if (mode == SS_RECUR_TEAM) {
             /* One region for the chunk's steps: each thread walks them with its own copy of
                the step, the tiles of each shared out with a barrier at its end. A region
                per step cost about as much as a small step (the other threads are woken
@@ -328,6 +332,17 @@ static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t 
             ts.team = 1;
             #pragma omp parallel
             ss_recur_chunk(ts, xw, xw_t, lo, hi, reverse, h, hn);
+        } else if (mode == SS_RECUR_ROWS) {
+            /* Each thread the chunk's steps for its own rows, start to end: a row's state,
+               cell, outputs and projection are its own, so no barrier until the region's. */
+            #pragma omp parallel
+            {
+                ss_recur_step ts = s;
+                const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+                ts.b_lo = B * id / threads;
+                ts.b_hi = B * (id + 1) / threads;
+                if (ts.b_hi > ts.b_lo) ss_recur_chunk(ts, xw, xw_t, lo, hi, reverse, h, hn);
+            }
         } else {
             ss_recur_chunk(s, xw, xw_t, lo, hi, reverse, h, hn);
         }

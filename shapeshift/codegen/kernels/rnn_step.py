@@ -249,6 +249,9 @@ typedef __m256 ss_rnn_v;
 #define SS_RNN_STEP_PAR_MIN @STEP_PAR_MIN@
 #define SS_RNN_SEQ_PAR_MIN @SEQ_PAR_MIN@
 #define SS_RNN_DIR_PAR_MIN @DIR_PAR_MIN@
+/* Floats of a direction's R up to which its steps run on the threads by batch rows rather
+   than on a team (half of L2: every thread then keeps all of R in its own cache). */
+#define SS_RNN_ROWS_R_MAX @ROWS_R_MAX@
 /* How many values of k ahead the product prefetches the packed R. */
 #define SS_RNN_PREFETCH_K @PREFETCH_K@
 /* Floats of input projection computed ahead of the steps that read it (a quarter of L2). */
@@ -324,7 +327,8 @@ def parts(target: Optional[Target] = None, step_par_min: int = STEP_PAR_MIN, chu
     w = CWriter()
     w.raw(fill(_VECTOR_MACROS, WIDE=int(wide), STEP_PAR_MIN=int(step_par_min), SEQ_PAR_MIN=int(seq_par_min),
                DIR_PAR_MIN=int(dir_par_min),
-               CHUNK_FLOATS=chunk_floats or max(1024, target.caches.l2 // 4 // 4), PREFETCH_K=prefetch_k))
+               CHUNK_FLOATS=chunk_floats or max(1024, target.caches.l2 // 4 // 4), PREFETCH_K=prefetch_k,
+               ROWS_R_MAX=target.caches.l2 // 2 // 4))
     with w.guard(f"{int(wide)} && defined(__AVX512F__)"):
         w.raw(_vector_branch(target.vector_registers, 16))
         w.raw("#elif defined(__AVX2__) && defined(__FMA__)")
