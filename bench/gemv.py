@@ -24,6 +24,11 @@ measured on the same footprint:
   Python, so their per-call overhead (about 1 us and 5-10 us) counts: it dominates the L1
   sizes.
 
+Every buffer of 4 MiB or more (the read loop's, the packed and numpy's weights) is on
+memory advised for huge pages, as a session's packed weights are (runtime/huge_pages.py):
+streaming megabytes through 4 KiB pages cost up to a quarter of the bandwidth in TLB
+misses, and the levels' figures should be the best the machine gives.
+
 The DRAM rows cycle through enough distinct weights (``--dram-mb`` in all, at least twice
 the last-level cache unless capped) that every call streams its weight from DRAM, for
 every candidate (onnxruntime: one model of that many MatMul nodes, its time divided by
@@ -196,10 +201,22 @@ def _ort_session(np, weights: list, m: int, threads: int):
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+def _on_huge_pages(array):
+    """A copy of ``array`` where a session keeps its packed weights (runtime/huge_pages.py),
+    so that the read loop and numpy's weights stream from the same kind of pages as ours
+    (imported here: numpy loads after the child has set OPENBLAS_NUM_THREADS)."""
+    from shapeshift.runtime import huge_pages
+
+    copy = huge_pages.empty(array.size, array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy
+
+
 def run_child(threads: int, ms: list[int], repeats: int, sample_s: float, dram_bytes: int, cache_dir: Path,
               stat: str) -> dict:
     import numpy as np
 
+    from shapeshift.runtime import huge_pages
     from shapeshift.target import host_target
 
     caches = host_target().caches
@@ -212,7 +229,7 @@ def run_child(threads: int, ms: list[int], repeats: int, sample_s: float, dram_b
         copies = _copies(label, weight_bytes, dram_bytes)
         footprint = weight_bytes * copies
         # The read loop over the same footprint; numpy's dot of its two halves beside it.
-        buf = rng.standard_normal(footprint // 4).astype(np.float32)
+        buf = _on_huge_pages(rng.standard_normal(footprint // 4).astype(np.float32))
         sink = ctypes.c_double()
         chunk = k * n
 
@@ -229,10 +246,10 @@ def run_child(threads: int, ms: list[int], repeats: int, sample_s: float, dram_b
                           "read_gbs": weight_bytes / read_s / 1e9, "dot_gbs": 8 * half / dot_s / 1e9})
         print(f"bandwidth {label}: {bandwidth[-1]}", file=sys.stderr, flush=True)
         buf = None  # released before the weights are made
-        weights = [rng.standard_normal((k, n)).astype(np.float32) for _ in range(copies)]
+        weights = [_on_huge_pages(rng.standard_normal((k, n)).astype(np.float32)) for _ in range(copies)]
         packed = []
         for w in weights:
-            packed.append(np.empty(lib.ss_gemm_packed_b_size(k, n), dtype=np.float32))
+            packed.append(huge_pages.empty(lib.ss_gemm_packed_b_size(k, n), np.float32))
             lib.ss_gemm_pack_b(k, n, w.ctypes.data, n, 1, packed[-1].ctypes.data)
         table = (ctypes.c_void_p * copies)(*[p.ctypes.data for p in packed])
         for m in ms:
