@@ -161,7 +161,14 @@ def _copies(label: str, weight_bytes: int, dram_bytes: int) -> int:
 def _interleaved(samplers: dict[str, Callable[[int], float]], repeats: int, sample_s: float,
                  stat: str) -> dict[str, float]:
     """Seconds per call of each candidate (the median or the fastest of its samples), one
-    sample of each in turn."""
+    sample of each in turn, each after an untimed sample of its own.
+
+    The untimed sample puts the candidate's own weight where its level says before the clock
+    starts (one call was not enough for a weight as large as L3): the candidates read different copies (numpy and onnxruntime their own), so each
+    one's first call otherwise streams from wherever the one before it left the caches. A
+    16 MiB weight on a 16 MiB L3 made that a bias of a third: ss_gemv, sampled after
+    onnxruntime, read 32 GB/s, and the GEMM's small-M path, sampled after ss_gemv on the
+    same packed copy, 42; alternating the two alone, both read 42-43."""
     calls = {}
     for name, sample in samplers.items():
         sample(1)  # warm up: page faults, thread start, the weight into its level
@@ -169,6 +176,7 @@ def _interleaved(samplers: dict[str, Callable[[int], float]], repeats: int, samp
     times: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(repeats):
         for name, sample in samplers.items():
+            sample(calls[name])
             times[name].append(sample(calls[name]))
     pick = statistics.median if stat == "median" else min
     return {name: pick(t) for name, t in times.items()}
