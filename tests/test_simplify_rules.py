@@ -16,6 +16,7 @@ import pytest
 
 from shapeshift.ir import Graph, GraphBuilder, verify
 from shapeshift.ir.graph import StaticParam, Value
+from shapeshift.codegen.lower.contracts import agreements
 from shapeshift.ir.types import TensorType, to_numpy_dtype
 from shapeshift.passes.infer_types import infer_types
 from shapeshift.passes.simplify.rewriter import Rewriter
@@ -618,11 +619,16 @@ def _anchor_range(b, start: float, delta: float, axis: int = 1, x=None):
 
 
 @pytest.mark.parametrize("start, delta", [(0.0, 1.0), (2.0, 3.0), (7.0, -2.0), (-3.0, 1.0)])
-def test_float_range_over_a_cast_dim_becomes_an_integer_range(start, delta):
-    graph = check(lambda b: _anchor_range(b, start, delta), ["Shape", "Gather", "Range", "Cast", "Add"])
+def test_float_range_over_a_cast_dim_takes_the_dim_as_its_limit(start, delta):
+    graph = check(lambda b: _anchor_range(b, start, delta), ["Range", "Add"])
     r = only(graph, "Range")
-    assert [v.type.dtype for v in r.inputs] == [7, 7, 7], "an int64 Range over the dim itself"
-    assert only(graph, "Cast").attrs["to"] == 1
+    assert r.inputs[1] is None and r.params[1].dtype == 1 and r.params[1].shape == ()
+    assert [str(d) for d in r.params[1].dims] == ["T"], "the dim itself, a float parameter"
+    infer_types(graph)
+    (length,) = r.outputs[0].type.shape
+    for t in (1, 2, 5, 64):
+        assert evaluate(length, {"B": 1, "T": t}) == len(np.arange(start, t, delta))
+    assert not agreements(r), "T's range (1..64) proves the values whole numbers float32 holds"
 
 
 @pytest.mark.parametrize("start, delta", [(0.5, 1.0), (0.0, 0.25)])
@@ -630,12 +636,16 @@ def test_float_range_with_fractional_ends_stays(start, delta):
     check(lambda b: _anchor_range(b, start, delta), ["Shape", "Gather", "Cast", "Range", "Add"])
 
 
-def test_float_range_over_a_dim_float32_cannot_hold_exactly_stays():
+def test_float_range_over_a_dim_float32_cannot_hold_exactly_is_checked_at_run_time():
     # T up to 2^30: past 2^24 float32 rounds the limit and the values, and onnxruntime's
-    # float Range then differs from a cast integer one, so nothing is rewritten.
+    # float Range then differs from the integer length the type gives, so the native
+    # program checks the limit ahead of the Range's kernel (codegen/lower/contracts.py).
     b = GraphBuilder(opset=17, dynamic={"B": (1, 8), "T": (1, 1 << 30)})
     _anchor_range(b, 0.0, 1.0)
     graph = b.build()
     infer_types(graph)
     run_rules(graph)
-    assert ops(graph) == ["Shape", "Gather", "Cast", "Range", "Add"]
+    assert ops(graph) == ["Range", "Add"]
+    (guard,) = agreements(only(graph, "Range"))  # T >= -(2^24 - 2) is proven: T >= 1
+    assert guard.at_least and guard.lhs == (1 << 24) - 2 and str(guard.rhs) == "T"
+    assert guard.holds((1 << 24) - 2, (1 << 24) - 2) and not guard.holds((1 << 24) - 2, (1 << 24) - 1)

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..ir.types import TensorType, from_numpy_dtype, tensor_type_of, to_numpy_dtype
+from ..ir.types import DOUBLE, FLOAT, TensorType, from_numpy_dtype, tensor_type_of, to_numpy_dtype
 from ..symbolic import Dim, Expr, ceildiv, maximum, sub
 from .common import normalize_axis, product, tensor
 from .context import MAX_CONTENTS, InferContext
@@ -121,8 +121,25 @@ def _integral(value) -> bool:
     return isinstance(value, (int, np.integer, Expr)) and not isinstance(value, bool)
 
 
+# Integers of at most this magnitude are exact in each float type.
+EXACT_INTEGERS = {FLOAT: 1 << 24, DOUBLE: 1 << 53}
+
+
+def whole_number(value) -> Optional[int]:
+    """A float scalar's value as an int when it is a whole number, else None."""
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
 def _range_count(start, limit, delta) -> Dim:
-    """max(ceil((limit - start) / delta), 0), symbolically for integer inputs."""
+    """max(ceil((limit - start) / delta), 0), symbolically for integer inputs, and for a
+    float Range whose start and delta are whole numbers and whose limit is a dim (a limit
+    parameter, passes/simplify/rules.py ``range_of_cast_integer``): there the count is the
+    integer one, which codegen/lower/contracts.py makes sure of at run time."""
+    if isinstance(limit, Expr) and not _integral(start):
+        start, delta = whole_number(start), whole_number(delta)
+        return maximum(ceildiv(sub(limit, start), delta), 0)
     if not all(_integral(v) for v in (start, limit, delta)):
         # The span is taken in the input type, as onnxruntime does, then divided in double.
         dtype = np.asarray(start).dtype

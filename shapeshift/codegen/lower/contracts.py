@@ -19,8 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from ...ir.graph import Node, Value
 from ...ir.types import TensorType
+from ...ops.constant_ops import EXACT_INTEGERS, whole_number
 from ...symbolic import Dim, add, bounds, mul, prove_eq
 
 
@@ -191,6 +194,25 @@ def _recurrent(node: Node) -> list[Agreement]:
     if sequence_lens is not None:
         found += _pair(sequence_lens, 0, x, 1)
     return found
+
+
+@_rule("Range")
+def _range(node: Node) -> list[Agreement]:
+    # A float Range whose limit is a dim (passes/simplify/rules.py range_of_cast_integer):
+    # its type's length is the integer one, which is the float Range's while the limit, the
+    # start and the step, and so every value, are whole numbers the float type holds.
+    param, out = node.params.get(1), _shape(node.outputs[0])
+    exact = EXACT_INTEGERS.get(node.outputs[0].type.dtype) if out is not None else None
+    if param is None or exact is None or len(param.dims) != 1:
+        return []
+    ends = [whole_number(np.asarray(v.const).reshape(-1)[0]) if v is not None and v.const is not None else None
+            for v in (node.inputs[0], node.inputs[2])]
+    if None in ends:
+        return []
+    most = exact - 1 - abs(ends[0]) - abs(ends[1])
+    what = f"the limit (a dim, cast to float) must be within +-{most}, where float Range values are whole numbers"
+    limit = param.dims[0]
+    return [Agreement(most, limit, what, at_least=True), Agreement(limit, -most, what, at_least=True)]
 
 
 @_rule("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")

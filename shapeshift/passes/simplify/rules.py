@@ -27,12 +27,13 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ...ir.graph import Node, Value
+from ...ir.graph import Node, StaticParam, Value
 from ...ir.types import (BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT8, INT16, INT32, INT64, UINT8, UINT16,
                          UINT32, UINT64, TensorType)
 from ...ops import lookup
+from ...ops.constant_ops import EXACT_INTEGERS
 from ...ops.context import EvalContext
-from ...symbolic import Dim, Expr, bounds, prove_eq
+from ...symbolic import Dim, Expr, prove_eq
 from .rewriter import Rewriter
 
 Rule = Callable[[Node, Rewriter], bool]
@@ -418,9 +419,6 @@ def unsqueeze_of_squeeze(node: Node, rw: Rewriter) -> bool:
 
 # -- Range over a cast integer ------------------------------------------------------------
 
-# Integers of at most this magnitude are exact in each float type.
-_EXACT_INTEGERS = {FLOAT: 1 << 24, DOUBLE: 1 << 53}
-
 
 def _integral_scalar(value: Optional[Value], limit: int) -> Optional[int]:
     """A constant scalar's value when it is a whole number of magnitude below ``limit``."""
@@ -435,34 +433,27 @@ def _integral_scalar(value: Optional[Value], limit: int) -> Optional[int]:
 @rewrite("Range")
 def range_of_cast_integer(node: Node, rw: Rewriter) -> bool:
     """Range(a, Cast<float>(n), d), a and d whole-number constants and n an integer scalar
-    of known (tracked) value → Cast<float>(Range(a, n, d)) over n's integer type.
+    of known (tracked) value → the same Range with n's dims as its limit parameter.
 
     Exporters write ``torch.arange(w).float()``-style anchors so (yolov8n's detection head:
-    Range(0.0, Cast(Gather(Shape(x), 3)), 1.0)). The float Range's length is unknown to
-    the type rules, so every such Range ended a native segment and bound its length at
-    run time; the integer Range's length is a dim of n. The values are the same while
-    every one is a whole number the float type holds exactly, which the bounds of n, a and
-    d are checked for."""
+    Range(0.0, Cast(Gather(Shape(x), 3)), 1.0)). The float limit carries no dims, so the
+    Range's length was a fresh symbol bound at run time, which ended a native segment.
+    As a parameter (of the float type: it materializes as the Cast did), the limit is a dim
+    of n, and the type rule gives the length as one (ops/constant_ops.py): exact while every
+    value is a whole number the float type holds, which the symbols' ranges prove or a
+    run-time check ahead of the Range's kernel enforces (codegen/lower/contracts.py)."""
     out = _dtype(node.outputs[0])
-    limit = _EXACT_INTEGERS.get(out)
+    limit = EXACT_INTEGERS.get(out)
     if limit is None or len(node.inputs) < 3 or node.params:
         return False
     start, delta = _integral_scalar(node.inputs[0], limit), _integral_scalar(node.inputs[2], limit)
     cast = _producer(node.inputs[1], "Cast")
     if start is None or not delta or cast is None or cast.attrs.get("to") is None or int(cast.attrs["to"]) != out:
         return False
-    n = cast.inputs[0]
-    kind = _dtype(n)
     dims = _input_dims(cast, 0)
-    if kind not in (INT32, INT64) or _shape(n) != () or dims is None or len(dims) != 1:
+    if _dtype(cast.inputs[0]) not in (INT32, INT64) or _shape(cast.inputs[0]) != () or dims is None \
+            or len(dims) != 1:
         return False
-    lo, hi = bounds(dims[0])
-    if max(abs(lo), abs(hi)) + abs(delta) >= limit:
-        return False
-    numpy_type = np.int64 if kind == INT64 else np.int32
-    graph = node.graph
-    integers = rw.add_node(graph, "Range", [rw.constant(graph, numpy_type(start), "range_start"), n,
-                                            rw.constant(graph, numpy_type(delta), "range_delta")],
-                           before=node, name=f"{node.name}/integers" if node.name else "")
-    _replace(node, rw, "Cast", [integers.outputs[0]], {"to": out})
+    node.params[1] = StaticParam((dims[0],), (), out)
+    rw.set_input(node, 1, None)
     return True
