@@ -148,10 +148,10 @@ class NativeVM:
                                                              for s in program.steps)
         # What a run must be fed (as an If branch: what the If's VM hands over).
         self.input_values = [s.value for s in program.slots if s.kind == INPUT]
-        # What each binding step makes computable: (late extent indices, LATE slots), keyed
-        # by id(step), so that a run with many late symbols evaluates each thing once.
+        # What each binding step makes computable: (late extent indices, LATE slots, the
+        # late symbols they read), keyed by id(step), so that a run with many late symbols
+        # evaluates each thing once.
         self._late_ready = _late_ready(program)
-        self._late_names = tuple(sorted(program.late_symbols))
         # Slot -> (buffer, its address, its aligned address): each LATE slot's last buffer,
         # taken again by the next run when nothing else holds it and it is large enough (so,
         # like the arena, it keeps the largest size a run needed).
@@ -498,8 +498,8 @@ class NativeVM:
                 raise ExecutionError(f"{step.node.describe()}: computed a negative size {value} for output {k}")
             binding[symbol] = value
         program = self.program
-        extents, slots = self._late_ready.get(id(step), ((), ()))
-        key = (id(step), tuple(binding.get(name) for name in self._late_names))
+        extents, slots, names = self._late_ready.get(id(step), ((), (), ()))
+        key = (id(step), *[binding[name] for name in names])
         sizes = plan.late_sizes.get(key)
         if sizes is None:
             sizes = ([evaluate(program.extents[index], binding) for index in extents],
@@ -629,29 +629,32 @@ def _packing_functions(lib, prefix: str):
     return size_of, pack_b
 
 
-def _late_ready(program: Program) -> dict[int, tuple[list[int], list]]:
+def _late_ready(program: Program) -> dict[int, tuple[list[int], list, tuple[str, ...]]]:
     """For each step that binds late symbols: the late extents and LATE slots whose last
-    late symbol it binds (so they can be evaluated right after it)."""
+    late symbol it binds (so they can be evaluated right after it), and the late symbols
+    those sizes read (what Plan.late_sizes keys them by: a key over every late symbol of
+    the program cost SSDlite's 181 bindings a run 181 lookups each)."""
     bound_by: dict[str, int] = {}
     steps = {}
     for position, step in enumerate(program.steps):
         for _, _, symbol in step.binds:
             bound_by.setdefault(symbol, position)
             steps[position] = step
-    ready: dict[int, tuple[list[int], list]] = {}
+    ready: dict[int, tuple[list[int], list, set]] = {}
 
     def add(dim, item, which: int) -> None:
-        late = [bound_by[s] for s in free_symbols(dim) if s in bound_by]
+        late = {s for s in free_symbols(dim) if s in bound_by}
         if late:
-            entry = ready.setdefault(id(steps[max(late)]), ([], []))
+            entry = ready.setdefault(id(steps[max(bound_by[s] for s in late)]), ([], [], set()))
             entry[which].append(item)
+            entry[2].update(late)
 
     for index in program.late_extents:
         add(program.extents[index], index, 0)
     for slot in program.slots:
         if slot.kind == LATE:
             add(slot.nbytes, slot, 1)
-    return ready
+    return {key: (extents, slots, tuple(sorted(names))) for key, (extents, slots, names) in ready.items()}
 
 
 _from_buffer, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
