@@ -2,8 +2,8 @@
 
 from .calibrate import FmaCalibration, measure_fma
 from .cpu import Caches, CpuIdentity
-from .description import Target, host_target, named_target
+from .description import Target, host_target, named_target, registers_of_width
 from .microarch import MicroarchClass
 
 __all__ = ["Caches", "CpuIdentity", "FmaCalibration", "MicroarchClass", "Target", "host_target", "measure_fma",
-           "named_target"]
+           "named_target", "registers_of_width"]

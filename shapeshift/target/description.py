@@ -55,6 +55,13 @@ CODEGEN_FEATURES = X86_64_V4 | frozenset("avx512_vnni avx_vnni avx512_bf16 avx51
 DESCRIBE_CPU_ENV = "SHAPESHIFT_DESCRIBE_CPU"
 
 
+def registers_of_width(lanes: int) -> int:
+    """The vector registers a kernel in vectors of ``lanes`` floats can count on in any build
+    that has them: 32 for zmm (AVX-512 has 32), 16 for ymm (AVX2 has 16; a ymm kernel also
+    compiled for builds without AVX-512 cannot use ymm16-31)."""
+    return 32 if lanes == 16 else 16
+
+
 @dataclass(frozen=True)
 class Target:
     """A CPU to generate code for."""
@@ -93,7 +100,7 @@ class Target:
     @property
     def vector_registers(self) -> int:
         """Vector registers the compiler may use: 32 with AVX-512 (ymm16-31 too, with VL), else 16."""
-        return 32 if self.has("avx512f") else 16
+        return registers_of_width(16 if self.has("avx512f") else 8)
 
     @property
     def widths(self) -> tuple[int, ...]:

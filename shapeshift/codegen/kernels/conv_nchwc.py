@@ -49,7 +49,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...target import Target
+from ...target import Target, registers_of_width
 from ..cwriter import CWriter, Fragment, Function, Private, fill
 from .nchwc import WIDTHS
 
@@ -62,12 +62,6 @@ def dense_pixels(lanes: int, registers: int) -> int:
     """Output pixels per dense register tile: 2 blocks x RX accumulators, 2 weight vectors
     and one broadcast within the register file (16 ymm with AVX2, 32 with AVX-512)."""
     return max(1, min(12, (registers - 4) // 2))
-
-
-def registers_for(lanes: int) -> int:
-    """The register file the width's kernels are written for: 32 where zmm exist, else 16
-    (the target description's ``vector_registers``)."""
-    return 32 if lanes == 16 else 16
 
 
 # How the dense and depthwise kernels walk a row (both widths: emitted once per fragment).
@@ -785,7 +779,7 @@ def pointwise_tile(lanes: int, rx: int, nb: int) -> str:
 
 
 def _functions(lanes: int, par_min: int) -> list:
-    rx = dense_pixels(lanes, registers_for(lanes))
+    rx = dense_pixels(lanes, registers_of_width(lanes))
     dense = Function("void", f"ss_conv_nchwc_{lanes}",
                      ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
                       "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ...target import Target
+from ...target import Target, registers_of_width
 from ..cwriter import CWriter, Fragment, Function, Private, Shared, fill
 from .gemm import GemmSchedule
 from .gemm_tiles import accumulators, vector_names
@@ -90,7 +90,7 @@ def tile_rows(s: GemmSchedule, lanes: int) -> int:
     registers for the panel's weights and a broadcast (a zmm schedule's ymm form, in a build
     without AVX-512, takes fewer), and no more than MAX_ROWS."""
     vectors = s.nr // lanes
-    registers = 32 if lanes == 16 else 16
+    registers = registers_of_width(lanes)
     return max(1, min(s.mr, MAX_ROWS, (registers - vectors - 1) // vectors))
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ...target import registers_of_width
 from ..cwriter import CWriter, Fragment, Function, Private
 from .gemm import FMA_CHAINS, GemmSchedule
 
@@ -311,9 +312,9 @@ def fragment(schedule: Optional[GemvSchedule] = None) -> Fragment:
             with w.guard("__AVX512F__"):
                 w.raw(_variant(_Isa(16, s.registers), s))
                 w.orelse()
-                w.raw(_variant(_Isa(8, 16), s))
+                w.raw(_variant(_Isa(8, registers_of_width(8)), s))
         else:
-            w.raw(_variant(_Isa(8, 16), s))
+            w.raw(_variant(_Isa(8, registers_of_width(8)), s))
         w.raw(_ITEM.definition())
         w.raw(_RUN.definition())
     body = CWriter(level=1)
