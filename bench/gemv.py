@@ -16,7 +16,8 @@ measured on the same footprint:
   ``np.dot`` of the buffer's two halves (a BLAS dot, one pass over the buffer) as a
   cross-check (numpy's float32 ``sum`` is pairwise and far from bandwidth, so it is not used);
 - the GEMV: ``ss_gemv_prepacked`` (kernels/gemv.py; what MatMul/Gemm by a constant weight
-  call for M <= 4), ``ss_gemm_prepacked`` (the GEMM's own small-M path, what ran before),
+  call for M <= 4; below the row count the target's class gives it, ``gemv_min_m``, it runs
+  the GEMM behind it), ``ss_gemm_prepacked`` (the GEMM's own small-M path),
   both on the weight packed once, timed by a loop in C as the generated program calls
   them; numpy ``np.dot(x, W, out=c)``; onnxruntime's one-node MatMul model (the weight an
   initializer, default graph optimizations, intra_op_num_threads = threads). GB/s is the

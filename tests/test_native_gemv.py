@@ -3,7 +3,8 @@
 
 Kernel builds: this machine's widths (zmm on AVX-512), the AVX2 target's schedule built
 without AVX-512, the AVX-512 schedule built without it (its ymm form, six vectors a
-panel), a small-kc schedule (several K blocks, every call parallel, software prefetch),
+panel), each with every row count on the streaming path; this machine's own schedule (its
+class may hand some or all row counts to the GEMM) and one handing M < 3 to it; a small-kc schedule (several K blocks, every call parallel, software prefetch),
 a GEMV generated for another panel width than the GEMM's, and a build without AVX2 (both
 of the last hand every call to the GEMM). Shapes: M = 1..4 (and 0, 5: handed on), N and
 K not multiples of the vector width or the panel, K = 0, A transposed through its
@@ -14,6 +15,7 @@ Relu; C written into a NaN-filled buffer wider than the result.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import numpy as np
 import pytest
@@ -46,8 +48,9 @@ _CALL = [i64] * 5 + [ptr, i64, i64, i64, i64, ptr, ptr, i64, i64, i64, f32, ptr,
 def _build(cache, gemm_schedule, gemv_schedule, flags=None):
     src = PRELUDE + gemm.source(gemm_schedule) + gemv.source(gemv_schedule)
     lib = compile_library(src, name_hint="gemv_test", flags=flags, cache_dir=cache).cdll
-    lib.ss_gemv_prepacked.argtypes = _CALL
-    lib.ss_gemv_prepacked.restype = None
+    for fn in (lib.ss_gemv_prepacked, lib.ss_gemm_prepacked):
+        fn.argtypes = _CALL
+        fn.restype = None
     lib.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
     lib.ss_gemm_packed_b_size.argtypes = [i64, i64]
     lib.ss_gemm_packed_b_size.restype = i64
@@ -55,13 +58,21 @@ def _build(cache, gemm_schedule, gemv_schedule, flags=None):
     return lib
 
 
+def _every_row(schedule):
+    return dataclasses.replace(schedule, min_m=1)
+
+
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     cache = tmp_path_factory.mktemp("gemv_cache")
+    # Every row count on the streaming path (min_m 1) whatever this CPU's class takes it for,
+    # so that its kernels are tested on every machine; "class": this machine's own schedule.
     return {
-        "native": _build(cache, default_schedule(), gemv.default_schedule()),
-        "avx2": _build(cache, AVX2_GEMM, gemv.schedule_for(AVX2_GEMM), NO_AVX512),
-        "zmm_as_ymm": _build(cache, AVX512_GEMM, gemv.schedule_for(AVX512_GEMM), NO_AVX512),
+        "native": _build(cache, default_schedule(), _every_row(gemv.default_schedule())),
+        "avx2": _build(cache, AVX2_GEMM, _every_row(gemv.schedule_for(AVX2_GEMM)), NO_AVX512),
+        "zmm_as_ymm": _build(cache, AVX512_GEMM, _every_row(gemv.schedule_for(AVX512_GEMM)), NO_AVX512),
+        "class": _build(cache, default_schedule(), gemv.default_schedule()),
+        "from_3": _build(cache, default_schedule(), dataclasses.replace(gemv.default_schedule(), min_m=3)),
         "small_kc": _build(cache, SMALL_KC, gemv.GemvSchedule(nr=SMALL_KC.nr, lanes=SMALL_KC.lanes,
                                                                registers=SMALL_KC.registers, prefetch_rows=3,
                                                                parallel_min_floats=0)),
@@ -89,7 +100,8 @@ BIASES = {  # name -> (shape of the stored bias for M x N, rs, cs)
 }
 
 
-def _run(lib, m, n, k, trans_a=False, bias="none", alpha=1.0, beta=1.0, act=0, seed=0, threads=1, trans_b=False):
+def _run(lib, m, n, k, trans_a=False, bias="none", alpha=1.0, beta=1.0, act=0, seed=0, threads=1, trans_b=False,
+         fn="ss_gemv_prepacked"):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32)
@@ -109,8 +121,8 @@ def _run(lib, m, n, k, trans_a=False, bias="none", alpha=1.0, beta=1.0, act=0, s
         want = np.maximum(want, 0)
     lib.ss_set_num_threads(threads)
     packed = _pack(lib, w, trans_b)  # held: a temporary's address would dangle during the call
-    lib.ss_gemv_prepacked(m, n, k, 1, 1, stored.ctypes.data, 0, 0, rsa, csa, packed.ctypes.data,
-                          c.ctypes.data, 0, 0, ldc, alpha, b_ptr, beta, rs, cs, act)
+    getattr(lib, fn)(m, n, k, 1, 1, stored.ctypes.data, 0, 0, rsa, csa, packed.ctypes.data,
+                     c.ctypes.data, 0, 0, ldc, alpha, b_ptr, beta, rs, cs, act)
     if m:
         np.testing.assert_allclose(c[:m, :n], want, rtol=1e-4, atol=1e-4 * (1 + np.sqrt(k)))
         assert np.isnan(c[:m, n:]).all(), "wrote past the N columns of C"
@@ -121,7 +133,7 @@ SHAPES = [(1, 1, 1), (1, 7, 3), (2, 17, 5), (3, 47, 161), (4, 49, 333), (1, 100,
           (1, 200, 1000), (3, 129, 7), (0, 9, 4), (5, 33, 20)]
 
 
-@pytest.mark.parametrize("build", ["native", "avx2", "zmm_as_ymm", "small_kc", "other_nr", "scalar"])
+@pytest.mark.parametrize("build", ["native", "avx2", "zmm_as_ymm", "class", "from_3", "small_kc", "other_nr", "scalar"])
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_gemv_matches_numpy(libs, build, m, n, k):
     _run(libs[build], m, n, k, seed=m * 1000 + n + k)
@@ -146,6 +158,19 @@ def test_gemv_thread_count_changes_no_bit(libs, build):
         assert np.array_equal(one, two)
 
 
+def test_rows_below_min_m_take_the_gemm_path(libs):
+    # The GEMM's small-M path sums in another order than the streaming kernels (C reloaded
+    # after each K block), so bits tell which path ran: below min_m (3 here) the GEMM's,
+    # from it on the streaming one's (the "native" build: every row count streams).
+    for m in (1, 2, 3, 4):
+        args = dict(m=m, n=300, k=1000, seed=m, bias="row", act=1)
+        got = _run(libs["from_3"], **args)
+        gemm_sum = _run(libs["from_3"], **args, fn="ss_gemm_prepacked")
+        streamed = _run(libs["native"], **args)
+        assert not np.array_equal(gemm_sum, streamed), "the two paths' sums must differ for this to tell"
+        assert np.array_equal(got, gemm_sum if m < 3 else streamed), m
+
+
 def test_blocking_fits_the_registers():
     for vectors, registers in ((3, 32), (1, 32), (6, 16), (2, 16), (4, 16), (3, 16)):
         for m in range(1, gemv.MAX_ROWS + 1):
@@ -158,6 +183,8 @@ def test_blocking_fits_the_registers():
 def test_schedule_rejects_bad_fields():
     with pytest.raises(ValueError, match="max_m"):
         gemv.GemvSchedule(max_m=5)
+    with pytest.raises(ValueError, match="min_m"):
+        gemv.GemvSchedule(min_m=6)
     with pytest.raises(ValueError, match="nr"):
         gemv.GemvSchedule(nr=12)
     with pytest.raises(ValueError, match="vector ISA"):

@@ -42,6 +42,9 @@ class MicroarchClass:
     zmm_full_rate: Optional[bool] = None
     # (kc, mc) where measurement beat the cache rule of codegen/defaults.py; None: the rule.
     blocking: Optional[tuple[int, int]] = None
+    # The fewest rows a product by a constant weight takes the GEMV kernel for
+    # (kernels/gemv.py); fewer go to the GEMM's small-M path. 5 (past its 4 rows): none.
+    gemv_min_m: int = 1
 
 
 INTEL_AVX512 = MicroarchClass(
@@ -88,7 +91,14 @@ AVX2 = MicroarchClass(
     summary="x86-64 with AVX2 and FMA, 16 ymm registers (and any CPU no other class matches)",
     lanes=8, tile=(6, 16),
     chosen_by="the hand-tuned tile of the AVX2 GEMM (issue 4): 12 accumulators + 2 B vectors + 1 "
-              "broadcast of the 16 ymm registers, 2 FMA ports x latency 4-5 covered")
+              "broadcast of the 16 ymm registers, 2 FMA ports x latency 4-5 covered",
+    # The GEMM's small-M path: on an AMD Zen 2 (family 23 model 49), bench/gemv.py at 1 and 2
+    # threads, M = 1, 2, 4, weights in L1 to DRAM (bench/results/gemv_zen2.md at 9b543ef), it
+    # read the packed weight faster than the GEMV kernel in 21 of the 24 rows (1-31%; M = 1 at
+    # 1 thread 67 against 53 GB/s in L1, 80 against 74 in L2, 45 against 44.5 in L3) and at most
+    # 3% slower in two more (2 threads, DRAM, M = 1 and 2); at 2 threads with M = 4 in L3 both
+    # read 10-12 GB/s. Not measured on an Intel CPU without AVX-512, which takes this class too.
+    gemv_min_m=5)
 
 CLASSES = (INTEL_AVX512, ZEN5, ZEN4, AVX2)
 

@@ -24,7 +24,7 @@ const float* A, int64_t sa0, int64_t sa1, int64_t rsa, int64_t csa, const float*
 float* C, int64_t sc0, int64_t sc1, int64_t ldc,
 float alpha, const float* bias, float beta, int64_t rs_bias, int64_t cs_bias, int act)``
     Exactly ``ss_gemm_prepacked`` (same arguments, same result, B packed by
-    ``ss_gemm_pack_b``). Calls with 1 <= M <= max_m and one batch run the streaming path
+    ``ss_gemm_pack_b``). Calls with min_m <= M <= max_m and one batch run the streaming path
     here; every other call, and every call of a build whose GEMM panel width is not the
     one this fragment was generated for, is passed on to ``ss_gemm_prepacked``.
 
@@ -66,6 +66,9 @@ class GemvSchedule:
     nr: the GEMM's panel width (its schedule's ``nr``): the packed layout this reads;
     lanes, registers: the vector width (16 zmm, 8 ymm) and register file (32, 16) of the
     widest build (a build without AVX-512 runs a ymm form drawn for 16 registers);
+    min_m: the fewest rows this path takes (1..MAX_ROWS + 1, the last: none); calls with
+    fewer go to the GEMM, whose small-M path read some targets' weights faster (the
+    target's microarchitecture class says, target/microarch.py ``gemv_min_m``);
     max_m: the most rows this path takes (1..MAX_ROWS);
     panels: the most panels read at once (1..MAX_PANELS), as the registers allow;
     prefetch_rows: software prefetch of each panel's vectors this many rows ahead (0: none).
@@ -82,6 +85,7 @@ class GemvSchedule:
     nr: int = 16
     lanes: int = 8
     registers: int = 16
+    min_m: int = 1
     max_m: int = MAX_ROWS
     panels: int = MAX_PANELS
     prefetch_rows: int = 0
@@ -94,16 +98,22 @@ class GemvSchedule:
             raise ValueError(f"GemvSchedule.nr must be a positive multiple of 8, got {self.nr}")
         if not 1 <= self.max_m <= MAX_ROWS:
             raise ValueError(f"GemvSchedule.max_m must be in 1..{MAX_ROWS}, got {self.max_m}")
+        if not 1 <= self.min_m <= MAX_ROWS + 1:
+            raise ValueError(f"GemvSchedule.min_m must be in 1..{MAX_ROWS + 1}, got {self.min_m}")
         if not 1 <= self.panels <= MAX_PANELS:
             raise ValueError(f"GemvSchedule.panels must be in 1..{MAX_PANELS}, got {self.panels}")
         if self.prefetch_rows < 0 or self.parallel_min_floats < 0:
             raise ValueError("GemvSchedule.prefetch_rows and parallel_min_floats must be >= 0")
 
 
-def schedule_for(gemm: GemmSchedule) -> GemvSchedule:
+def schedule_for(gemm: GemmSchedule, target=None) -> GemvSchedule:
     """The GEMV schedule that reads what ``gemm`` packs, in its vector width and registers
-    (which codegen/defaults.py took from the target description)."""
-    return GemvSchedule(nr=gemm.nr, lanes=gemm.lanes, registers=gemm.registers)
+    (which codegen/defaults.py took from the target description), taking the rows its
+    target's (this machine's when None) microarchitecture class gives it."""
+    from ...target import host_target
+
+    min_m = (target or host_target()).microarch.gemv_min_m
+    return GemvSchedule(nr=gemm.nr, lanes=gemm.lanes, registers=gemm.registers, min_m=min(min_m, MAX_ROWS + 1))
 
 
 def default_schedule(target=None) -> GemvSchedule:
@@ -111,7 +121,7 @@ def default_schedule(target=None) -> GemvSchedule:
     default GEMM schedule."""
     from ..defaults import default_schedule as gemm_default
 
-    return schedule_for(gemm_default(target))
+    return schedule_for(gemm_default(target), target)
 
 
 @dataclass(frozen=True)
@@ -223,7 +233,7 @@ def _variant(isa: _Isa, s: GemvSchedule) -> str:
     one group of panels (``count``: the group's size, or 1 for a panel left over)."""
     vectors = s.nr // isa.lanes
     out = CWriter()
-    plans = {m: blocking(m, vectors, isa.registers, s.panels) for m in range(1, s.max_m + 1)}
+    plans = {m: blocking(m, vectors, isa.registers, s.panels) for m in range(s.min_m, s.max_m + 1)}
     for m, b in plans.items():
         for panels in sorted({1, b.panels}):
             out.raw(_kernel(isa, s, m, panels, b))
@@ -303,25 +313,27 @@ def fragment(schedule: Optional[GemvSchedule] = None) -> Fragment:
     the streaming path does not apply or was not compiled."""
     s = schedule or default_schedule()
     fast = f"defined(__AVX2__) && SS_GEMM_NR == {s.nr}"
+    streams = s.min_m <= s.max_m  # else the target's class hands every row count to the GEMM
     w = CWriter()
     w.comment("---- gemv (shapeshift/codegen/kernels/gemv.py) ----")
-    w.line(f"#define SS_GEMV_MAX_M {s.max_m}", f"#define SS_GEMV_PANELS {s.panels}",
+    w.line(f"#define SS_GEMV_MIN_M {s.min_m}", f"#define SS_GEMV_MAX_M {s.max_m}", f"#define SS_GEMV_PANELS {s.panels}",
            f"#define SS_GEMV_PAR_MIN_FLOATS {s.parallel_min_floats}")
-    with w.guard(fast):
-        if s.lanes == 16 and s.nr % 16 == 0:
-            with w.guard("__AVX512F__"):
-                w.raw(_variant(_Isa(16, s.registers), s))
-                w.orelse()
-                w.raw(_variant(_Isa(8, registers_of_width(8)), s))
-        else:
-            w.raw(_variant(_Isa(8, registers_of_width(8)), s))
-        w.raw(_ITEM.definition())
-        w.raw(_RUN.definition())
     body = CWriter(level=1)
-    with body.guard(fast):
-        with body.block("if (M >= 1 && M <= SS_GEMV_MAX_M && N > 0 && batch0 == 1 && batch1 == 1)"):
-            body.line("ss_gemv_run(M, N, K < 0 ? 0 : K, A, rsa, csa, packed_b, C, ldc, alpha, bias, beta, rs_bias, "
-                      "cs_bias, act);", "return;")
+    if streams:
+        with w.guard(fast):
+            if s.lanes == 16 and s.nr % 16 == 0:
+                with w.guard("__AVX512F__"):
+                    w.raw(_variant(_Isa(16, s.registers), s))
+                    w.orelse()
+                    w.raw(_variant(_Isa(8, registers_of_width(8)), s))
+            else:
+                w.raw(_variant(_Isa(8, registers_of_width(8)), s))
+            w.raw(_ITEM.definition())
+            w.raw(_RUN.definition())
+        with body.guard(fast):
+            with body.block("if (M >= SS_GEMV_MIN_M && M <= SS_GEMV_MAX_M && N > 0 && batch0 == 1 && batch1 == 1)"):
+                body.line("ss_gemv_run(M, N, K < 0 ? 0 : K, A, rsa, csa, packed_b, C, ldc, alpha, bias, beta, "
+                          "rs_bias, cs_bias, act);", "return;")
     body.line(f"ss_gemm_prepacked({_ARGS});")
     return Fragment([Private(w.text()), Function("void", "ss_gemv_prepacked", _PARAMS, body.text())])
 
