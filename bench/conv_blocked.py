@@ -38,7 +38,7 @@ from shapeshift.codegen.build import compile_library  # noqa: E402
 from shapeshift.codegen.kernels import conv_nchwc, nchwc  # noqa: E402
 from shapeshift.codegen.kernels.nchwc import ACT_RELU, ACT_SILU  # noqa: E402
 from shapeshift.codegen.kernels.prelude import PRELUDE  # noqa: E402
-from shapeshift.codegen.lower.layout_assign import block_width  # noqa: E402
+from shapeshift.codegen.kernels.nchwc import block_width  # noqa: E402
 from shapeshift.target import host_target  # noqa: E402
 
 I64, F32P, INT, F32 = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_float

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from shapeshift.codegen.build import DEFAULT_FLAGS, compile_library
 from shapeshift.codegen.kernels import conv_nchwc, nchwc
 from shapeshift.codegen.kernels.prelude import PRELUDE
+from shapeshift.target import named_target
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.skipif(
     reason="no C compiler on this machine")
 
 I64, F32P, INT, F32 = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_float
-SOURCE = PRELUDE + nchwc.source() + conv_nchwc.source()
+SOURCE = PRELUDE + nchwc.source() + conv_nchwc.source(widths=nchwc.WIDTHS)  # both widths on any machine
 
 
 def _typed(cdll):
@@ -329,3 +330,14 @@ def test_gap_nchwc(lib, lanes, shape):
     getattr(lib, f"ss_gap_nchwc_{lanes}")(ptr(block(x, lanes)), ptr(y), n * cb, h * w)
     np.testing.assert_allclose(unblock(y, c), x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
     assert not np.any(padding_lanes(y, c))
+
+
+@pytest.mark.parametrize("march, lanes", [("x86-64-v3", 8), ("x86-64-v4", 16)])
+def test_a_programs_fragment_has_its_targets_width_only(march, lanes):
+    """A program's conv_nchwc object holds the kernels of the width its layout pass blocks by
+    (8 without AVX-512, 16 with): the other width's took gcc most of a minute for nothing."""
+    text = conv_nchwc.source(named_target(march))
+    assert nchwc.block_width(named_target(march)) == lanes
+    for name in ("ss_conv_nchwc", "ss_dwconv_nchwc", "ss_cnc_pointwise"):
+        assert f"{name}_{lanes}(" in text
+        assert f"{name}_{24 - lanes}(" not in text

@@ -51,7 +51,7 @@ import numpy as np
 
 from ...target import Target, registers_of_width
 from ..cwriter import CWriter, Fragment, Function, Private, fill
-from .nchwc import WIDTHS
+from .nchwc import block_width
 
 DEPENDS = ("nchwc",)
 #: Depthwise tile: output pixels per register tile (one accumulator each).
@@ -797,16 +797,23 @@ def _functions(lanes: int, par_min: int) -> list:
             Private(fill(_POINTWISE, L=lanes, RX=rx)), Private(fill(_DW_TILE, L=lanes, DWX=DW_PIXELS)), dense, depthwise]
 
 
-def fragment(target: Optional[Target] = None, par_min: int = 1 << 17) -> Fragment:
+def fragment(target: Optional[Target] = None, par_min: int = 1 << 17, widths: Optional[tuple[int, ...]] = None
+             ) -> Fragment:
     """``par_min``: multiply-adds below which a conv runs on one thread; the pointwise
-    kernel's blocking follows ``target``'s L1d and L2 (this machine's when None)."""
+    kernel's blocking follows ``target``'s L1d and L2 (this machine's when None).
+    ``widths``: the block widths to emit kernels for; by default only the one the layout
+    pass blocks by on ``target`` (nchwc.block_width), as no program calls the other. Both
+    took gcc about a minute on an AMD Zen 2 (the 16-lane kernels, as pairs of ymm where the
+    build has no AVX-512, were two thirds of a 940 KB object), the first session of a
+    model with depthwise convs waiting on it."""
     from ...target import host_target
 
-    caches = (target or host_target()).caches
+    target = target or host_target()
+    caches = target.caches
     parts: list = [Private(f"#define SS_CNC_PAR_MIN {int(par_min)}\n"
                            f"#define SS_CNC_L1_FLOATS {caches.l1d // 4}\n#define SS_CNC_L2_FLOATS {caches.l2 // 4}\n"),
                    Private(_NEXT_TILE)]
-    for lanes in WIDTHS:
+    for lanes in widths or (block_width(target),):
         parts.extend(_functions(lanes, par_min))
     return Fragment(parts)
 

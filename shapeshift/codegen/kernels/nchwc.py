@@ -37,6 +37,12 @@ from __future__ import annotations
 from ..cwriter import Fragment, Function, Shared, fill
 
 WIDTHS = (8, 16)
+
+
+def block_width(target) -> int:
+    """Floats per block: the widest vector the target has (zmm: 16, ymm: 8)."""
+    return 16 if target.avx512 else 8
+
 #: Activation codes of the conv epilogue (ss_nchwc_act_L).
 ACT_NONE, ACT_RELU, ACT_CLIP, ACT_HARDSWISH, ACT_HARDSIGMOID, ACT_SIGMOID, ACT_SILU, ACT_LEAKY = range(8)
 
@@ -210,4 +216,4 @@ def source() -> str:
     return fragment().text()
 
 
-__all__ = ["WIDTHS", "fragment", "helpers", "source"]
+__all__ = ["WIDTHS", "block_width", "fragment", "helpers", "source"]

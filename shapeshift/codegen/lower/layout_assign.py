@@ -49,7 +49,7 @@ from ...ir.types import FLOAT, TensorType
 from ...symbolic import prove_eq
 from ..kernels.conv_nchwc import pack_dense, pack_depthwise, pad_channels
 from ..kernels.nchwc import (ACT_CLIP, ACT_HARDSIGMOID, ACT_HARDSWISH, ACT_LEAKY, ACT_NONE, ACT_RELU, ACT_SIGMOID,
-                             ACT_SILU)
+                             ACT_SILU, block_width)
 
 DOMAIN = "com.shapeshift"
 BLOCK, UNBLOCK, CONV, POOL, GAP = "NCHWcBlock", "NCHWcUnblock", "NCHWcConv", "NCHWcPool", "NCHWcGlobalAveragePool"
@@ -98,11 +98,6 @@ def has_depthwise_conv(graph: Graph) -> bool:
             if group > 1 and shape is not None and shape[1] == group:
                 return True
     return False
-
-
-def block_width(target) -> int:
-    """Floats per block: the widest vector the target has (zmm: 16, ymm: 8)."""
-    return 16 if target.avx512 else 8
 
 
 @dataclass
