@@ -165,8 +165,9 @@ def _interleaved(samplers: dict[str, Callable[[int], float]], repeats: int, samp
     sample of each in turn, each after an untimed sample of its own.
 
     The untimed sample puts the candidate's own weight where its level says before the clock
-    starts (one call was not enough for a weight as large as L3): the candidates read different copies (numpy and onnxruntime their own), so each
-    one's first call otherwise streams from wherever the one before it left the caches. A
+    starts (one call was not enough for a weight as large as L3): the candidates read
+    different copies (numpy and onnxruntime their own), so each one's first call otherwise
+    streams from wherever the one before it left the caches. A
     16 MiB weight on a 16 MiB L3 made that a bias of a third: ss_gemv, sampled after
     onnxruntime, read 32 GB/s, and the GEMM's small-M path, sampled after ss_gemv on the
     same packed copy, 42; alternating the two alone, both read 42-43."""

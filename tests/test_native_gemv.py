@@ -4,8 +4,9 @@
 Kernel builds: this machine's widths (zmm on AVX-512), the AVX2 target's schedule built
 without AVX-512, the AVX-512 schedule built without it (its ymm form, six vectors a
 panel), each with every row count on the streaming path; this machine's own schedule (its
-class may hand some or all row counts to the GEMM) and one handing M < 3 to it; a small-kc schedule (several K blocks, every call parallel, software prefetch),
-a GEMV generated for another panel width than the GEMM's, and a build without AVX2 (both
+class may hand some or all row counts to the GEMM) and one handing M < 3 to it; a small-kc
+schedule (several K blocks, every call parallel, software prefetch), a GEMV generated for
+another panel width than the GEMM's, and a build without AVX2 (both
 of the last hand every call to the GEMM). Shapes: M = 1..4 (and 0, 5: handed on), N and
 K not multiples of the vector width or the panel, K = 0, A transposed through its
 strides, B packed from its transpose (Gemm's transB), every bias form, alpha and beta,

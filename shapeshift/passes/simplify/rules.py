@@ -31,7 +31,7 @@ from ...ir.graph import Node, StaticParam, Value
 from ...ir.types import (BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, INT8, INT16, INT32, INT64, UINT8, UINT16,
                          UINT32, UINT64, TensorType)
 from ...ops import lookup
-from ...ops.constant_ops import EXACT_INTEGERS
+from ...ops.constant_ops import EXACT_INTEGERS, whole_number
 from ...ops.context import EvalContext
 from ...symbolic import Dim, Expr, prove_eq
 from .rewriter import Rewriter
@@ -424,10 +424,8 @@ def _integral_scalar(value: Optional[Value], limit: int) -> Optional[int]:
     """A constant scalar's value when it is a whole number of magnitude below ``limit``."""
     if value is None or value.const is None or np.asarray(value.const).size != 1:
         return None
-    number = float(np.asarray(value.const).reshape(-1)[0])
-    if not number.is_integer() or abs(number) >= limit:
-        return None
-    return int(number)
+    number = whole_number(float(np.asarray(value.const).reshape(-1)[0]))
+    return number if number is not None and abs(number) < limit else None
 
 
 @rewrite("Range")
