@@ -284,16 +284,36 @@ def test_the_tuner_leaves_winograd_convs_alone(tmp_path, nchw, capsys):
 def test_tile_size_rule():
     """F(2x2) where F(4x4) would give the batch at most 16 tiles and C x M is at least 256 x 256
     (ResNet-50's 14x14 stage at batch 1, its 7x7 one at batch 4); F(4x4) with more tiles
-    or narrower channels; 0 below the plane and channel minimums."""
-    from shapeshift.codegen.kernels.conv_wino import winograd_tile
+    or narrower channels; both, picked per call, where a symbolic plane or batch of a wide
+    conv leaves it open; none below the plane and channel minimums."""
+    from shapeshift.codegen.kernels.conv_wino import winograd_tiles
 
-    def tile(channels, outputs, hw, batch=1):
-        return winograd_tile([3, 3], [1, 1], [1, 1], 1, channels, outputs, hw, batch)
+    def tiles(channels, outputs, hw, batch=1):
+        return winograd_tiles([3, 3], [1, 1], [1, 1], 1, channels, outputs, hw, batch)
 
-    assert tile(256, 256, (14, 14)) == 2 and tile(512, 512, (7, 7), 4) == 2 and tile(256, 256, (16, 16)) == 2
-    assert tile(256, 256, (17, 16)) == 4 and tile(256, 256, (14, 14), 2) == 4 and tile(128, 256, (14, 14)) == 4
-    assert tile(128, 128, (7, 7)) == 4 and tile(64, 64, (56, 56)) == 4 and tile(256, 256, ("h", "w")) == 4
-    assert tile(256, 256, (5, 5)) == 0 and tile(8, 256, (14, 14)) == 0
+    assert tiles(256, 256, (14, 14)) == (2,) and tiles(512, 512, (7, 7), 4) == (2,)
+    assert tiles(256, 256, (16, 16)) == (2,)
+    assert tiles(256, 256, (17, 16)) == (4,) and tiles(256, 256, (14, 14), 2) == (4,)
+    assert tiles(128, 256, (14, 14)) == (4,) and tiles(128, 128, (7, 7)) == (4,) and tiles(64, 64, (56, 56)) == (4,)
+    assert tiles(256, 256, ("h", "w")) == (4, 2) and tiles(512, 512, (7, 7), "n") == (4, 2)
+    assert tiles(256, 256, (20, 20), "n") == (4,) and tiles(128, 128, ("h", "w")) == (4,)
+    assert tiles(256, 256, (5, 5)) == () and tiles(8, 256, (14, 14)) == () and tiles(256, 256, (5, 5), "n") == ()
+
+
+def test_a_wide_conv_of_open_sizes_picks_its_tile_per_call(nchw):
+    """A 256 -> 256 conv pair of symbolic batch and plane gets both transformed weights and
+    takes F(2x2) where F(4x4) would give fewer than 17 tiles, F(4x4) elsewhere: bit for bit
+    what a session whose sizes are known (and whose lowering chose the tile) gives."""
+    model = _model(256, 256)
+    session = _check(model, [(1, 256, 14, 14), (1, 256, 20, 20), (2, 256, 7, 7), (5, 256, 7, 7)])
+    assert _wino_calls(session, "wino_pick") == 2 and _wino_calls(session) == 0
+    rng = np.random.default_rng(5)
+    for shape, tile in (((1, 256, 14, 14), "wino2"), ((1, 256, 17, 17), "wino"), ((2, 256, 7, 7), "wino2"),
+                        ((5, 256, 7, 7), "wino")):
+        known = shapeshift.InferenceSession(_model(256, 256, dims=shape), backend="native")
+        assert _wino_calls(known, tile) == 2, (shape, tile)
+        feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+        np.testing.assert_array_equal(session.run(None, feed)[0], known.run(None, feed)[0], err_msg=str(shape))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -39,9 +39,14 @@ A block holds ``tb`` tiles, chosen so that V and Mo take about half of L2 (the G
 V's rows for every panel of U), at least two GEMM row tiles; when U itself passes that, up
 to BIG_BLOCK times more, since every block rereads all of U.
 
-Which tile size runs (``winograd_tile``, the lowering's choice): F(4x4), except where a
+Which tile size runs (``winograd_tiles``, the lowering's choice): F(4x4), except where a
 batch of small planes would give its GEMMs fewer than SMALL_TILE_ROWS rows and the channels
-are wide, where F(2x2)'s 4x the tiles make better GEMMs and its U is 16/36 the size.
+are wide, where F(2x2)'s 4x the tiles make better GEMMs and its U is 16/36 the size. Where
+that depends on sizes known only at run time (a wide conv of a symbolic plane or batch) both
+U are packed and ``ss_conv2d_wino_pick`` applies the same rule per call: a net exported with
+dynamic image sizes ran its 14x14 and 7x7 stages with F(4x4) before, whose U (9.4 and 38 MB
+a conv for ResNet-50's 256- and 512-channel 3x3s, against 4.2 and 17) streamed through the
+caches at every call and slowed the 1x1 convs after them (bench/conv_profile.py).
 
 Accuracy: the transforms use the points 0, +-1, +-2 (exact in float32 for B and A; G has
 1/6, 1/12, 1/24, computed in double at packing). The result differs from a direct sum in
@@ -63,6 +68,11 @@ Exported C (for F(4x4) ``wino``, for F(2x2) ``wino2``)::
            with `direct` (NULL, or the weights as ss_conv2d's wpacked). Its staged images and
            blocks go in `work` (NULL, or N times ss_conv2d_work_size floats) when they fit,
            else in memory of its own for the call. */
+    void ss_conv2d_wino_pick(<ss_conv2d_wino's arguments, wpacked from ss_conv_wino_pack_b>,
+                             const float* wpacked2, const float* direct, const float* res, int res_act);
+        /* The same, by ss_conv2d_wino2 with wpacked2 (from ss_conv_wino2_pack_b) where
+           F(4x4) would give the batch fewer than SMALL_TILE_ROWS tiles, else by
+           ss_conv2d_wino (winograd_tiles: for wide convs whose sizes the types leave open). */
 """
 
 from __future__ import annotations
@@ -110,25 +120,30 @@ def enabled() -> bool:
     return os.environ.get(ENV, "on").strip().lower() not in ("0", "off", "false", "no")
 
 
-def winograd_tile(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], group: int,
-                  channels, outputs: int, out_hw: Sequence, batch=1) -> int:
-    """The Winograd tile size F (2 or 4) a Conv of constant weights runs with, or 0 for none:
-    3 x 3, stride 1, dilation 1, group 1, with enough channels, a known plane of at least
-    MIN_PLANE pixels; F(2x2) where wide channels meet a batch (1 where not known) of small
-    planes that gives F(4x4) fewer than SMALL_TILE_ROWS tiles (SMALL_TILE_*)."""
+def winograd_tiles(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], group: int,
+                   channels, outputs: int, out_hw: Sequence, batch=1) -> tuple[int, ...]:
+    """The Winograd tile sizes F a Conv of constant weights is packed for: () for none (not 3
+    x 3, stride 1, dilation 1, group 1; too few channels; a known plane under MIN_PLANE
+    pixels); (2,) where wide channels (SMALL_TILE_CHANNELS) meet a known batch of known
+    planes that gives F(4x4) fewer than SMALL_TILE_ROWS tiles; (4, 2) where that depends on
+    a symbolic batch or plane of a wide conv (ss_conv2d_wino_pick decides per call); else (4,)."""
     if not enabled() or list(kernel) != [3, 3] or list(strides) != [1, 1] or list(dilations) != [1, 1] or group != 1:
-        return 0
+        return ()
     if isinstance(channels, int) and channels < MIN_CHANNELS or outputs < MIN_CHANNELS:
-        return 0
-    known = [d for d in out_hw if isinstance(d, int)]
-    if len(known) < 2:
-        return 4
-    plane = known[0] * known[1]
-    if plane < MIN_PLANE:
-        return 0
-    wide = isinstance(channels, int) and channels * outputs >= SMALL_TILE_CHANNELS
-    tiles = (batch if isinstance(batch, int) else 1) * -(-known[0] // 4) * -(-known[1] // 4)
-    return 2 if wide and tiles < SMALL_TILE_ROWS else 4
+        return ()
+    known = all(isinstance(d, int) for d in out_hw)
+    if known and out_hw[0] * out_hw[1] < MIN_PLANE:
+        return ()
+    if not (isinstance(channels, int) and channels * outputs >= SMALL_TILE_CHANNELS):
+        return (4,)
+    if not known:
+        return (4, 2)
+    tiles = -(-out_hw[0] // 4) * -(-out_hw[1] // 4)
+    if tiles >= SMALL_TILE_ROWS:
+        return (4,)  # a batch only adds tiles
+    if not isinstance(batch, int):
+        return (4, 2)
+    return (2,) if batch * tiles < SMALL_TILE_ROWS else (4,)
 
 
 _COMMON = r"""
@@ -552,6 +567,16 @@ def _entries(f: int) -> tuple:
     )
 
 
+_PICK = Function("void", "ss_conv2d_wino_pick", (*_CONV2D_PARAMS[:-3], "const float* wpacked2", *_CONV2D_PARAMS[-3:]), f"""
+    /* winograd_tiles' rule on the batch's F(4x4) tiles, now that they are known. */
+    if (N * ((OH + 3) / 4) * ((OW + 3) / 4) < {SMALL_TILE_ROWS})
+        ss_conv2d_wino2(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work,
+                        wpacked2, direct, res, res_act);
+    else
+        ss_conv2d_wino(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, act, work,
+                       wpacked, direct, res, res_act);""")
+
+
 def fragment(target: Optional[Target] = None, par_min: int = PAR_MIN_MACS,
              block_floats: Optional[int] = None) -> Fragment:
     """The fragment for ``target`` (this machine's when None): its blocks sized to half its
@@ -565,7 +590,7 @@ def fragment(target: Optional[Target] = None, par_min: int = PAR_MIN_MACS,
         parts += [Private(_TRANSFORMS[f]), Private(fill(_VARIANT, F=f, A=f + 2, XI=(f + 2) ** 2))]
     for f in TILES:
         parts += _entries(f)
-    return Fragment(parts)
+    return Fragment([*parts, _PICK])
 
 
 def source(target: Optional[Target] = None, **parameters) -> str:

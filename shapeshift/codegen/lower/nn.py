@@ -17,7 +17,7 @@ from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim, prove_eq
 from ..kernels.conv import small_plane_ok
-from ..kernels.conv_wino import winograd_tile
+from ..kernels.conv_wino import winograd_tiles
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .layout import param_values
@@ -270,22 +270,25 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
             f"{dilations[0]}, {dilations[1]}, {group}")
     weights = ctx.const(w)
     tuned = None
-    tile = (winograd_tile(kernel, strides, dilations, group, in_shape[1], w_shape[0], ohw, in_shape[0])
-            if weights is not None else 0)
+    tiles = (winograd_tiles(kernel, strides, dilations, group, in_shape[1], w_shape[0], ohw, in_shape[0])
+             if weights is not None else ())
     fragments: tuple[str, ...] = ("conv",)
     work = _work_bytes(ctx, "ss_conv2d_work_size", in_shape[1], kh, kw, ohw, group)
-    if tile:
+    if tiles:
         # Winograd (kernels/conv_wino.py, F(4x4) or F(2x2) tiles): its weights transformed
-        # and packed once at load; its one entry point takes the residual (NULL for none);
-        # its scratch holds the batch's staged images, an im2col's size per image. Not a
+        # and packed once at load, for both tile sizes where the choice waits for the run
+        # (ss_conv2d_wino_pick); its entry points take the residual (NULL for none); its
+        # scratch holds the batch's staged images, an im2col's size per image. Not a
         # tuning task: no schedule of the direct kernels comes near it where it runs.
-        name = "wino" if tile == 4 else "wino2"
-        slot = ctx.packed_constant(weights.reshape(w_shape[0], -1).T, f"ss_conv_{name}_")
+        names = {4: "wino", 2: "wino2"}
+        slots = [ctx.packed_constant(weights.reshape(w_shape[0], -1).T, f"ss_conv_{names[t]}_") for t in tiles]
         # A plane the types leave open may turn out too small for the tiles at run time:
         # the direct kernels' packed weights too, for the kernel to fall back on.
         direct = "NULL" if all(isinstance(d, int) for d in ohw) else \
             _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
-        fn, packed, fragments = f"ss_conv2d_{name}", f"(const float*)v[{slot}], {direct}", ("conv", "conv_wino")
+        fn = f"ss_conv2d_{names[tiles[0]]}" if len(tiles) == 1 else "ss_conv2d_wino_pick"
+        packed = ", ".join([*(f"(const float*)v[{slot}]" for slot in slots), direct])
+        fragments = ("conv", "conv_wino")
         work = product([in_shape[0], work])
     else:
         if weights is not None and group == 1:
@@ -301,9 +304,9 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
             fn, packed = f"{tuned.name}conv2d", f"(const float*)v[{slot}]"
         else:
             fn, packed = "ss_conv2d", _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
-    tail = ", NULL, 0" if tile else ""
+    tail = ", NULL, 0" if tiles else ""
     if residual is not None:
-        fn, tail = fn if tile else f"{fn}_residual", f", {ctx.ptr(residual)}, {res_act}"
+        fn, tail = fn if tiles else f"{fn}_residual", f", {ctx.ptr(residual)}, {res_act}"
     code = (f"{fn}({ctx.ptr(x)}, {ctx.ptr(w)}, {_optional_ptr(ctx, node, 2)}, {ctx.ptr(out)}, {args}, {act}, "
             f"(float*)WORK, {packed}{tail});")
     return Lowered(code, fragments=fragments, absorbed=tuple(absorbed), work_bytes=work)
