@@ -75,6 +75,10 @@ CASES = [
     ((2, 3, 17), (3,), (2,), (1, 1), 1),  # 1-D
     ((2, 3, 6), (3,), (2,), (2, 2), 1),  # 1-D, a window starting in the end padding is dropped
     ((1, 4, 10), (4,), (3,), (0, 2), 0),
+    # Strided 2-D max pools run by rows, up to padded rows of SS_POOL_ROW_CAP:
+    ((1, 16, 56, 56), (3, 3), (2, 2), (1, 1, 1, 1), 0),  # ResNet's stem pool, halved
+    ((1, 2, 5, 4500), (3, 3), (2, 2), (1, 1, 1, 1), 0),  # a row past the cap: tap by tap
+    ((1, 2, 7, 9), (2, 3), (2, 1), (0, 1, 0, 1), 1),  # strided rows only
     # Stride 1 (max pools run separably over padded planes):
     ((2, 40, 20, 20), (5, 5), (1, 1), (2, 2, 2, 2), 0),  # YOLO's SPPF: many chunks, OpenMP
     ((1, 3, 4, 4), (5, 5), (1, 1), (2, 2, 2, 2), 0),  # windows wider than the plane
