@@ -941,11 +941,12 @@ static inline float ss_conv_resf(float v, const float* res, int64_t o, int res_a
 
 /* out[m * P + p] = yt[p * M + m]: the GEMM's y^T back to planes, 8 x 8 blocks where they fit;
    res (NULL: none), laid out as out, added to each block as it is stored, then res_act. */
+/* Pixels [p_lo, p_hi) of y^T [P, M] back to planes out [M, P] (p_lo a multiple of 8). */
 static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, int64_t M, const float* res,
-                                      int res_act) {
-    int64_t p0 = 0;
+                                      int res_act, int64_t p_lo, int64_t p_hi) {
+    int64_t p0 = p_lo;
 #ifdef __AVX2__
-    for (; p0 + 8 <= P; p0 += 8) {
+    for (; p0 + 8 <= p_hi; p0 += 8) {
         int64_t m0 = 0;
         for (; m0 + 8 <= M; m0 += 8) {
             if (!res) {
@@ -965,7 +966,7 @@ static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, in
                 out[m0 * P + p] = ss_conv_resf(yt[p * M + m0], res, m0 * P + p, res_act);
     }
 #endif
-    for (; p0 < P; ++p0)
+    for (; p0 < p_hi; ++p0)
         for (int64_t m = 0; m < M; ++m) out[m * P + p0] = ss_conv_resf(yt[p0 * M + m], res, m * P + p0, res_act);
 }
 
@@ -1004,12 +1005,20 @@ static void ss_conv_small_plane(const float* x, const float* wpacked, const floa
     /* A(p, k) = a[k * P + p]: the im2col matrix read transposed. */
     ss_gemm_prepacked(P, M, Kc, N, 1, a, sa, 0, 1, P, wpacked, yt, P * M, 0, M,
                       1.0f, bias, 1.0f, 0, 1, act == 1 ? 1 : 0);
-    #pragma omp parallel for if(N > 1 && N * M * P >= SS_CONV_PAR_MIN / 8)
-    for (int64_t n = 0; n < N; ++n) {
-        /* The activation on y^T, where its runs are contiguous, then back to planes. */
-        if (act >= 2) ss_conv_act_run(yt + n * P * M, M * P, act);
-        ss_conv_small_untranspose(yt + n * P * M, y + n * M * P, P, M, res ? res + n * M * P : NULL, res_act);
-    }
+    /* The activation on y^T, where its runs are contiguous, then back to planes: by images,
+       and by ranges of pixels where there are fewer images than threads (at batch 1 it ran on
+       one thread: ResNet-50's 256 -> 1024 convs on 14 x 14 scaled 1.53x at 2 threads where
+       onnxruntime's did 1.70x, AMD Zen 2). */
+    const int64_t threads = omp_get_max_threads(), pieces = N >= threads ? 1 : (threads + N - 1) / N;
+    const int64_t span = ((P + pieces - 1) / pieces + 7) / 8 * 8, spans = (P + span - 1) / span;
+    #pragma omp parallel for collapse(2) if(N * spans > 1 && N * M * P >= SS_CONV_PAR_MIN / 8)
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t q = 0; q < spans; ++q) {
+            const int64_t p_lo = q * span, p_hi = p_lo + span < P ? p_lo + span : P;
+            if (act >= 2) ss_conv_act_run(yt + (n * P + p_lo) * M, (p_hi - p_lo) * M, act);
+            ss_conv_small_untranspose(yt + n * P * M, y + n * M * P, P, M, res ? res + n * M * P : NULL, res_act,
+                                      p_lo, p_hi);
+        }
     free(yt);
 }
 #endif
