@@ -248,3 +248,51 @@ def test_a_pool_pad_not_smaller_than_its_kernel_is_refused_at_load(op, pads):
     for backend in ("reference", "native"):
         with pytest.raises(InvalidModelError, match=r"node 'pool'.*'pads'.*not smaller than its kernel size 2"):
             shapeshift.InferenceSession(model, backend=backend)
+
+
+# Found by the fuzz campaign of 2026-12-05 (generated graphs and mutated shared models, run
+# natively and on onnxruntime in child processes; reproducers reduced by hand).
+
+
+def test_conv_whose_output_channels_do_not_split_into_its_groups_is_refused_at_load():
+    """M = 1 output channel with group 2 divided by zero in the depthwise kernel (SIGFPE);
+    M = 4 with group 3 read past a staging buffer. onnxruntime refuses both."""
+    for m, group, c in ((1, 2, 2), (4, 3, 3)):
+        model = _model([helper.make_node("Conv", ["x", "w"], ["y"], group=group)],
+                       [helper.make_tensor_value_info("x", F, [1, c, 3, 3])], [helper.make_tensor_value_info("y", F, None)],
+                       [numpy_helper.from_array(np.ones([m, c // group, 1, 1], np.float32), "w")])
+        with pytest.raises(ShapeInferenceError, match=f"output channels do not split into group {group}"):
+            shapeshift.InferenceSession(model, backend="native")
+
+
+@pytest.mark.parametrize("case", ["dilated-then-1x1", "kernel-past-input", "dense"])
+def test_conv_output_plane_below_one_pixel_at_run_time_is_an_error(case):
+    """Symbolic input sizes whose values leave a conv no output column: ppocr_det with a
+    dilation mutated to [1, 2] ran its depthwise conv to an empty plane and the next conv
+    divided by zero (SIGFPE); a 7 x 5 stride-3 depthwise conv fed 6 x 7 crashed the same
+    way. onnxruntime refuses both inputs ("Invalid input shape"); a fitting input runs."""
+    if case == "dilated-then-1x1":
+        c = 8
+        nodes = [helper.make_node("Conv", ["x", "w"], ["a"], group=c, kernel_shape=[5, 5], pads=[2, 2, 2, 2],
+                                  dilations=[1, 2]),
+                 helper.make_node("Conv", ["a", "w2"], ["y"], kernel_shape=[1, 1])]
+        inits = [numpy_helper.from_array(np.ones([c, 1, 5, 5], np.float32), "w"),
+                 numpy_helper.from_array(np.ones([c, c, 1, 1], np.float32), "w2")]
+        bad, good = (1, c, 5, 4), (1, c, 5, 9)
+    elif case == "dense":  # NCHW (no depthwise conv: the blocked layout stays off)
+        c = 3
+        nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[5, 5])]
+        inits = [numpy_helper.from_array(np.ones([4, c, 5, 5], np.float32), "w")]
+        bad, good = (1, c, 4, 9), (1, c, 5, 9)
+    else:
+        c = 3
+        nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=c, kernel_shape=[7, 5], strides=[3, 3])]
+        inits = [numpy_helper.from_array(np.ones([c, 1, 7, 5], np.float32), "w")]
+        bad, good = (1, c, 6, 7), (1, c, 9, 7)
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [1, c, "H", "W"])],
+                   [helper.make_tensor_value_info("y", F, None)], inits)
+    session = shapeshift.InferenceSession(model, backend="native")
+    with pytest.raises(ExecutionError, match="must be at least 1: the \\(dilated\\) kernel must fit"):
+        session.run(None, {"x": np.ones(bad, np.float32)})
+    x = np.random.default_rng(0).standard_normal(good).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-5)

@@ -72,8 +72,12 @@ def _conv_type_common(ctx: InferContext, dtype: int) -> list:
     if w is not None and len(w) != rank:
         ctx.fail(f"weight rank {len(w)} differs from input rank {rank}")
     group = int(ctx.attr("group", 1))
+    if group < 1:
+        ctx.fail(f"group must be at least 1, got {group}")
     if x is not None and w is not None and not _static_eq(x[1], mul(w[1], group)):
         ctx.fail(f"input has {x[1]} channels, weight expects {w[1]} x group {group}")
+    if w is not None and isinstance(w[0], int) and w[0] % group:
+        ctx.fail(f"the weight's {w[0]} output channels do not split into group {group}")
     window = read_window(ctx, rank - 2, None if w is None else w[2:])
     batch = x[0] if x is not None else ctx.fresh_dim("N")
     channels = w[0] if w is not None else ctx.fresh_dim("C")

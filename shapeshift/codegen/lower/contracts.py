@@ -25,6 +25,7 @@ from ...ir.graph import Node, Value
 from ...ir.types import TensorType
 from ...ops.constant_ops import EXACT_INTEGERS, whole_number
 from ...symbolic import Dim, add, bounds, mul, prove_eq
+from .layout_assign import CONV, DOMAIN
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,13 @@ class Agreement:
         return prove_eq(self.lhs, self.rhs)
 
 
-_RULES: dict[str, Callable[[Node], list[Agreement]]] = {}
+_RULES: dict[tuple[str, str], Callable[[Node], list[Agreement]]] = {}
 
 
-def _rule(*op_types: str):
+def _rule(*op_types: str, domain: str = ""):
     def register(fn: Callable[[Node], list[Agreement]]):
         for op in op_types:
-            _RULES[op] = fn
+            _RULES[(domain, op)] = fn
         return fn
 
     return register
@@ -64,7 +65,8 @@ def _rule(*op_types: str):
 
 def agreements(node: Node) -> list[Agreement]:
     """The node's agreements the types do not already prove (empty for most nodes)."""
-    rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    rule = _RULES.get((domain, node.op_type))
     if rule is None:
         return []
     return [a for a in rule(node) if not a.proven()]
@@ -128,7 +130,23 @@ def _conv(node: Node) -> list[Agreement]:
                        f"{_dim(x, 1)} (channels) must equal {_dim(w, 1)} x group {group}")]
     if bias is not None:
         found += _pair(bias, 0, w, 0)
-    return found
+    return found + _conv_output(node, 2, len(_shape(node.outputs[0]) or ()))
+
+
+def _conv_output(node: Node, first: int, end: int) -> list[Agreement]:
+    # The type rule refuses an output extent it can see is below 1; one of symbolic input
+    # sizes is checked when they are known (as onnxruntime refuses the input): an empty
+    # output plane made the next conv's kernels divide by zero.
+    y = node.outputs[0]
+    sy = _shape(y)
+    return [Agreement(sy[axis], 1, f"{_dim(y, axis)} must be at least 1: the (dilated) kernel must fit in the "
+                      "padded input", at_least=True) for axis in range(first, end)]
+
+
+@_rule(CONV, domain=DOMAIN)
+def _nchwc_conv(node: Node) -> list[Agreement]:
+    # A Conv the layout pass blocked: [N, C/c, H, W, c], its plane on axes 2 and 3.
+    return _conv_output(node, 2, len(_shape(node.outputs[0]) or ()) - 1)
 
 
 @_rule("Concat")
