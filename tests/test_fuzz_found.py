@@ -296,3 +296,24 @@ def test_conv_output_plane_below_one_pixel_at_run_time_is_an_error(case):
         session.run(None, {"x": np.ones(bad, np.float32)})
     x = np.random.default_rng(0).standard_normal(good).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_gather_elements_indices_longer_than_data_off_the_axis_is_refused():
+    """Indices [2, 8] into data [2, 2] along axis 0: the kernel read past data (ASan:
+    heap-buffer-overflow), where onnxruntime refuses it. Static sizes at load; symbolic ones
+    when they are known; indices no longer than data everywhere but the axis still run."""
+    def model(data, indices):
+        return _model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=0)],
+                      [helper.make_tensor_value_info("x", F, data),
+                       helper.make_tensor_value_info("i", TensorProto.INT64, indices)],
+                      [helper.make_tensor_value_info("y", F, None)])
+
+    with pytest.raises(ShapeInferenceError, match="indices dimension 1 \\(8\\) exceeds data dimension 1"):
+        shapeshift.InferenceSession(model([2, 2], [2, 8]), backend="native")
+    session = shapeshift.InferenceSession(model(["a", "b"], ["c", "d"]), backend="native")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with pytest.raises(ExecutionError, match="dimension 1 of 'x' must be at least dimension 1 of 'i'"):
+        session.run(None, {"x": x, "i": np.ones([2, 8], np.int64)})
+    i = np.array([[1, 0], [0, 1], [1, 1]], np.int64)  # longer along the axis, narrower elsewhere
+    np.testing.assert_array_equal(session.run(None, {"x": x, "i": i})[0], _ort(model(["a", "b"], ["c", "d"]),
+                                                                                 {"x": x, "i": i})[0])

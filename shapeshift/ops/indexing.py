@@ -107,7 +107,14 @@ def _gather_elements_type(ctx: InferContext) -> list:
     if data is not None and indices is not None and len(data) != len(indices):
         ctx.fail(f"data has rank {len(data)} but indices rank {len(indices)}")
     if data is not None:
-        normalize_axis(ctx.attr("axis", 0), len(data), ctx)
+        axis = normalize_axis(ctx.attr("axis", 0), len(data), ctx)
+        for d, (n, i) in enumerate(zip(data, indices or ())):
+            # Only along the axis may indices be longer: elsewhere an index position reads data
+            # at that position (onnxruntime refuses the same; symbolic sizes are checked at run
+            # time, codegen/lower/contracts.py).
+            if d != axis and isinstance(n, int) and isinstance(i, int) and i > n:
+                ctx.fail(f"indices dimension {d} ({i}) exceeds data dimension {d} ({n}); only axis {axis} may "
+                         "differ")
     if indices is None:
         if data is None:
             return [tensor(dtype, None)]

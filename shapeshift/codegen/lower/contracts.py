@@ -191,6 +191,17 @@ def _per_channel(node: Node) -> list[Agreement]:
     return [a for v in node.inputs[1:] if v is not None for a in _pair(v, 0, x, 1)]
 
 
+@_rule("GatherElements")
+def _gather_elements(node: Node) -> list[Agreement]:
+    data, indices = node.inputs[0], node.inputs[1]
+    sd, si = _shape(data), _shape(indices)
+    if sd is None or si is None or len(sd) != len(si) or not sd:
+        return []
+    axis = int(node.attrs.get("axis", 0)) % len(sd)
+    return [Agreement(sd[d], si[d], f"{_dim(data, d)} must be at least {_dim(indices, d)}", at_least=True)
+            for d in range(len(sd)) if d != axis]
+
+
 @_rule("ScatterElements")
 def _scatter_elements(node: Node) -> list[Agreement]:
     indices, updates = node.inputs[1], node.inputs[2]
