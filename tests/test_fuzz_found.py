@@ -317,3 +317,43 @@ def test_gather_elements_indices_longer_than_data_off_the_axis_is_refused():
     i = np.array([[1, 0], [0, 1], [1, 1]], np.int64)  # longer along the axis, narrower elsewhere
     np.testing.assert_array_equal(session.run(None, {"x": x, "i": i})[0], _ort(model(["a", "b"], ["c", "d"]),
                                                                                  {"x": x, "i": i})[0])
+
+
+@pytest.mark.parametrize("case", ["from-shape", "from-shape-then-relu", "empty-to-scalar"])
+def test_reshape_to_a_target_of_another_element_count_is_an_error(case):
+    """A Reshape target made at run time whose element count differs from the input's:
+    [N, 3] -> [N, 5] (the target from Shape, Gather, Concat with a constant) was a view
+    reading past its source (ASan: heap-buffer-overflow), or a raw numpy ValueError where the
+    view was a graph output; [5, 0, 5] -> [] (the target a graph input) read one element of an
+    empty buffer (here [5, 0, 5] -> [2]). onnxruntime refuses them; a target of the right count
+    still runs."""
+    if case == "empty-to-scalar":
+        model = _model([helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("Relu", ["r"], ["y"])],
+                       [helper.make_tensor_value_info("x", F, [5, 0, 5]),
+                        helper.make_tensor_value_info("s", TensorProto.INT64, [None])],
+                       [helper.make_tensor_value_info("y", F, None)])
+        # (A target of length 0, [], is refused before the run: the declared dim's range
+        # starts at 1.)
+        bad = {"x": np.zeros([5, 0, 5], np.float32), "s": np.array([2], np.int64)}
+        good = {"x": np.zeros([5, 0, 5], np.float32), "s": np.array([3, 0, 7], np.int64)}  # 0: dim 1 copied
+        message = "node 'r' \\(Reshape\\)"
+    else:
+        relu = case.endswith("relu")
+        nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+                 helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+                 helper.make_node("Concat", ["n1", "five"], ["tgt"], axis=0),
+                 helper.make_node("Reshape", ["x", "tgt"], ["r" if relu else "y"])]
+        nodes += [helper.make_node("Relu", ["r"], ["y"])] if relu else []
+        model = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", "M"])],
+                       [helper.make_tensor_value_info("y", F, None)],
+                       [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                        numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+                        numpy_helper.from_array(np.array([5], np.int64), "five")])
+        rng = np.random.default_rng(0)
+        bad = {"x": rng.standard_normal((7, 3)).astype(np.float32)}
+        good = {"x": rng.standard_normal((7, 5)).astype(np.float32)}
+        message = "target shape's element count must equal the input's \\('x'\\) \\(got 35 and 21\\)"
+    session = shapeshift.InferenceSession(model, backend="native")
+    with pytest.raises(ExecutionError, match=message):
+        session.run(None, bad)
+    np.testing.assert_array_equal(session.run(None, good)[0], _ort(model, good)[0])

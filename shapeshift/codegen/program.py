@@ -319,7 +319,15 @@ class _Builder:
             root = self.slots[self.slot(source)]
             root_index = root.root if root.kind == VIEW else root.index
             self._add_slot(VIEW, node.outputs[0], root=root_index)
-            return Step(ALIAS, node)
+            items = agreements(node)
+            if not items:
+                return Step(ALIAS, node)
+            # A view whose sizes the types cannot tie to its source's (a Reshape to a target
+            # computed at run time): no copy, but a step that checks them, so that a view of
+            # the wrong size never reads past its source.
+            ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
+                               self._defined_before(node), self._cancellable, {}, self.tuning, self.tuned_calls)
+            return Step(NATIVE, node, lowered=Lowered(c_checks(items, ctx.dim), can_fail=True))
         if rule is None:
             return self._fallback(node, "no lowering")
         mark = (len(self.slots), len(self.packs), len(self.tuned_calls), len(self.extents), dict(self.extent_index))

@@ -191,6 +191,23 @@ def _per_channel(node: Node) -> list[Agreement]:
     return [a for v in node.inputs[1:] if v is not None for a in _pair(v, 0, x, 1)]
 
 
+@_rule("Reshape")
+def _reshape(node: Node) -> list[Agreement]:
+    # A target shape computed at run time (from Shape, Gather, Concat...) types as symbols
+    # whose element count the types may not tie to the input's: a view of the wrong count
+    # read past the input (or left output unwritten).
+    sx, sy = _shape(node.inputs[0]), _shape(node.outputs[0])
+    if sx is None or sy is None:
+        return []
+    count_x, count_y = 1, 1
+    for d in sx:
+        count_x = mul(count_x, d)
+    for d in sy:
+        count_y = mul(count_y, d)
+    return [Agreement(count_y, count_x, f"the target shape's element count must equal the input's "
+                      f"({node.inputs[0].name!r})")]
+
+
 @_rule("GatherElements")
 def _gather_elements(node: Node) -> list[Agreement]:
     data, indices = node.inputs[0], node.inputs[1]
