@@ -357,3 +357,27 @@ def test_reshape_to_a_target_of_another_element_count_is_an_error(case):
     with pytest.raises(ExecutionError, match=message):
         session.run(None, bad)
     np.testing.assert_array_equal(session.run(None, good)[0], _ort(model, good)[0])
+
+
+def test_nonzero_of_a_scalar_writes_its_coordinate(monkeypatch):
+    """NonZero of a non-zero scalar: [1, 1] (onnxruntime's shape), whose one coordinate the
+    kernel never wrote (no axis to unravel): about one fresh process in four returned
+    whatever its buffer held. Here every run-time buffer starts as 0xA5 bytes."""
+    from shapeshift.runtime import vm
+
+    allocate = vm._allocate
+
+    def dirty(nbytes, what, *rest):
+        buffer = allocate(nbytes, what, *rest)
+        buffer.view(np.uint8)[:] = 0xA5
+        return buffer
+
+    monkeypatch.setattr(vm, "_allocate", dirty)
+    model = _model([helper.make_node("NonZero", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, [])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT64, None)], opset=13)
+    session = shapeshift.InferenceSession(model, backend="native")
+    for value, want in ((0.5, [[0]]), (0.0, np.zeros((1, 0), np.int64)), (-2.0, [[0]])):
+        feed = {"x": np.array(value, np.float32)}
+        got = session.run(None, feed)[0]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, _ort(model, feed)[0])

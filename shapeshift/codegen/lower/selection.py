@@ -41,6 +41,10 @@ def lower_nonzero(node: Node, ctx: LowerContext, opset: int) -> Lowered:
              "    int64_t rest = i;"]
     for axis in reversed(range(rank)):
         lines.append(f"    out[{axis} * count + j] = rest % {dims[axis]}; rest /= {dims[axis]};")
+    if rank == 0:
+        # A scalar's output is [1, count] (as onnxruntime's), its one coordinate 0: with no
+        # axis to unravel, the row was left unwritten.
+        lines.append("    out[j] = 0; (void)rest;")
     lines += ["    j++;", "}"]
     return Lowered("\n".join(lines), size_code=size)
 
