@@ -381,3 +381,38 @@ def test_nonzero_of_a_scalar_writes_its_coordinate(monkeypatch):
         got = session.run(None, feed)[0]
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(got, _ort(model, feed)[0])
+
+
+def test_invalid_attributes_and_inputs_are_clear_errors_not_raw_exceptions():
+    """LRN with size 0 raised ZeroDivisionError in the lowering; Concat of scalars an
+    IndexError; ConstantOfShape fed [2^62, 2^62] an OverflowError in the VM. Now the first
+    two are refused at load naming the node and attribute, the third at run time."""
+    x4 = helper.make_tensor_value_info("x", F, [1, 2, 3, 3])
+    lrn = _model([helper.make_node("LRN", ["x"], ["y"], size=0)], [x4], [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(ShapeInferenceError, match="LRN\\): attribute size must be at least 1, got 0"):
+        shapeshift.InferenceSession(lrn, backend="native")
+    concat = _model([helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], [helper.make_tensor_value_info("x", F, [])],
+                    [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(ShapeInferenceError, match="Concat\\): inputs are scalars"):
+        shapeshift.InferenceSession(concat, backend="native")
+    fill = _model([helper.make_node("ConstantOfShape", ["s"], ["y"])],
+                  [helper.make_tensor_value_info("s", TensorProto.INT64, [2])], [helper.make_tensor_value_info("y", F, None)])
+    session = shapeshift.InferenceSession(fill, backend="native")
+    with pytest.raises(ExecutionError, match="ConstantOfShape\\): its output would hold .* more than any machine"):
+        session.run(None, {"s": np.array([2**62, 2**62], np.int64)})
+    np.testing.assert_array_equal(session.run(None, {"s": np.array([2, 3], np.int64)})[0], np.zeros((2, 3)))
+
+
+@pytest.mark.parametrize("location", ["missing.bin", "/etc/passwd", "../outside.bin"])
+def test_external_data_that_cannot_be_read_is_an_invalid_model(location):
+    """onnx's own ValidationError came out raw; no file outside the model's folder is read."""
+    tensor = numpy_helper.from_array(np.ones([3], np.float32), "w")
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "12")):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    model = _model([helper.make_node("Add", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F, [3])],
+                   [helper.make_tensor_value_info("y", F, None)], [tensor])
+    with pytest.raises(InvalidModelError, match="tensor 'w': its data cannot be read"):
+        shapeshift.InferenceSession(model, backend="native")

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
+from ..errors import InvalidModelError
 from ..ir.types import PLAIN_TYPES, STRING, to_numpy_dtype
 
 A = AttributeProto
@@ -48,7 +49,11 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
     """numpy_helper.to_array, with a short path for the common case (see raw_dtype)."""
     dtype = raw_dtype(tensor)
     if dtype is None:
-        return numpy_helper.to_array(tensor)
+        try:
+            return numpy_helper.to_array(tensor)
+        except (onnx.checker.ValidationError, OSError) as exc:
+            # External data that is missing, or whose location leaves the model's folder.
+            raise InvalidModelError(f"tensor {tensor.name!r}: its data cannot be read: {exc}") from exc
     return raw_array(tensor, dtype)
 
 

@@ -263,6 +263,13 @@ define("BatchNormalization", infer=_batch_norm_type, evaluate=_batch_norm)
 define("InstanceNormalization", infer=_same_as_input_checked(3), evaluate=_instance_norm)
 define("LayerNormalization", infer=_layer_norm_type, evaluate=_layer_norm)
 define("GroupNormalization", infer=_group_norm_type, evaluate=_group_norm)
-define("LRN", infer=_same_as_input_checked(2), evaluate=_lrn)
+def _lrn_type(ctx: InferContext) -> list:
+    size = int(ctx.attr("size", 0))
+    if size < 1:
+        ctx.fail(f"attribute size must be at least 1, got {size}")
+    return _same_as_input_checked(2)(ctx)
+
+
+define("LRN", infer=_lrn_type, evaluate=_lrn)
 define("MeanVarianceNormalization", infer=_mvn_type, evaluate=_mvn)
 define("LpNormalization", infer=_lp_norm_type, evaluate=_lp_norm)

@@ -358,6 +358,8 @@ def _concat_type(ctx: InferContext) -> list:
     rank = len(known[0])
     if any(len(s) != rank for s in known):
         ctx.fail(f"inputs have different ranks {[len(s) for s in known]}")
+    if rank == 0:
+        ctx.fail("inputs are scalars: Concat joins tensors of rank >= 1 along an axis")
     axis = normalize_axis(int(ctx.attr("axis", 0)), rank, ctx)
     out = []
     for k in range(rank):

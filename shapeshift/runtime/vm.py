@@ -506,6 +506,9 @@ class NativeVM:
                      [max(evaluate(slot.nbytes, binding), 1) + ALIGNMENT for slot in slots])
             if len(plan.late_sizes) < LATE_SIZES_KEPT:  # late values that vary every run fill it once
                 plan.late_sizes[key] = sizes
+        if any(n >= 1 << 62 for n in (*sizes[0], *sizes[1])):  # past int64 (and any memory)
+            raise ExecutionError(f"{step.node.describe()}: its output would hold {max((*sizes[0], *sizes[1]))} "
+                                 "elements or bytes, more than any machine can address")
         for index, extent in zip(extents, sizes[0]):
             plan.extents[index] = extent
         for slot, nbytes in zip(slots, sizes[1]):

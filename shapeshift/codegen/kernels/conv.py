@@ -990,11 +990,13 @@ static void ss_conv_small_plane(const float* x, const float* wpacked, const floa
        offset table. All images go through one batched GEMM call: a plane of a few pixels is
        a product of a few MFLOP per image, below the GEMM's threshold for a second thread,
        which a batch of them passes (yolov8n's P5 convs at batch 2 ran no faster on two). */
-    float* yt = (float*)malloc((size_t)(N * P * M + (direct ? 0 : N * Kc * P)) * sizeof(float)
-                               + (direct ? 0 : (size_t)T * sizeof(int64_t)));
+    /* The floats before the offset table rounded up to an even count: an int64_t there must
+       be 8-byte aligned (UBSan: a misaligned store, where N * P * M + N * Kc * P was odd). */
+    const int64_t floats = (N * P * M + (direct ? 0 : N * Kc * P) + 1) / 2 * 2;
+    float* yt = (float*)malloc((size_t)floats * sizeof(float) + (direct ? 0 : (size_t)T * sizeof(int64_t)));
     if (!yt) return;
     float* col = yt + N * P * M;
-    int64_t* off = (int64_t*)(col + (direct ? 0 : N * Kc * P));
+    int64_t* off = (int64_t*)(yt + floats);
     const float* a = x;
     int64_t sa = C * H * W;
     if (!direct) {
