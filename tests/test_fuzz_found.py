@@ -416,3 +416,19 @@ def test_external_data_that_cannot_be_read_is_an_invalid_model(location):
                    [helper.make_tensor_value_info("y", F, None)], [tensor])
     with pytest.raises(InvalidModelError, match="tensor 'w': its data cannot be read"):
         shapeshift.InferenceSession(model, backend="native")
+
+
+@pytest.mark.parametrize("n, pads", [(n, p) for n in (1, 4) for p in ((-2, 1), (1, -2), (-3, 2), (2, -1), (-1, 3),
+                                                                       (-1, -1), (0, -2)) if n + sum(p) >= 0])
+def test_constant_pad_that_crops_past_an_axis_has_the_typed_length(n, pads):
+    """A length-1 axis with pads [-2, 1] came out [0.] (cropped to nothing, then padded by
+    one), where the type rule and onnxruntime say length 0: the crop applies after the
+    padding. Negative pads run on the NumPy evaluator (the native kernel takes none)."""
+    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], mode="constant")],
+                   [helper.make_tensor_value_info("x", F, [n])], [helper.make_tensor_value_info("y", F, None)],
+                   [numpy_helper.from_array(np.array(pads, np.int64), "p")])
+    feed = {"x": np.arange(1, n + 1, dtype=np.float32)}
+    got = shapeshift.InferenceSession(model, backend="native").run(None, feed)[0]
+    want = _ort(model, feed)[0]
+    assert got.shape == want.shape == (n + sum(pads),)
+    np.testing.assert_array_equal(got, want)

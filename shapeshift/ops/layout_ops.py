@@ -194,12 +194,17 @@ def _pad_type(ctx: InferContext) -> list:
 
 
 def pad_array(x: np.ndarray, begins: list[int], ends: list[int], mode: str, value) -> np.ndarray:
-    """np.pad, where negative pads crop first."""
-    crop = tuple(slice(max(-b, 0), n - max(-e, 0)) for n, b, e in zip(x.shape, begins, ends))
-    x = x[crop]
+    """np.pad, where negative pads crop: after the constant padding (so that an axis is
+    n + begin + end long, as the type rule and onnxruntime have it, even where a crop takes
+    more than the axis holds: length 1 with pads [-2, 1] is empty), before the other modes'
+    (whose padding reads the cropped input)."""
     widths = [(max(b, 0), max(e, 0)) for b, e in zip(begins, ends)]
     if mode == "constant":
-        return np.pad(x, widths, mode="constant", constant_values=value).astype(x.dtype, copy=False)
+        padded = np.pad(x, widths, mode="constant", constant_values=value).astype(x.dtype, copy=False)
+        return padded[tuple(slice(max(-b, 0), max(n - max(-e, 0), max(-b, 0)))
+                            for n, b, e in zip(padded.shape, begins, ends))]
+    crop = tuple(slice(max(-b, 0), n - max(-e, 0)) for n, b, e in zip(x.shape, begins, ends))
+    x = x[crop]
     if mode not in ("reflect", "edge", "wrap"):
         raise ValueError(f"unknown pad mode {mode!r}")
     return np.pad(x, widths, mode=mode)
