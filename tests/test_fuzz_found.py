@@ -432,3 +432,24 @@ def test_constant_pad_that_crops_past_an_axis_has_the_typed_length(n, pads):
     want = _ort(model, feed)[0]
     assert got.shape == want.shape == (n + sum(pads),)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode, shape, scales", [
+    ("pytorch_half_pixel", [1, 1, 1, 3, 7], [1, 1, 1.7, 0.5, 0.5]),  # 5-D: the NumPy evaluator
+    ("tf_crop_and_resize", [1, 1, 3], [1, 1, 0.5]),
+    ("tf_crop_and_resize", [1, 2, 5, 3], [1, 1, 0.3, 0.5]),
+])
+def test_resize_to_one_position_samples_as_onnxruntime(mode, shape, scales):
+    """An axis resized to one output from a fractional length in (1, 2): 3 pixels at scale
+    0.5 sampled (0 + 0.5) / 0.5 - 0.5 = 0.5 (pytorch_half_pixel) and the crop's start
+    (tf_crop_and_resize), where onnxruntime tests the output size and samples 0 and the
+    crop's middle."""
+    rank = len(shape)
+    model = _model([helper.make_node("Resize", ["x", "roi", "s"], ["y"], mode="linear",
+                                     coordinate_transformation_mode=mode)],
+                   [helper.make_tensor_value_info("x", F, shape)], [helper.make_tensor_value_info("y", F, None)],
+                   [numpy_helper.from_array(np.array([0.0] * rank + [1.0] * rank, np.float32), "roi"),
+                    numpy_helper.from_array(np.array(scales, np.float32), "s")], opset=13)
+    feed = {"x": np.arange(np.prod(shape), dtype=np.float32).reshape(shape)}
+    np.testing.assert_allclose(shapeshift.InferenceSession(model, backend="native").run(None, feed)[0],
+                               _ort(model, feed)[0], rtol=1e-6, atol=1e-6)

@@ -285,8 +285,11 @@ def _source_coords(spec: _Spec, out_len: int, in_len: int, scale: float, length:
         adjustment = f(out_len) / (scale_ * in_)
         offset = in_ / f(2) * (f(1) - adjustment)
         return (np.float64(offset) + (y.astype(np.float64) + 0.5) / np.float64(scale_) - 0.5).astype(f)
+    # pytorch_half_pixel's and tf_crop_and_resize's test of length_resized > 1 is onnxruntime's
+    # on the output size: a scale of 0.5 on 3 pixels (length 1.5, one output) samples 0, and
+    # the crop's middle, not the formula's first position (found by a fuzz campaign).
     if mode == "pytorch_half_pixel":
-        return (y + half) / scale_ - half if length > 1 else np.zeros(out_len, f)
+        return (y + half) / scale_ - half if out_len > 1 else np.zeros(out_len, f)
     if mode == "align_corners":
         return y * (in_ - f(1)) / (length_ - f(1)) if length != 1 else np.zeros(out_len, f)
     if mode == "asymmetric":
@@ -295,7 +298,7 @@ def _source_coords(spec: _Spec, out_len: int, in_len: int, scale: float, length:
         return (y + half) / scale_
     if mode == "tf_crop_and_resize":
         start, end = f(roi[0]), f(roi[1])
-        if length > 1:
+        if out_len > 1:
             return start * (in_ - f(1)) + (y * (end - start) * (in_ - f(1))) / (length_ - f(1))
         return np.full(out_len, 0.5 * (float(start) + float(end)) * (in_len - 1), dtype=f)
     raise ValueError(f"unknown coordinate_transformation_mode {mode!r}")
