@@ -453,3 +453,19 @@ def test_resize_to_one_position_samples_as_onnxruntime(mode, shape, scales):
     feed = {"x": np.arange(np.prod(shape), dtype=np.float32).reshape(shape)}
     np.testing.assert_allclose(shapeshift.InferenceSession(model, backend="native").run(None, feed)[0],
                                _ort(model, feed)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_split_sizes_given_at_run_time_must_cut_the_axis():
+    """Split sizes [2, 2] fed for an axis of 5: the last part took the rest ([2, 3, 4]), where
+    onnxruntime refuses them; negative sizes the same. Sizes that add up still split."""
+    model = _model([helper.make_node("Split", ["x", "s"], ["a", "b"], axis=0)],
+                   [helper.make_tensor_value_info("x", F, ["n"]), helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                   [helper.make_tensor_value_info("a", F, None), helper.make_tensor_value_info("b", F, None)], opset=13)
+    session = shapeshift.InferenceSession(model, backend="native")
+    x = np.arange(5, dtype=np.float32)
+    for sizes in ([2, 2], [6, -1], [1, 5]):
+        with pytest.raises(ExecutionError, match=f"split sizes \\[{sizes[0]}, {sizes[1]}\\] do not cut axis 0 of size 5"):
+            session.run(None, {"x": x, "s": np.array(sizes, np.int64)})
+    feed = {"x": x, "s": np.array([2, 3], np.int64)}
+    for got, want in zip(session.run(None, feed), _ort(model, feed)):
+        np.testing.assert_array_equal(got, want)

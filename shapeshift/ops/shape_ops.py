@@ -454,6 +454,11 @@ def _split(ctx, x, split=None):
             sizes = [chunk] * (count - 1) + [dim - chunk * (count - 1)]
         else:
             sizes = [dim // count] * count
+    else:
+        # Sizes given at run time: np.split would give the last part whatever is left.
+        if len(sizes) != count or any(s < 0 for s in sizes) or sum(sizes) != x.shape[axis]:
+            ctx.fail(f"split sizes {list(sizes)} do not cut axis {axis} of size {x.shape[axis]} into {count} "
+                     "parts")
     cuts = np.cumsum(sizes)[:-1]
     return [part.copy() for part in np.split(x, cuts, axis=axis)]
 
