@@ -469,3 +469,22 @@ def test_split_sizes_given_at_run_time_must_cut_the_axis():
     feed = {"x": x, "s": np.array([2, 3], np.int64)}
     for got, want in zip(session.run(None, feed), _ort(model, feed)):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0])
+def test_resize_scales_that_are_not_positive_are_refused(scale):
+    """A scale of 0 gave an empty output, and a negative one fed at run time too; onnxruntime
+    refuses both. Constant scales at load, fed ones at run time."""
+    scales = np.array([1, 1, scale, 2], np.float32)
+    x = helper.make_tensor_value_info("x", F, [1, 1, 4, 4])
+    y = helper.make_tensor_value_info("y", F, None)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest")
+    constant = _model([node], [x], [y], [numpy_helper.from_array(scales, "s")], opset=13)
+    with pytest.raises(ShapeInferenceError, match="scales must be positive"):
+        shapeshift.InferenceSession(constant, backend="native")
+    fed = _model([node], [x, helper.make_tensor_value_info("s", F, [4])], [y], opset=13)
+    session = shapeshift.InferenceSession(fed, backend="native")
+    with pytest.raises(ExecutionError, match="scales must be positive"):
+        session.run(None, {"x": np.ones((1, 1, 4, 4), np.float32), "s": scales})
+    assert session.run(None, {"x": np.ones((1, 1, 4, 4), np.float32),
+                              "s": np.array([1, 1, 0.5, 2], np.float32)})[0].shape == (1, 1, 2, 8)

@@ -164,6 +164,8 @@ def _shape_from_scales(ctx: InferContext, shape: tuple, axes: list[int], index: 
         return out
     if len(scales) != len(axes):
         ctx.fail(f"scales has {len(scales)} entries for {len(axes)} resized axes")
+    if any(not float(s) > 0 for s in scales):  # onnxruntime refuses them too
+        ctx.fail(f"scales must be positive, got {list(scales)}")
     for a, s in zip(axes, scales):
         out[a] = _scaled_dim(ctx, shape[a], float(s))
     return out
@@ -251,6 +253,8 @@ def _plan(ctx: EvalContext, spec: _Spec, in_shape: tuple, roi, scales, sizes) ->
     scales = np.asarray(scales, dtype=np.float32).reshape(-1)
     if scales.size != len(axes):
         ctx.fail(f"scales has {scales.size} entries for {len(axes)} resized axes")
+    if not np.all(scales > 0):  # a 0 or negative scale gave an empty output; onnxruntime refuses it
+        ctx.fail(f"scales must be positive, got {scales.tolist()}")
     full_scales = [1.0] * rank
     out = list(in_shape)
     for a, s in zip(axes, scales):
