@@ -199,10 +199,14 @@ def report(results: dict, args, variants: dict) -> str:
 
 
 def plot(results: dict, variants: dict, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+        return
 
     peer = results[cnn.PEER]
     keys = [k for k in peer if k not in ("total",)]
