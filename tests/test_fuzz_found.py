@@ -488,3 +488,26 @@ def test_resize_scales_that_are_not_positive_are_refused(scale):
         session.run(None, {"x": np.ones((1, 1, 4, 4), np.float32), "s": scales})
     assert session.run(None, {"x": np.ones((1, 1, 4, 4), np.float32),
                               "s": np.array([1, 1, 0.5, 2], np.float32)})[0].shape == (1, 1, 2, 8)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_sequence_lens_past_the_sequence_are_refused(op):
+    """sequence_lens of 6 for 5 steps (or -1) ran, each kernel clamping it, where onnxruntime
+    refuses it; lengths within [0, T] still match onnxruntime."""
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    hidden, size, batch = 4, 3, 2
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, gates * hidden, size)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((1, gates * hidden, hidden)).astype(np.float32), "R")]
+    model = _model([helper.make_node(op, ["x", "W", "R", "", "lens"], ["y"], hidden_size=hidden)],
+                   [helper.make_tensor_value_info("x", F, ["t", batch, size]),
+                    helper.make_tensor_value_info("lens", TensorProto.INT32, [batch])],
+                   [helper.make_tensor_value_info("y", F, None)], inits, opset=14)
+    session = shapeshift.InferenceSession(model, backend="native")
+    x = rng.standard_normal((5, batch, size)).astype(np.float32)
+    for lens in ([6, 3], [-1, 2]):
+        with pytest.raises(ExecutionError, match=f"\\({op}\\): every sequence_lens value must be from 0 to the "
+                                                 "sequence length \\(t\\)"):
+            session.run(None, {"x": x, "lens": np.array(lens, np.int32)})
+    feed = {"x": x, "lens": np.array([5, 3], np.int32)}
+    np.testing.assert_allclose(session.run(None, feed)[0], _ort(model, feed)[0], rtol=1e-5, atol=1e-5)

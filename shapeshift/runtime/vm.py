@@ -605,6 +605,8 @@ def _rejection(step, binding: Mapping[str, int]) -> str:
                 continue
             if not agreement.holds(lhs, rhs):
                 return f"{node.describe()}: {agreement.what} (got {lhs} and {rhs})"
+    if step.lowered is not None and step.lowered.rejects:
+        return f"{step.node.describe()}: {step.lowered.rejects}"
     return (f"{step.node.describe()}: its kernel rejected the inputs "
             "(an index out of range, a size that is negative or not a number, or shapes that do not broadcast)")
 

@@ -63,6 +63,9 @@ class Lowered:
     reads: tuple[Value, ...] = ()
     # The C code reports errors: it contains ``return STEP_ERROR;`` statements.
     can_fail: bool = False
+    # What the code's own checks of the inputs' values refuse, said when one fails (else the
+    # VM names the shape agreement broken, or says the kernel rejected the inputs).
+    rejects: str = ""
     # Scratch space, in bytes, as a dim expression, reachable as ``WORK`` in the code.
     work_bytes: Dim = 0
     # For outputs whose size depends on data (``ctx.late_dims``): C statements that compute
