@@ -140,12 +140,17 @@ print("fenced", len(plan.gaps))
 """
 
 
+def _clean_sanitized_stdout(code: str, tmp_path: Path) -> str:
+    """The stdout of ``code`` run sanitized, which must end well and leave no report."""
+    proc = _run_sanitized(code, tmp_path, tmp_path / "cache")
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
+    assert not sanitize.reports(tmp_path / "logs")
+    return proc.stdout
+
+
 @needs_asan
 def test_a_sanitized_session_fences_its_arena(tmp_path):
-    proc = _run_sanitized(FENCED_RUN, tmp_path, tmp_path / "cache")
-    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
-    assert "fenced" in proc.stdout
-    assert not sanitize.reports(tmp_path / "logs")
+    assert "fenced" in _clean_sanitized_stdout(FENCED_RUN, tmp_path)
 
 
 def _ci_cases() -> list[str]:
@@ -199,7 +204,4 @@ print("shape", y.shape)
 
 @needs_asan
 def test_the_small_plane_conv_offset_table_is_aligned(tmp_path):
-    proc = _run_sanitized(SMALL_PLANE_CONV, tmp_path, tmp_path / "cache")
-    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
-    assert "shape (1, 16, 5, 1)" in proc.stdout
-    assert not sanitize.reports(tmp_path / "logs")
+    assert "shape (1, 16, 5, 1)" in _clean_sanitized_stdout(SMALL_PLANE_CONV, tmp_path)

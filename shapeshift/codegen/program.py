@@ -325,8 +325,7 @@ class _Builder:
             # A view whose sizes the types cannot tie to its source's (a Reshape to a target
             # computed at run time): no copy, but a step that checks them, so that a view of
             # the wrong size never reads past its source.
-            ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
-                               self._defined_before(node), self._cancellable, {}, self.tuning, self.tuned_calls)
+            ctx = self._lower_context(node, {})
             return Step(NATIVE, node, lowered=Lowered(c_checks(items, ctx.dim), can_fail=True))
         if rule is None:
             return self._fallback(node, "no lowering")
@@ -341,8 +340,7 @@ class _Builder:
             late: dict[int, list[tuple[int, int]]] = {}
             for j, (k, axis, _) in enumerate(late_binds):
                 late.setdefault(id(node.outputs[k]), []).append((axis, j))
-            ctx = LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
-                               self._defined_before(node), self._cancellable, late, self.tuning, self.tuned_calls)
+            ctx = self._lower_context(node, late)
             lowered = rule(node, ctx, self._opset(node))
             if lowered is None:
                 raise Unsupported("rule declined")
@@ -376,6 +374,11 @@ class _Builder:
                          dims=dims)
         step.binds = []
         return size_step
+
+    def _lower_context(self, node: Node, late: dict[int, list[tuple[int, int]]]) -> LowerContext:
+        """What a lowering rule (or a view's checks) of ``node`` sees of this program."""
+        return LowerContext(self.slot, self.extent, self.new_packed_slot, self.packs, self._escapes,
+                            self._defined_before(node), self._cancellable, late, self.tuning, self.tuned_calls)
 
     def _forget(self, binds: list[tuple[int, int, str]]) -> None:
         for _, _, symbol in binds:

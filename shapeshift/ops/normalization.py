@@ -259,10 +259,6 @@ def _lp_norm(ctx: EvalContext, x) -> list:
     return [np.where(norm == 0, 0, xs / safe).astype(x.dtype, copy=False)]
 
 
-define("BatchNormalization", infer=_batch_norm_type, evaluate=_batch_norm)
-define("InstanceNormalization", infer=_same_as_input_checked(3), evaluate=_instance_norm)
-define("LayerNormalization", infer=_layer_norm_type, evaluate=_layer_norm)
-define("GroupNormalization", infer=_group_norm_type, evaluate=_group_norm)
 def _lrn_type(ctx: InferContext) -> list:
     size = int(ctx.attr("size", 0))
     if size < 1:
@@ -270,6 +266,10 @@ def _lrn_type(ctx: InferContext) -> list:
     return _same_as_input_checked(2)(ctx)
 
 
+define("BatchNormalization", infer=_batch_norm_type, evaluate=_batch_norm)
+define("InstanceNormalization", infer=_same_as_input_checked(3), evaluate=_instance_norm)
+define("LayerNormalization", infer=_layer_norm_type, evaluate=_layer_norm)
+define("GroupNormalization", infer=_group_norm_type, evaluate=_group_norm)
 define("LRN", infer=_lrn_type, evaluate=_lrn)
 define("MeanVarianceNormalization", infer=_mvn_type, evaluate=_mvn)
 define("LpNormalization", infer=_lp_norm_type, evaluate=_lp_norm)

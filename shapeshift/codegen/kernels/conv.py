@@ -947,9 +947,9 @@ static inline float ss_conv_resf(float v, const float* res, int64_t o, int res_a
     return res ? ss_actf(v + res[o], res_act) : v;
 }
 
-/* out[m * P + p] = yt[p * M + m]: the GEMM's y^T back to planes, 8 x 8 blocks where they fit;
-   res (NULL: none), laid out as out, added to each block as it is stored, then res_act. */
-/* Pixels [p_lo, p_hi) of y^T [P, M] back to planes out [M, P] (p_lo a multiple of 8). */
+/* out[m * P + p] = yt[p * M + m] for the pixels p in [p_lo, p_hi) (p_lo a multiple of 8): the
+   GEMM's y^T back to planes, 8 x 8 blocks where they fit; res (NULL: none), laid out as out,
+   added to each block as it is stored, then res_act. */
 static void ss_conv_small_untranspose(const float* yt, float* out, int64_t P, int64_t M, const float* res,
                                       int res_act, int64_t p_lo, int64_t p_hi) {
     int64_t p0 = p_lo;

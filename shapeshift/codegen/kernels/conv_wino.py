@@ -525,11 +525,11 @@ _G = {
     2: "{1.0, 0.0, 0.0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0.0, 0.0, 1.0}",
 }
 #: Entry-point names of each tile size: F(4x4) keeps the plain names.
-_NAMES = {4: "wino", 2: "wino2"}
+ENTRY_NAMES = {4: "wino", 2: "wino2"}
 
 
 def _entries(f: int) -> tuple:
-    a, name = f + 2, _NAMES[f]
+    a, name = f + 2, ENTRY_NAMES[f]
     return (
         Function("int64_t", f"ss_conv_{name}_packed_b_size", ("int64_t K", "int64_t N"), f"""
     if (K <= 0 || N <= 0 || K % 9) return 0;

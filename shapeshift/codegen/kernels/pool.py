@@ -346,12 +346,14 @@ _MAX_BODY = r"""
         ss_pool_no_input(y, NULL, NC * out[0] * out[1] * out[2], sizeof(@CTYPE@));
         return;
     }
-    if (in[0] == 1 && k[0] == 1 && out[0] == 1 && s[1] == 1 && s[2] == 1 && p[1] >= 0 && p[2] >= 0
-            && NC > 0 && out[1] > 0 && out[2] > 0
+    /* A 2-D (or 1-D) pool, pads not negative, something to write: the separable path at
+       stride 1, the row path at larger strides. */
+    const int plain2d = in[0] == 1 && k[0] == 1 && out[0] == 1 && p[1] >= 0 && p[2] >= 0
+                        && NC > 0 && out[1] > 0 && out[2] > 0;
+    if (plain2d && s[1] == 1 && s[2] == 1
             && ss_maxpool_s1_@SFX@(x, y, NC, in[1], in[2], out[1], out[2], k[1], k[2], p[1], p[2], dil[1], dil[2]))
         return;
-    if (in[0] == 1 && k[0] == 1 && out[0] == 1 && (s[1] > 1 || s[2] > 1) && p[1] >= 0 && p[2] >= 0
-            && NC > 0 && out[1] > 0 && out[2] > 0
+    if (plain2d && (s[1] > 1 || s[2] > 1)
             && ss_maxpool_rows_@SFX@(x, y, NC, in[1], in[2], out[1], out[2], k[1], k[2], s[1], s[2], p[1], p[2],
                                      dil[1], dil[2]))
         return;

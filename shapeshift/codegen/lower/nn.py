@@ -17,7 +17,7 @@ from ...ir.types import FLOAT
 from ...ops.common import product
 from ...symbolic import Dim, prove_eq
 from ..kernels.conv import small_plane_ok
-from ..kernels.conv_wino import winograd_tiles
+from ..kernels.conv_wino import ENTRY_NAMES, winograd_tiles
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, attr_axis, float_literal
 from .layout import param_values
@@ -280,13 +280,13 @@ def lower_conv(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         # (ss_conv2d_wino_pick); its entry points take the residual (NULL for none); its
         # scratch holds the batch's staged images, an im2col's size per image. Not a
         # tuning task: no schedule of the direct kernels comes near it where it runs.
-        names = {4: "wino", 2: "wino2"}
-        slots = [ctx.packed_constant(weights.reshape(w_shape[0], -1).T, f"ss_conv_{names[t]}_") for t in tiles]
+        slots = [ctx.packed_constant(weights.reshape(w_shape[0], -1).T, f"ss_conv_{ENTRY_NAMES[t]}_")
+                 for t in tiles]
         # A plane the types leave open may turn out too small for the tiles at run time:
         # the direct kernels' packed weights too, for the kernel to fall back on.
         direct = "NULL" if all(isinstance(d, int) for d in ohw) else \
             _packed_conv_weight(ctx, w, w_shape, group, product(list(ohw)))
-        fn = f"ss_conv2d_{names[tiles[0]]}" if len(tiles) == 1 else "ss_conv2d_wino_pick"
+        fn = f"ss_conv2d_{ENTRY_NAMES[tiles[0]]}" if len(tiles) == 1 else "ss_conv2d_wino_pick"
         packed = ", ".join([*(f"(const float*)v[{slot}]" for slot in slots), direct])
         fragments = ("conv", "conv_wino")
         work = product([in_shape[0], work])

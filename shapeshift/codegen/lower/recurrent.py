@@ -173,16 +173,17 @@ def _lower_recurrent(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     args += [float_literal(clip) if clip is not None else "-1.0f", "(float*)WORK"]
     kernel = {"RNN": "ss_rnn", "GRU": "ss_gru", "LSTM": "ss_lstm"}[node.op_type]
     lens = _input(node, SEQUENCE_LENS)
-    # Lengths past the sequence (or negative) are refused, as onnxruntime refuses them: the
-    # kernels would clamp them to the steps there are.
-    check = ([f"{{ const int32_t* lens = {ctx.ptr(lens)};",
-              f"  for (int64_t b = 0; b < {ctx.dim(batch)}; ++b)",
-              f"    if (lens[b] < 0 || lens[b] > {ctx.dim(seq)}) return STEP_ERROR; }}"] if lens is not None else [])
+    check, rejects = [], ""
+    if lens is not None:
+        # Lengths past the sequence (or negative) are refused, as onnxruntime refuses them: the
+        # kernels would clamp them to the steps there are.
+        check = [f"{{ const int32_t* lens = {ctx.ptr(lens)};",
+                 f"  for (int64_t b = 0; b < {ctx.dim(batch)}; ++b)",
+                 f"    if (lens[b] < 0 || lens[b] > {ctx.dim(seq)}) return STEP_ERROR; }}"]
+        rejects = f"every sequence_lens value must be from 0 to the sequence length ({seq})"
     code = "\n".join([*check, *w_decls, *(arrays or []), f"{kernel}({', '.join(args)});"])
     floats = work_floats(seq, batch, hidden, directions, kind, prepacked=packed_arg != "NULL")
-    return Lowered(code, fragments=("rnn",), work_bytes=floats * 4, can_fail=lens is not None,
-                   rejects=f"every sequence_lens value must be from 0 to the sequence length ({seq})" if lens is not None
-                   else "")
+    return Lowered(code, fragments=("rnn",), work_bytes=floats * 4, can_fail=bool(check), rejects=rejects)
 
 
 @lowers("RNN")
