@@ -125,8 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "MODEL, one task per weight shape, M ranging over what the --dynamic ranges allow; or one "
                     "GEMM given by --gemm K N. Shape-generic kernel schedules are measured at sampled M values, "
                     "a cost model learns the rest, a few kernels and a decision tree over M are kept (printed as "
-                    "C with --show). Dense convs of static sizes are tuned too, one task per class (kernel, "
-                    "strides, dilations) over its instances. `compile --db` and InferenceSession(..., "
+                    "C with --show). Convs are tuned too (dense ones, and in a net run in the blocked layout its "
+                    "dense and depthwise ones), one task per class (kernel, strides, dilations) over its "
+                    "instances; with a dynamic image size (--dynamic h=96:960 --dynamic w=96:960) at sampled "
+                    "sizes, the tree dispatching any size. `compile --db` and InferenceSession(..., "
                     "tuning_db=) use the records. "
                     "See docs/tune.md.")
     tune.add_argument("model", nargs="?", default=None, metavar="MODEL", help="an ONNX model")

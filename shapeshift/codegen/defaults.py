@@ -106,6 +106,15 @@ def default_conv_schedule(target: Optional[Target] = None):
                         panels_max_plane=conv_panels_max_plane(target))
 
 
+def default_nchwc_schedule(target: Optional[Target] = None):
+    """The untuned blocked conv kernels' schedule (kernels/conv_nchwc_tuned.py), as every
+    untuned ``ss_conv_nchwc_L`` and ``ss_dwconv_nchwc_L`` runs them."""
+    from ..target import host_target
+    from .kernels.conv_nchwc_tuned import NchwcSchedule, default_rx
+
+    return NchwcSchedule(rx=default_rx(target or host_target()))
+
+
 def conv_igemm_min_plane(target: Optional[Target] = None) -> int:
     """Output planes of at most this many pixels take the small-plane GEMM (see above)."""
     schedule = default_schedule(target)

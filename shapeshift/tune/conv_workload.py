@@ -31,6 +31,7 @@ from typing import Optional
 
 from ..symbolic import bounds, is_dim
 from .conv_family import CONV
+from .conv_nchwc_family import CONV_NCHWC, CONV_NCHWC_DW
 from .task import InstanceValues
 
 # The tree's variables: the arguments of the conv dispatcher's choice function, in order.
@@ -143,6 +144,94 @@ class ConvWorkload(InstanceValues):
         shapes = ", ".join(f"{c}->{m} on {h}x{w}" for _, c, h, w, m, _, _, _ in self.instances[:4])
         return (f"conv {kh}x{kw} stride {sh}x{sw} dilation {dh}x{dw}, {len(self.instances)} instance(s): {shapes}"
                 + (", ..." if len(self.instances) > 4 else ""))
+
+
+@dataclass(frozen=True)
+class NchwcConvWorkload(ConvWorkload):
+    """A class of blocked-layout convs (kernels/conv_nchwc.py, ``NCHWcConv`` nodes): dense
+    (group 1, a blocked input) or ``depthwise`` (group = C = M), ``lanes`` floats a block.
+    An instance is the call's (N, C, H, W, M, ph, pw, 0) as the kernel takes it: a pointwise
+    conv's plane comes as one row (H = 1, W = H x W), as the lowering passes it; a depthwise
+    one has M = C; the activation is not part of it (the epilogue runs after the tiles, the
+    same for every schedule). Measured with the channels blocked as in a model."""
+
+    depthwise: bool = False
+    lanes: int = 8
+
+    kinds = ("conv-nchwc", "conv-nchwc-dw")
+
+    @property
+    def family(self):
+        return CONV_NCHWC_DW if self.depthwise else CONV_NCHWC
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lanes not in (8, 16):
+            raise ValueError(f"a blocked conv's block must be 8 or 16 floats, got {self.lanes}")
+        if self.depthwise and any(c != m for _, c, _, _, m, _, _, _ in self.instances):
+            raise ValueError("a depthwise conv instance has as many output channels as input channels")
+
+    @classmethod
+    def of(cls, conv_class, instances, cold: bool = False, depthwise: bool = False, lanes: int = 8
+           ) -> "NchwcConvWorkload":
+        return cls(tuple(int(v) for v in conv_class), tuple(sorted({tuple(int(v) for v in i) for i in instances})),
+                   cold, bool(depthwise), int(lanes))
+
+    @property
+    def class_key(self) -> str:
+        return self.class_key_of(self.conv_class, self.depthwise, self.lanes)
+
+    @staticmethod
+    def class_key_of(conv_class, depthwise: bool = False, lanes: int = 8) -> str:
+        kind = NchwcConvWorkload.kinds[int(bool(depthwise))]
+        return f"{kind}:{lanes}:" + ",".join(map(str, conv_class))
+
+    @property
+    def key(self) -> str:
+        klass = self.class_key
+        if self.cold:
+            kind, rest = klass.split(":", 1)
+            klass = f"{kind}-cold:{rest}"
+        return klass + ":" + ";".join(",".join(map(str, i)) for i in self.instances)
+
+    @classmethod
+    def from_key(cls, key: str) -> "NchwcConvWorkload":
+        try:
+            kind, lanes, klass, body = key.split(":")
+            cold = kind.endswith("-cold")
+            kind = kind[:-len("-cold")] if cold else kind
+            if kind not in cls.kinds:
+                raise ValueError
+            return cls.of([int(v) for v in klass.split(",")],
+                          [[int(v) for v in part.split(",")] for part in body.split(";")], cold,
+                          kind == cls.kinds[1], int(lanes))
+        except (ValueError, TypeError):
+            raise ValueError(f"not a blocked conv workload key: {key!r}") from None
+
+    def request(self) -> dict:
+        return {**super().request(), "kind": "conv-nchwc", "depthwise": self.depthwise, "lanes": self.lanes}
+
+    def flops(self, value: int) -> float:
+        if not self.depthwise:
+            return super().flops(value)
+        n, c, _, _, _, _, _, _ = inst = self.instance(value)
+        oh, ow = output(self.conv_class, inst)
+        return 2.0 * n * c * oh * ow * self.conv_class[0] * self.conv_class[1]
+
+    def describe(self) -> str:
+        kh, kw, sh, sw, dh, dw = self.conv_class
+        shapes = ", ".join((f"{c} on {h}x{w}" if self.depthwise else f"{c}->{m} on {h}x{w}")
+                           for _, c, h, w, m, _, _, _ in self.instances[:4])
+        return (f"blocked {'depthwise ' if self.depthwise else ''}conv {kh}x{kw} stride {sh}x{sw} dilation "
+                f"{dh}x{dw} (NCHW{self.lanes}c), {len(self.instances)} instance(s): {shapes}"
+                + (", ..." if len(self.instances) > 4 else ""))
+
+
+def workload_from_key(key: str) -> ConvWorkload:
+    """A conv workload, plain or blocked, from its key."""
+    if key.startswith(NchwcConvWorkload.kinds):
+        return NchwcConvWorkload.from_key(key)
+    return ConvWorkload.from_key(key)
 
 
 def _static(d):

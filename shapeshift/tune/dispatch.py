@@ -18,6 +18,7 @@ names its own (``"var"``), and ``<name>choice(M, N, K)`` takes them all (``tree_
 
 from __future__ import annotations
 
+import hashlib
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -240,6 +241,71 @@ void {name}conv2d(const float* x, const float* w, const float* bias, float* y,
                int64_t dh, int64_t dw, int64_t group, int act, float* work, const float* wpacked)
 {{
     {name}conv2d_residual({CONV_ARGS}, wpacked, NULL, 0);
+}}
+"""
+
+
+CNC_ARGS = "x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, xblk"
+CNC_DW_ARGS = "x, w, bias, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw"
+EPILOGUE_ARGS = "res, act, a0, a1, act2, b0, b1"
+
+
+def tuned_conv_nchwc_c(kernels: Sequence, tree: dict, name: str, tree_args: Sequence[str], lanes: int,
+                       depthwise: bool) -> str:
+    """Blocked conv kernels (kernels/conv_nchwc_tuned.py) and their dispatcher:
+    ``<name>choice(tree_args)`` (the tree on N, C, M, H, W, as the call passes them: a
+    pointwise conv's plane as one row) and ``<name>conv_nchwc_L(...)`` (``ss_conv_nchwc_L``'s
+    arguments and meaning) or, ``depthwise``, ``<name>dwconv_nchwc_L(...)``
+    (``ss_dwconv_nchwc_L``'s). The weights are packed as the untuned kernels read them,
+    whatever the kernel: no packing of their own.
+
+    A kernel is named by its schedule and entry (``ss_cnck_<hash>_``), not by the
+    dispatcher, and its C is guarded: a model whose dispatchers share a schedule compiles
+    it once. The default schedule is the untuned kernel itself (``ss_conv_nchwc_L``, which
+    the program links anyway): no copy."""
+    from ..codegen.defaults import default_nchwc_schedule
+    from ..codegen.kernels.conv_nchwc_tuned import unit_source
+    from ..tune.conv_nchwc_family import CONV_NCHWC, CONV_NCHWC_DW
+
+    kind = "depthwise" if depthwise else "dense"
+    entry = f"dwconv_nchwc_{lanes}" if depthwise else f"conv_nchwc_{lanes}"
+    family = CONV_NCHWC_DW if depthwise else CONV_NCHWC
+    default = family.to_json(default_nchwc_schedule())
+    kernel_source, kname = [], []
+    for s in kernels:
+        text = family.to_json(s)  # the fields the entry reads: schedules that differ elsewhere run alike
+        if text == default:
+            kname.append("ss_")
+            continue
+        digest = hashlib.sha256(f"{lanes}:{text}".encode()).hexdigest()[:12]
+        kname.append(f"ss_cnck_{digest}_")
+        guard = f"SS_CNCK_{digest.upper()}"
+        kernel_source.append(f"#ifndef {guard}\n#define {guard}\n"
+                             f"{unit_source(s, prefix=kname[-1], entries=(kind,))}#endif\n")
+    args = CNC_DW_ARGS if depthwise else CNC_ARGS
+    params = ", ".join(f"int64_t {a}" for a in tree_args)
+    unused = " ".join(f"(void){a};" for a in tree_args)
+    calls = "\n".join(f"    case {i}: {kname[i]}{entry}({args}, {EPILOGUE_ARGS}); break;" for i in range(len(kernels)))
+    extents = ("int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW" if depthwise else
+               "int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW")
+    window = ("int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw"
+              + ("" if depthwise else ", int64_t group, int64_t xblk"))
+    choice_args = ", ".join("C" if a == "M" and depthwise else a for a in tree_args)
+    return "".join(kernel_source) + f"""
+/* ---- tuned blocked conv dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s) ---- */
+static int {name}choice({params})
+{{
+    {unused}
+{tree_c(tree)}
+}}
+
+void {name}{entry}(const float* x, const float* w, const float* bias, float* y, {extents},
+               {window}, const float* res, int act, float a0, float a1, int act2, float b0, float b1)
+{{
+    switch ({name}choice({choice_args})) {{
+{calls}
+    default: break;
+    }}
 }}
 """
 

@@ -30,7 +30,7 @@ from ..ir.types import FLOAT, TensorType
 from ..ops.common import product
 from ..passes.simplify import simplify_graph
 from ..symbolic import Dim, Expr, bounds, evaluate, free_symbols
-from .conv_workload import ConvWorkload, conv_instance
+from .conv_workload import ConvWorkload, NchwcConvWorkload, conv_instance
 from .gemm_group import GemmGroupWorkload
 from .task import InstanceRange
 from .workload import DEFAULT_SAMPLES, BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str, uniform_samples
@@ -199,14 +199,17 @@ def _sampled_rows(m: Dim, samples: int) -> list[int]:
 @dataclass
 class ConvTask(_InstanceTask):
     """Convs of one class (tune/conv_workload.py) as one task: every instance of the class
-    in the model (grouped), or one instance alone; the calls per run of each."""
+    in the model (grouped), or one instance alone; the calls per run of each. ``blocked``:
+    None for plain convs (``ss_conv2d``), else (depthwise, lanes) of blocked ones
+    (``NCHWcConv`` nodes)."""
 
     conv_class: tuple
     instances: dict[tuple, float]  # instance -> calls per run
+    blocked: Optional[tuple[bool, int]] = None
 
     @property
     def calls(self) -> int:
-        return int(sum(self.instances.values()))
+        return int(round(sum(self.instances.values())))
 
     @property
     def symbols(self) -> set[str]:
@@ -220,6 +223,8 @@ class ConvTask(_InstanceTask):
     def label(self) -> str:
         kh, kw, sh, sw, dh, dw = self.conv_class
         what = f"conv {kh}x{kw}/{sh}" + (f" dil {dh}" if dh > 1 else "")
+        if self.blocked is not None:
+            what = ("depthwise " if self.blocked[0] else "") + f"NCHW{self.blocked[1]}c {what}"
         if len(self.instances) == 1:
             n, c, h, w, m, _, _, _ = next(iter(self.instances))
             return f"{what} {c}->{m} on {h}x{w}" + (f" x{n}" if n > 1 else "")
@@ -227,17 +232,20 @@ class ConvTask(_InstanceTask):
 
     def workload(self, cold: bool = True) -> ConvWorkload:
         """Cold by default: each call after a flush of the caches, as in a model."""
+        if self.blocked is not None:
+            return NchwcConvWorkload.of(self.conv_class, self.instances, cold, *self.blocked)
         return ConvWorkload.of(self.conv_class, self.instances, cold)
 
 
 
 def conv_tasks(calls: list[tuple], group: bool = True) -> list[ConvTask]:
     """Tasks of the recorded conv calls ((class, instance) or (class, instance, weight)
-    each): one per class, or with ``group`` False one per distinct instance (the
-    per-instance baseline)."""
+    each; a blocked conv's class is (blocked, class): ``ConvTask.blocked``): one per class,
+    or with ``group`` False one per distinct instance (the per-instance baseline)."""
     tasks: dict = {}
     for klass, inst, *weight in calls:
-        task = tasks.setdefault(klass if group else (klass, inst), ConvTask(klass, {}))
+        blocked, conv_class = klass if len(klass) == 2 else (None, klass)
+        task = tasks.setdefault(klass if group else (klass, inst), ConvTask(conv_class, {}, blocked))
         task.instances[inst] = task.instances.get(inst, 0.0) + (weight[0] if weight else 1.0)
     return list(tasks.values())
 
@@ -269,14 +277,16 @@ def sampled_bindings(dynamic: Mapping[str, tuple[int, int]], count: int = DIM_SA
 
 
 def _evaluated(call, binding: Mapping[str, int]) -> Optional[tuple[tuple, tuple]]:
-    """A recorded conv of symbolic sizes at ``binding``, if it is an instance there."""
-    kernel, strides, dilations, pads, dims, out_hw, act = call
+    """A recorded conv of symbolic sizes at ``binding``, if it is an instance there (a
+    blocked one's class as (blocked, class))."""
+    blocked, (kernel, strides, dilations, pads, dims, out_hw, act) = call
     try:
         dims = [evaluate(d, binding) for d in dims]
         out_hw = [evaluate(d, binding) for d in out_hw]
     except (KeyError, ValueError):
         return None  # a dim it depends on was not declared
-    return conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
+    found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
+    return found if found is None or blocked is None else ((blocked, found[0]), found[1])
 
 
 class _Recorder:
@@ -286,7 +296,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[BatchedGemmWorkload, str]] = []
         self.convs: list[tuple[tuple, tuple]] = []
-        self.symbolic_convs: list[tuple] = []  # the find_conv arguments of convs of symbolic sizes
+        # (None, or a blocked conv's (depthwise, lanes); the find_conv arguments) of convs of symbolic sizes
+        self.symbolic_convs: list[tuple] = []
 
     def get(self, k: int, n: int) -> None:
         return None
@@ -298,13 +309,16 @@ class _Recorder:
             self.calls.append((workload, symbol))
         return None
 
-    def find_conv(self, kernel, strides, dilations, pads, dims, out_hw, act: int) -> None:
+    def find_conv(self, kernel, strides, dilations, pads, dims, out_hw, act: int, blocked=None) -> None:
         found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
         if found is not None:
-            self.convs.append(found)
+            self.convs.append(found if blocked is None else ((blocked, found[0]), found[1]))
         elif all(isinstance(v, int) for v in (*kernel, *strides, *dilations, *pads)):
-            self.symbolic_convs.append((kernel, strides, dilations, pads, dims, out_hw, act))
+            self.symbolic_convs.append((blocked, (kernel, strides, dilations, pads, dims, out_hw, act)))
         return None
+
+    def find_conv_nchwc(self, depthwise: bool, lanes: int, kernel, strides, dilations, pads, dims, out_hw) -> None:
+        return self.find_conv(kernel, strides, dilations, pads, dims, out_hw, 0, (bool(depthwise), int(lanes)))
 
     def __iter__(self):
         return iter(())

@@ -17,7 +17,10 @@ A conv (tune/conv_workload.py) is looked up by its class and instance (``find_co
 own record, tuned alone, else its class's, tuned over a model's instances; a hit calls
 ``ss_tuned_conv_<hash>_conv2d`` (``ss_conv2d``'s arguments), or its ``_conv2d_residual`` for a
 conv with a fused residual Add (``ss_conv2d_residual``'s), with the weights packed by its
-``pack_b``.
+``pack_b``. A blocked-layout conv (an ``NCHWcConv`` node: ``find_conv_nchwc``, the same way,
+its class also naming dense or depthwise and the block) calls ``ss_tuned_cnc_<hash>_conv_nchwc_L``
+or ``_dwconv_nchwc_L`` (``ss_conv_nchwc_L``'s or ``ss_dwconv_nchwc_L``'s arguments) on the
+weights as the untuned kernels read them.
 
 A batched GEMM (no constant operand, such as attention's Q K^T) is looked up by its
 workload key (``get_batched``): the lowering computes the key of each ``ss_gemm`` call it
@@ -48,9 +51,7 @@ from ..errors import ShapeshiftError
 from ..target import host_target
 from . import dispatch, space
 from .database import check_database_path, has_target_column, read_only
-from ..codegen.kernels.conv_tuned import ConvSchedule
-from .conv_family import CONV
-from .conv_workload import DIMS as CONV_DIMS, ConvWorkload, conv_instance
+from .conv_workload import DIMS as CONV_DIMS, ConvWorkload, NchwcConvWorkload, conv_instance, workload_from_key
 from .gemm_group import DIMS, GemmGroupWorkload
 from .workload import BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str
 
@@ -176,33 +177,44 @@ class TunedGemmGroup:
 @dataclass(frozen=True, eq=False)
 class TunedConv:
     """The chosen conv kernels and dispatch tree (on N, C, M, H, W) of one conv task
-    (tune/conv_workload.py): a class's instances, or one of them."""
+    (tune/conv_workload.py): a class's instances, or one of them; plain (``ss_conv2d``'s
+    ConvSchedules) or blocked (an NchwcConvWorkload: NchwcSchedules)."""
 
-    key: str  # ConvWorkload.key
-    kernels: tuple[ConvSchedule, ...]
+    key: str  # ConvWorkload.key or NchwcConvWorkload.key
+    kernels: tuple
     tree: dict
     threads: int
     strategy: str
 
     @property
     def workload(self) -> ConvWorkload:
-        return ConvWorkload.from_key(self.key)
+        return workload_from_key(self.key)
+
+    @property
+    def blocked(self) -> bool:
+        return isinstance(self.workload, NchwcConvWorkload)
 
     @property
     def name(self) -> str:
-        """Prefix of the dispatcher's C functions (``ss_conv2d`` as ``<name>conv2d``)."""
-        return f"ss_tuned_conv_{self.workload.hash[:12]}_"
+        """Prefix of the dispatcher's C functions (``ss_conv2d`` as ``<name>conv2d``,
+        ``ss_conv_nchwc_L`` as ``<name>conv_nchwc_L``)."""
+        return f"ss_tuned_{'cnc' if self.blocked else 'conv'}_{self.workload.hash[:12]}_"
 
     def source(self) -> str:
+        w = self.workload
+        if isinstance(w, NchwcConvWorkload):
+            return dispatch.tuned_conv_nchwc_c(self.kernels, self.tree, self.name, CONV_DIMS, w.lanes, w.depthwise)
         return dispatch.tuned_conv_c(self.kernels, self.tree, self.name, CONV_DIMS)
 
     def to_json(self) -> dict:
-        return {"conv": self.key, "kernels": [json.loads(CONV.to_json(s)) for s in self.kernels],
+        family = self.workload.family
+        return {"conv": self.key, "kernels": [json.loads(family.to_json(s)) for s in self.kernels],
                 "tree": self.tree, "threads": self.threads, "strategy": self.strategy}
 
     @classmethod
     def from_json(cls, data: dict) -> "TunedConv":
-        return cls(str(data["conv"]), tuple(CONV.from_json(json.dumps(s)) for s in data["kernels"]), data["tree"],
+        family = workload_from_key(str(data["conv"])).family
+        return cls(str(data["conv"]), tuple(family.from_json(json.dumps(s)) for s in data["kernels"]), data["tree"],
                    int(data["threads"]), str(data["strategy"]))
 
     def describe(self) -> str:
@@ -279,6 +291,21 @@ class GemmTuning:
                         if (k := ConvWorkload(found[0], (found[1],), cold).key) in self._convs), None)
         return own or self._conv_class.get(ConvWorkload.class_key_of(klass))
 
+    def find_conv_nchwc(self, depthwise: bool, lanes: int, kernel, strides, dilations, pads, dims, out_hw
+                        ) -> Optional[TunedConv]:
+        """``find_conv`` for a blocked conv (an ``NCHWcConv`` node, dense with a blocked input
+        or depthwise; ``dims`` (N, C, H, W, M) as the kernel takes them)."""
+        if not self._convs:
+            return None
+        klass = tuple(kernel) + tuple(strides) + tuple(dilations)
+        found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, 0)
+        own = None
+        if found is not None:
+            own = next((self._convs[k] for cold in (True, False)
+                        if (k := NchwcConvWorkload(found[0], (found[1],), cold, depthwise, lanes).key) in self._convs),
+                       None)
+        return own or self._conv_class.get(NchwcConvWorkload.class_key_of(klass, depthwise, lanes))
+
     def get_batched(self, key: str) -> Optional[TunedBatchedGemm]:
         return self._batched.get(key)
 
@@ -348,8 +375,9 @@ class GemmTuning:
             rows = _for_this_cpu(rows, path)
             entries: dict = {}
             for key, kernels, tree, t, lo, hi, strategy, _ in rows:  # later rows replace earlier ones
-                if str(key).startswith(("conv:", "conv-cold:")):
-                    convs = tuple(CONV.from_json(kern["schedule"]) for kern in json.loads(kernels))
+                if str(key).startswith(("conv:", "conv-cold:", *NchwcConvWorkload.kinds)):
+                    family = workload_from_key(str(key)).family
+                    convs = tuple(family.from_json(kern["schedule"]) for kern in json.loads(kernels))
                     entries[key] = TunedConv(str(key), convs, json.loads(tree), int(t), str(strategy))
                     continue
                 schedules = tuple(space.from_json(kern["schedule"]) for kern in json.loads(kernels))

@@ -141,7 +141,7 @@ def family_named(name: str) -> KernelFamily:
     """The family a database row names; an unknown one (a database written by a newer
     shapeshift) is a clear error."""
     # Importing the built-in families registers them.
-    from . import conv_family, gemm_family  # noqa: F401
+    from . import conv_family, conv_nchwc_family, gemm_family  # noqa: F401
 
     try:
         return _FAMILIES[name]
@@ -151,6 +151,6 @@ def family_named(name: str) -> KernelFamily:
 
 
 def families() -> Sequence[str]:
-    from . import conv_family, gemm_family  # noqa: F401
+    from . import conv_family, conv_nchwc_family, gemm_family  # noqa: F401
 
     return sorted(_FAMILIES)

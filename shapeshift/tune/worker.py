@@ -47,6 +47,13 @@ def _load(path: str, kind: str) -> ctypes.CDLL:
     use_openmp_defaults()  # measured under the wait policy sessions run with
     lib = ctypes.CDLL(path)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    if kind == "conv-nchwc":
+        lib.tune_cnc_bench.argtypes = [i64, i64] + [ptr] * 4 + [i64] * 15
+        lib.tune_cnc_bench.restype = ctypes.c_double
+        lib.tune_cnc_bench_cold.argtypes = [i64, i64] + [ptr] * 4 + [i64] * 15 + [ptr, i64]
+        lib.tune_cnc_bench_cold.restype = ctypes.c_double
+        lib.ss_set_num_threads.argtypes = [ctypes.c_int]
+        return lib  # no GEMM in its library: the weights' packing does not depend on the schedule
     if kind == "conv":
         lib.tune_conv_bench.argtypes = [i64] + [ptr] * 4 + [i64] * 16 + [ptr, ptr]
         lib.tune_conv_bench.restype = ctypes.c_double
@@ -276,25 +283,14 @@ def measure_conv(libs: list[ctypes.CDLL], req: dict) -> dict:
     """Each value's conv instance (tune/conv_workload.py) by ``ss_conv2d`` with the weights
     packed by the library's own ``ss_gemm_pack_b``, checked at sampled pixels against a
     float64 reference, then timed (``cold``: each call after a flush of the caches)."""
-    from .conv_workload import output
-
     flush = _flush_buffer() if req["workload"].get("cold") else None
-
     conv_class = tuple(int(v) for v in req["workload"]["class"])
     kh, kw, sh, sw, dh, dw = conv_class
-    rng = np.random.default_rng(0)
     timed, buffers = {}, []
-    for v in [int(v) for v in req["ms"]]:
-        inst = tuple(int(x) for x in req["workload"]["shapes"][str(v)])
+    for v, inst, (oh, ow), k, x, w, bias, pixels in _conv_cases(req, conv_class):
         n, c, h, wd, m, ph, pw, act = inst
-        oh, ow = output(conv_class, inst)
-        k = c * kh * kw
-        x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
-        w = (rng.standard_normal((m, c, kh, kw)) / math.sqrt(k)).astype(np.float32)
-        bias = rng.standard_normal(m).astype(np.float32)
         y = np.empty((n, m, oh, ow), dtype=np.float32)
         work = np.empty(max(1, c * kh * kw * oh * ow), dtype=np.float32)
-        pixels = _checked_pixels(oh, ow, rng)
         ref = conv_reference(x, w, bias.astype(np.float64), conv_class, (ph, pw), act, pixels)
         sel = (np.array([p for p, _ in pixels]), np.array([q for _, q in pixels]))
         for i, lib in enumerate(libs):
@@ -308,16 +304,90 @@ def measure_conv(libs: list[ctypes.CDLL], req: dict) -> dict:
             failure = _close(y[:, :, sel[0], sel[1]], ref, k, _where(f"conv {inst}, instance", v, i, len(libs)))
             if failure:
                 return failure
-            if flush is None:
-                timed[(i, v)] = lambda calls, lib=lib, args=args: lib.tune_conv_bench(calls, *args)
-            else:
-                timed[(i, v)] = lambda calls, lib=lib, args=args: lib.tune_conv_bench_cold(
-                    min(calls, COLD_CALLS), *args, flush.ctypes.data, flush.size)
+            timed[(i, v)] = _conv_timer(lib.tune_conv_bench, lib.tune_conv_bench_cold, args, flush)
+    return _results(_time(timed, req), len(libs), [int(v) for v in req["ms"]], req)
+
+
+def _conv_timer(warm, cold, args: tuple, flush: "np.ndarray | None"):
+    """Seconds per call of ``calls`` calls of a conv's timing loop: back to back (``warm``),
+    or with ``flush`` each after a write to every line of it (``cold``, at most COLD_CALLS
+    a sample)."""
+    if flush is None:
+        return lambda calls: warm(calls, *args)
+    return lambda calls: cold(min(calls, COLD_CALLS), *args, flush.ctypes.data, flush.size)
+
+
+def _conv_cases(req: dict, conv_class, depthwise: bool = False):
+    """Per value of a conv request: (value, instance, (OH, OW), taps summed per output, x,
+    w, bias, the output pixels checked), its data random from one seed."""
+    from .conv_workload import output
+
+    kh, kw = conv_class[:2]
+    rng = np.random.default_rng(0)
+    for v in [int(v) for v in req["ms"]]:
+        inst = tuple(int(x) for x in req["workload"]["shapes"][str(v)])
+        n, c, h, wd, m = inst[:5]
+        oh, ow = output(conv_class, inst)
+        k = (1 if depthwise else c) * kh * kw
+        x = rng.standard_normal((n, c, h, wd)).astype(np.float32)
+        w = (rng.standard_normal((m, 1 if depthwise else c, kh, kw)) / math.sqrt(k)).astype(np.float32)
+        bias = rng.standard_normal(m).astype(np.float32)
+        yield v, inst, (oh, ow), k, x, w, bias, _checked_pixels(oh, ow, rng)
+
+
+def _blocked(a: np.ndarray, lanes: int) -> np.ndarray:
+    """[N, C, H, W] as NCHWc [N, ceil(C/L), H, W, L], zero past C."""
+    n, c, h, w = a.shape
+    cb = -(-c // lanes)
+    out = np.zeros((n, cb * lanes, h, w), np.float32)
+    out[:, :c] = a
+    return np.ascontiguousarray(out.reshape(n, cb, lanes, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def measure_conv_nchwc(libs: list[ctypes.CDLL], req: dict) -> dict:
+    """Each value's blocked conv instance (tune/conv_workload.py's NchwcConvWorkload) on a
+    blocked input with weights packed as the lowering packs them, checked at sampled pixels
+    (every channel, the lanes past M zero) against a float64 reference, then timed
+    (``cold``: each call after a flush of the caches)."""
+    from ..codegen.kernels.conv_nchwc import pack_dense, pack_depthwise, pad_channels
+
+    flush = _flush_buffer() if req["workload"].get("cold") else None
+    conv_class = tuple(int(v) for v in req["workload"]["class"])
+    depthwise, lanes = bool(req["workload"]["depthwise"]), int(req["workload"]["lanes"])
+    kh, kw, sh, sw, dh, dw = conv_class
+    timed, buffers = {}, []
+    for v, inst, (oh, ow), k, x, w, bias, pixels in _conv_cases(req, conv_class, depthwise):
+        n, c, h, wd, m, ph, pw, _ = inst
+        xb = _blocked(x, lanes)
+        wp = pack_depthwise(w, lanes) if depthwise else pack_dense(w, 1, lanes, lanes)
+        bp = pad_channels(bias, lanes)
+        y = np.empty((n, -(-m // lanes), oh, ow, lanes), dtype=np.float32)
+        if depthwise:  # each channel its own 1-channel conv
+            ref = np.concatenate([conv_reference(x[:, j:j + 1], w[j:j + 1], bias[j:j + 1].astype(np.float64),
+                                                 conv_class, (ph, pw), 0, pixels) for j in range(c)], axis=1)
+        else:
+            ref = conv_reference(x, w, bias.astype(np.float64), conv_class, (ph, pw), 0, pixels)
+        sel = (np.array([p for p, _ in pixels]), np.array([q for _, q in pixels]))
+        buffers.append((xb, wp, bp, y))  # alive while the rounds run
+        args = (int(depthwise), xb.ctypes.data, wp.ctypes.data, bp.ctypes.data, y.ctypes.data, n, c, h, wd, m, kh, kw,
+                oh, ow, sh, sw, ph, pw, dh, dw)
+        for i, lib in enumerate(libs):
+            y.fill(np.nan)
+            lib.tune_cnc_bench(1, *args)
+            got = y[:, :, sel[0], sel[1], :].transpose(0, 1, 3, 2).reshape(n, -1, len(pixels))  # [N, MB*L, P]
+            where = _where(f"blocked conv {inst}, instance", v, i, len(libs))
+            failure = _close(got[:, :m], ref, k, where)
+            if failure is None and np.any(got[:, m:] != 0):
+                failure = {"error": f"wrong result at {where} (lanes past M not zero)"}
+            if failure:
+                return failure
+            timed[(i, v)] = _conv_timer(lib.tune_cnc_bench, lib.tune_cnc_bench_cold, args, flush)
     return _results(_time(timed, req), len(libs), [int(v) for v in req["ms"]], req)
 
 
 # The measurement routine of each kind of request (a task's ``request()["kind"]``, tune/task.py).
-MEASURES = {"prepacked": measure_prepacked, "batched": measure_batched, "conv": measure_conv}
+MEASURES = {"prepacked": measure_prepacked, "batched": measure_batched, "conv": measure_conv,
+            "conv-nchwc": measure_conv_nchwc}
 
 
 def measure(req: dict) -> dict:

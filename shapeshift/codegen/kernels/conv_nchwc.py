@@ -56,6 +56,8 @@ from .nchwc import block_width
 DEPENDS = ("nchwc",)
 #: Depthwise tile: output pixels per register tile (one accumulator each).
 DW_PIXELS = 8
+#: The entry points: ss_conv_nchwc_L (dense and grouped) and ss_dwconv_nchwc_L.
+ENTRIES = ("dense", "depthwise")
 
 
 def dense_pixels(lanes: int, registers: int) -> int:
@@ -333,13 +335,13 @@ static __attribute__((noinline)) void ss_cnc_pointwise_@L@(
 {
     const int64_t MB = (M + @L@ - 1) / @L@, IB = (C + @L@ - 1) / @L@, NP = (MB + 1) / 2;
     const int64_t bs = H * W * @L@, ybs = OH * OW * @L@, wob = IB * @L@ * @L@;
-    int64_t CB = SS_CNC_L1_FLOATS / 4 / (2 * @L@ * @L@);
+    int64_t CB = SS_CNC_L1_FLOATS / @L1SHARE@ / (2 * @L@ * @L@);
     if (CB < 1) CB = 1;
     const int64_t chunks = (IB + CB - 1) / CB;
     CB = (IB + chunks - 1) / chunks;
     /* A strided conv reads one pixel in sw of each input row it reads: its lines hold sw
        times the floats it uses. */
-    int64_t PR = SS_CNC_L2_FLOATS / 4 / (CB * @L@ * sw) / @RX@ * @RX@;
+    int64_t PR = SS_CNC_L2_FLOATS / @L2SHARE@ / (CB * @L@ * sw) / @RX@ * @RX@;
     if (PR < @RX@) PR = @RX@;
     const int64_t P = OH * OW;
     int64_t ranges;
@@ -778,8 +780,12 @@ def pointwise_tile(lanes: int, rx: int, nb: int) -> str:
                     w.text(), linkage="inline").definition()
 
 
-def _functions(lanes: int, par_min: int) -> list:
-    rx = dense_pixels(lanes, registers_of_width(lanes))
+def _functions(lanes: int, rx: Optional[int] = None, dw_pixels: int = DW_PIXELS, l1_share: int = 4,
+               l2_share: int = 4, entries: tuple[str, ...] = ENTRIES) -> list:
+    """One width's kernels; the knobs (kernels/conv_nchwc_tuned.py's schedule) default to what
+    every untuned conv runs: the target's dense tile, DW_PIXELS, a quarter of L1 and of L2.
+    ``entries``: which of the two entry points (and what only it uses) to emit."""
+    rx = rx or dense_pixels(lanes, registers_of_width(lanes))
     dense = Function("void", f"ss_conv_nchwc_{lanes}",
                      ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
                       "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
@@ -789,23 +795,29 @@ def _functions(lanes: int, par_min: int) -> list:
                          ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N",
                           "int64_t C", "int64_t H", "int64_t W", "int64_t KH", "int64_t KW", "int64_t OH",
                           "int64_t OW", "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh",
-                          "int64_t dw", *_EPILOGUE_PARAMS), fill(_DW, L=lanes, DWX=DW_PIXELS, NARROW="\n".join(
+                          "int64_t dw", *_EPILOGUE_PARAMS), fill(_DW, L=lanes, DWX=dw_pixels, NARROW="\n".join(
                              f"                        case {r}: SS_DWC_STAGED({r}); break;"
-                             for r in range(DW_PIXELS - 1, 0, -1))))
-    return [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx)),
-            Private("".join(pointwise_tile(lanes, t, nb) for t in (rx, 4, 1) for nb in (1, 2))),
-            Private(fill(_POINTWISE, L=lanes, RX=rx)), Private(fill(_DW_TILE, L=lanes, DWX=DW_PIXELS)), dense, depthwise]
+                             for r in range(dw_pixels - 1, 0, -1))))
+    # The depthwise kernel stores through the dense tile's store and epilogue helpers.
+    parts = [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx))]
+    if "dense" in entries:
+        parts += [Private("".join(pointwise_tile(lanes, t, nb) for t in sorted({rx, 4, 1}, reverse=True)
+                                  for nb in (1, 2))),
+                  Private(fill(_POINTWISE, L=lanes, RX=rx, L1SHARE=l1_share, L2SHARE=l2_share))]
+    if "depthwise" in entries:
+        parts.append(Private(fill(_DW_TILE, L=lanes, DWX=dw_pixels)))
+    return parts + [f for e, f in (("dense", dense), ("depthwise", depthwise)) if e in entries]
 
 
-def fragment(target: Optional[Target] = None, par_min: int = 1 << 17, widths: Optional[tuple[int, ...]] = None
-             ) -> Fragment:
+def fragment(target: Optional[Target] = None, par_min: int = 1 << 17, widths: Optional[tuple[int, ...]] = None,
+             **knobs) -> Fragment:
     """``par_min``: multiply-adds below which a conv runs on one thread; the pointwise
     kernel's blocking follows ``target``'s L1d and L2 (this machine's when None).
     ``widths``: the block widths to emit kernels for; by default only the one the layout
     pass blocks by on ``target`` (nchwc.block_width), as no program calls the other. Both
     took gcc about a minute on an AMD Zen 2 (the 16-lane kernels, as pairs of ymm where the
     build has no AVX-512, were two thirds of a 940 KB object), the first session of a
-    model with depthwise convs waiting on it."""
+    model with depthwise convs waiting on it. ``knobs``: ``_functions``' (a tuned schedule's)."""
     from ...target import host_target
 
     target = target or host_target()
@@ -814,7 +826,7 @@ def fragment(target: Optional[Target] = None, par_min: int = 1 << 17, widths: Op
                            f"#define SS_CNC_L1_FLOATS {caches.l1d // 4}\n#define SS_CNC_L2_FLOATS {caches.l2 // 4}\n"),
                    Private(_NEXT_TILE)]
     for lanes in widths or (block_width(target),):
-        parts.extend(_functions(lanes, par_min))
+        parts.extend(_functions(lanes, **knobs))
     return Fragment(parts)
 
 

@@ -200,8 +200,10 @@ def _functions(lanes: int) -> list:
 
 
 def helpers(lanes: int) -> str:
-    """The vector types and inline helpers of one width (conv_nchwc.py's object uses them)."""
-    return fill(_HELPERS, L=lanes)
+    """The vector types and inline helpers of one width (conv_nchwc.py's object uses them),
+    guarded: a tuned conv unit (kernels/conv_nchwc_tuned.py) carries its own copy and sits
+    after a program's declarations, which may hold them already."""
+    return f"#ifndef SS_NCHWC_HELPERS_{lanes}\n#define SS_NCHWC_HELPERS_{lanes}\n" + fill(_HELPERS, L=lanes) + "#endif\n"
 
 
 def fragment() -> Fragment:

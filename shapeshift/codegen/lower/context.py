@@ -223,6 +223,18 @@ class LowerContext:
         find = getattr(self._tuning, "find_conv", None)
         return find(kernel, strides, dilations, pads, dims, out_hw, act) if find is not None else None
 
+    def tuned_conv_nchwc(self, depthwise: bool, lanes: int, kernel, strides, dilations, pads, dims, out_hw
+                         ) -> Optional[str]:
+        """The prefix of the tuning records' dispatcher for a blocked conv (``find_conv_nchwc``:
+        ``dims`` (N, C, H, W, M) as the kernel takes them), or None; its kernels read the
+        weights as the untuned one does."""
+        find = getattr(self._tuning, "find_conv_nchwc", None)
+        tuned = find(depthwise, lanes, kernel, strides, dilations, pads, dims, out_hw) if find is not None else None
+        if tuned is None:
+            return None
+        self._tuned_calls.append(tuned.name)
+        return tuned.name
+
     def batched_gemm_fn(self, m: Dim, n: Dim, k: Dim, batch: Sequence[Dim], a_strides: Sequence[Dim],
                         b_strides: Sequence[Dim], c_strides: Sequence[Dim]) -> str:
         """The function for an ``ss_gemm`` call of these sizes and strides (per batch dim,

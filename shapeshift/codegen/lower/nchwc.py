@@ -56,15 +56,25 @@ def lower_conv_nchwc(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     epilogue = (f"{_null(ctx, node, 3)}, {int(a['act'])}, {float_literal(a['a0'])}, {float_literal(a['a1'])}, "
                 f"{int(a['act2'])}, {float_literal(a['b0'])}, {float_literal(a['b1'])}")
     xyw = f"{ctx.ptr(x)}, {ctx.ptr(node.inputs[1])}, {ctx.ptr(node.inputs[2])}, {ctx.ptr(y)}"
+    pointwise = (kh, kw) == (1, 1) and strides == [1, 1] and dilations == [1, 1] and pads == ["0", "0"]
+    # The plane as the kernel takes it: a pointwise conv's as one row (below).
+    plane, out_plane = ([1, product(hw)], [1, product(ohw)]) if pointwise else (hw, ohw)
+    fn = f"ss_dwconv_nchwc_{lanes}" if kind == "depthwise" else f"ss_conv_nchwc_{lanes}"
+    if kind == "depthwise" or (int(a["group"]) == 1 and int(a["xblk"]) == lanes):
+        # A tuned dispatcher where the records have one for this class (tune/records.py).
+        tuned = ctx.tuned_conv_nchwc(kind == "depthwise", lanes, (kh, kw), strides, dilations,
+                                     [int(p) if p.isdigit() else p for p in pads],
+                                     [ctx.shape(x)[0], c, *plane, c if kind == "depthwise" else m], out_plane)
+        if tuned is not None:
+            fn = tuned + fn[len("ss_"):]
     if kind == "depthwise":
-        code = (f"ss_dwconv_nchwc_{lanes}({xyw}, {n}, {c}, {h}, {wd}, {kh}, {kw}, {oh}, {ow}, {strides[0]}, "
+        code = (f"{fn}({xyw}, {n}, {c}, {h}, {wd}, {kh}, {kw}, {oh}, {ow}, {strides[0]}, "
                 f"{strides[1]}, {pads[0]}, {pads[1]}, {dilations[0]}, {dilations[1]}, {epilogue});")
         return Lowered(code, fragments=("conv_nchwc",))
-    pointwise = (kh, kw) == (1, 1) and strides == [1, 1] and dilations == [1, 1] and pads == ["0", "0"]
     if pointwise:
         # The plane as one row: a GEMM over all pixels, with no row ends to tile around.
         h, wd, oh, ow = "1", ctx.dim(product(hw)), "1", ctx.dim(product(ohw))
-    code = (f"ss_conv_nchwc_{lanes}({xyw}, {n}, {c}, {h}, {wd}, {m}, {kh}, {kw}, {oh}, {ow}, {strides[0]}, "
+    code = (f"{fn}({xyw}, {n}, {c}, {h}, {wd}, {m}, {kh}, {kw}, {oh}, {ow}, {strides[0]}, "
             f"{strides[1]}, {pads[0]}, {pads[1]}, {dilations[0]}, {dilations[1]}, {int(a['group'])}, "
             f"{int(a['xblk'])}, {epilogue});")
     return Lowered(code, fragments=("conv_nchwc",))
