@@ -511,3 +511,35 @@ def test_sequence_lens_past_the_sequence_are_refused(op):
             session.run(None, {"x": x, "lens": np.array(lens, np.int32)})
     feed = {"x": x, "lens": np.array([5, 3], np.int32)}
     np.testing.assert_allclose(session.run(None, feed)[0], _ort(model, feed)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize("op, attrs", [("Div", {}), ("Mod", {}), ("Mod", {"fmod": 1})])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_integer_division_by_zero_is_refused_as_onnxruntime_refuses_it(backend, op, attrs, dtype):
+    """An integer Div or Mod by zero ran (each backend giving its own value: 0 natively, 1
+    for -7 / 0 by the reference) where onnxruntime refuses the run; now both refuse it,
+    naming the node, in a fused chain and over many elements (the loop on two threads) too,
+    and divisors without a zero still match onnxruntime; MIN / -1 (which takes onnxruntime
+    down with SIGFPE) gives the wrapped quotient and a remainder of 0."""
+    t = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [helper.make_node(op, ["a", "b"], ["q"], **attrs), helper.make_node("Add", ["q", "a"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("a", t, ["n"]), helper.make_tensor_value_info("b", t, ["n"])],
+                   [helper.make_tensor_value_info("y", t, ["n"])])
+    session = shapeshift.InferenceSession(model, {"n": (1, 1 << 20)}, backend=backend, num_threads=2)
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(0)
+    for n in (4, 1 << 18):
+        a = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        b = rng.integers(1, 9, n, dtype=dtype)
+        if info.min < 0:
+            b[: n // 2] *= -1
+        np.testing.assert_array_equal(session.run(None, {"a": a, "b": b})[0], _ort(model, {"a": a, "b": b})[0])
+        if info.min < 0:
+            a[0], b[0] = info.min, -1
+            first = session.run(None, {"a": a, "b": b})[0][0]
+            wrapped = (np.array([info.min], dtype) + np.array([info.min], dtype))[0]  # q + a where q = MIN
+            assert first == (wrapped if op == "Div" else info.min)
+        b[n - 1 - n // 3] = 0
+        with pytest.raises(ExecutionError, match=f"\\({op}\\): integer division by zero"):
+            session.run(None, {"a": a, "b": b})

@@ -87,8 +87,10 @@ def test_bit_shift_past_the_width_is_zero(onnx_dtype, direction):
 
 
 def test_division_traps_are_defined():
-    """x / 0 and x % 0 give 0 (as NumPy does), and MIN / -1 wraps, instead of trapping."""
+    """MIN / -1 wraps and MIN % -1 is 0, and x / 0 and x % 0 are an error naming the node (as
+    onnxruntime refuses them), instead of trapping."""
     import shapeshift
+    from shapeshift.errors import ExecutionError
 
     nodes = [helper.make_node("Div", ["a", "b"], ["q"]), helper.make_node("Mod", ["a", "b"], ["r"])]
     model = _model(nodes, [_input("a", ["n"], TensorProto.INT16), _input("b", ["n"], TensorProto.INT16)],
@@ -96,10 +98,13 @@ def test_division_traps_are_defined():
     session = shapeshift.InferenceSession(model, backend="native")
     assert not session._executor.program.fallback_ops()
     a = np.array([7, -32768, 5, -7], dtype=np.int16)
-    b = np.array([0, -1, 0, 2], dtype=np.int16)
+    b = np.array([3, -1, -2, 2], dtype=np.int16)
     q, r = session.run(None, {"a": a, "b": b})
-    np.testing.assert_array_equal(q, np.array([0, -32768, 0, -3], dtype=np.int16))
-    np.testing.assert_array_equal(r, np.array([0, 0, 0, 1], dtype=np.int16))
+    np.testing.assert_array_equal(q, np.array([2, -32768, -2, -3], dtype=np.int16))
+    np.testing.assert_array_equal(r, np.array([1, 0, -1, 1], dtype=np.int16))
+    b[2] = 0
+    with pytest.raises(ExecutionError, match="integer division by zero"):
+        session.run(None, {"a": a, "b": b})
 
 
 @pytest.mark.parametrize("onnx_dtype", list(WIDE))

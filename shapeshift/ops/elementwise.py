@@ -135,7 +135,19 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return truncating_divide(a, b) if a.dtype.kind in "iu" else np.divide(a, b)
 
 
+def _refuse_integer_zero(ctx: EvalContext, b: np.ndarray) -> None:
+    """An integer Div or Mod by zero fails the run (onnxruntime refuses it too; C traps)."""
+    if b.dtype.kind in "iu" and not np.all(b):
+        ctx.fail("integer division by zero (onnxruntime refuses it too)")
+
+
+def _div(ctx: EvalContext, a: np.ndarray, b: np.ndarray) -> list:
+    _refuse_integer_zero(ctx, b)
+    return _wide_binary(_divide)(ctx, a, b)
+
+
 def _mod(ctx: EvalContext, a: np.ndarray, b: np.ndarray) -> list:
+    _refuse_integer_zero(ctx, b)
     # fmod=0 on floats is only valid from opset 28 on, with Python semantics too.
     fn = np.fmod if ctx.attr("fmod", 0) else np.mod
     with np.errstate(all="ignore"):
@@ -173,10 +185,10 @@ _ARITHMETIC = {
     "Add": (np.add, add),
     "Sub": (np.subtract, sub),
     "Mul": (np.multiply, mul),
-    "Div": (_divide, sa.truncating_div),
 }
 for _op, (_fn, _element) in _ARITHMETIC.items():
     define(_op, infer=_broadcast_rule(contents=_fixed(_element)), evaluate=_wide_binary(_fn))
+define("Div", infer=_broadcast_rule(contents=_fixed(sa.truncating_div)), evaluate=_div)
 
 define("Mod", infer=_broadcast_rule(contents=_mod_contents), evaluate=_mod, since=10)
 define("Pow", infer=_broadcast_rule(dtype_from=(0,)), evaluate=_pow)

@@ -137,18 +137,28 @@ def _pow(node, args, dtypes):
     return f"ss_ipow_{suffix}({base}, {negative}, (uint64_t)({exponent}))"
 
 
+# An integer Div or Mod by zero: the loop marks it in this local (``_refuse_zero_divisors``
+# declares it and fails the step after the loop), as onnxruntime refuses the run. Atomic:
+# the loop may run on several threads.
+ZERO_DIVISOR = "ss_zero_divisor"
+_MARK_ZERO = f"__atomic_store_n(&{ZERO_DIVISOR}, 1, __ATOMIC_RELAXED)"
+
+
 def _mod(node, args, dtypes):
     if node.attrs.get("fmod", 0):
         if dtypes[0] not in FLOATS:
-            # C traps on x % 0 and on MIN % -1 (whose remainder is 0 anyway): give 0.
+            # C traps on x % 0 and on MIN % -1 (whose remainder is 0 anyway): 0 is marked,
+            # MIN % -1 gives 0.
             a, b, ctype = args[0], args[1], C_TYPES[dtypes[0]]
-            guard = f"{b} == 0" if dtypes[0] in UNSIGNED_BITS else f"({b} == 0 || {b} == -1)"
-            return f"({guard} ? ({ctype})0 : ({ctype})({a} % {b}))"
+            wrap = "" if dtypes[0] in UNSIGNED_BITS else f"{b} == -1 ? ({ctype})0 : "
+            return f"({b} == 0 ? ({_MARK_ZERO}, ({ctype})0) : {wrap}({ctype})({a} % {b}))"
         return f"fmod{'f' if dtypes[0] == FLOAT else ''}({args[0]}, {args[1]})"
     if dtypes[0] in FLOATS:
         raise Unsupported("float Mod with fmod=0")
     # Python-style modulo: the result takes the divisor's sign.
-    return f"ss_pymod_{C_TYPES[dtypes[0]].replace('_t', '')}({args[0]}, {args[1]})"
+    ctype = C_TYPES[dtypes[0]]
+    return (f"({args[1]} == 0 ? ({_MARK_ZERO}, ({ctype})0) : "
+            f"ss_pymod_{ctype.replace('_t', '')}({args[0]}, {args[1]}))")
 
 
 def _div(node, args, dtypes):
@@ -157,11 +167,23 @@ def _div(node, args, dtypes):
     if dtypes[0] == BOOL:
         raise Unsupported("Div on bool")
     # Integer Div truncates toward zero in ONNX (onnxruntime, onnx.reference), as C's / does.
-    # C traps on x / 0 and on MIN / -1: give 0 and the wrapped negation instead.
+    # C traps on x / 0 and on MIN / -1: a zero is marked (the step fails, ZERO_DIVISOR),
+    # MIN / -1 gives the wrapped negation.
     a, b, ctype = args[0], args[1], C_TYPES[dtypes[0]]
     if dtypes[0] in UNSIGNED_BITS:
-        return f"({b} == 0 ? ({ctype})0 : ({ctype})({a} / {b}))"
-    return (f"({b} == 0 ? ({ctype})0 : ({b} == -1 ? ({ctype})(0 - (uint64_t){a}) : ({ctype})({a} / {b})))")
+        return f"({b} == 0 ? ({_MARK_ZERO}, ({ctype})0) : ({ctype})({a} / {b}))"
+    return (f"({b} == 0 ? ({_MARK_ZERO}, ({ctype})0) : ({b} == -1 ? ({ctype})(0 - (uint64_t){a}) : "
+            f"({ctype})({a} / {b})))")
+
+
+def _refuse_zero_divisors(code: str) -> tuple[str, str]:
+    """The step's code with the zero-divisor mark declared before its loop and checked after
+    it, and what the step then refuses (``Lowered.rejects``); as it was where it has no
+    integer Div or Mod."""
+    if ZERO_DIVISOR not in code:
+        return code, ""
+    return (f"int {ZERO_DIVISOR} = 0;\n{code}\nif ({ZERO_DIVISOR}) return STEP_ERROR;",
+            "integer division by zero (onnxruntime refuses it too)")
 
 
 def _clip_bounds(node: Node, args: Sequence[str], dtype: int, constant=lambda text: text) -> tuple:
@@ -568,8 +590,8 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
         else:
             exprs[id(n.outputs[0])] = _EXPRESSIONS[n.op_type](n, args, dtypes)
     vector = vexprs[id(out_value)] if vexprs is not None else None
-    code = _loop_nest(out_shape, list(operands.values()), exprs[id(out_value)], ctx.ctype(out_value),
-                      ctx.ptr(out_value), ctx, decls, vector)
+    code, rejects = _refuse_zero_divisors(_loop_nest(out_shape, list(operands.values()), exprs[id(out_value)],
+                                                     ctx.ctype(out_value), ctx.ptr(out_value), ctx, decls, vector))
     fragments = ("scalar",) if re.search(r"\bss_(pymod|max|min)_", code) else ()
     if "ss_ipow_" in code:
         fragments += ("intpow",)
@@ -577,7 +599,7 @@ def lower_elementwise(node: Node, ctx: LowerContext, opset: int) -> Optional[Low
                                      "ss_hard_sigmoidf")):
         fragments += ("vmath",)
     return Lowered(code, fragments=fragments, absorbed=tuple(chain[1:]), can_fail="STEP_ERROR" in code,
-                   size_code=_broadcast_size_code(node, ctx))
+                   size_code=_broadcast_size_code(node, ctx), rejects=rejects)
 
 
 def _broadcast_size_code(node: Node, ctx: LowerContext) -> str:
