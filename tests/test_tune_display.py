@@ -39,3 +39,21 @@ def test_rich_tables_and_a_live_status_on_a_terminal():
     assert "[768, 3072]" in text and "140.2" in text
     assert "round 2: trials 8" in text
     assert "task 2/2 bmm:12:...: trials 8/8, best 61.0 GFLOPS" in text
+
+
+def test_the_estimate_counts_a_tasks_instances(capsys):
+    """A task over instances times its shortlist at each of them: 110 instances are
+    estimated longer than 6 at the same trials, and the total is the tasks' sum."""
+    import argparse
+
+    from shapeshift.cli.tune_cmd import SECONDS_PER_INSTANCE, SECONDS_PER_TRIAL, print_tasks
+    from shapeshift.tune.extract import ConvTask
+
+    tasks = [ConvTask((1, 1, 1, 1, 1, 1), {(1, 8, 1, 64 + i, 8, 0, 0, 0): 1.0 for i in range(n)}, (False, 8))
+             for n in (110, 6)]
+    args = argparse.Namespace(model="m", threads=1, strategy="dietcode", measure=None, trials=6, time_budget=None)
+    print_tasks(tasks, args, TuneDisplay(terminal=False))
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if "instance(s)" in line]
+    minutes = [float(row[-1]) for row in rows]
+    want = [(6 * SECONDS_PER_TRIAL + n * SECONDS_PER_INSTANCE) / 60 for n in (110, 6)]
+    assert minutes == [round(w, 1) for w in want] and minutes[0] > minutes[1]

@@ -42,6 +42,11 @@ class TuneError(ShapeshiftError):
 # Rough seconds per trial (two compiles at a time, then a measurement at a few M): only for
 # the estimate printed before tuning starts.
 SECONDS_PER_TRIAL = 2.5
+# And per instance of a task over instances (a group, a conv class), whose shortlist and
+# kernel set are timed at every instance: PP-OCRv4's detector over 96..960 (AMD Zen 2, 6
+# trials a task) took 69-77 s for its 110-instance pointwise class, 14-23 s for classes of
+# 12-18 instances, 6-10 s for one of 6; trials alone made it 15 s a task.
+SECONDS_PER_INSTANCE = 0.5
 # M past this is not a range one tunes for: a dim was left undeclared (default bound).
 MAX_TUNED_M = 1 << 20
 
@@ -269,11 +274,14 @@ def print_tasks(tasks: list[ModelTask | BatchedTask], args, display: Optional[Tu
     title = (f"{len(tasks)} task(s) in {args.model}, {args.threads} thread(s), strategy {args.strategy}, "
              f"measured {args.measure or 'cold'}, {args.trials} trials each"
              + (f", budget {args.time_budget:g} min in all" if args.time_budget else ""))
-    est = args.trials * SECONDS_PER_TRIAL / 60
+    def est(t) -> float:
+        instances = t.hi if isinstance(t, (GroupTask, ConvTask)) else 0
+        return (args.trials * SECONDS_PER_TRIAL + instances * SECONDS_PER_INSTANCE) / 60
+
     rows = [[str(i), t.label, str(t.calls),
              f"{t.hi} instance(s)" if isinstance(t, (GroupTask, ConvTask)) else f"{t.lo}..{t.hi}", f"{t.range_flops() / 1e9:.4g}",
-             f"{t.range_flops() / total:.1%}", f"{est:.1f}"] for i, t in enumerate(tasks)]
-    est_all = len(tasks) * est
+             f"{t.range_flops() / total:.1%}", f"{est(t):.1f}"] for i, t in enumerate(tasks)]
+    est_all = sum(est(t) for t in tasks)
     if args.time_budget:
         est_all = min(est_all, args.time_budget)
     display.table(title, ["#", "weight [K, N] or batched", "calls", "M or T range", "GFLOP", "share", "est. min"],
