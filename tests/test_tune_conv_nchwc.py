@@ -26,7 +26,7 @@ from shapeshift.cli.main import main
 from shapeshift.codegen import fragments
 from shapeshift.codegen.build import DEFAULT_FLAGS, compile_library
 from shapeshift.codegen.defaults import default_nchwc_schedule
-from shapeshift.codegen.kernels import conv_nchwc, nchwc
+from shapeshift.codegen.kernels import nchwc
 from shapeshift.codegen.kernels.conv_nchwc_tuned import NchwcSchedule, unit_source
 from shapeshift.codegen.kernels.prelude import PRELUDE
 from shapeshift.target import host_target
