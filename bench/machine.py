@@ -3,7 +3,11 @@ measured FMA peak per width (shapeshift.target: measured once per CPU, cached).
 
 ``describe()`` is the paragraph results files start with; ``peak_gflops()`` the per-core
 float32 peak that GFLOPS are reported against (the widest width's); ``peer_env()`` the
-environment a NumPy peer runs in, at its best on this CPU.
+environment a NumPy peer runs in, at its best on this CPU; ``core_to_core_ns()`` the round
+trip of a cache line between two threads, which on these VMs says how far apart the two
+vCPUs are at the moment (on an AMD Zen 2 VM it was 56-75 ns for a minute and 370-490 ns the
+next, and yolov8n at 320x320 on 2 threads ran 12.9 ms in the first state and 17.3-18.9 in the
+second, onnxruntime 15.0 and 17.7-19.2: 2-thread results are only comparable within a state).
 """
 
 from __future__ import annotations
@@ -18,6 +22,65 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shapeshift.target import host_target, measure_fma  # noqa: E402
+
+
+_PING_PONG = r"""
+#include <stdatomic.h>
+/* Seconds per round trip of one cache line between two OpenMP threads, over `rounds` or as
+   many as `budget` seconds allow (a busy machine may deschedule either spinning thread);
+   -1 with fewer than two threads. */
+double bench_ping_pong(long rounds, double budget)
+{
+    static _Atomic long flag;
+    double seconds = -1.0;
+    atomic_store(&flag, 0);
+    #pragma omp parallel num_threads(2)
+    if (omp_get_num_threads() == 2) {
+        #pragma omp barrier
+        if (omp_get_thread_num() == 0) {
+            const double start = omp_get_wtime();
+            long i = 0;
+            for (; i < rounds; ++i) {
+                atomic_store_explicit(&flag, 2 * i + 1, memory_order_release);
+                while (atomic_load_explicit(&flag, memory_order_acquire) != 2 * i + 2) {}
+                if ((i & 15) == 15 && omp_get_wtime() - start > budget) { ++i; break; }
+            }
+            seconds = (omp_get_wtime() - start) / (double)i;
+            atomic_store_explicit(&flag, -1, memory_order_release);  /* stop */
+        } else {
+            for (long i = 0;; ++i) {
+                long seen;
+                while ((seen = atomic_load_explicit(&flag, memory_order_acquire)) != 2 * i + 1 && seen != -1) {}
+                if (seen == -1) break;
+                atomic_store_explicit(&flag, 2 * i + 2, memory_order_release);
+            }
+        }
+    }
+    return seconds;
+}
+"""
+
+
+@functools.cache
+def _ping_pong():
+    import ctypes
+
+    from shapeshift.codegen.build import compile_library
+    from shapeshift.codegen.kernels.prelude import PRELUDE
+
+    fn = compile_library(PRELUDE + _PING_PONG, name_hint="bench_ping_pong").cdll.bench_ping_pong
+    fn.argtypes, fn.restype = [ctypes.c_long, ctypes.c_double], ctypes.c_double
+    return fn
+
+
+def core_to_core_ns(rounds: int = 100_000, budget_s: float = 0.05) -> float | None:
+    """Nanoseconds a cache line takes to go to another thread and back, now (the best of 3
+    runs of ``rounds`` round trips, or of what ``budget_s`` seconds each allow); None with
+    fewer than two CPUs."""
+    if (os.cpu_count() or 1) < 2:
+        return None
+    best = min(_ping_pong()(rounds, budget_s) for _ in range(3))
+    return best * 1e9 if best > 0 else None
 
 
 def peak_gflops() -> float:
@@ -82,7 +145,9 @@ def describe() -> str:
     ident = f"{target.cpu_model}" + (f" ({cpu.vendor} family {cpu.family} model {cpu.model})" if cpu else "")
     widths = "; ".join(f"{w.bits}-bit {w.peak_gflops:.0f} GFLOPS, FMA latency {w.latency_ns:.2f} ns"
                        for w in facts.widths)
+    trip = core_to_core_ns()
+    between = f" Core-to-core round trip when this was written: {trip:.0f} ns." if trip else ""
     return (f"Machine: {ident}, {os.cpu_count()} CPUs; ISA {', '.join(target.isa)}; caches L1d "
             f"{target.caches.l1d >> 10} KiB, L2 {target.caches.l2 >> 10} KiB; measured FMA peak a core "
             f"(`shapeshift info --machine`, best of short samples): {widths}. '% peak' below is against "
-            f"{facts.peak_gflops:.0f} GFLOPS x threads.")
+            f"{facts.peak_gflops:.0f} GFLOPS x threads.{between}")
