@@ -11,10 +11,11 @@ reads, and schedules that run the same code are one candidate. Its space: the de
 pixels from 4 to two past the target's default (past the register file the accumulators
 spill, which the search measures rather than assumes; half the draws keep the default
 tile and change only the blocking), the depthwise tile's pixels, the shares of L1 and L2
-and the threading threshold, each from a short list around its default. The cost model sees the schedule's fields, how the
-call's row divides into its tiles (the pixels the last overlapping tile computes again)
-and the call's sizes, and which of the kernel's paths the call takes (pointwise, narrow
-plane, row tiles, depthwise), mirroring ``ss_conv_nchwc_L``'s order.
+and the threading threshold, each from a short list around its default. The cost model
+sees the schedule's fields, how the call's row divides into its tiles (the pixels the last
+overlapping tile computes again) and the call's sizes, and which of the kernel's paths the
+call takes (pointwise, narrow plane, row tiles, depthwise), mirroring ``ss_conv_nchwc_L``'s
+order.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import math
 import random
 
 from ..codegen.defaults import default_nchwc_schedule
-from ..codegen.kernels.conv_nchwc_tuned import MAX_DW_PIXELS, MAX_RX, NchwcSchedule, unit_source
+from ..codegen.kernels.conv_nchwc_tuned import MAX_RX, NchwcSchedule, unit_source
 from ..codegen.kernels.nchwc import block_width
 from ..target import Target, host_target
 from .task import register
 
-DW_PIXELS = (4, 6, 8, 10, 12)
+DW_PIXELS = (4, 6, 8, 10, 12)  # within MAX_DW_PIXELS
 SHARES = (2, 4, 8)
 PAR_MINS = (1 << 15, 1 << 17, 1 << 19)
 DENSE_FIELDS = ("rx", "l1_share", "l2_share", "par_min")
@@ -116,8 +117,7 @@ class NchwcConvFamily:
     def _choices(self, name: str, target: Target) -> list[int]:
         if name == "rx":
             return list(range(4, min(MAX_RX, default_nchwc_schedule(target).rx + 2) + 1))
-        return {"dw_pixels": [p for p in DW_PIXELS if p <= MAX_DW_PIXELS], "l1_share": SHARES, "l2_share": SHARES,
-                "par_min": PAR_MINS}[name]
+        return {"dw_pixels": DW_PIXELS, "l1_share": SHARES, "l2_share": SHARES, "par_min": PAR_MINS}[name]
 
     def random(self, rng: random.Random, target: Target) -> NchwcSchedule:
         keep_tile = rng.random() < 0.5
@@ -165,7 +165,7 @@ class NchwcConvFamily:
         work = blocks * tail
         macs = task.flops(value) / 2
         row = [schedule.rx, schedule.dw_pixels, math.log2(schedule.l1_share), math.log2(schedule.l2_share),
-               math.log2(schedule.par_min), float(macs >= schedule.par_min), threads,
+               math.log2(max(1, schedule.par_min)), float(macs >= schedule.par_min), threads,
                *(float(taken == p) for p in PATHS), kh * kw, sh * sw, float(ph + pw > 0), math.log2(n),
                math.log2(c), math.log2(m), math.log2(max(1, oh)), math.log2(ow), tail, blocks, math.log2(macs)]
         return row, work

@@ -23,6 +23,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..codegen.cwriter import Function
 from ..codegen.kernels import gemm
 from ..codegen.kernels.gemm import GemmSchedule
 from ..codegen.kernels.prelude import PRELUDE
@@ -133,6 +134,18 @@ def _layouts(layouts: Sequence) -> list[int]:
     return [first.setdefault(lay, i) for i, lay in enumerate(layouts)]
 
 
+def _choice_c(name: str, tree: dict, tree_args: Sequence[str]) -> str:
+    """``int <name>choice(tree_args)``: the tree, the kernel index for those dims."""
+    params = ", ".join(f"int64_t {a}" for a in tree_args)
+    unused = " ".join(f"(void){a};" for a in tree_args)
+    return f"""int {name}choice({params})
+{{
+    {unused}
+{tree_c(tree)}
+}}
+"""
+
+
 def _choice_and_packing_c(name: str, tree: dict, tree_args: Sequence[str], kname: Sequence[str],
                           owners: Sequence[int]) -> str:
     """``<name>choice(tree_args)``, and the packing of the constant B shared by kernels of
@@ -143,14 +156,7 @@ def _choice_and_packing_c(name: str, tree: dict, tree_args: Sequence[str], kname
     offsets = "\n".join(f"    if (i == {i}) return off;\n    off += {kname[i]}gemm_packed_b_size(K, N);" for i in copies)
     packs = "\n".join(f"    {kname[i]}gemm_pack_b(K, N, B, rsb, csb, packed + {name}offset({i}, K, N));"
                       for i in copies)
-    params = ", ".join(f"int64_t {a}" for a in tree_args)
-    unused = " ".join(f"(void){a};" for a in tree_args)
-    return f"""int {name}choice({params})
-{{
-    {unused}
-{tree_c(tree)}
-}}
-
+    return f"""{_choice_c(name, tree, tree_args)}
 static int64_t {name}offset(int i, int64_t K, int64_t N)
 {{
     int64_t off = 0;
@@ -245,11 +251,6 @@ void {name}conv2d(const float* x, const float* w, const float* bias, float* y,
 """
 
 
-CNC_ARGS = "x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, group, xblk"
-CNC_DW_ARGS = "x, w, bias, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw"
-EPILOGUE_ARGS = "res, act, a0, a1, act2, b0, b1"
-
-
 def tuned_conv_nchwc_c(kernels: Sequence, tree: dict, name: str, tree_args: Sequence[str], lanes: int,
                        depthwise: bool) -> str:
     """Blocked conv kernels (kernels/conv_nchwc_tuned.py) and their dispatcher:
@@ -264,8 +265,9 @@ def tuned_conv_nchwc_c(kernels: Sequence, tree: dict, name: str, tree_args: Sequ
     it once. The default schedule is the untuned kernel itself (``ss_conv_nchwc_L``, which
     the program links anyway): no copy."""
     from ..codegen.defaults import default_nchwc_schedule
+    from ..codegen.kernels.conv_nchwc import DENSE_PARAMS, DEPTHWISE_PARAMS
     from ..codegen.kernels.conv_nchwc_tuned import unit_source
-    from ..tune.conv_nchwc_family import CONV_NCHWC, CONV_NCHWC_DW
+    from .conv_nchwc_family import CONV_NCHWC, CONV_NCHWC_DW
 
     kind = "depthwise" if depthwise else "dense"
     entry = f"dwconv_nchwc_{lanes}" if depthwise else f"conv_nchwc_{lanes}"
@@ -282,32 +284,19 @@ def tuned_conv_nchwc_c(kernels: Sequence, tree: dict, name: str, tree_args: Sequ
         guard = f"SS_CNCK_{digest.upper()}"
         kernel_source.append(f"#ifndef {guard}\n#define {guard}\n"
                              f"{unit_source(s, prefix=kname[-1], entries=(kind,))}#endif\n")
-    args = CNC_DW_ARGS if depthwise else CNC_ARGS
-    params = ", ".join(f"int64_t {a}" for a in tree_args)
-    unused = " ".join(f"(void){a};" for a in tree_args)
-    calls = "\n".join(f"    case {i}: {kname[i]}{entry}({args}, {EPILOGUE_ARGS}); break;" for i in range(len(kernels)))
-    extents = ("int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW" if depthwise else
-               "int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW")
-    window = ("int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw"
-              + ("" if depthwise else ", int64_t group, int64_t xblk"))
+    # The untuned entry's parameters, passed on as they came (their names: each one's last word).
+    params = DEPTHWISE_PARAMS if depthwise else DENSE_PARAMS
+    args = ", ".join(p.split()[-1] for p in params)
+    calls = "\n".join(f"    case {i}: {kname[i]}{entry}({args}); break;" for i in range(len(kernels)))
     choice_args = ", ".join("C" if a == "M" and depthwise else a for a in tree_args)
-    return "".join(kernel_source) + f"""
-/* ---- tuned blocked conv dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s) ---- */
-static int {name}choice({params})
-{{
-    {unused}
-{tree_c(tree)}
-}}
-
-void {name}{entry}(const float* x, const float* w, const float* bias, float* y, {extents},
-               {window}, const float* res, int act, float a0, float a1, int act2, float b0, float b1)
-{{
-    switch ({name}choice({choice_args})) {{
+    body = f"""    switch ({name}choice({choice_args})) {{
 {calls}
     default: break;
-    }}
-}}
-"""
+    }}"""
+    return "".join(kernel_source) + f"""
+/* ---- tuned blocked conv dispatch {name} (shapeshift/tune/dispatch.py): {len(kernels)} kernel(s) ---- */
+{_choice_c(name, tree, tree_args)}
+{Function("void", f"{name}{entry}", params, body).definition()}"""
 
 
 def tuned_batched_c(kernels: Sequence[GemmSchedule], tree: dict, name: str, t_arg: str) -> str:

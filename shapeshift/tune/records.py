@@ -284,12 +284,8 @@ class GemmTuning:
         if not self._convs:
             return None
         klass = tuple(kernel) + tuple(strides) + tuple(dilations)
-        found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, act)
-        own = None
-        if found is not None:  # measured cold or warm
-            own = next((self._convs[k] for cold in (True, False)
-                        if (k := ConvWorkload(found[0], (found[1],), cold).key) in self._convs), None)
-        return own or self._conv_class.get(ConvWorkload.class_key_of(klass))
+        return self._find(lambda c, i, cold: ConvWorkload(c, (i,), cold).key, ConvWorkload.class_key_of(klass),
+                          conv_instance(kernel, strides, dilations, pads, dims, out_hw, act))
 
     def find_conv_nchwc(self, depthwise: bool, lanes: int, kernel, strides, dilations, pads, dims, out_hw
                         ) -> Optional[TunedConv]:
@@ -298,13 +294,19 @@ class GemmTuning:
         if not self._convs:
             return None
         klass = tuple(kernel) + tuple(strides) + tuple(dilations)
-        found = conv_instance(kernel, strides, dilations, pads, dims, out_hw, 0)
-        own = None
+        return self._find(lambda c, i, cold: NchwcConvWorkload(c, (i,), cold, depthwise, lanes).key,
+                          NchwcConvWorkload.class_key_of(klass, depthwise, lanes),
+                          conv_instance(kernel, strides, dilations, pads, dims, out_hw, 0))
+
+    def _find(self, key_of, class_key: str, found) -> Optional[TunedConv]:
+        """The record of ``found`` (a conv_instance: (class, instance), or None) alone, measured
+        cold or warm (``key_of(class, instance, cold)``: its workload's key), else its class's."""
         if found is not None:
-            own = next((self._convs[k] for cold in (True, False)
-                        if (k := NchwcConvWorkload(found[0], (found[1],), cold, depthwise, lanes).key) in self._convs),
-                       None)
-        return own or self._conv_class.get(NchwcConvWorkload.class_key_of(klass, depthwise, lanes))
+            for cold in (True, False):
+                own = self._convs.get(key_of(*found, cold))
+                if own is not None:
+                    return own
+        return self._conv_class.get(class_key)
 
     def get_batched(self, key: str) -> Optional[TunedBatchedGemm]:
         return self._batched.get(key)

@@ -47,12 +47,12 @@ def _load(path: str, kind: str) -> ctypes.CDLL:
     use_openmp_defaults()  # measured under the wait policy sessions run with
     lib = ctypes.CDLL(path)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.ss_set_num_threads.argtypes = [ctypes.c_int]
     if kind == "conv-nchwc":
         lib.tune_cnc_bench.argtypes = [i64, i64] + [ptr] * 4 + [i64] * 15
         lib.tune_cnc_bench.restype = ctypes.c_double
         lib.tune_cnc_bench_cold.argtypes = [i64, i64] + [ptr] * 4 + [i64] * 15 + [ptr, i64]
         lib.tune_cnc_bench_cold.restype = ctypes.c_double
-        lib.ss_set_num_threads.argtypes = [ctypes.c_int]
         return lib  # no GEMM in its library: the weights' packing does not depend on the schedule
     if kind == "conv":
         lib.tune_conv_bench.argtypes = [i64] + [ptr] * 4 + [i64] * 16 + [ptr, ptr]
@@ -69,7 +69,6 @@ def _load(path: str, kind: str) -> ctypes.CDLL:
     lib.ss_gemm_pack_b.argtypes = [i64, i64, ptr, i64, i64, ptr]
     lib.ss_gemm_packed_b_size.argtypes = [i64, i64]
     lib.ss_gemm_packed_b_size.restype = i64
-    lib.ss_set_num_threads.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -335,21 +334,12 @@ def _conv_cases(req: dict, conv_class, depthwise: bool = False):
         yield v, inst, (oh, ow), k, x, w, bias, _checked_pixels(oh, ow, rng)
 
 
-def _blocked(a: np.ndarray, lanes: int) -> np.ndarray:
-    """[N, C, H, W] as NCHWc [N, ceil(C/L), H, W, L], zero past C."""
-    n, c, h, w = a.shape
-    cb = -(-c // lanes)
-    out = np.zeros((n, cb * lanes, h, w), np.float32)
-    out[:, :c] = a
-    return np.ascontiguousarray(out.reshape(n, cb, lanes, h, w).transpose(0, 1, 3, 4, 2))
-
-
 def measure_conv_nchwc(libs: list[ctypes.CDLL], req: dict) -> dict:
     """Each value's blocked conv instance (tune/conv_workload.py's NchwcConvWorkload) on a
     blocked input with weights packed as the lowering packs them, checked at sampled pixels
     (every channel, the lanes past M zero) against a float64 reference, then timed
     (``cold``: each call after a flush of the caches)."""
-    from ..codegen.kernels.conv_nchwc import pack_dense, pack_depthwise, pad_channels
+    from ..codegen.kernels.conv_nchwc import blocked, pack_dense, pack_depthwise, pad_channels
 
     flush = _flush_buffer() if req["workload"].get("cold") else None
     conv_class = tuple(int(v) for v in req["workload"]["class"])
@@ -358,7 +348,7 @@ def measure_conv_nchwc(libs: list[ctypes.CDLL], req: dict) -> dict:
     timed, buffers = {}, []
     for v, inst, (oh, ow), k, x, w, bias, pixels in _conv_cases(req, conv_class, depthwise):
         n, c, h, wd, m, ph, pw, _ = inst
-        xb = _blocked(x, lanes)
+        xb = blocked(x, lanes)
         wp = pack_depthwise(w, lanes) if depthwise else pack_dense(w, 1, lanes, lanes)
         bp = pad_channels(bias, lanes)
         y = np.empty((n, -(-m // lanes), oh, ow, lanes), dtype=np.float32)

@@ -66,6 +66,11 @@ def dense_pixels(lanes: int, registers: int) -> int:
     return max(1, min(12, (registers - 4) // 2))
 
 
+def default_pixels(lanes: int) -> int:
+    """The untuned dense tile's pixels for blocks of ``lanes`` floats."""
+    return dense_pixels(lanes, registers_of_width(lanes))
+
+
 # How the dense and depthwise kernels walk a row (both widths: emitted once per fragment).
 _NEXT_TILE = r"""
 /* The next tile of a row walked from rs0 to re whose inside (no tap in the pad) is [lo, hi):
@@ -740,6 +745,15 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
 """
 
 _EPILOGUE_PARAMS = ("const float* res", "int act", "float a0", "float a1", "int act2", "float b0", "float b1")
+#: The entry points' parameters (``ss_conv_nchwc_L``, ``ss_dwconv_nchwc_L``): a tuned
+#: dispatcher (tune/dispatch.py) takes the same.
+DENSE_PARAMS = ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
+                "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
+                "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw",
+                "int64_t group", "int64_t xblk", *_EPILOGUE_PARAMS)
+DEPTHWISE_PARAMS = ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
+                    "int64_t H", "int64_t W", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW", "int64_t sh",
+                    "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw", *_EPILOGUE_PARAMS)
 
 
 def pointwise_tile(lanes: int, rx: int, nb: int) -> str:
@@ -785,19 +799,11 @@ def _functions(lanes: int, rx: Optional[int] = None, dw_pixels: int = DW_PIXELS,
     """One width's kernels; the knobs (kernels/conv_nchwc_tuned.py's schedule) default to what
     every untuned conv runs: the target's dense tile, DW_PIXELS, a quarter of L1 and of L2.
     ``entries``: which of the two entry points (and what only it uses) to emit."""
-    rx = rx or dense_pixels(lanes, registers_of_width(lanes))
-    dense = Function("void", f"ss_conv_nchwc_{lanes}",
-                     ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N", "int64_t C",
-                      "int64_t H", "int64_t W", "int64_t M", "int64_t KH", "int64_t KW", "int64_t OH", "int64_t OW",
-                      "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh", "int64_t dw",
-                      "int64_t group", "int64_t xblk", *_EPILOGUE_PARAMS), fill(_DENSE, L=lanes, RX=rx))
-    depthwise = Function("void", f"ss_dwconv_nchwc_{lanes}",
-                         ("const float* x", "const float* w", "const float* bias", "float* y", "int64_t N",
-                          "int64_t C", "int64_t H", "int64_t W", "int64_t KH", "int64_t KW", "int64_t OH",
-                          "int64_t OW", "int64_t sh", "int64_t sw", "int64_t ph", "int64_t pw", "int64_t dh",
-                          "int64_t dw", *_EPILOGUE_PARAMS), fill(_DW, L=lanes, DWX=dw_pixels, NARROW="\n".join(
-                             f"                        case {r}: SS_DWC_STAGED({r}); break;"
-                             for r in range(dw_pixels - 1, 0, -1))))
+    rx = rx or default_pixels(lanes)
+    dense = Function("void", f"ss_conv_nchwc_{lanes}", DENSE_PARAMS, fill(_DENSE, L=lanes, RX=rx))
+    depthwise = Function("void", f"ss_dwconv_nchwc_{lanes}", DEPTHWISE_PARAMS, fill(
+        _DW, L=lanes, DWX=dw_pixels, NARROW="\n".join(f"                        case {r}: SS_DWC_STAGED({r}); break;"
+                                                      for r in range(dw_pixels - 1, 0, -1))))
     # The depthwise kernel stores through the dense tile's store and epilogue helpers.
     parts = [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx))]
     if "dense" in entries:
@@ -845,6 +851,16 @@ def pad_channels(vector: np.ndarray, lanes: int) -> np.ndarray:
     return out
 
 
+def blocked(a: np.ndarray, lanes: int) -> np.ndarray:
+    """[N, C, H, W] in the blocked layout [N, ceil(C/L), H, W, L], zero in the lanes past C,
+    in ``a``'s dtype."""
+    n, c, h, w = a.shape
+    cb = -(-c // lanes)
+    padded = np.zeros((n, cb * lanes, h, w), a.dtype)
+    padded[:, :c] = a
+    return np.ascontiguousarray(padded.reshape(n, cb, lanes, h, w).transpose(0, 1, 3, 4, 2))
+
+
 def pack_dense(w: np.ndarray, group: int, lanes: int, xblk: int) -> np.ndarray:
     """ONNX weights [M, C/group, KH, KW] as ss_conv_nchwc_L reads them:
     [ceil(M/L), IB, KH, KW, xblk, L], IB = ceil((C/group)/L) blocked (xblk == L) or C/group
@@ -871,4 +887,4 @@ def pack_depthwise(w: np.ndarray, lanes: int) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(cb, lanes, kh, kw).transpose(0, 2, 3, 1))
 
 
-__all__ = ["DEPENDS", "dense_pixels", "fragment", "pack_dense", "pack_depthwise", "pad_channels", "source"]
+__all__ = ["DENSE_PARAMS", "DEPENDS", "DEPTHWISE_PARAMS", "blocked", "default_pixels", "dense_pixels", "fragment", "pack_dense", "pack_depthwise", "pad_channels", "source"]

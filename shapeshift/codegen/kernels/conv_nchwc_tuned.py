@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ...target import Target, registers_of_width
+from ...target import Target
 from . import conv_nchwc, nchwc
 
 DEFAULT_PREFIX = "ss_"
@@ -55,8 +55,7 @@ class NchwcSchedule:
 
 def default_rx(target: Target) -> int:
     """The untuned dense tile of the target's block width."""
-    lanes = nchwc.block_width(target)
-    return conv_nchwc.dense_pixels(lanes, registers_of_width(lanes))
+    return conv_nchwc.default_pixels(nchwc.block_width(target))
 
 
 def unit_source(schedule: NchwcSchedule, target: Optional[Target] = None, prefix: str = DEFAULT_PREFIX,

@@ -47,7 +47,7 @@ import numpy as np
 from ...ir.graph import Graph, Node, Value
 from ...ir.types import FLOAT, TensorType
 from ...symbolic import prove_eq
-from ..kernels.conv_nchwc import pack_dense, pack_depthwise, pad_channels
+from ..kernels.conv_nchwc import blocked, pack_dense, pack_depthwise, pad_channels
 from ..kernels.nchwc import (ACT_CLIP, ACT_HARDSIGMOID, ACT_HARDSWISH, ACT_LEAKY, ACT_NONE, ACT_RELU, ACT_SIGMOID,
                              ACT_SILU, block_width)
 
@@ -564,11 +564,7 @@ class _Pass:
             return np.ascontiguousarray(a4.reshape(*a4.shape, 1))
         if a4.shape[1] != c:
             return None
-        cb = -(-c // self.lanes)
-        padded = np.zeros((a4.shape[0], cb * self.lanes, a4.shape[2], a4.shape[3]), a4.dtype)
-        padded[:, :c] = a4
-        return np.ascontiguousarray(
-            padded.reshape(a4.shape[0], cb, self.lanes, a4.shape[2], a4.shape[3]).transpose(0, 1, 3, 4, 2))
+        return blocked(a4, self.lanes)
 
     def pool(self, node: Node) -> None:
         x = node.inputs[0]
