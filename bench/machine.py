@@ -5,7 +5,7 @@ measured FMA peak per width (shapeshift.target: measured once per CPU, cached).
 float32 peak that GFLOPS are reported against (the widest width's); ``peer_env()`` the
 environment a NumPy peer runs in, at its best on this CPU; ``core_to_core_ns()`` the round
 trip of a cache line between two threads, which on these VMs says how far apart the two
-vCPUs are at the moment (on an AMD Zen 2 VM it was 56-75 ns for a minute and 370-490 ns the
+vCPUs are at the moment (on an AMD Zen 2 VM it was 56-81 ns for a minute and 367-492 ns the
 next, and yolov8n at 320x320 on 2 threads ran 12.9 ms in the first state and 17.3-18.9 in the
 second, onnxruntime 15.0 and 17.7-19.2: 2-thread results are only comparable within a state).
 """
