@@ -79,17 +79,17 @@ def test_environment_preloads_the_runtime_first():
 
 
 def test_fenced_offsets_leave_a_gap_after_every_buffer():
+    from shapeshift.codegen.placement import Placement
+    from shapeshift.codegen.slots import Slot
     from shapeshift.runtime import vm
 
-    class Slot:
-        def __init__(self, index, kind, nbytes):
-            self.index, self.kind, self.nbytes = index, kind, nbytes
-
     class Program:
-        slots = [Slot(0, vm.ARENA, 100), Slot(1, vm.INPUT, 0), Slot(2, vm.WORK, 64), Slot(3, vm.ARENA, 0)]
+        slots = [Slot(0, vm.ARENA, nbytes=100), Slot(1, vm.INPUT), Slot(2, vm.WORK, nbytes=64),
+                 Slot(3, vm.ARENA, nbytes=0), Slot(4, vm.ARENA, nbytes=20, within=Placement(0, 40, 1))]
 
     offsets, total, gaps = vm._fenced_offsets(Program(), {})
-    assert [int(o) for o in offsets] == [0, -1, 384, 704]
+    # The last lives inside the first (codegen/placement.py): no buffer or gap of its own.
+    assert [int(o) for o in offsets] == [0, -1, 384, 704, 40]
     for (start, size), slot in zip(gaps, [0, 2, 3]):
         assert start == offsets[slot] + Program.slots[slot].nbytes and size >= vm.REDZONE
     assert total == gaps[-1][0] + gaps[-1][1]
@@ -182,6 +182,27 @@ def test_ci_shared_models_have_no_sanitizer_reports(tmp_path_factory):
     if missing:
         pytest.skip(f"{SHARED_MODELS} lacks {missing} (../shared/models is absent on this machine)")
     _assert_clean([f"model:{m}" for m in CI_MODELS], tmp_path_factory.getbasetemp() / "sanitize-cache")
+
+
+PLACED_PARTS = r"""
+import numpy as np, onnxruntime as ort
+import shapeshift
+from tests.test_native_placement import c2f_model
+model = c2f_model()
+session = shapeshift.InferenceSession(model, backend="native")
+reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+for shape in ((1, 6, 5, 7), (2, 6, 3, 3), (1, 6, 1, 1)):
+    x = {"x": np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)}
+    np.testing.assert_allclose(session.run(None, x)[0], reference.run(None, x)[0], rtol=1e-5, atol=1e-5)
+print("placed", len(session._executor.vm._plan({"n": 1, "h": 1, "w": 1}).offsets))
+"""
+
+
+@needs_asan
+def test_parts_placed_inside_other_buffers_stay_inside(tmp_path):
+    """A C2f and an SPPF block at batch 1, its Split and Concat parts placed inside their
+    hosts (codegen/placement.py), and at batch 2, copied: no report."""
+    assert "placed" in _clean_sanitized_stdout(PLACED_PARTS, tmp_path)
 
 
 SMALL_PLANE_CONV = r"""

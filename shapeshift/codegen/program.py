@@ -42,16 +42,12 @@ from .lower.attention_fusion import fusion_order
 from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsupported
 from .lower.contracts import agreements, c_checks
 from .lower.layout import VIEW_OPS
+from .placement import place
+from .slots import ARENA, CONST, DEAD, DIMS, DYNAMIC, INPUT, LATE, PACKED, VIEW, WORK, Slot  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
 NATIVE, ALIAS, FALLBACK = "native", "alias", "fallback"
-
-# Storage kinds of a slot.
-CONST, INPUT, ARENA, DYNAMIC, PACKED, VIEW, WORK = "const", "input", "arena", "dynamic", "packed", "view", "work"
-LATE = "late"  # an ARENA or WORK buffer sized by late symbols: allocated per run once they are bound
-DIMS = "dims"  # int64 dims that a size step computes, for the VM to bind as late symbols
-DEAD = "dead"  # the output of a step a later rule dropped: never written, never read
 
 
 @dataclass
@@ -67,19 +63,6 @@ class Step:
     # output size depends on data) from the DIMS slot its code fills, in this order.
     binds: list[tuple[int, int, str]] = field(default_factory=list)
     dims: int = -1  # size steps: the DIMS slot
-
-
-@dataclass
-class Slot:
-    """One entry of the pointer table and what stands behind it."""
-
-    index: int
-    kind: str
-    value: Optional[Value] = None  # None for packed weights and workspaces
-    root: int = -1  # VIEW: the slot whose buffer it shares
-    nbytes: Dim = 0  # ARENA, WORK and LATE: size as a dim expression
-    first: int = 0  # ARENA and WORK: live from this step...
-    last: int = 0  # ...through this one
 
 
 @dataclass
@@ -254,6 +237,8 @@ class _Builder:
             self.steps.append(step)
         self._set_lifetimes()
         self._mark_late_storage()
+        place([s.node for s in self.steps if s.kind == NATIVE and not s.lowered.absorbed], self.slots, self.slot_of,
+              self.graph.outputs, self.input_symbols)
         segments = self._segments()
         program = Program(self.graph, self.steps, self.slots, self.slot_of, self.extents, segments, "",
                           self.packs, self.input_symbols, (), self.prefix, self.branches,

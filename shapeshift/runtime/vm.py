@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from ..codegen.build import CompiledLibrary
+from ..codegen.placement import resolve as resolve_placements
 from ..codegen.program import (ARENA, CONST, DIMS, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK, Program,
                                compile_program)
 from ..errors import ExecutionError, ShapeshiftError
@@ -713,16 +714,24 @@ def _view_children(program: Program) -> dict[int, list[int]]:
 
 def _assign_offsets(program: Program, binding: Mapping[str, int]) -> tuple[np.ndarray, int]:
     """Arena offsets by a linear scan in step order: a buffer takes the best-fitting free
-    block (or the end of the arena) at its first step and returns it after its last."""
+    block (or the end of the arena) at its first step and returns it after its last. A
+    buffer placed inside another under this binding (codegen/placement.py) takes none: its
+    host lives from the first step either is written to the last either is read."""
     offsets = np.full(len(program.slots), -1, dtype=np.int64)
-    buffers = [s for s in program.slots if s.kind in (ARENA, WORK)]
+    placed = resolve_placements(program.slots, binding)
+    lifetime = {s.index: (s.first, s.last) for s in program.slots if s.kind in (ARENA, WORK)}
+    for index, (host, _) in placed.items():
+        (first, last), (host_first, host_last) = lifetime[index], lifetime[host]
+        lifetime[host] = (min(first, host_first), max(last, host_last))
+    buffers = [s for s in program.slots if s.kind in (ARENA, WORK) and s.index not in placed]
     starts: dict[int, list] = {}
     ends: dict[int, list] = {}
     for slot in buffers:
         size = evaluate(slot.nbytes, binding)
         size = max((size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT, ALIGNMENT)
-        starts.setdefault(slot.first, []).append((slot, size))
-        ends.setdefault(slot.last, []).append(slot)
+        first, last = lifetime[slot.index]
+        starts.setdefault(first, []).append((slot, size))
+        ends.setdefault(last, []).append(slot)
     free: list[tuple[int, int]] = []  # (offset, size), kept sorted by offset
     total = 0
     sizes: dict[int, int] = {}
@@ -744,6 +753,8 @@ def _assign_offsets(program: Program, binding: Mapping[str, int]) -> tuple[np.nd
         for slot in ends.get(step, ()):
             free.append((int(offsets[slot.index]), sizes[slot.index]))
             free = _merge(free)
+    for index, (host, offset) in placed.items():
+        offsets[index] = offsets[host] + offset
     return offsets, total
 
 
@@ -774,15 +785,18 @@ def _fenced_offsets(program: Program, binding: Mapping[str, int]) -> tuple[np.nd
     followed by a gap of at least REDZONE bytes (from its exact end to the next aligned
     buffer) that the VM poisons; returns the offsets, the arena size and the gaps."""
     offsets = np.full(len(program.slots), -1, dtype=np.int64)
+    placed = resolve_placements(program.slots, binding)
     gaps = []
     total = 0
     for slot in program.slots:
-        if slot.kind in (ARENA, WORK):
+        if slot.kind in (ARENA, WORK) and slot.index not in placed:
             size = evaluate(slot.nbytes, binding)
             offsets[slot.index] = total
             end = total + size
             total = (end + REDZONE + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
             gaps.append((end, total - end))
+    for index, (host, offset) in placed.items():
+        offsets[index] = offsets[host] + offset
     return offsets, total, tuple(gaps)
 
 

@@ -130,9 +130,10 @@ def lower_concat(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     lines = ["int64_t offset = 0;"]
     for k, x in enumerate(v for v in node.inputs if v is not None):
         piece = product([ctx.shape(x)[axis], inner])
-        lines.append(copy_call(ctx, elem, [ctx.dim(outer), ctx.dim(piece)], ctx.raw_ptr(x),
-                               [ctx.dim(piece), "1"], f"(char*){ctx.raw_ptr(y)} + offset * {elem}",
-                               [ctx.dim(row), "1"], tag=str(k)))
+        dst = f"(char*){ctx.raw_ptr(y)} + offset * {elem}"
+        lines.append(_unless_placed(ctx.raw_ptr(x), dst, copy_call(
+            ctx, elem, [ctx.dim(outer), ctx.dim(piece)], ctx.raw_ptr(x), [ctx.dim(piece), "1"], dst,
+            [ctx.dim(row), "1"], tag=str(k))))
         lines.append(f"offset += {ctx.dim(piece)};")
     return Lowered("\n".join(lines), fragments=("layout",))
 
@@ -151,11 +152,18 @@ def lower_split(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         if y is None:
             raise Unsupported("Split with an absent output")
         piece = product([ctx.shape(y)[axis], inner])
-        lines.append(copy_call(ctx, elem, [ctx.dim(outer), ctx.dim(piece)],
-                               f"(const char*){ctx.raw_ptr(x)} + offset * {elem}", [ctx.dim(row), "1"],
-                               ctx.raw_ptr(y), [ctx.dim(piece), "1"], tag=str(k)))
+        src = f"(const char*){ctx.raw_ptr(x)} + offset * {elem}"
+        lines.append(_unless_placed(src, ctx.raw_ptr(y), copy_call(
+            ctx, elem, [ctx.dim(outer), ctx.dim(piece)], src, [ctx.dim(row), "1"], ctx.raw_ptr(y),
+            [ctx.dim(piece), "1"], tag=str(k))))
         lines.append(f"offset += {ctx.dim(piece)};")
     return Lowered("\n".join(lines), fragments=("layout",))
+
+
+def _unless_placed(src: str, dst: str, copy: str) -> str:
+    """A part's copy, skipped where the arena plan placed the part at its destination
+    already (codegen/placement.py)."""
+    return f"if ((const void*)({src}) != (const void*)({dst}))\n{copy}"
 
 
 def _broadcast_strides(ctx: LowerContext, in_shape: Sequence[Dim], out_shape: Sequence[Dim]) -> list[str]:
