@@ -260,6 +260,24 @@ class Row:
     diff: dict = field(default_factory=dict)  # column -> max abs difference from onnxruntime
     scale: float = math.nan  # onnxruntime's largest output magnitude
     gflop: Optional[float] = None
+    # At 2 threads or more: the core-to-core round trip (ns, bench/machine.py) before each
+    # round of samples and after the last, so that round k's state is that of probes k and
+    # k + 1 where they agree.
+    probes: list = field(default_factory=list)
+
+    def round_states(self) -> list[Optional[str]]:
+        """"near", "far" or None (the state changed, or was not probed) per round."""
+        states = [machine.core_state(ns) for ns in self.probes]
+        return [a if a == b else None for a, b in zip(states, states[1:])]
+
+    def ratio_in(self, state: str, column: str = NATIVE) -> tuple[float, int]:
+        """(native / onnxruntime over the rounds in ``state``, how many rounds that is)."""
+        rounds = [k for k, s in enumerate(self.round_states()) if s == state]
+        if not rounds or column not in self.samples or PEER not in self.samples:
+            return math.nan, 0
+        mine = statistics.median(self.samples[column][k] for k in rounds)
+        theirs = statistics.median(self.samples[PEER][k] for k in rounds)
+        return mine / theirs, len(rounds)
 
     def ratio(self, column: str = NATIVE) -> float:
         if column not in self.latency or PEER not in self.latency:
@@ -363,10 +381,14 @@ def measure(spec: Spec, path: Path, threads: int, shapes: list, args, workdir: s
             row.scale = _largest(outputs[PEER])
             row.samples = {w.column: [] for w in workers}
             for repeat in range(args.repeats):
+                if threads > 1:
+                    row.probes.append(machine.core_to_core_ns())
                 turn = repeat % len(workers)
                 for w in workers[turn:] + workers[:turn]:
                     time.sleep(args.settle_ms / 1e3)  # the tool before it has stopped spinning
                     row.samples[w.column].append(w.ask(op="sample")["s"])
+            if threads > 1:
+                row.probes.append(machine.core_to_core_ns())
             row.latency = {c: statistics.median(s) for c, s in row.samples.items()}
             print(format_row(row), flush=True)
             rows.append(row)
@@ -421,6 +443,39 @@ def table(rows: list[Row], peak: float) -> str:
                                    + [f"**{geomean(r.ratio(c) for r in rows):.2f}**" for c in variants]
                                    + ["", ""]) + " |")
     return "\n".join(lines)
+
+
+def by_state(rows: list[Row]) -> list[str]:
+    """The rows at 2 threads or more again, split by the cores' state in each round of
+    samples (bench/machine.py ``core_state``): on a VM whose two vCPUs are sometimes near and
+    sometimes far apart, a ratio over all rounds mixes two machines. Empty when no row was
+    probed."""
+    probed = [r for r in rows if r.probes and any(p is not None for p in r.probes)]
+    if not probed:
+        return []
+    lines = [f"The same rows by the state of the cores in each round of samples (a round: one sample of each "
+             f"tool; its state, where the core-to-core round trips before and after it agree: near up to "
+             f"{machine.FAR_NS:g} ns, far above; 'changed': they disagree):", "",
+             "| model | input | batch | threads | round trips ns | rounds near / far / changed "
+             f"| {NATIVE} / {PEER} near | {NATIVE} / {PEER} far |", "|" + "---|" * 8]
+    for r in probed:
+        states = r.round_states()
+        counts = [states.count("near"), states.count("far"), states.count(None)]
+        trips = [p for p in r.probes if p is not None]
+        cells = [r.model, f"{r.hw[0]}x{r.hw[1]}", str(r.batch), str(r.threads),
+                 f"{min(trips):.0f}-{max(trips):.0f}", " / ".join(map(str, counts))]
+        for state in ("near", "far"):
+            ratio, n = r.ratio_in(state)
+            cells.append(f"{ratio:.2f}" if n else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for state in ("near", "far"):
+        measured = [(r, r.ratio_in(state)[0]) for r in probed if r.ratio_in(state)[1]]
+        over = [f"{r.model} {_label(r)} ({ratio:.2f})" for r, ratio in measured if ratio > TARGET_EACH]
+        lines.append(f"- {state} state, {len(measured)} of {len(probed)} rows measured in it: "
+                     + (f"every one <= {TARGET_EACH}" if measured and not over else
+                        f"{len(over)} above {TARGET_EACH}: {', '.join(over)}" if over else "none"))
+    return [*lines, ""]
 
 
 def _diff(diff: float, scale: float) -> str:
@@ -560,6 +615,7 @@ def main(argv=None) -> int:
         f"onnxruntime's outputs (in brackets, over onnxruntime's largest magnitude). Load average (1, 5, 15 min) "
         f"before {', '.join(f'{v:.2f}' for v in load_before)}, after {', '.join(f'{v:.2f}' for v in load_after)}.",
         "", table(rows, peak), "",
+        *by_state(rows),
         "Issue 28's first Must-show line (default schedules):", "", *verdict(rows), "",
         "Not measured:", "", f"- {NOT_MEASURED}", *not_measured, *[f"- {s}" for s in skipped], "",
         *(["Notes:", "", *notes, ""] if notes else [])])

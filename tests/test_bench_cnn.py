@@ -182,6 +182,21 @@ def test_table_and_verdict_on_made_up_rows():
     assert math.isnan(cnn.Row("c", (1, 1), 1, 1).ratio())
 
 
+def test_rows_split_by_the_cores_state_in_each_round():
+    row = _row("a", 1.0, threads=2)
+    # Four rounds: near, changed (near before, far after), far, changed.
+    row.probes = [60.0, 70.0, 400.0, 420.0, 60.0]
+    assert row.round_states() == ["near", None, "far", None]
+    row.samples = {"native": [1.0, 9.0, 2.0, 9.0], cnn.PEER: [2.0, 9.0, 2.0, 9.0]}
+    assert row.ratio_in("near") == (0.5, 1) and row.ratio_in("far") == (1.0, 1)
+    lines = cnn.by_state([row, _row("b", 0.5)])  # the 1-thread row has no probes: not listed
+    assert "| a | 224x224 | 1 | 2 | 60-420 | 1 / 1 / 2 | 0.50 | 1.00 |" in lines
+    assert not any(line.startswith("| b |") for line in lines)
+    assert "- near state, 1 of 1 rows measured in it: every one <= 0.9" in lines
+    assert "- far state, 1 of 1 rows measured in it: 1 above 0.9: a 224x224 b1 2t (1.00)" in lines
+    assert cnn.by_state([_row("b", 0.5)]) == []
+
+
 def test_shared_models_missing_are_skipped_with_a_reason(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(cnn, "MODELS_DIR", tmp_path / "absent")
     cnn.main(["--quick", "--models", "yolov8n_nudenet.320n", "--out", str(tmp_path / "cnn.md")])
