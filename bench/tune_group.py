@@ -170,7 +170,7 @@ def main(argv=None) -> int:
              f"Command: `python bench/tune_group.py --model {args.model} --seq {args.seq} --layers {args.layers} "
              f"--hidden {args.hidden} --size {args.size} --trials {args.trials} --threads {args.threads} "
              f"--runs {args.runs} --rounds {args.rounds}`; random weights; {args.trials} trials per task (GEMMs "
-             f"measured cold, convs warm: the defaults).", "",
+             f"and convs measured cold: `shapeshift tune`'s default for a model).", "",
              "| tuning | tasks | wall s | kernels compiled (distinct) | dispatcher library bytes |", "|---|---|---|---|---|"]
     for tool, tuning in tunings.items():
         copies, distinct = kernels_kept(tuning)

@@ -633,6 +633,22 @@ def test_dietcode_measures_the_chosen_kernels_at_the_probes_too(tmp_path, cache)
     assert plain.select_ms == [1, 8, 64]
 
 
+@pytest.mark.parametrize("strategy", ["dietcode", "per-shape"])
+def test_the_default_is_measured_at_every_sampled_m(tmp_path, cache, strategy):
+    """The hand-tuned default is the first trial at every M the search runs at, so that the
+    kernel set can keep it: left to the cost model's picks, ResNet-50's conv classes tuned
+    with 8 trials each kept candidates that all lost to it."""
+    w = GemmWorkload(K, N, 1, 40)
+    with Database(tmp_path / "t.db") as db:
+        tuner = Tuner(w, db, cache, TuneConfig(strategy=strategy, trials=4, batch=2, samples=3, probes=False,
+                                               one_layout=False, runner=FAST), log=lambda s: None)
+        tuner.run()
+        default = db.candidate_id(tuner.default, tuner.family)
+        assert set(tuner.ms) <= set(db.measured_ms(tuner.wid, default, 1)), tuner.ms
+        if strategy == "dietcode":
+            assert default in tuner.times and len(tuner.times) <= 4  # one of the 4 trials
+
+
 def test_dietcode_keeps_the_default_unless_another_kernel_is_clearly_faster(tmp_path, cache):
     """The default joins the kernel set, and the tree sends an M to another kernel only where
     that one is at least DEFAULT_MARGIN faster (times set by hand, nothing measured)."""
