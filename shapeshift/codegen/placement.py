@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple, Optional, Sequence
 
 from ..ir.graph import Node, Value
-from ..ir.types import TensorType, to_numpy_dtype
+from ..ir.types import TensorType
 from ..ops.common import product
 from ..symbolic import Dim, add, evaluate, free_symbols, prove_eq
-from .slots import ARENA, VIEW
+from .slots import ARENA, VIEW, tensor_nbytes
 
 
 class Placement(NamedTuple):
@@ -40,10 +40,6 @@ def _std(node: Node) -> bool:
 def _shape(value: Optional[Value]):
     t = value.type if value is not None else None
     return tuple(t.shape) if isinstance(t, TensorType) and t.shape is not None else None
-
-
-def nbytes(value: Value) -> Dim:
-    return product([*_shape(value), to_numpy_dtype(value.type.dtype).itemsize])
 
 
 def _parts(node: Node, parts: Sequence[Optional[Value]], whole: Value) -> Optional[tuple[list, Dim]]:
@@ -66,7 +62,7 @@ def _parts(node: Node, parts: Sequence[Optional[Value]], whole: Value) -> Option
         if part_shape is None or len(part_shape) != len(shape) or part.type.dtype != whole.type.dtype:
             return None
         offsets.append(at)
-        at = add(at, nbytes(part))
+        at = add(at, tensor_nbytes(part.type))
     return offsets, product(list(shape[:axis]))
 
 
@@ -90,7 +86,7 @@ class _Placer:
     def plain(self, slot) -> bool:
         """An arena buffer sized by the input symbols that no graph output is."""
         return slot is not None and slot.kind == ARENA and slot.value is not None \
-            and slot.index not in self.output_roots and free_symbols(nbytes(slot.value)) <= self.symbols
+            and slot.index not in self.output_roots and free_symbols(tensor_nbytes(slot.value.type)) <= self.symbols
 
     def known(self, *dims: Dim) -> bool:
         return all(free_symbols(d) <= self.symbols for d in dims)
@@ -139,13 +135,13 @@ class _Placer:
         host = self.slots[first.within.host]
         if host.within is not None or host is target or not self.plain(host):
             return None, 0
-        size, at = nbytes(host.value), 0
+        size, at = tensor_nbytes(host.value.type), 0
         for n, k in enumerate(positions):
             part = self.root(node.inputs[k])
             if part is None or part.within is None or part.within.host != host.index \
                     or not prove_eq(part.within.offset, at):
                 return None, 0
-            at = add(at, nbytes(node.inputs[k]))
+            at = add(at, tensor_nbytes(node.inputs[k].type))
             if prove_eq(at, size):
                 return host, n + 1
         return None, 0

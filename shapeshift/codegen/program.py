@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..ir.graph import Graph, Node, Value, values_read
-from ..ir.types import TensorType, to_numpy_dtype
+from ..ir.types import TensorType
 from ..symbolic import Dim, Expr, free_symbols
 from ..target import Target
 from .build import CompiledLibrary, compile_library, target_flags
@@ -43,7 +43,8 @@ from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsuppor
 from .lower.contracts import agreements, c_checks
 from .lower.layout import VIEW_OPS
 from .placement import place
-from .slots import ARENA, CONST, DEAD, DIMS, DYNAMIC, INPUT, LATE, PACKED, VIEW, WORK, Slot  # noqa: F401 - re-exported
+from .slots import (ARENA, CONST, DEAD, DIMS, DYNAMIC, INPUT, LATE, PACKED, VIEW, WORK, Slot,  # noqa: F401 - re-exported
+                    tensor_nbytes)
 
 log = logging.getLogger(__name__)
 
@@ -466,7 +467,7 @@ class _Builder:
                         slot = self.slots[index]
                         slot.first, slot.last = i, max(slot.last, i)
                         t = value.type
-                        slot.nbytes = _nbytes(t)
+                        slot.nbytes = tensor_nbytes(t)
             if step.work >= 0:
                 self.slots[step.work].first = self.slots[step.work].last = i
         for value in self.graph.outputs:
@@ -573,12 +574,6 @@ def _outer_reads(body: Graph) -> list[Value]:
         if id(value) not in defined and value.const is None:
             outer.setdefault(id(value), value)
     return list(outer.values())
-
-
-def _nbytes(t: TensorType) -> Dim:
-    from ..ops.common import product
-
-    return product([*t.shape, to_numpy_dtype(t.dtype).itemsize])
 
 
 def compile_program(program: Program, cache_dir=None) -> CompiledLibrary:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from ..ir.graph import Value
+from ..ir.types import TensorType, to_numpy_dtype
+from ..ops.common import product
 from ..symbolic import Dim
 
 if TYPE_CHECKING:
@@ -31,3 +33,8 @@ class Slot:
     within: Optional[Placement] = None
     first: int = 0  # ARENA and WORK: live from this step...
     last: int = 0  # ...through this one
+
+
+def tensor_nbytes(t: TensorType) -> Dim:
+    """The bytes of a tensor of type ``t`` (its shape known), as a dim expression."""
+    return product([*t.shape, to_numpy_dtype(t.dtype).itemsize])
