@@ -6,7 +6,8 @@ chosen so that every CPU's caches give several chunks (600 input channels: at le
 8-float blocks and a 64 KB L1) and several ranges (768 pixels past any L2's range); ragged
 output channels (37: a last block with lanes past M, a pair with one block), planes whose
 pixel count leaves tiles of 4 and of 1, strides 1 and 2, a batch, with and without the fused
-residual Add and Relu, on 1 and 2 threads; both block widths (the host's, and 8 through an
+residual Add and Relu, on 1 and 2 threads (few output channels: one pair of output blocks,
+whose plane is cut into ranges for the threads); both block widths (the host's, and 8 through an
 artifact compiled for x86-64-v3).
 """
 
@@ -25,8 +26,9 @@ from .test_models import _assert_close
 ort = pytest.importorskip("onnxruntime")
 
 # (batch, height, width): 768 pixels (several ranges), 35 (5 tiles of 6, one of 4, one of 1),
-# 2 x 15 x 17 = a batch of 255 (a tile of 3 pixels' worth of singles), 6 x 7.
-SIZES = [(1, 24, 32), (1, 5, 7), (2, 15, 17), (1, 6, 7)]
+# 2 x 15 x 17 = a batch of 255 (a tile of 3 pixels' worth of singles), 6 x 7, and one row
+# of 50 (ranges of whole tiles rather than rows, the last tile ragged).
+SIZES = [(1, 24, 32), (1, 5, 7), (2, 15, 17), (1, 6, 7), (1, 1, 50)]
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +72,8 @@ def _blocked_convs(session) -> list:
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("c,m,stride,residual", [
-    (600, 37, 1, True), (600, 40, 1, False), (600, 37, 2, True), (24, 96, 1, True), (96, 24, 2, False)])
+    (600, 37, 1, True), (600, 40, 1, False), (600, 37, 2, True), (24, 96, 1, True), (96, 24, 2, False),
+    (88, 24, 1, True)])
 def test_pointwise_matches_onnxruntime(c, m, stride, residual, threads):
     model = pointwise_model(c, m, stride, residual)
     session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)

@@ -349,21 +349,27 @@ static __attribute__((noinline)) void ss_cnc_pointwise_@L@(
     int64_t PR = SS_CNC_L2_FLOATS / @L2SHARE@ / (CB * @L@ * sw) / @RX@ * @RX@;
     if (PR < @RX@) PR = @RX@;
     const int64_t P = OH * OW;
-    int64_t ranges;
-    if (OH > 1 && PR >= OW) {
-        /* Whole rows: a range that cut rows gave them short tiles at both ends. */
-        const int64_t rows = PR / OW;
-        ranges = (OH + rows - 1) / rows;
-        PR = (OH + ranges - 1) / ranges * OW;
-    } else {
-        ranges = (P + PR - 1) / PR;
-        PR = ((P + ranges - 1) / ranges + @RX@ - 1) / @RX@ * @RX@;
-    }
+    /* A range is a whole number of units: rows of OW pixels where a range holds a row (a
+       range that cut rows gave them short tiles at both ends), else tiles of RX pixels.
+       Range r takes units [r * count / ranges, (r + 1) * count / ranges): sizes differ by
+       one unit at most, so that equal numbers of ranges are equal work. */
+    const int whole_rows = OH > 1 && PR >= OW;
+    const int64_t unit = whole_rows ? OW : @RX@, count = whole_rows ? OH : (P + @RX@ - 1) / @RX@;
+    const int64_t per_range = PR / unit;
+    int64_t ranges = (count + per_range - 1) / per_range;
     const int par = N * M * P * C >= SS_CNC_PAR_MIN;
-    const int64_t items = N * ranges, threads = par ? omp_get_max_threads() : 1;
+    const int64_t threads = par ? omp_get_max_threads() : 1;
     /* Pairs split into groups where the ranges give the threads too few items. */
-    int64_t OG = items < 4 * threads ? (4 * threads + items - 1) / items : 1;
+    int64_t OG = N * ranges < 4 * threads ? (4 * threads + N * ranges - 1) / (N * ranges) : 1;
     if (OG > NP) OG = NP;
+    if (threads > 1 && N * ranges * OG < 4 * threads) {
+        /* Too few pairs as well (few output channels: MobileNetV3's 88 -> 24 on 28 x 28 was
+           one item, run on one of two threads): cut the plane finer, into a number of items
+           that the threads share evenly where the plane has the units for it. */
+        int64_t want = (4 * threads + N * OG - 1) / (N * OG);
+        while ((N * OG * want) % threads && want < count) want++;
+        ranges = want < count ? want : count;
+    }
     ss_vi@L@ keep;
     for (int l = 0; l < @L@; l++) keep[l] = (MB - 1) * @L@ + l < M ? -1 : 0;
     const int64_t pad_block = M % @L@ ? MB - 1 : -1;
@@ -372,7 +378,8 @@ static __attribute__((noinline)) void ss_cnc_pointwise_@L@(
         for (int64_t r = 0; r < ranges; r++)
             for (int64_t og = 0; og < OG; og++) {
                 /* The range: output pixels [p0, p1) of the plane, in rows of OW. */
-                const int64_t p0 = r * PR, p1 = p0 + PR < P ? p0 + PR : P;
+                const int64_t p0 = r * count / ranges * unit, p1_ = (r + 1) * count / ranges * unit;
+                const int64_t p1 = p1_ < P ? p1_ : P;
                 const int64_t q0 = og * NP / OG, q1 = (og + 1) * NP / OG;
                 for (int64_t ib0 = 0; ib0 < IB; ib0 += CB) {
                     const int64_t nib = IB - ib0 < CB ? IB - ib0 : CB;
