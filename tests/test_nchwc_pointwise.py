@@ -4,7 +4,8 @@ A 1 x 1 unpadded conv of a blocked input takes the pointwise kernel: input chann
 chunks, pixels in ranges, output-block pairs split among threads. The shapes here are
 chosen so that every CPU's caches give several chunks (600 input channels: at least 2 with
 8-float blocks and a 64 KB L1) and several ranges (768 pixels past any L2's range); ragged
-output channels (37: a last block with lanes past M, a pair with one block), planes whose
+output channels (37: a last block with lanes past M, a pair with one block), ragged input
+channels (24, 45, 88: a last input block summed only to its last channel), planes whose
 pixel count leaves tiles of 4 and of 1, strides 1 and 2, a batch, with and without the fused
 residual Add and Relu, on 1 and 2 threads (few output channels: one pair of output blocks,
 whose plane is cut into ranges for the threads); both block widths (the host's, and 8 through an
@@ -73,7 +74,7 @@ def _blocked_convs(session) -> list:
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("c,m,stride,residual", [
     (600, 37, 1, True), (600, 40, 1, False), (600, 37, 2, True), (24, 96, 1, True), (96, 24, 2, False),
-    (88, 24, 1, True)])
+    (88, 24, 1, True), (45, 37, 1, True)])
 def test_pointwise_matches_onnxruntime(c, m, stride, residual, threads):
     model = pointwise_model(c, m, stride, residual)
     session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
@@ -84,10 +85,10 @@ def test_pointwise_matches_onnxruntime(c, m, stride, residual, threads):
     _check(session, model, c, f"{c}->{m} stride {stride}, {threads} thread(s)")
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_pointwise_blocks_of_8(stride, tmp_path):
+@pytest.mark.parametrize("c,stride", [(600, 1), (600, 2), (45, 1)])
+def test_pointwise_blocks_of_8(c, stride, tmp_path):
     """The same kernel in blocks of 8, built with -march=x86-64-v3 (no AVX-512)."""
-    model = pointwise_model(600, 37, stride, True)
+    model = pointwise_model(c, 37, stride, True)
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     artifact = shapeshift.compile(path, tmp_path / "m.ssa", target="x86-64-v3")
@@ -95,4 +96,4 @@ def test_pointwise_blocks_of_8(stride, tmp_path):
     session = shapeshift.InferenceSession(tmp_path / "m.ssa")
     convs = _blocked_convs(session)
     assert len(convs) == 2 and all(node.attrs["lanes"] == 8 for node in convs)
-    _check(session, model, 600, f"600->37 stride {stride} (x86-64-v3)")
+    _check(session, model, c, f"{c}->37 stride {stride} (x86-64-v3)")
