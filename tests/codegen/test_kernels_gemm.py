@@ -340,6 +340,20 @@ def test_several_panels_threads_agree(libs, build, m):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_edge_tiles_hide_the_fma_latency():
+    """Edge tiles of fewer accumulators than FMA_CHAINS take copies of them, as the registers
+    allow: the last 2 rows of 6-row zmm tiles are 8 chains, not 2."""
+    zmm = GemmSchedule(mr=6, nr=16, lanes=16, registers=32)
+    assert [gemm_tiles.edge_sets(zmm, rows, 1) for rows in range(1, 6)] == [8, 4, 3, 2, 2]
+    ymm = GemmSchedule(mr=6, nr=16)
+    assert gemm_tiles.edge_sets(ymm, 1, 1) == 8 and gemm_tiles.edge_sets(ymm, 2, 2) == 2
+    assert gemm_tiles.edge_sets(ymm, 5, 2) == 1  # 10 chains already
+    # Bounded by the registers: 16 ymm hold 3 copies of a 3 x 1 tile beside its B vector.
+    assert gemm_tiles.edge_sets(ymm, 3, 1) == 3 and 3 * 3 * 1 + 1 + 1 <= 16
+    text = gemm.source(zmm)
+    assert "c1_0_3 = _mm512_fmadd_ps" in text and "c0_0_7" in text
+
+
 def test_edge_tile_shapes():
     assert gemm_tiles.edge_shapes(GemmSchedule(mr=2, nr=16), 8) == [(1, 1), (1, 2), (2, 1)]
     assert len(gemm_tiles.edge_shapes(EDGE_WIDE, 8)) == 4 * 3 - 1
@@ -499,8 +513,9 @@ def test_packed_b_size_python_matches_c(libs):
 # fused Relu that keeps NaN: max_ps(zero, acc); then the B-streaming path drawn per width, its
 # dispatchers with its kernels, B vectors pinned with "+v"; then the epilogue's addend D and
 # the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
-# prefetched a tile ahead).
-DEFAULT_SOURCE_SHA256 = "ba6efc53448e6f274e4520e480e03c23d89209fff03907aad7587c4a408ecc83"
+# prefetched a tile ahead; then edge tiles of few accumulators in copies over alternate k
+# steps, gemm_tiles.edge_sets).
+DEFAULT_SOURCE_SHA256 = "5aa293ec76965870eef2c03fd6f2927ef8fc293a91025d3e2df2eb70035395f7"
 
 
 def test_default_prefix_source_unchanged():
