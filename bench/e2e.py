@@ -237,10 +237,16 @@ def measure(tool: str, path: str, feeds, threads: int, runs: int, workdir: Path,
             while time.perf_counter() < warm_until:
                 session.run(None, feed)
         repeats = min(runs, LONG_RUN_REPEATS) if once > LONG_RUN_S else runs
+        # At 2 threads or more, the cores' state around the timed runs (bench/machine.py:
+        # these VMs' two vCPUs change between near and far, and a far pair runs both tools'
+        # threads slower): the report says in which state each tool's figure was taken.
+        before = machine.core_to_core_ns() if threads >= 2 else None
         for _ in range(repeats):
             t = time.perf_counter()
             session.run(None, feed)
             times.append(time.perf_counter() - t)
+        if threads >= 2:
+            result.setdefault("cores_ns", {})[label] = [before, machine.core_to_core_ns()]
         result["latency"][label] = statistics.median(times if times else [once])
         out_path = workdir / f"out-{tool}-{tag}-{label.replace(' ', '_')}.npz"
         np.savez(out_path, *[np.asarray(o) for o in outputs])
@@ -422,7 +428,8 @@ def merge_rounds(rounds: list[dict]) -> dict:
 
     Each shape's latency is the fastest of the rounds' medians (load only adds time);
     everything else (load times, peak memory, outputs) comes from the first round that
-    ran without error. ``round_latency`` keeps every round's latencies for the report.
+    ran without error. ``round_latency`` keeps every round's latencies for the report;
+    ``cores_ns``, where measured, is the cores' state around the round each latency came from.
     """
     merged: dict = {}
     for key in dict.fromkeys(k for results in rounds for k in results):
@@ -435,6 +442,11 @@ def merge_rounds(rounds: list[dict]) -> dict:
         result["latency"] = {label: min(r["latency"][label] for r in ok if label in r["latency"])
                              for label in labels}
         result["round_latency"] = [r["latency"] for r in ok]
+        if any("cores_ns" in r for r in ok):
+            kept = {label: min((r for r in ok if label in r["latency"]), key=lambda r: r["latency"][label])
+                    for label in labels}
+            result["cores_ns"] = {label: r["cores_ns"][label] for label, r in kept.items()
+                                  if label in r.get("cores_ns", {})}
         merged[key] = result
     return merged
 

@@ -95,6 +95,15 @@ def core_state(ns: float | None) -> str | None:
     return "far" if ns > FAR_NS else "near"
 
 
+def span_state(before: float | None, after: float | None) -> str | None:
+    """The cores' state over a span of work probed before and after it: "near" or "far"
+    where the two round trips agree, "changed" where they do not, None where not probed."""
+    a, b = core_state(before), core_state(after)
+    if a is None or b is None:
+        return None
+    return a if a == b else "changed"
+
+
 def peak_gflops() -> float:
     """The measured per-core float32 FMA peak of this machine (its widest vector width)."""
     return measure_fma(host_target()).peak_gflops

@@ -63,3 +63,24 @@ def test_scaling_line_compares_each_feeds_speed_up_with_onnxruntimes():
     # yolo a: 2.0 against 1.6 (1.25); b: 1.0 against 2.0 (0.50); lstm_seq is not a shared model.
     assert "NOT met, 1 under: yolo b (0.50)" in line and "(range 0.50-1.25)" in line
     assert tail.scaling_targets(results, ["yolo"], type("Args", (), {"threads": [1]})()) == []
+
+
+def test_two_thread_figures_say_the_cores_state_each_tool_ran_in():
+    """bench/e2e.py's measure probes the cores around each feed's timed runs at 2 threads;
+    merge_rounds keeps the state of the round whose latency it keeps, and the target lines
+    name each slow row's states and every row whose two tools ran in different ones."""
+    import e2e
+
+    near, far = [60.0, 70.0], [400.0, 350.0]
+    rounds = [{("yolo", "native"): {**_result({"a": 1.2, "b": 1.0}), "cores_ns": {"a": far, "b": near}}},
+              {("yolo", "native"): {**_result({"a": 0.9, "b": 1.1}), "cores_ns": {"a": near, "b": [60.0, 500.0]}}}]
+    merged = e2e.merge_rounds(rounds)[("yolo", "native")]
+    assert merged["latency"] == {"a": 0.9, "b": 1.0} and merged["cores_ns"] == {"a": near, "b": near}
+    args = type("Args", (), {"threads": [2]})()
+    results = {(2, "yolo", "native"): merged,
+               (2, "yolo", "onnxruntime"): {**_result({"a": 0.5, "b": 2.0}), "cores_ns": {"a": far, "b": near}}}
+    assert tail.cores(results, 2, "yolo", "a") == ("near", "far")
+    assert tail.cores(results, 1, "yolo", "a") == (None, None)
+    lines = tail.targets(results, ["yolo"], args)
+    assert "NOT met, 1 above: yolo a 2t (1.80, near / far)" in lines[2]
+    assert lines[3] == "- measured with the cores in different states for the two tools (1): yolo a 2t"
