@@ -7,8 +7,9 @@ onnxruntime inside the whole net (issue 28).
 bench/cnn.py says how much slower or faster a net runs; this says where. Each tool runs the
 net in a fresh process with its own per-node profiler on (onnxruntime's ``enable_profiling``,
 the native session's ``profile=True``), and every Conv's kernel time is summed by its class:
-input and output channels, kernel, stride, groups and output plane, keyed by the logical
-shapes both profilers name. A conv's time is what its node took with what each tool fused
+input and output channels, kernel, stride, groups and output plane, from the model's logical
+shapes (onnxruntime's blocked convs, whose profile gives padded shapes, by the name of the
+output their node is named after). A conv's time is what its node took with what each tool fused
 into it (a bias, an activation, a residual Add); what neither fused stays in "other ops".
 The convs of one class inside a net run with the weights, activations and caches the net
 leaves them, which a conv measured alone does not show: on ResNet-50 the 1x1 convs of the
@@ -42,8 +43,17 @@ OTHER = "other ops"
 WARMUP = 5
 
 
-def conv_classes(path: Path, spec: cnn.Spec, batch: int, hw: tuple) -> dict[str, str]:
-    """{Conv node name: class} from onnx shape inference with the input fixed."""
+#: Ops onnxruntime fuses into the conv before them: its node takes the name of the last
+#: fused one's output.
+FUSED_AFTER = ("BatchNormalization", "Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu", "Add")
+
+
+def conv_classes(path: Path, spec: cnn.Spec, batch: int, hw: tuple, by_output: bool = False) -> dict[str, str]:
+    """{Conv node name: class} from onnx shape inference with the input fixed. ``by_output``:
+    keyed instead by the output names of the conv and of the ops after it that onnxruntime
+    may fuse into it (FUSED_AFTER, each the only reader of the one before): its blocked
+    (NCHWc) convs are named after that output, and their profile gives the padded shapes
+    (40 channels as 48 on AVX-512), not the logical ones."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -62,7 +72,22 @@ def conv_classes(path: Path, spec: cnn.Spec, batch: int, hw: tuple) -> dict[str,
         x, w, y = shapes.get(node.input[0]), weights.get(node.input[1]), shapes.get(node.output[0])
         if x and w and y and None not in x + y:
             classes[node.name] = conv_class(x, w, y)
-    return classes
+    if not by_output:
+        return classes
+    readers: dict = {}
+    for node in inferred.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {}
+    for node in inferred.graph.node:
+        if node.name not in classes:
+            continue
+        out = node.output[0]
+        outputs[out] = classes[node.name]
+        while len(readers.get(out, ())) == 1 and readers[out][0].op_type in FUSED_AFTER:
+            out = readers[out][0].output[0]
+            outputs[out] = classes[node.name]
+    return outputs
 
 
 def conv_class(x: list, w: list, y: list) -> str:
@@ -102,6 +127,7 @@ def worker(tool: str, model: str, batch: int, hw: tuple, threads: int, runs: int
             session.run(None, feed)
         events = json.loads(Path(session.end_profiling()).read_text())
         seen: collections.Counter = collections.Counter()
+        by_output = conv_classes(path, spec, batch, hw, by_output=True)
         for event in events:
             if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
                 continue
@@ -112,7 +138,9 @@ def worker(tool: str, model: str, batch: int, hw: tuple, threads: int, runs: int
             ins, outs = args.get("input_type_shape", []), args.get("output_type_shape", [])
             key = OTHER
             if args.get("op_name") in ("Conv", "FusedConv") and len(ins) >= 2 and outs:
-                key = conv_class(*(next(iter(s.values())) for s in (ins[0], ins[1], outs[0])))
+                node = event["name"][:-len("_kernel_time")]
+                key = by_output.get(node.removesuffix("_nchwc")) or conv_class(
+                    *(next(iter(s.values())) for s in (ins[0], ins[1], outs[0])))
             times[key][0] += event["dur"] / runs
             times[key][1] += 1
         counts = {k: v[1] / runs for k, v in times.items()}
