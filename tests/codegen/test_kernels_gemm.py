@@ -273,13 +273,15 @@ def test_small_path_several_panels_at_once(libs, build, m, prepacked, b_t):
                      seed=panels)
 
 
-@pytest.mark.parametrize("build", ["default", "tiny", "panels3"])
-@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("build", ["default", "tiny", "panels3", "zmm"])
+@pytest.mark.parametrize("m", [1, 2, 3, 13, 20])
 @pytest.mark.parametrize("prepacked,b_t", [(True, False), (False, True), (False, False)])
 def test_equal_columns_of_b_give_equal_results(libs, build, m, prepacked, b_t):
     """Every column is summed in the same order, full panels, the ones left over and the
-    partial last panel alike: equal columns of B give bitwise equal columns of C (a Softmax
-    over the huge, equal logits of a constant-weight classifier depends on it)."""
+    partial last panel alike, on the B-streaming path (M = 1..3) and in the packed path's
+    full and edge tiles (M = 13, 20: rows past whole tiles): equal columns of B give bitwise
+    equal columns of C (a Softmax over the huge, equal logits of a constant-weight
+    classifier depends on it)."""
     lib = libs[build]
     k, n = 300, 13 * lib.schedule.nr + 5
     rng = np.random.default_rng(2)
@@ -300,6 +302,33 @@ def test_equal_columns_of_b_give_equal_results(libs, build, m, prepacked, b_t):
                          c.ctypes.data, 0, 0, n, 1.0, None, 0.0, 0, 0, 0)
     np.testing.assert_allclose(c[:, 0], (a.astype(np.float64) @ column)[:, 0], rtol=1e-4, atol=1e-3)
     np.testing.assert_array_equal(c, np.repeat(c[:, :1], n, axis=1))
+
+
+@pytest.mark.parametrize("build", ["default", "tiny", "zmm", "ymm"])
+@pytest.mark.parametrize("m", [13, 20, 47])
+@pytest.mark.parametrize("prepacked", [True, False])
+def test_equal_rows_of_a_give_equal_results(libs, build, m, prepacked):
+    """Rows in whole tiles and rows past them (the edge tiles) are summed in one order:
+    equal rows of A give bitwise equal rows of C. A conv as W x im2col has the output
+    channels as rows: squeezenet's constant weights make its 1000 logits equal in exact
+    arithmetic, and a Softmax turns a one-ulp difference between rows into 0 against 0.001."""
+    lib = libs[build]
+    k, n = 300, 2 * lib.schedule.nr + 5
+    rng = np.random.default_rng(3)
+    row = rng.standard_normal((1, k)).astype(np.float32)
+    a = np.ascontiguousarray(np.repeat(row, m, axis=0))
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, dtype=np.float32)
+    if prepacked:
+        packed = np.empty(lib.cdll.ss_gemm_packed_b_size(k, n), dtype=np.float32)
+        lib.cdll.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+        lib.cdll.ss_gemm_prepacked(m, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, packed.ctypes.data,
+                                   c.ctypes.data, 0, 0, n, 1.0, None, 0.0, 0, 0, 0)
+    else:
+        lib.cdll.ss_gemm(m, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, b.ctypes.data, 0, 0, n, 1,
+                         c.ctypes.data, 0, 0, n, 1.0, None, 0.0, 0, 0, 0)
+    np.testing.assert_allclose(c[0], (row.astype(np.float64) @ b)[0], rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(c, np.repeat(c[:1], m, axis=0))
 
 
 def test_small_panels_per_row_count():
@@ -338,20 +367,6 @@ def test_several_panels_threads_agree(libs, build, m):
         lib.cdll.ss_set_num_threads(1)
     np.testing.assert_allclose(outs[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     np.testing.assert_array_equal(outs[0], outs[1])
-
-
-def test_edge_tiles_hide_the_fma_latency():
-    """Edge tiles of fewer accumulators than FMA_CHAINS take copies of them, as the registers
-    allow: the last 2 rows of 6-row zmm tiles are 8 chains, not 2."""
-    zmm = GemmSchedule(mr=6, nr=16, lanes=16, registers=32)
-    assert [gemm_tiles.edge_sets(zmm, rows, 1) for rows in range(1, 6)] == [8, 4, 3, 2, 2]
-    ymm = GemmSchedule(mr=6, nr=16)
-    assert gemm_tiles.edge_sets(ymm, 1, 1) == 8 and gemm_tiles.edge_sets(ymm, 2, 2) == 2
-    assert gemm_tiles.edge_sets(ymm, 5, 2) == 1  # 10 chains already
-    # Bounded by the registers: 16 ymm hold 3 copies of a 3 x 1 tile beside its B vector.
-    assert gemm_tiles.edge_sets(ymm, 3, 1) == 3 and 3 * 3 * 1 + 1 + 1 <= 16
-    text = gemm.source(zmm)
-    assert "c1_0_3 = _mm512_fmadd_ps" in text and "c0_0_7" in text
 
 
 def test_edge_tile_shapes():
@@ -513,9 +528,8 @@ def test_packed_b_size_python_matches_c(libs):
 # fused Relu that keeps NaN: max_ps(zero, acc); then the B-streaming path drawn per width, its
 # dispatchers with its kernels, B vectors pinned with "+v"; then the epilogue's addend D and
 # the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
-# prefetched a tile ahead; then edge tiles of few accumulators in copies over alternate k
-# steps, gemm_tiles.edge_sets).
-DEFAULT_SOURCE_SHA256 = "5aa293ec76965870eef2c03fd6f2927ef8fc293a91025d3e2df2eb70035395f7"
+# prefetched a tile ahead).
+DEFAULT_SOURCE_SHA256 = "ba6efc53448e6f274e4520e480e03c23d89209fff03907aad7587c4a408ecc83"
 
 
 def test_default_prefix_source_unchanged():

@@ -119,58 +119,13 @@ def edge_shapes(s: GemmSchedule, lanes: int) -> list[tuple[int, int]]:
     return [(r, v) for r in range(1, s.mr + 1) for v in range(1, full + 1) if (r, v) != (s.mr, full)]
 
 
-def edge_sets(s: GemmSchedule, rows: int, vectors: int) -> int:
-    """Accumulator copies of the rows x vectors edge tile, taking alternate k steps, so that
-    FMA_CHAINS FMAs are independent where the registers hold them (as the B-streaming
-    kernels' sets, ``small_shape``)."""
-    sets = 1
-    while rows * vectors * sets < FMA_CHAINS and rows * vectors * (sets + 1) + vectors + 1 <= s.registers:
-        sets += 1
-    return sets
-
-
-def edge_loop(w: CWriter, s: GemmSchedule, rows: int, vectors: int, lanes: int) -> None:
-    """The edge tile's k loop in ``edge_sets`` accumulator copies, summed into
-    ``accumulators(rows, vectors)`` at the end. With one copy, the last 2 rows of M in 6-row
-    zmm tiles (M = 32) were 2 FMA chains, each waiting on the one before: the tile took two
-    thirds of a full one's time, and a 768 x 768 product ran as long at M = 31..36 (388 us,
-    97 GFLOPS at M = 32, 110 at 36; AMD Zen 4, 1 thread)."""
-    sets = edge_sets(s, rows, vectors)
-    if sets == 1:
-        tile_loop(w, s, rows, vectors, lanes)
-        return
-    v, mm = vector_names(lanes)
-    acc = [[[f"c{i}_{j}" if t == 0 else f"c{i}_{j}_{t}" for j in range(vectors)] for i in range(rows)]
-           for t in range(sets)]
-    w.line(f"{v} av, " + ", ".join(f"b{j}" for j in range(vectors)) + ";")
-    w.lines(f"{v} {name} = {mm}_setzero_ps();" for st in acc for row in st for name in row)
-
-    def step(t: int) -> None:
-        w.lines(f"b{j} = {mm}_loadu_ps(b + {t} * {s.nr} + {lanes * j});" for j in range(vectors))
-        for i in range(rows):
-            w.line(f"av = {_broadcast(lanes, f'a + {t} * {s.mr} + {i}')};")
-            w.lines(f"{acc[t][i][j]} = {mm}_fmadd_ps(av, b{j}, {acc[t][i][j]});" for j in range(vectors))
-
-    w.line("int64_t k = 0;")
-    with w.block(f"for (; k + {sets} <= kc; k += {sets})"):
-        for t in range(sets):
-            step(t)
-        w.line(f"a += {sets * s.mr}; b += {sets * s.nr};")
-    with w.block("for (; k < kc; ++k)"):
-        step(0)
-        w.line(f"a += {s.mr}; b += {s.nr};")
-    w.lines(f"{acc[0][i][j]} = {mm}_add_ps({acc[0][i][j]}, {acc[t][i][j]});"
-            for t in range(1, sets) for i in range(rows) for j in range(vectors))
-
-
 def edge_kernels(s: GemmSchedule, lanes: int) -> str:
     """A kernel per edge tile shape, and ``ss_gemm_edge_tile`` choosing among them.
 
     An edge tile (the last rows of M or columns of N) used to run the full mr x nr kernel
     on zero padding: with nr = 24 and N = 25 that is 48 columns computed for 25. These
     compute only the valid rows and ceil(nv / lanes) vectors, into a local tile of row
-    stride NR, in as many accumulator copies as it takes to hide the FMA latency
-    (``edge_loop``).
+    stride NR.
     """
     _, mm = vector_names(lanes)
     full = s.nr // lanes
@@ -178,7 +133,7 @@ def edge_kernels(s: GemmSchedule, lanes: int) -> str:
     for rows, vectors in edge_shapes(s, lanes):
         acc = accumulators(rows, vectors)
         w = CWriter(level=1)
-        edge_loop(w, s, rows, vectors, lanes)
+        tile_loop(w, s, rows, vectors, lanes)
         w.lines(f"{mm}_storeu_ps(t + {i} * SS_GEMM_NR + {lanes * v}, {acc[i][v]});"
                 for i in range(rows) for v in range(vectors))
         out.append(Function("void", f"ss_gemm_edge_{rows}x{vectors}", ("int64_t kc", "const float* restrict a",
