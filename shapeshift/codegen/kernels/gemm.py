@@ -61,9 +61,8 @@ loops: nc columns of B at a time, kc rows of B packed into nr-column micro-panel
 read from the prepacked B), mc rows of A packed into mr-row micro-panels, both
 zero-padded to full panels so the mr x nr micro-kernel never checks bounds; edge tiles go
 through a local tile of which only the valid part is stored, computed by a kernel of their
-own size (valid rows, columns rounded up to a vector), not the full mr x nr one, in as many
-copies of its accumulators (alternate k steps) as hide the FMA latency
-(gemm_tiles.edge_sets). Full tiles apply the
+own size (valid rows, columns rounded up to a vector), not the full mr x nr one, summing
+in the full tile's order (equal rows of A give equal rows of C wherever they fall). Full tiles apply the
 epilogue (alpha, bias, addend, relu) in registers after their last K block; edge tiles, and a
 bias whose column stride is neither 0 nor 1, get it from a separate pass over the tile
 while it is in L1. Row-major A and column-major B are packed through 8x8 transposes.
