@@ -224,6 +224,31 @@ def test_conv2d(lib, case, act, packed):
     np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("batch", [8, 6, 5, 2])
+def test_implicit_gemm_batch_in_groups_on_two_threads(lib, batch, packed):
+    """1-D k5 convs (450 columns: past the planes conv_panels takes) whose scratch stages 4 of
+    the batch's images at a time (two groups of 8, a short last group of 6 and 5, one group
+    of 2), split between two threads: every output matches onnxruntime and the one-thread
+    result bit for bit."""
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch, 32, 450), dtype=np.float32)
+    w = rng.standard_normal((40, 32, 5), dtype=np.float32)
+    b = rng.standard_normal(40, dtype=np.float32)
+    expected = run_ort("Conv", [x, w, b], kernel_shape=[5], pads=[2, 2])
+    outs = []
+    try:
+        for threads in (1, 2):
+            lib.ss_set_num_threads(threads)
+            y = np.full(expected.shape, np.nan, np.float32)
+            call_conv(lib, x, w, b, y, (1,), (2,), (1,), 1, 0, packed_weights(lib, w) if packed else None)
+            np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+            outs.append(y)
+    finally:
+        lib.ss_set_num_threads(os.cpu_count() or 1)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("group,M", [(1, 4), (2, 4), (4, 4)])
 def test_conv2d_empty_batch_writes_nothing(lib, group, M):
     x = np.zeros((0, 4, 5, 5), np.float32)
