@@ -248,6 +248,30 @@ def test_small_path_row_groups(libs, build, m, prepacked, b_t):
     run_case(libs[build], Case(m, 70, 300, b_t=b_t, bias="col", act=1, prepacked=prepacked))
 
 
+@pytest.mark.parametrize("build", ["edge_wide", "default", "ymm", "zmm", "zmm_as_ymm", "tiny", "a_in_l1"])
+@pytest.mark.parametrize("m", [13, 14, 15, 16, 17, 20])
+def test_edge_rows_over_groups_of_panels(libs, build, m):
+    """The last rows of M (fewer than MR) run several B panels at once (gemm_tiles.edge_group):
+    columns that end a group, part of one (the panels left run one by one) and a partial last
+    panel; K past one kc block (the groups add to C), with every epilogue: bias by columns and
+    by rows, alpha, Relu, the addend."""
+    lib = libs[build]
+    nr, kc = lib.schedule.nr, lib.schedule.kc
+    for i, n in enumerate((8 * nr, 9 * nr + 5, 3 * nr - 1)):
+        run_case(lib, Case(m, n, kc + 9, bias="col", alpha=0.5, act=1, prepacked=i % 2 == 0), seed=n)
+        run_case(lib, Case(m, n, 2 * kc + 3, bias="row", beta=0.25, addend=True), seed=n + 1)
+        run_case(lib, Case(m, n, 11, b_t=True, batch0=2), seed=n + 2)
+
+
+def test_edge_groups_per_row_count():
+    zmm = GemmSchedule(mr=6, nr=16, lanes=16, registers=32)
+    assert [gemm_tiles.edge_group(zmm, rows, 16) for rows in range(1, 6)] == [8, 4, 3, 2, 2]
+    ymm = GemmSchedule(mr=6, nr=16)  # 2 vectors a panel, 16 registers: (rows + 1) x 2 x group + 1 <= 16
+    assert [gemm_tiles.edge_group(ymm, rows, 8) for rows in range(1, 6)] == [3, 2, 1, 1, 1]
+    text = gemm.source(zmm)
+    assert "static void ss_gemm_edge_rows_2(" in text and "case 2: return 4;" in text
+
+
 @pytest.mark.parametrize("build", ["edge_wide", "grouped_wide", "default", "ymm", "zmm", "zmm_as_ymm"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 13])
 def test_edge_tiles_every_width(libs, build, m):
@@ -528,8 +552,8 @@ def test_packed_b_size_python_matches_c(libs):
 # fused Relu that keeps NaN: max_ps(zero, acc); then the B-streaming path drawn per width, its
 # dispatchers with its kernels, B vectors pinned with "+v"; then the epilogue's addend D and
 # the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
-# prefetched a tile ahead).
-DEFAULT_SOURCE_SHA256 = "ba6efc53448e6f274e4520e480e03c23d89209fff03907aad7587c4a408ecc83"
+# prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows).
+DEFAULT_SOURCE_SHA256 = "8437c26841d037d70e2b672f06b9d2a5e2cc465761040e146f5fd59a385a2e6c"
 
 
 def test_default_prefix_source_unchanged():

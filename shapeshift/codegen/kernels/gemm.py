@@ -61,8 +61,10 @@ loops: nc columns of B at a time, kc rows of B packed into nr-column micro-panel
 read from the prepacked B), mc rows of A packed into mr-row micro-panels, both
 zero-padded to full panels so the mr x nr micro-kernel never checks bounds; edge tiles go
 through a local tile of which only the valid part is stored, computed by a kernel of their
-own size (valid rows, columns rounded up to a vector), not the full mr x nr one, summing
-in the full tile's order (equal rows of A give equal rows of C wherever they fall). Full tiles apply the
+own size (valid rows, columns rounded up to a vector), not the full mr x nr one; the last
+rows of M (fewer than mr) over a group of consecutive B panels at once where the block holds
+the group, so that enough FMA chains are independent (gemm_tiles.edge_group). All sum in the
+full tile's order: equal rows of A give equal rows of C wherever they fall. Full tiles apply the
 epilogue (alpha, bias, addend, relu) in registers after their last K block; edge tiles, and a
 bias whose column stride is neither 0 nor 1, get it from a separate pass over the tile
 while it is in L1. Row-major A and column-major B are packed through 8x8 transposes.
@@ -301,10 +303,12 @@ def fragment(schedule: Optional[GemmSchedule] = None) -> Fragment:
     with kernels.guard("__AVX2__"):
         kernels.raw(tiles.in_lanes(s, tiles.full_tile_kernel))
         kernels.raw(tiles.in_lanes(s, tiles.edge_kernels))
+        kernels.raw(tiles.in_lanes(s, tiles.edge_rows_kernels))
         kernels.raw(tiles.in_lanes(s, tiles.small_path))
         kernels.orelse()
         kernels.raw(driver.MICRO_KERNEL_SCALAR)
         kernels.raw(driver.EDGE_TILE_SCALAR)
+        kernels.raw(driver.EDGE_ROWS_SCALAR)
         kernels.raw(tiles.small_path_scalar(s))
     return Fragment([
         Shared(defines.text()),
@@ -312,6 +316,6 @@ def fragment(schedule: Optional[GemmSchedule] = None) -> Fragment:
         Shared(driver.TRANSPOSE8),
         Private(driver.PACKING),
         Private(kernels.text()),
-        Private(fill(driver.DRIVER, TILE_LOOPS=driver.TILE_LOOPS[s.a_in_l1])),
+        Private(fill(driver.DRIVER, TILE_LOOPS=driver.TILE_LOOPS[s.a_in_l1], EDGE_GROUP_MAX=tiles.MAX_EDGE_GROUP)),
         *driver.ENTRIES,
     ])

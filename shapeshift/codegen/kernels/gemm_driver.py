@@ -263,6 +263,15 @@ static void ss_gemm_edge_tile(int64_t mv, int64_t nv, int64_t kc, const float* a
 }
 """
 
+# Builds without AVX2: no edge-rows kernel (every edge tile panel by panel).
+EDGE_ROWS_SCALAR = """\
+static int64_t ss_gemm_edge_group(int64_t mv) { (void)mv; return 1; }
+static void ss_gemm_edge_rows(int64_t mv, int64_t kc, const float* a, const float* b, float* t)
+{
+    (void)mv; (void)kc; (void)a; (void)b; (void)t;
+}
+"""
+
 # The two loops over an mc x nc block's tiles (ss_gemm_macro), by the schedule's a_in_l1.
 TILE_LOOPS = {
     0: """    /* jr outside ir: one B micro-panel stays in L1 while the A panels stream from L2. */
@@ -282,8 +291,9 @@ static void ss_gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float* pa, c
                           float* c, int64_t ldc, int acc, int last, const ss_gemm_problem* P, int64_t m0, int64_t n0,
                           const float* d)
 {
-    float tile[SS_GEMM_MR * SS_GEMM_NR];
+    float tile[SS_GEMM_MR * SS_GEMM_NR], rows_tile[SS_GEMM_MR * SS_GEMM_NR * @EDGE_GROUP_MAX@];
     const int epilogue = last && ss_gemm_needs_epilogue(P);
+    const int64_t panels = (nc + SS_GEMM_NR - 1) / SS_GEMM_NR;
     /* Full tiles take the epilogue in registers (no reload of a C tile whose store may still
        be waiting for its cache line), unless the bias has a column stride other than 0 or 1. */
     const int in_kernel = epilogue && (!P->bias || P->cs_bias == 0 || P->cs_bias == 1);
@@ -299,9 +309,22 @@ static void ss_gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float* pa, c
                 ss_gemm_ukernel(kc, pa + ir * kc, pb + jr * kc, ct, ldc, acc, in_kernel ? &e : NULL);
                 if (epilogue && !in_kernel) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr, dt);
             } else {
-                ss_gemm_edge_tile(mv, nv, kc, pa + ir * kc, pb + jr * kc, tile);
-                ss_gemm_store_tile(tile, SS_GEMM_NR, ct, ldc, mv, nv, acc);
-                if (epilogue) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr, dt);
+                /* The last rows of M (fewer than MR): a group of panels at once where the
+                   block holds the whole group (gemm_tiles.edge_group), at the group's first
+                   panel; else, and for the last columns of whole rows, panel by panel. */
+                const int64_t group = mv < SS_GEMM_MR ? ss_gemm_edge_group(mv) : 1, q = jr / SS_GEMM_NR;
+                if (group > 1 && q - q % group + group <= panels) {
+                    if (q % group == 0) {
+                        const int64_t cols = ss_gemm_min(group * SS_GEMM_NR, nc - jr);
+                        ss_gemm_edge_rows(mv, kc, pa + ir * kc, pb + jr * kc, rows_tile);
+                        ss_gemm_store_tile(rows_tile, group * SS_GEMM_NR, ct, ldc, mv, cols, acc);
+                        if (epilogue) ss_gemm_epilogue(ct, ldc, mv, cols, P, m0 + ir, n0 + jr, dt);
+                    }
+                } else {
+                    ss_gemm_edge_tile(mv, nv, kc, pa + ir * kc, pb + jr * kc, tile);
+                    ss_gemm_store_tile(tile, SS_GEMM_NR, ct, ldc, mv, nv, acc);
+                    if (epilogue) ss_gemm_epilogue(ct, ldc, mv, nv, P, m0 + ir, n0 + jr, dt);
+                }
             }
         }
     }

@@ -151,6 +151,69 @@ def edge_kernels(s: GemmSchedule, lanes: int) -> str:
     return "".join(out)
 
 
+#: The most panels of B one edge-rows kernel covers (ss_gemm_macro's buffer holds them).
+MAX_EDGE_GROUP = 8
+
+
+def edge_group(s: GemmSchedule, rows: int, lanes: int) -> int:
+    """Panels of B the kernel of the last ``rows`` rows of M (fewer than mr) covers at once:
+    enough that FMA_CHAINS accumulators are independent, as the registers allow. Panel by
+    panel, the last 2 rows of 6-row zmm tiles were 2 FMA chains, each FMA waiting on the one
+    before: the tile took two thirds of a full one's time, and a 768 x 768 product ran as
+    long at M = 31..36 (388 us, 97 GFLOPS at M = 32; AMD Zen 4, 1 thread)."""
+    full = s.nr // lanes
+    group = 1
+    while (rows * full * group < FMA_CHAINS and group < MAX_EDGE_GROUP
+           and (rows + 1) * full * (group + 1) + 1 <= s.registers):
+        group += 1
+    return group
+
+
+def edge_rows_kernels(s: GemmSchedule, lanes: int) -> str:
+    """``ss_gemm_edge_group(mv)``, the panels edge_group gives mv rows, and
+    ``ss_gemm_edge_rows(mv, kc, a, b, t)``: t (row stride group x NR) = the mv x (group x NR)
+    product of the packed A micro-panel a and the group's consecutive packed B panels from b
+    (kc x NR floats each). Every accumulator sums its k steps in order from zero, as the full
+    and edge tiles do: equal rows of A give equal rows of C wherever they fall."""
+    v, mm = vector_names(lanes)
+    full = s.nr // lanes
+    groups = {rows: edge_group(s, rows, lanes) for rows in range(1, s.mr)}
+    out = []
+    for rows, group in groups.items():
+        if group == 1:
+            continue
+        acc = [[[f"c{i}_{p}_{j}" for j in range(full)] for p in range(group)] for i in range(rows)]
+        w = CWriter(level=1)
+        w.lines(f"const float* restrict b{p} = b + {p} * kc * {s.nr};" for p in range(group))
+        w.line(f"{v} av, " + ", ".join(f"v{p}_{j}" for p in range(group) for j in range(full)) + ";")
+        w.lines(f"{v} {name} = {mm}_setzero_ps();" for row in acc for panel in row for name in panel)
+        w.raw(f"#pragma GCC unroll {s.unroll_k}")
+        with w.block("for (int64_t k = 0; k < kc; ++k)"):
+            w.lines(f"v{p}_{j} = {mm}_loadu_ps(b{p} + {lanes * j});" for p in range(group) for j in range(full))
+            for i in range(rows):
+                w.line(f"av = _mm512_set1_ps(a[{i}]);" if lanes == 16 else f"av = _mm256_broadcast_ss(a + {i});")
+                w.lines(f"{acc[i][p][j]} = {mm}_fmadd_ps(av, v{p}_{j}, {acc[i][p][j]});"
+                        for p in range(group) for j in range(full))
+            w.line(f"a += {s.mr}; " + " ".join(f"b{p} += {s.nr};" for p in range(group)))
+        w.lines(f"{mm}_storeu_ps(t + {i * group * s.nr + p * s.nr + lanes * j}, {acc[i][p][j]});"
+                for i in range(rows) for p in range(group) for j in range(full))
+        out.append(Function("void", f"ss_gemm_edge_rows_{rows}", ("int64_t kc", "const float* restrict a",
+                            "const float* restrict b", "float* restrict t"), w.text(), linkage="static").definition())
+    w = CWriter(level=1)
+    with w.block("switch (mv)"):
+        w.lines(f"case {rows}: return {group};" for rows, group in groups.items() if group > 1)
+        w.line("default: return 1;")
+    out.append(Function("int64_t", "ss_gemm_edge_group", ("int64_t mv",), w.text(), linkage="static").definition())
+    w = CWriter(level=1)
+    with w.block("switch (mv)"):
+        w.lines(f"case {rows}: ss_gemm_edge_rows_{rows}(kc, a, b, t); break;"
+                for rows, group in groups.items() if group > 1)
+        w.line("default: (void)kc; (void)a; (void)b; (void)t; break;")
+    out.append(Function("void", "ss_gemm_edge_rows", ("int64_t mv", "int64_t kc", "const float* a", "const float* b",
+                                                      "float* t"), w.text(), linkage="static").definition())
+    return "".join(out)
+
+
 # ---- the B-streaming path (M <= small_m) ----------------------------------------------
 #
 # Every function below takes the vector width it is drawn for (``lanes``: 8, ymm; 16, zmm),
