@@ -601,12 +601,12 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_@L@(
     }
 }
 
-/* A full tile of DWX pixels with the row's taps (KWC) and stride (SC) as constants and
-   dilation 1: each input vector of a row is loaded once and feeds every tap that reads it
-   (3x3 stride 1: 10 loads for 24 FMAs, where a load per tap and pixel took 24), the
-   weights and the input held in registers. */
+/* A tile of RX pixels (DWX, or a staged row narrower than that) with the row's taps (KWC),
+   stride (SC) and RX as constants and dilation 1: each input vector of a row is loaded once
+   and feeds every tap that reads it (3x3 stride 1: 10 loads for 24 FMAs, where a load per
+   tap and pixel took 24), the weights and the input held in registers. */
 static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
-    const float* xp, const float* wc, int64_t KH, const int KWC, const int SC, int64_t H, int64_t W,
+    const float* xp, const float* wc, int64_t KH, const int KWC, const int SC, const int RX, int64_t H, int64_t W,
     int64_t iy0, int64_t dh, int64_t ix0, ss_vf@L@ acc[@DWX@])
 {
     for (int64_t ky = 0; ky < KH; ky++) {
@@ -621,13 +621,13 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
             SS_CNC_IN_REGISTER_@L@(wv[kx], 2);
         }
         #pragma GCC unroll 32
-        for (int i = 0; i < (@DWX@ - 1) * SC + KWC; i++) {
+        for (int i = 0; i < (RX - 1) * SC + KWC; i++) {
             ss_vf@L@ v = *(const ss_vfu@L@*)(xr + i * @L@);
             SS_CNC_IN_REGISTER_@L@(v, 2);
             #pragma GCC unroll 7
             for (int kx = 0; kx < KWC; kx++) {
                 const int t = i - kx;
-                if (t >= 0 && t % SC == 0 && t / SC < @DWX@) acc[t / SC] = ss_cnc_fma_@L@(v, wv[kx], acc[t / SC]);
+                if (t >= 0 && t % SC == 0 && t / SC < RX) acc[t / SC] = ss_cnc_fma_@L@(v, wv[kx], acc[t / SC]);
             }
         }
     }
@@ -694,15 +694,15 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                 for (int64_t oy = oy0; oy < oy1; oy++) {
                     const int64_t row = ((n * CB + cb) * OH + oy) * OW * @L@;
                     int64_t ox = 0;
-#define SS_DWC_TILE(RXT, SRC, EDGE, RH, RW, IY0, IX0) do { \
+#define SS_DWC_TILE(RXT, SRC, EDGE, RH, RW, IY0, IX0, NARROW_FIXED) do { \
                     ss_vf@L@ acc[@DWX@]; \
                     for (int j = 0; j < RXT; j++) acc[j] = bv; \
-                    if (RXT != @DWX@ || EDGE || dw != 1) \
+                    if ((RXT != @DWX@ && !(NARROW_FIXED)) || EDGE || dw != 1) \
                         ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
-                    else if (KW == 3 && sw == 1) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 3, 1, RH, RW, IY0, dh, IX0, acc); \
-                    else if (KW == 3 && sw == 2) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 3, 2, RH, RW, IY0, dh, IX0, acc); \
-                    else if (KW == 5 && sw == 1) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 5, 1, RH, RW, IY0, dh, IX0, acc); \
-                    else if (KW == 5 && sw == 2) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 5, 2, RH, RW, IY0, dh, IX0, acc); \
+                    else if (KW == 3 && sw == 1) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 3, 1, RXT, RH, RW, IY0, dh, IX0, acc); \
+                    else if (KW == 3 && sw == 2) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 3, 2, RXT, RH, RW, IY0, dh, IX0, acc); \
+                    else if (KW == 5 && sw == 1) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 5, 1, RXT, RH, RW, IY0, dh, IX0, acc); \
+                    else if (KW == 5 && sw == 2) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 5, 2, RXT, RH, RW, IY0, dh, IX0, acc); \
                     else ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
                     { \
                         ss_vf@L@ acc2[RXT][2]; \
@@ -713,20 +713,22 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                     } \
                 } while (0)
                     if (buf) {
-#define SS_DWC_STAGED(RXT) SS_DWC_TILE(RXT, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw)
+#define SS_DWC_STAGED(RXT) SS_DWC_TILE(RXT, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw, 1)
                         for (; ox < OW && OW >= @DWX@; ox += @DWX@) {
                             if (ox + @DWX@ > OW) ox = OW - @DWX@;  /* the rest as one tile overlapping the last */
                             SS_DWC_STAGED(@DWX@);
                         }
                         /* A row narrower than a tile as one tile of its width: tiles of 4, 2
-                           and 1 pixels left single accumulators waiting on each FMA's latency. */
+                           and 1 pixels left single accumulators waiting on each FMA's latency.
+                           Its taps through the fixed tile too, each input vector loaded once
+                           for all the taps that read it (MobileNetV3's 5x5 convs on 7x7). */
                         switch (OW - ox) {
 @NARROW@
                         default: break;
                         }
 #undef SS_DWC_STAGED
                     } else {  /* from x itself: the border columns' tiles check each tap */
-#define SS_DWC_X(RXT, EDGE) SS_DWC_TILE(RXT, xp, EDGE, H, W, oy * sh - ph, ox * sw - pw)
+#define SS_DWC_X(RXT, EDGE) SS_DWC_TILE(RXT, xp, EDGE, H, W, oy * sh - ph, ox * sw - pw, 0)
                         /* The row's tiles, each shape expanded once, as in the dense conv. */
                         while (ox < OW) {
                             int edge;
