@@ -125,8 +125,8 @@ def ratios(results: dict, threads: int, model: str) -> dict[str, float]:
 def cores(results: dict, threads: int, model: str, label: str) -> tuple:
     """(native's, onnxruntime's) state of the cores while that figure was taken (bench/machine.py
     span_state: near, far, changed; None at 1 thread or where not probed)."""
-    return tuple(machine.span_state(*results.get((threads, model, tool), {}).get("cores_ns", {}).get(label, (None, None)))
-                 for tool in TOOLS)
+    probes = (results.get((threads, model, tool), {}).get("cores_ns", {}).get(label, (None, None)) for tool in TOOLS)
+    return tuple(machine.span_state(*pair) for pair in probes)
 
 
 def _cores_note(results: dict, threads: int, model: str, label: str) -> str:
@@ -156,8 +156,8 @@ def report(results: dict, models: list[str], args) -> str:
                       f"{machine.FAR_NS:g} ns, far above, 'changed' where the two disagree). On these VMs the state "
                       "changes by itself, and a far pair slows both tools: a ratio between two states compares two "
                       "machines.", ""]
-        lines += ["| model | shape | native ms | onnxruntime ms | ratio | max abs diff |" + (" cores |" if probed else ""),
-                  "|---|---|---|---|---|---|" + ("---|" if probed else "")]
+        lines += ["| model | shape | native ms | onnxruntime ms | ratio | max abs diff |" + (" cores |" * probed),
+                  "|---|---|---|---|---|---|" + ("---|" * probed)]
         for model in models:
             native = results.get((threads, model, "native"), {})
             ort = results.get((threads, model, "onnxruntime"), {})
@@ -166,9 +166,10 @@ def report(results: dict, models: list[str], args) -> str:
                     lines.append(f"| {model} | {name} error: {r['error'][:200]} | | | | |")
             for label, ratio in ratios(results, threads, model).items():
                 diff = e2e._max_diff(native["outputs"][label], ort["outputs"][label])
-                state = " / ".join(str(st) for st in cores(results, threads, model, label)) if probed else ""
+                state = " / ".join(str(st) for st in cores(results, threads, model, label))
                 lines.append(f"| {model} | {label} | {native['latency'][label] * 1e3:.3f} | "
-                             f"{ort['latency'][label] * 1e3:.3f} | {ratio:.2f} | {diff:.1e} |" + (f" {state} |" if probed else ""))
+                             f"{ort['latency'][label] * 1e3:.3f} | {ratio:.2f} | {diff:.1e} |"
+                             + (f" {state} |" if probed else ""))
         lines.append("")
     lines += ["## Session creation", "", "| model | native cold s | native library warm s | native cache s | "
               "native fallback ops | onnxruntime s |", "|---|---|---|---|---|---|"]

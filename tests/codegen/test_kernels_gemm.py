@@ -553,7 +553,7 @@ def test_packed_b_size_python_matches_c(libs):
 # dispatchers with its kernels, B vectors pinned with "+v"; then the epilogue's addend D and
 # the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
 # prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows).
-DEFAULT_SOURCE_SHA256 = "8437c26841d037d70e2b672f06b9d2a5e2cc465761040e146f5fd59a385a2e6c"
+DEFAULT_SOURCE_SHA256 = "37c870a70b1b27f63f998a249d294e833916c2bd59d85b3bc90279e33fc604fe"
 
 
 def test_default_prefix_source_unchanged():

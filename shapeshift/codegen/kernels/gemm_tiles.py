@@ -39,25 +39,32 @@ def in_lanes(s: GemmSchedule, make: Callable[[GemmSchedule, int], str]) -> str:
     return w.text()
 
 
-def tile_loop(w: CWriter, s: GemmSchedule, rows: int, vectors: int, lanes: int = 8) -> None:
+def tile_loop(w: CWriter, s: GemmSchedule, rows: int, vectors: int, lanes: int = 8, panels: int = 1) -> None:
     """Declarations and k loop of a rows x (lanes x vectors) tile over packed panels (whose
     strides stay MR and NR), in ymm (lanes 8) or zmm (16) registers: the accumulators end
-    up in ``accumulators(rows, vectors)``.
+    up in ``accumulators(rows, vectors)``. ``panels`` > 1: the vectors span that many
+    consecutive B panels (kc x NR floats each, vectors / panels from each), vector v the
+    (v % per)-th of panel v // per.
 
     The k loop is unrolled by ``#pragma GCC unroll`` rather than by writing out copies:
     GCC interleaves hand-written copies and then spills accumulators (measured: about 25%
     slower at unroll 4), while its own unrolling keeps every copy in order."""
     acc = accumulators(rows, vectors)
     v, mm = vector_names(lanes)
+    per = vectors // panels
+    if panels > 1:
+        w.lines(f"const float* restrict b_{p} = b + {p} * kc * {s.nr};" for p in range(panels))
+    source = (lambda j: f"b + {lanes * j}") if panels == 1 else (lambda j: f"b_{j // per} + {lanes * (j % per)}")
     w.line(f"{v} av, " + ", ".join(f"b{j}" for j in range(vectors)) + ";")
     w.lines(f"{v} {name} = {mm}_setzero_ps();" for row in acc for name in row)
     w.raw(f"#pragma GCC unroll {s.unroll_k}")
     with w.block("for (int64_t k = 0; k < kc; ++k)"):
-        w.lines(f"b{j} = {mm}_loadu_ps(b + {lanes * j});" for j in range(vectors))
+        w.lines(f"b{j} = {mm}_loadu_ps({source(j)});" for j in range(vectors))
         for i in range(rows):
             w.line(f"av = _mm512_set1_ps(a[{i}]);" if lanes == 16 else f"av = _mm256_broadcast_ss(a + {i});")
             w.lines(f"{acc[i][j]} = {mm}_fmadd_ps(av, b{j}, {acc[i][j]});" for j in range(vectors))
-        w.line(f"a += {s.mr}; b += {s.nr};")
+        pointers = ["b"] if panels == 1 else [f"b_{p}" for p in range(panels)]
+        w.line(f"a += {s.mr}; " + " ".join(f"{name} += {s.nr};" for name in pointers))
 
 
 def full_tile_kernel(s: GemmSchedule, lanes: int) -> str:
@@ -175,28 +182,20 @@ def edge_rows_kernels(s: GemmSchedule, lanes: int) -> str:
     product of the packed A micro-panel a and the group's consecutive packed B panels from b
     (kc x NR floats each). Every accumulator sums its k steps in order from zero, as the full
     and edge tiles do: equal rows of A give equal rows of C wherever they fall."""
-    v, mm = vector_names(lanes)
+    _, mm = vector_names(lanes)
     full = s.nr // lanes
     groups = {rows: edge_group(s, rows, lanes) for rows in range(1, s.mr)}
     out = []
     for rows, group in groups.items():
         if group == 1:
             continue
-        acc = [[[f"c{i}_{p}_{j}" for j in range(full)] for p in range(group)] for i in range(rows)]
+        # The group's vectors in a row are consecutive in t: vector v at v * lanes (panel
+        # v // full at its multiple of NR).
+        acc = accumulators(rows, group * full)
         w = CWriter(level=1)
-        w.lines(f"const float* restrict b{p} = b + {p} * kc * {s.nr};" for p in range(group))
-        w.line(f"{v} av, " + ", ".join(f"v{p}_{j}" for p in range(group) for j in range(full)) + ";")
-        w.lines(f"{v} {name} = {mm}_setzero_ps();" for row in acc for panel in row for name in panel)
-        w.raw(f"#pragma GCC unroll {s.unroll_k}")
-        with w.block("for (int64_t k = 0; k < kc; ++k)"):
-            w.lines(f"v{p}_{j} = {mm}_loadu_ps(b{p} + {lanes * j});" for p in range(group) for j in range(full))
-            for i in range(rows):
-                w.line(f"av = _mm512_set1_ps(a[{i}]);" if lanes == 16 else f"av = _mm256_broadcast_ss(a + {i});")
-                w.lines(f"{acc[i][p][j]} = {mm}_fmadd_ps(av, v{p}_{j}, {acc[i][p][j]});"
-                        for p in range(group) for j in range(full))
-            w.line(f"a += {s.mr}; " + " ".join(f"b{p} += {s.nr};" for p in range(group)))
-        w.lines(f"{mm}_storeu_ps(t + {i * group * s.nr + p * s.nr + lanes * j}, {acc[i][p][j]});"
-                for i in range(rows) for p in range(group) for j in range(full))
+        tile_loop(w, s, rows, group * full, lanes, panels=group)
+        w.lines(f"{mm}_storeu_ps(t + {i * group * s.nr + lanes * j}, {acc[i][j]});"
+                for i in range(rows) for j in range(group * full))
         out.append(Function("void", f"ss_gemm_edge_rows_{rows}", ("int64_t kc", "const float* restrict a",
                             "const float* restrict b", "float* restrict t"), w.text(), linkage="static").definition())
     w = CWriter(level=1)
