@@ -282,10 +282,14 @@ static void ss_recur_tiles(const ss_recur_step* s, int ng, ss_recur_tile_fn tile
     const int64_t groups = (hi - lo + mr - 1) / mr, tasks = nb * groups;
     if (!s->team) {
         /* Not even an inactive OpenMP region: at a few microseconds a step, entering one
-           costs a good part of it. */
+           costs a good part of it. Odd steps take the blocks last to first: a step then
+           starts on the part of R the last one read most recently, still in L2 where R is
+           larger than L2 (the other way round, least recently used lines went first and
+           each step read all of R from L3). */
+        const int back = (int)(s->t & 1);
         for (int64_t task = 0; task < tasks; ++task) {
-            const int64_t b0 = lo + task % groups * mr;
-            tile(s, task / groups, b0, (int)(hi - b0 < mr ? hi - b0 : mr));
+            const int64_t b0 = lo + task % groups * mr, jb = task / groups;
+            tile(s, back ? nb - 1 - jb : jb, b0, (int)(hi - b0 < mr ? hi - b0 : mr));
         }
         return;
     }
