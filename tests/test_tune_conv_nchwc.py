@@ -178,13 +178,20 @@ def test_worker_checks_and_times_every_instance(tmp_path):
     dense = NchwcConvWorkload.of((3, 3, 1, 1, 1, 1), [(1, 20, 13, 17, 36, 1, 1, 0), (2, 16, 9, 30, 24, 1, 1, 0)],
                                  lanes=LANES)
     depthwise = NchwcConvWorkload.of((5, 5, 2, 2, 1, 1), [(1, 20, 13, 17, 20, 2, 2, 0)], depthwise=True, lanes=LANES)
-    built = build_one(KERNELS[1], tmp_path, family=CONV_NCHWC)
+    built = {w: build_one(KERNELS[1], tmp_path, family=w.family) for w in (dense, depthwise)}
     for w in (dense, depthwise):
         for cold in (False, True):  # cold: every timed call after a flush of the caches
-            w = dataclasses.replace(w, cold=cold)
-            good = measure(built, w, list(range(1, w.hi + 1)), FAST)
+            good = measure(built[w], dataclasses.replace(w, cold=cold), list(range(1, w.hi + 1)), FAST)
             assert good.error is None and sorted(good.seconds) == list(range(1, w.hi + 1))
             assert min(good.seconds.values()) > 0
+    # A library holds its family's entry point alone (the other would double a dense
+    # candidate's build and multiply a depthwise one's by six): the other kind of task is refused.
+    assert f"ss_conv_nchwc_{LANES}(" in CONV_NCHWC.source(KERNELS[1]) and "dwconv" not in CONV_NCHWC.source(KERNELS[1])
+    assert f"ss_dwconv_nchwc_{LANES}(" in CONV_NCHWC_DW.source(KERNELS[1])
+    assert f"ss_conv_nchwc_{LANES}(" not in CONV_NCHWC_DW.source(KERNELS[1])
+    for w, other in ((dense, depthwise), (depthwise, dense)):
+        bad = measure(built[other], w, [1], FAST)
+        assert bad.error and "built for the" in bad.error and not bad.seconds
     # A kernel that computes only a batch's first image, and one that leaves the depthwise
     # bias out: both refused, naming the instance.
     first_only = build_one(KERNELS[0], tmp_path, family=CONV_NCHWC, source_fn=lambda s: unit_source(s).replace(
@@ -192,7 +199,7 @@ def test_worker_checks_and_times_every_instance(tmp_path):
         "N = N > 1 ? 1 : N;\nconst int64_t MB = (M + @L@ - 1) / @L@;\nconst int64_t MBg".replace("@L@", str(LANES))))
     bad = measure(first_only, dense, [1, 2], FAST)
     assert bad.error and "(2, 16, 9, 30, 24, 1, 1, 0)" in bad.error
-    no_bias = build_one(KERNELS[0], tmp_path, family=CONV_NCHWC, source_fn=lambda s: unit_source(s).replace(
+    no_bias = build_one(KERNELS[0], tmp_path, family=CONV_NCHWC_DW, source_fn=lambda s: unit_source(s).replace(
         f"const ss_vf{LANES} bv = bias ?", f"const ss_vf{LANES} bv = 0 && bias ?"))
     bad = measure(no_bias, depthwise, [1], FAST)
     assert bad.error and "(1, 20, 13, 17, 20, 2, 2, 0)" in bad.error

@@ -38,21 +38,31 @@ DENSE_FIELDS = ("rx", "l1_share", "l2_share", "par_min")
 DEPTHWISE_FIELDS = ("dw_pixels", "par_min")
 PATHS = ("pointwise", "narrow", "rows", "depthwise")
 
+# The call of each family's entry point: a measurement library holds that entry alone.
+_CALLS = {
+    "dense": """    ss_conv_nchwc_@L@(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, 1, @L@, NULL, 0,
+                      0.0f, 0.0f, 0, 0.0f, 0.0f);""",
+    "depthwise": """    (void)M;
+    ss_dwconv_nchwc_@L@(x, w, bias, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, NULL, 0, 0.0f, 0.0f,
+                        0, 0.0f, 0.0f);""",
+}
+
 _BENCH = """
-/* The blocked conv of one instance (kernels/conv_nchwc.py): dense, or depthwise where
-   `depthwise`; no epilogue beyond the bias. */
+/* The blocked conv of one instance (kernels/conv_nchwc.py) through the library's one entry
+   point, dense or depthwise (`depthwise` says which the caller means: the other is not
+   built); no epilogue beyond the bias. */
 static void tune_cnc_call(int64_t depthwise, const float* x, const float* w, const float* bias, float* y,
                           int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                           int64_t dh, int64_t dw)
 {
-    if (depthwise)
-        ss_dwconv_nchwc_@L@(x, w, bias, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, NULL, 0, 0.0f, 0.0f,
-                            0, 0.0f, 0.0f);
-    else
-        ss_conv_nchwc_@L@(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, 1, @L@, NULL, 0,
-                          0.0f, 0.0f, 0, 0.0f, 0.0f);
+    (void)depthwise;
+@CALL@
 }
+
+/* 1 where the library's entry point is the depthwise one: the worker checks it against the
+   workload before calling (a dense library given a depthwise call would compute garbage). */
+int tune_cnc_depthwise_entry(void) { return @DEPTHWISE@; }
 
 /* Seconds per call of `calls` back-to-back calls. */
 double tune_cnc_bench(int64_t calls, int64_t depthwise, const float* x, const float* w, const float* bias, float* y,
@@ -132,20 +142,29 @@ class NchwcConvFamily:
     def to_json(self, schedule: NchwcSchedule) -> str:
         # Its own fields only (and which entry: the two families' candidates never share a
         # row of the database's candidates, whose schedules are unique).
-        return json.dumps({"entry": "depthwise" if self.depthwise else "dense",
+        return json.dumps({"entry": self.entry,
                            **{f: getattr(schedule, f) for f in self.fields}}, sort_keys=True)
 
     def from_json(self, text: str) -> NchwcSchedule:
         data = json.loads(text)
-        if data.pop("entry", None) != ("depthwise" if self.depthwise else "dense") or set(data) != set(self.fields):
+        if data.pop("entry", None) != self.entry or set(data) != set(self.fields):
             raise ValueError(f"not a {self.name} schedule: {text}")
         return dataclasses.replace(default_nchwc_schedule(), **data)
 
+    @property
+    def entry(self) -> str:
+        """The entry point the family's schedules are measured through (conv_nchwc.ENTRIES)."""
+        return "depthwise" if self.depthwise else "dense"
+
     def source(self, schedule: NchwcSchedule, prefix: str = "ss_") -> str:
-        return unit_source(schedule, prefix=prefix)
+        # Its own entry only, as a dispatcher builds it (tune/dispatch.py): the other took
+        # a dense candidate's gcc time from 6.7 to 8.7 s, a depthwise one's from 1.5 to 8.7
+        # (AMD Zen 4), nearly all of a tuning run's time in a MobileNet's depthwise tasks.
+        return unit_source(schedule, prefix=prefix, entries=(self.entry,))
 
     def bench_source(self) -> str:
-        return _BENCH.replace("@L@", str(block_width(host_target())))
+        return _BENCH.replace("@CALL@", _CALLS[self.entry]).replace("@DEPTHWISE@", str(int(self.depthwise))).replace(
+            "@L@", str(block_width(host_target())))
 
     def layout(self, schedule: NchwcSchedule) -> int:
         return 0  # pack_dense / pack_depthwise: one layout for every schedule

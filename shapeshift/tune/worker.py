@@ -53,6 +53,7 @@ def _load(path: str, kind: str) -> ctypes.CDLL:
         lib.tune_cnc_bench.restype = ctypes.c_double
         lib.tune_cnc_bench_cold.argtypes = [i64, i64] + [ptr] * 4 + [i64] * 15 + [ptr, i64]
         lib.tune_cnc_bench_cold.restype = ctypes.c_double
+        lib.tune_cnc_depthwise_entry.restype = ctypes.c_int
         return lib  # no GEMM in its library: the weights' packing does not depend on the schedule
     if kind == "conv":
         lib.tune_conv_bench.argtypes = [i64] + [ptr] * 4 + [i64] * 16 + [ptr, ptr]
@@ -345,6 +346,12 @@ def measure_conv_nchwc(libs: list[ctypes.CDLL], req: dict) -> dict:
     conv_class = tuple(int(v) for v in req["workload"]["class"])
     depthwise, lanes = bool(req["workload"]["depthwise"]), int(req["workload"]["lanes"])
     kh, kw, sh, sw, dh, dw = conv_class
+    # A library holds one entry point (its family's, tune/conv_nchwc_family.py).
+    wrong = [i for i, lib in enumerate(libs) if bool(lib.tune_cnc_depthwise_entry()) != depthwise]
+    if wrong:
+        built = "dense" if depthwise else "depthwise"
+        return {"error": f"library {wrong[0]} was built for the {built} conv entry, the task is "
+                         f"{'depthwise' if depthwise else 'dense'}"}
     timed, buffers = {}, []
     for v, inst, (oh, ow), k, x, w, bias, pixels in _conv_cases(req, conv_class, depthwise):
         n, c, h, wd, m, ph, pw, _ = inst
