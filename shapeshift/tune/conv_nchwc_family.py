@@ -40,8 +40,8 @@ PATHS = ("pointwise", "narrow", "rows", "depthwise")
 
 # The call of each family's entry point: a measurement library holds that entry alone.
 _CALLS = {
-    "dense": """    ss_conv_nchwc_@L@(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, 1, @L@, NULL, 0,
-                      0.0f, 0.0f, 0, 0.0f, 0.0f);""",
+    "dense": """    ss_conv_nchwc_@L@(x, w, bias, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, 1, @L@,
+                      NULL, 0, 0.0f, 0.0f, 0, 0.0f, 0.0f);""",
     "depthwise": """    (void)M;
     ss_dwconv_nchwc_@L@(x, w, bias, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, NULL, 0, 0.0f, 0.0f,
                         0, 0.0f, 0.0f);""",
