@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import onnx
@@ -195,29 +195,42 @@ def geomean(values) -> float:
     return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
-def _net_ratio(r: dict, floors: dict) -> float:
-    """The ratio once each runtime's per-run floor (floor_model) is taken off both times."""
+def _net_ratio(r: dict, floors: dict) -> Optional[float]:
+    """The ratio once each runtime's per-run floor (floor_model) is taken off both times, or
+    None where a time is not above its floor: the floor's own noise is then all that is left
+    (a one-step LSTM at hidden 64 ran 7.0 us natively against a 7.2 us floor), and the
+    negative ratio it gave made the thread count's geomean NaN."""
     floor = floors[r["threads"]]
-    return (r["native"] - floor["native"]) / max(r["onnxruntime"] - floor["onnxruntime"], 1e-12)
+    native, ort = r["native"] - floor["native"], r["onnxruntime"] - floor["onnxruntime"]
+    return native / ort if native > 0 and ort > 0 else None
+
+
+def _net_geomean(rows: list[dict], floors: dict) -> str:
+    """The geomean of the net ratios that exist, saying how many rows it leaves out."""
+    ratios = [_net_ratio(r, floors) for r in rows]
+    kept = [v for v in ratios if v is not None]
+    text = f"**{geomean(kept):.2f}**"
+    return text if len(kept) == len(ratios) else f"{text} ({len(ratios) - len(kept)} of {len(ratios)} below the floor)"
 
 
 def table(rows: list[dict], floors: dict) -> str:
     lines = ["| case | threads | native ms | onnxruntime ms | ratio | ratio less per-run floor | native GFLOP/s "
              "| max abs diff |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        case, nat, ref = r["case"], r["native"], r["onnxruntime"]
+        case, nat, ref, net = r["case"], r["native"], r["onnxruntime"], _net_ratio(r, floors)
         lines.append(f"| {case.name} | {r['threads']} | {nat * 1e3:.4f} | {ref * 1e3:.4f} | {nat / ref:.2f} | "
-                     f"{_net_ratio(r, floors):.2f} | {case.flops() / nat / 1e9:.1f} | {r['diff']:.1e} |")
+                     f"{'below the floor' if net is None else f'{net:.2f}'} | {case.flops() / nat / 1e9:.1f} | "
+                     f"{r['diff']:.1e} |")
     for threads in sorted({r["threads"] for r in rows}):
         for op in OPS:
             mine = [r for r in rows if r["threads"] == threads and r["case"].op == op]
             if mine:
                 lines.append(f"| **geomean {op}** | {threads} | | | "
                              f"**{geomean(r['native'] / r['onnxruntime'] for r in mine):.2f}** | "
-                             f"**{geomean(_net_ratio(r, floors) for r in mine):.2f}** | | |")
+                             f"{_net_geomean(mine, floors)} | | |")
         mine = [r for r in rows if r["threads"] == threads]
         lines.append(f"| **geomean all** | {threads} | | | **{geomean(r['native'] / r['onnxruntime'] for r in mine):.2f}** "
-                     f"| **{geomean(_net_ratio(r, floors) for r in mine):.2f}** | | |")
+                     f"| {_net_geomean(mine, floors)} | | |")
     for threads, floor in sorted(floors.items()):
         lines.append(f"\nPer-run floor at {threads} thread(s) (a one-Relu model): native "
                      f"{floor['native'] * 1e6:.1f} us, onnxruntime {floor['onnxruntime'] * 1e6:.1f} us.")
