@@ -158,8 +158,8 @@ class NchwcConvFamily:
 
     def source(self, schedule: NchwcSchedule, prefix: str = "ss_") -> str:
         # Its own entry only, as a dispatcher builds it (tune/dispatch.py): the other took
-        # a dense candidate's gcc time from 6.7 to 8.7 s, a depthwise one's from 1.5 to 8.7
-        # (AMD Zen 4), nearly all of a tuning run's time in a MobileNet's depthwise tasks.
+        # a dense candidate's gcc time from 6.7 to 8.7 s and a depthwise one's from 1.5 to
+        # 8.7 (AMD Zen 4; MobileNetV3-small's 5x5/1 depthwise task tuned in 12 s, not 29).
         return unit_source(schedule, prefix=prefix, entries=(self.entry,))
 
     def bench_source(self) -> str:

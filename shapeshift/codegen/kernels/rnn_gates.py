@@ -294,7 +294,7 @@ static void ss_recur_tiles(const ss_recur_step* s, int ng, ss_recur_tile_fn tile
        recently, still in L2 (the other way round, least recently used lines went first
        and each step read all of its part from L3). LSTM at batch 1, AMD Zen 4: hidden 256
        (R 1 MB) over 512 steps on 1 thread 7.3-7.6 -> 6.7-6.9 ms; hidden 512 over 128 steps
-       on 2 threads (2 MB a thread) 5.1-5.7 -> 4.7-4.8 ms. Where the part fits, the order
+       on 2 threads (2 MB a thread) 5.1-5.7 -> 4.7-5.4 ms. Where the part fits, the order
        stays: hidden 256 on 2 threads (512 KB a thread) measured no faster reversed. */
     const int back = (s->t & 1) && (double)ng * H * H * (double)(t_hi - t_lo) / (double)tasks > SS_RNN_L2_FLOATS / 2;
     /* Alone, not even an inactive OpenMP region: at a few microseconds a step, entering
