@@ -11,6 +11,7 @@ ragged channel counts, odd planes, pads, strides and dilations, in both vector w
 from __future__ import annotations
 
 import ctypes
+import logging
 import random
 
 import numpy as np
@@ -33,6 +34,7 @@ from shapeshift.tune.builder import build_one
 from shapeshift.tune.conv_family import CONV, PATHS, path
 from shapeshift.tune.conv_workload import DIMS, ConvWorkload, conv_instance, output
 from shapeshift.tune.database import Database
+from shapeshift.tune.extract import ConvTask, model_tasks
 from shapeshift.tune.records import GemmTuning, TunedConv
 from shapeshift.tune.runner import RunnerConfig, measure
 
@@ -308,6 +310,24 @@ def test_cli_tunes_each_conv_class_and_the_session_matches(tmp_path, capsys):
     _check(session, model)
     assert main(["tune", model, "--no-group", "--trials", "1", "--db", str(tmp_path / "per.db")]) == 0
     assert "4 task(s)" in capsys.readouterr().out
+
+
+def test_convs_sized_by_undeclared_dims_are_named_not_left_out_silently(tmp_path, caplog):
+    """A conv whose plane depends on a dim the tuning does not declare has no instance to
+    measure: it is not tuned, and model_tasks says which dims to declare."""
+    model = _cnn(tmp_path, dynamic=True)
+
+    def warned(dynamic):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="shapeshift.tune.extract"):
+            tasks = model_tasks(model, dynamic)
+        return [r.getMessage() for r in caplog.records if "not declared" in r.getMessage()], tasks
+
+    messages, tasks = warned({"h": (64, 64)})  # w left out
+    assert len(messages) == 1 and "(w)" in messages[0] and "--dynamic SYM=LO:HI" in messages[0]
+    assert not [t for t in tasks if isinstance(t, ConvTask)]
+    messages, tasks = warned({"h": (64, 64), "w": (64, 96)})
+    assert not messages and [t for t in tasks if isinstance(t, ConvTask)]
 
 
 def test_dynamic_image_sizes_are_sampled_and_dispatched_at_held_out_sizes(tmp_path, capsys):

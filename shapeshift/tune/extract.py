@@ -18,6 +18,7 @@ looked up by. Those whose sizes depend on one dim T (workload.batched_workload) 
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -34,6 +35,8 @@ from .conv_workload import ConvWorkload, NchwcConvWorkload, conv_instance
 from .gemm_group import GemmGroupWorkload
 from .task import InstanceRange
 from .workload import DEFAULT_SAMPLES, BatchedGemmWorkload, GemmWorkload, batched_workload, poly_str, uniform_samples
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -344,7 +347,28 @@ def model_tasks(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, in
             sampled = [(*found, 1.0 / len(bindings)) for call in recorder.symbolic_convs for b in bindings
                        if (found := _evaluated(call, b)) is not None]
             tasks += conv_tasks(recorder.convs + sampled, group_convs)
+            _warn_undeclared(recorder.symbolic_convs, dynamic or {})
     return sorted(tasks, key=lambda t: -t.range_flops())
+
+
+def undeclared_dims(calls: list[tuple], dynamic: Mapping[str, tuple[int, int]]) -> tuple[int, set[str]]:
+    """How many of the recorded convs of symbolic sizes depend on a dim ``dynamic`` does not
+    declare, and those dims: no instance is sampled for them, so they are not tuned."""
+    count, missing = 0, set()
+    for _, (_kernel, _strides, _dilations, _pads, dims, out_hw, _act) in calls:
+        names = set().union(*(free_symbols(d) for d in (*dims, *out_hw))) - set(dynamic)
+        count += bool(names)
+        missing |= names
+    return count, missing
+
+
+def _warn_undeclared(calls: list[tuple], dynamic: Mapping[str, tuple[int, int]]) -> None:
+    # Left unsaid, a MobileNet tuned with only its batch declared came back with its
+    # squeeze-excite convs tuned and nothing to show that its trunk was not.
+    count, missing = undeclared_dims(calls, dynamic)
+    if count:
+        log.warning("%d conv call(s) have sizes in dims not declared (%s) and are not tuned: declare their "
+                    "ranges with --dynamic SYM=LO:HI", count, ", ".join(sorted(missing)))
 
 
 def _lowering_calls(graph: Graph) -> _Recorder:
