@@ -166,10 +166,9 @@ def report(results: dict, models: list[str], args) -> str:
                     lines.append(f"| {model} | {name} error: {r['error'][:200]} | | | | |")
             for label, ratio in ratios(results, threads, model).items():
                 diff = e2e._max_diff(native["outputs"][label], ort["outputs"][label])
-                state = " / ".join(str(st) for st in cores(results, threads, model, label))
+                state = f" {' / '.join(str(st) for st in cores(results, threads, model, label))} |" if probed else ""
                 lines.append(f"| {model} | {label} | {native['latency'][label] * 1e3:.3f} | "
-                             f"{ort['latency'][label] * 1e3:.3f} | {ratio:.2f} | {diff:.1e} |"
-                             + (f" {state} |" if probed else ""))
+                             f"{ort['latency'][label] * 1e3:.3f} | {ratio:.2f} | {diff:.1e} |{state}")
         lines.append("")
     lines += ["## Session creation", "", "| model | native cold s | native library warm s | native cache s | "
               "native fallback ops | onnxruntime s |", "|---|---|---|---|---|---|"]

@@ -351,21 +351,16 @@ def model_tasks(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, in
     return sorted(tasks, key=lambda t: -t.range_flops())
 
 
-def undeclared_dims(calls: list[tuple], dynamic: Mapping[str, tuple[int, int]]) -> tuple[int, set[str]]:
-    """How many of the recorded convs of symbolic sizes depend on a dim ``dynamic`` does not
-    declare, and those dims: no instance is sampled for them, so they are not tuned."""
+def _warn_undeclared(calls: list[tuple], dynamic: Mapping[str, tuple[int, int]]) -> None:
+    """Says how many of the recorded convs of symbolic sizes depend on a dim ``dynamic`` does
+    not declare, and which dims: no instance is sampled for them, so they are not tuned. Left
+    unsaid, a MobileNet tuned with only its batch declared came back with its squeeze-excite
+    convs tuned and nothing to show that its trunk was not."""
     count, missing = 0, set()
     for _, (_kernel, _strides, _dilations, _pads, dims, out_hw, _act) in calls:
         names = set().union(*(free_symbols(d) for d in (*dims, *out_hw))) - set(dynamic)
         count += bool(names)
         missing |= names
-    return count, missing
-
-
-def _warn_undeclared(calls: list[tuple], dynamic: Mapping[str, tuple[int, int]]) -> None:
-    # Left unsaid, a MobileNet tuned with only its batch declared came back with its
-    # squeeze-excite convs tuned and nothing to show that its trunk was not.
-    count, missing = undeclared_dims(calls, dynamic)
     if count:
         log.warning("%d conv call(s) have sizes in dims not declared (%s) and are not tuned: declare their "
                     "ranges with --dynamic SYM=LO:HI", count, ", ".join(sorted(missing)))
