@@ -1,10 +1,11 @@
 """The blocked depthwise conv (kernels/conv_nchwc.py ``ss_dwconv_nchwc_L``) at every shape
 its paths split on, against onnxruntime.
 
-Full tiles of 3x3 and 5x5 rows at stride 1 and 2 take fixed-shape tiles (each input vector
-loaded once for all its taps); 7x7, dilated convs, border and narrow tiles the generic one;
-planes whose borders dominate are staged zero-padded. Each case here is one depthwise conv
-with bias and Relu at a ragged channel count (a last block of 1 lane) and a whole one, on
+Rows of 3x3 and 5x5 taps at stride 1 and 2 with no dilation along them take fixed-shape
+tiles (each input vector loaded once for all its taps; those at a row's ends skip the
+input columns in the padding); 7x7 taps and dilated rows the generic tile, their rows
+staged zero-padded where the borders dominate. Each case here is one depthwise conv with
+bias and Relu at a ragged channel count (a last block of 1 lane) and a whole one, on
 planes from narrower than a tile to several tiles with a ragged tail, batch 1 and 2.
 """
 

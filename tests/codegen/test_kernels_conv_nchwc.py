@@ -227,14 +227,20 @@ def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
 
 # Row tilings: kernel, stride, pads, depthwise. The dense conv tiles a row's pixels whose
 # taps fall inside it by RX (12 in zmm, 6 in ymm), the rest of them by one RX tile
-# overlapping the last, else by 4 (the same overlap) and 1; the depthwise one by 8, the
-# same overlap, 2 and 1 (or, staged, by 8 with the overlap, and a row narrower than 8 as one
-# tile); the border pixels are checked tiles of 4 and 1. Rows of every width 1..31 hit
-# each of those cases at every width of tile.
+# overlapping the last, else by 4 (the same overlap) and 1; the border pixels are checked
+# tiles of 4 and 1. The depthwise conv's 3x3 and 5x5 taps at stride 1 and 2 take tiles of 8
+# and one of the rest (1..7), those at a row's ends skipping the input columns in the pads
+# (on the left, the right or both, by one or two columns: symmetric and uneven pads); its
+# other taps tile by 8, the same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked
+# border tiles of 4 and 1. Rows of every width 1..31 hit each of those cases at every width
+# of tile.
 ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1), False), ((3, 3), (2, 2), (1, 1, 1, 1), False),
                ((1, 1), (1, 1), (0, 0, 0, 0), False), ((1, 5), (1, 1), (0, 2, 0, 1), False),
                ((3, 3), (1, 1), (1, 1, 1, 1), True), ((3, 3), (2, 2), (1, 1, 1, 1), True),
-               ((5, 5), (1, 1), (2, 2, 2, 2), True), ((1, 7), (1, 1), (0, 3, 0, 3), True),
+               ((5, 5), (1, 1), (2, 2, 2, 2), True), ((5, 5), (2, 2), (2, 2, 2, 2), True),
+               ((3, 3), (1, 1), (0, 0, 0, 0), True), ((3, 3), (2, 2), (0, 0, 1, 1), True),
+               ((5, 5), (2, 2), (1, 2, 2, 1), True), ((3, 5), (1, 1), (1, 0, 1, 2), True),
+               ((1, 7), (1, 1), (0, 3, 0, 3), True),
                ((1, 3), (1, 1), (0, 1, 0, 1), True)]  # read in place, not staged, from 12 pixels on
 
 

@@ -39,8 +39,10 @@ makes it a GEMM [pixels x C] x [C x M] that reads the activations in place: no p
 no transposes; 1x1 unpadded convs (any stride) take a kernel of their own blocked for the
 caches (``ss_cnc_pointwise_L``: input channels in chunks whose weights stay in L1, output
 pixels in ranges whose input stays in L2). The depthwise conv keeps the channels in the
-lanes: tiles of 8 output pixels, each tap one vector load of input per pixel and one of
-weights.
+lanes: for 3x3 and 5x5 taps at stride 1 or 2, tiles of 8 output pixels and one of the rest,
+each input vector loaded once for all the tile's taps that read it, the tiles at a row's
+ends skipping the input columns in the padding; other taps through a tile with a load per
+tap and pixel, its border tiles checked or its rows staged with their padding.
 """
 
 from __future__ import annotations
@@ -601,18 +603,20 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_@L@(
     }
 }
 
-/* A tile of RX pixels (DWX, or a staged row narrower than that) with the row's taps (KWC),
-   stride (SC) and RX as constants and dilation 1: each input vector of a row is loaded once
-   and feeds every tap that reads it (3x3 stride 1: 10 loads for 24 FMAs, where a load per
-   tap and pixel took 24), the weights and the input held in registers. */
+/* A tile of RX pixels with the row's taps (KWC), stride (SC) and RX as constants and
+   dilation 1: each input vector of a row is loaded once and feeds every tap that reads it
+   (3x3 stride 1: 10 loads for 24 FMAs, where a load per tap and pixel took 24), the weights
+   and the input held in registers. A BORDER tile skips the first zl and the last zr of the
+   row's input vectors, the columns that fall in the padding (their products are zero): a
+   tile at a row's ends needs no copy of the input with its padding and no check per tap. */
 static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
-    const float* xp, const float* wc, int64_t KH, const int KWC, const int SC, const int RX, int64_t H, int64_t W,
-    int64_t iy0, int64_t dh, int64_t ix0, ss_vf@L@ acc[@DWX@])
+    const float* xp, const float* wc, int64_t KH, const int KWC, const int SC, const int RX, const int BORDER,
+    int zl, int zr, int64_t H, int64_t W, int64_t iy0, int64_t dh, int64_t ix0, ss_vf@L@ acc[@DWX@])
 {
     for (int64_t ky = 0; ky < KH; ky++) {
         const int64_t iy = iy0 + ky * dh;
         if (iy < 0 || iy >= H) continue;
-        const float* xr = xp + (iy * W + ix0) * @L@;
+        const float* xr = xp + iy * W * @L@;
         const float* wr = wc + ky * KWC * @L@;
         ss_vf@L@ wv[7];
         #pragma GCC unroll 7
@@ -622,7 +626,8 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
         }
         #pragma GCC unroll 32
         for (int i = 0; i < (RX - 1) * SC + KWC; i++) {
-            ss_vf@L@ v = *(const ss_vfu@L@*)(xr + i * @L@);
+            if (BORDER && (i < zl || i >= (RX - 1) * SC + KWC - zr)) continue;
+            ss_vf@L@ v = *(const ss_vfu@L@*)(xr + (ix0 + i) * @L@);
             SS_CNC_IN_REGISTER_@L@(v, 2);
             #pragma GCC unroll 7
             for (int kx = 0; kx < KWC; kx++) {
@@ -635,14 +640,22 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
 """
 
 _DW = r"""
-/* Where most output columns read padding (MobileNetV3's 5x5 at 7x7, pads 2: 4 of 7), each
-   (image, channel block, run of output rows) first stages the input rows it reads into a
-   per-thread buffer with the zero padding around them, so that every tile reads its taps
-   with no bounds check: the checked tiles spent several scalar instructions per tap and
-   pixel beside each FMA. Elsewhere tiles read x itself, only the border columns' checked
-   (and so without a buffer). Runs of rows: enough (image, block, run) items for every
-   thread to have 4 (a 16-channel conv on a 112x112 plane is one block). */
+/* 3x3 and 5x5 taps at stride 1 or 2, dilation 1 (MobileNet's and PP-OCR's): every row in
+   tiles of DWX pixels and one of the rest, each through the fixed tile, which loads each
+   input vector once for all of the tile's taps that read it; the tiles at a row's ends skip
+   the input columns in the padding. Others (dilated, 7x7, ...): where most output columns
+   read padding, each (image, channel block, run of output rows) first stages the input rows
+   it reads into a per-thread buffer with the zero padding around them, so that every tile
+   reads its taps with no bounds check; elsewhere tiles read x itself, only the border
+   columns' checked. Runs of rows: enough (image, block, run) items for every thread to have
+   4 (a 16-channel conv on a 112x112 plane is one block).
+   The fixed tiles at the ends replaced, on an AMD Zen 4 (1 thread, the kernel alone, ReLU):
+   for 480 channels 3x3 on 28x28, staging each run's rows (a copy of the input: 28% of
+   the time by perf) and tiles of 8, the last one overlapping (32 pixels for 28); at stride
+   2 on 28x28 (14 output columns), a checked tile of 4 at the left and two of 8 (20 pixels
+   for 14, 4 of them checked). */
 const int64_t CB = (C + @L@ - 1) / @L@;
+const int fixed = dw == 1 && (KW == 3 || KW == 5) && (sw == 1 || sw == 2);
 const int64_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1;  /* staged columns: ix + pw */
 /* Output columns [lo, hi) read no padding; the others take checked tiles. */
 const int64_t ox_lo = (pw + sw - 1) / sw;
@@ -651,9 +664,8 @@ const int64_t ox_hi = span < 0 ? -1 : span / sw;
 const int64_t lo = ox_lo < OW ? ox_lo : OW;
 const int64_t hi = ox_hi + 1 < lo ? lo : (ox_hi + 1 < OW ? ox_hi + 1 : OW);
 /* Stage when the checked columns (about 3x an unchecked tile's cost) outweigh the copy:
-   2 x their share of the row > input pixels copied per output pixel / taps. Staged: a 5x5
-   conv on 7x7 (4 of 7 columns checked); not: a 3x3 stride-2 one on 112x112. */
-const int stage = 2.0 * (double)(OW - (hi - lo)) / (double)OW > (double)(sh * sw) / (double)(KH * KW);
+   2 x their share of the row > input pixels copied per output pixel / taps. */
+const int stage = !fixed && 2.0 * (double)(OW - (hi - lo)) / (double)OW > (double)(sh * sw) / (double)(KH * KW);
 ss_vi@L@ keep;
 for (int l = 0; l < @L@; l++) keep[l] = (CB - 1) * @L@ + l < C ? -1 : 0;
 const int par = N * C * OH * OW * KH * KW >= SS_CNC_PAR_MIN;
@@ -694,54 +706,76 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                 for (int64_t oy = oy0; oy < oy1; oy++) {
                     const int64_t row = ((n * CB + cb) * OH + oy) * OW * @L@;
                     int64_t ox = 0;
-#define SS_DWC_TILE(RXT, SRC, EDGE, RH, RW, IY0, IX0, NARROW_FIXED) do { \
-                    ss_vf@L@ acc[@DWX@]; \
-                    for (int j = 0; j < RXT; j++) acc[j] = bv; \
-                    if ((RXT != @DWX@ && !(NARROW_FIXED)) || EDGE || dw != 1) \
-                        ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
-                    else if (KW == 3 && sw == 1) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 3, 1, RXT, RH, RW, IY0, dh, IX0, acc); \
-                    else if (KW == 3 && sw == 2) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 3, 2, RXT, RH, RW, IY0, dh, IX0, acc); \
-                    else if (KW == 5 && sw == 1) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 5, 1, RXT, RH, RW, IY0, dh, IX0, acc); \
-                    else if (KW == 5 && sw == 2) ss_dwc_tile_fixed_@L@(SRC, wc, KH, 5, 2, RXT, RH, RW, IY0, dh, IX0, acc); \
-                    else ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
-                    { \
-                        ss_vf@L@ acc2[RXT][2]; \
-                        if (act == 1) for (int j = 0; j < RXT; j++) acc2[j][0] = ss_nchwc_act_@L@(acc[j], 1, 0, 0); \
-                        else if (act == 3) for (int j = 0; j < RXT; j++) acc2[j][0] = ss_nchwc_act_@L@(acc[j], 3, 0, 0); \
-                        else for (int j = 0; j < RXT; j++) acc2[j][0] = acc[j]; \
-                        ss_cnc_store_@L@(y + row + ox * @L@, 0, @L@, 1, RXT, acc2); \
-                    } \
+/* A tile's accumulators from the bias, Relu and HardSwish (MobileNetV3's) applied before
+   the store, the rest of the epilogue after the row. */
+#define SS_DWC_STORE(RXT) do { \
+                    ss_vf@L@ acc2[RXT][2]; \
+                    if (act == 1) for (int j = 0; j < RXT; j++) acc2[j][0] = ss_nchwc_act_@L@(acc[j], 1, 0, 0); \
+                    else if (act == 3) for (int j = 0; j < RXT; j++) acc2[j][0] = ss_nchwc_act_@L@(acc[j], 3, 0, 0); \
+                    else for (int j = 0; j < RXT; j++) acc2[j][0] = acc[j]; \
+                    ss_cnc_store_@L@(y + row + ox * @L@, 0, @L@, 1, RXT, acc2); \
                 } while (0)
-                    if (buf) {
-#define SS_DWC_STAGED(RXT) SS_DWC_TILE(RXT, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw, 1)
-                        for (; ox < OW && OW >= @DWX@; ox += @DWX@) {
-                            if (ox + @DWX@ > OW) ox = OW - @DWX@;  /* the rest as one tile overlapping the last */
-                            SS_DWC_STAGED(@DWX@);
-                        }
-                        /* A row narrower than a tile as one tile of its width: tiles of 4, 2
-                           and 1 pixels left single accumulators waiting on each FMA's latency.
-                           Its taps through the fixed tile too, each input vector loaded once
-                           for all the taps that read it (MobileNetV3's 5x5 convs on 7x7). */
-                        switch (OW - ox) {
-@NARROW@
-                        default: break;
-                        }
-#undef SS_DWC_STAGED
-                    } else {  /* from x itself: the border columns' tiles check each tap */
-#define SS_DWC_X(RXT, EDGE) SS_DWC_TILE(RXT, xp, EDGE, H, W, oy * sh - ph, ox * sw - pw, 0)
-                        /* The row's tiles, each shape expanded once, as in the dense conv. */
+                    if (fixed) {
+/* The fixed tile of RXT pixels at ox, its taps and stride constants; BORDER: it skips the
+   zl first and zr last input columns. */
+#define SS_DWC_FIXED(RXT, BORDER) do { \
+                        ss_vf@L@ acc[@DWX@]; \
+                        for (int j = 0; j < RXT; j++) acc[j] = bv; \
+                        if (KW == 3 && sw == 1) \
+                            ss_dwc_tile_fixed_@L@(xp, wc, KH, 3, 1, RXT, BORDER, zl, zr, H, W, iy0, dh, ix0, acc); \
+                        else if (KW == 3) \
+                            ss_dwc_tile_fixed_@L@(xp, wc, KH, 3, 2, RXT, BORDER, zl, zr, H, W, iy0, dh, ix0, acc); \
+                        else if (sw == 1) \
+                            ss_dwc_tile_fixed_@L@(xp, wc, KH, 5, 1, RXT, BORDER, zl, zr, H, W, iy0, dh, ix0, acc); \
+                        else \
+                            ss_dwc_tile_fixed_@L@(xp, wc, KH, 5, 2, RXT, BORDER, zl, zr, H, W, iy0, dh, ix0, acc); \
+                        SS_DWC_STORE(RXT); \
+                    } while (0)
+                        /* Tiles of DWX, then one of the rest: a narrower tile has fewer FMA
+                           chains but is cheaper than a full one overlapping the last. */
                         while (ox < OW) {
-                            int edge;
-                            const int rxt = ss_cnc_next_tile(&ox, 0, lo, hi, OW, @DWX@, 1, 2, 0, &edge);
-                            if (rxt == @DWX@ && !edge) SS_DWC_X(@DWX@, 0);
-                            else if (rxt == 4) SS_DWC_X(4, edge);
-                            else if (rxt == 2) SS_DWC_X(2, edge);
-                            else SS_DWC_X(1, edge);
+                            const int rxt = OW - ox >= @DWX@ ? @DWX@ : (int)(OW - ox);
+                            const int64_t iy0 = oy * sh - ph, ix0 = ox * sw - pw, ni = (int64_t)(rxt - 1) * sw + KW;
+                            const int zl = ix0 < 0 ? (int)(-ix0 < ni ? -ix0 : ni) : 0;
+                            const int zr = ix0 + ni > W ? (int)(ix0 + ni - W < ni ? ix0 + ni - W : ni) : 0;
+                            if (rxt == @DWX@ && !zl && !zr) SS_DWC_FIXED(@DWX@, 0);
+                            else switch (rxt) {
+@BORDER_CASES@
+                            default: break;
+                            }
                             ox += rxt;
                         }
-#undef SS_DWC_X
-                    }
+#undef SS_DWC_FIXED
+                    } else {
+#define SS_DWC_TILE(RXT, SRC, EDGE, RH, RW, IY0, IX0) do { \
+                        ss_vf@L@ acc[@DWX@]; \
+                        for (int j = 0; j < RXT; j++) acc[j] = bv; \
+                        ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
+                        SS_DWC_STORE(RXT); \
+                    } while (0)
+                        /* The row's tiles, each shape expanded once, as in the dense conv: from
+                           the staged rows (no checks), or from x itself (the border columns'
+                           tiles check each tap). */
+                        while (ox < OW) {
+                            int edge;
+                            const int rxt = ss_cnc_next_tile(&ox, 0, buf ? 0 : lo, buf ? OW : hi, OW, @DWX@, 1, 2, 0,
+                                                             &edge);
+                            if (buf) {
+                                /* No border here: tiles of DWX, 2 and 1. */
+                                if (rxt == @DWX@) SS_DWC_TILE(@DWX@, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw);
+                                else if (rxt == 2) SS_DWC_TILE(2, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw);
+                                else SS_DWC_TILE(1, buf, 0, R, Wp, (oy - oy0) * sh, ox * sw);
+                            } else {
+                                if (rxt == @DWX@ && !edge) SS_DWC_TILE(@DWX@, xp, 0, H, W, oy * sh - ph, ox * sw - pw);
+                                else if (rxt == 4) SS_DWC_TILE(4, xp, edge, H, W, oy * sh - ph, ox * sw - pw);
+                                else if (rxt == 2) SS_DWC_TILE(2, xp, edge, H, W, oy * sh - ph, ox * sw - pw);
+                                else SS_DWC_TILE(1, xp, edge, H, W, oy * sh - ph, ox * sw - pw);
+                            }
+                            ox += rxt;
+                        }
 #undef SS_DWC_TILE
+                    }
+#undef SS_DWC_STORE
                     /* The rest of the epilogue once per row, not per tile: a depthwise tile has
                        few FMAs, and the call per tile was a fifth of a 3x3 stride-2 conv's time
                        (72 channels, 56x56, batch 4). Relu and HardSwish, MobileNetV3's, went
@@ -821,8 +855,9 @@ def _functions(lanes: int, rx: Optional[int] = None, dw_pixels: int = DW_PIXELS,
     rx = rx or default_pixels(lanes)
     dense = Function("void", f"ss_conv_nchwc_{lanes}", DENSE_PARAMS, fill(_DENSE, L=lanes, RX=rx))
     depthwise = Function("void", f"ss_dwconv_nchwc_{lanes}", DEPTHWISE_PARAMS, fill(
-        _DW, L=lanes, DWX=dw_pixels, NARROW="\n".join(f"                        case {r}: SS_DWC_STAGED({r}); break;"
-                                                      for r in range(dw_pixels - 1, 0, -1))))
+        _DW, L=lanes, DWX=dw_pixels,
+        BORDER_CASES="\n".join(f"                            case {r}: SS_DWC_FIXED({r}, 1); break;"
+                                for r in range(dw_pixels, 0, -1))))
     # The depthwise kernel stores through the dense tile's store and epilogue helpers.
     parts = [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx))]
     if "dense" in entries:
