@@ -271,7 +271,7 @@ def main(argv=None) -> int:
                             text=True).stdout.strip() or "unknown"
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python bench/depthwise.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = (f"<!-- configuration: `{command.strip()}` at {commit}, {now}, {platform.node() or 'host'} -->\n"
+    header = (f"<!-- configuration: `{command.strip()}` at {commit}, {now}, {host_target().cpu_model} -->\n"
               "# The depthwise conv kernel alone vs onnxruntime (one conv, 1 thread; issue 28)\n\n"
               f"{describe()}\n\n"
               f"Python {platform.python_version()}, onnxruntime {ort.__version__}. Block {lanes}. Conv (pads k // 2, "
