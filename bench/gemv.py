@@ -1,7 +1,7 @@
 """Memory bandwidth of each cache level and DRAM, and GEMV by a constant weight against it.
 
     python bench/gemv.py [--threads 1 2] [--ms 1 2 4] [--repeats 5] [--sample-ms 10] [--dram-mb 1024]
-                          [--stat median|best]
+                          [--stat median|best] [--settle-ms 100]
 
 A product of M = 1..4 rows by a constant K x N weight reads the weight once and does
 2*M flops per float of it: its speed is the speed at which the weight streams in. So each
@@ -37,7 +37,13 @@ their count). The 1024 x 4096 weight (16 MB, the issue's target shape) sits in L
 L2 is smaller. Each thread count runs in its own process with OPENBLAS_NUM_THREADS set
 before numpy loads. Per shape and M the candidates run interleaved, --repeats samples
 each; the table gives the median (or, with --stat best, the fastest: on a shared machine
-most samples lose the core part of the time). Prints the tables and writes bench/results/gemv.md.
+most samples lose the core part of the time). At 2 or more threads each candidate's samples
+come after a pause of ``--settle-ms`` (100 by default), as in bench/cnn.py: onnxruntime's
+idle pool keeps spinning for 5 to 50 ms after a run, and the candidate sampled next shared
+a core with it (AMD Zen 4, 2 threads, the 1024 x 4096 weight at M = 1, ss_gemv alternating
+with onnxruntime in one process: 53 GB/s right after it, 148 after 50 ms, 120 with its
+spinning turned off; onnxruntime 128-133 either way). Prints the tables and writes
+bench/results/gemv.md.
 """
 
 from __future__ import annotations
@@ -160,9 +166,10 @@ def _copies(label: str, weight_bytes: int, dram_bytes: int) -> int:
 
 
 def _interleaved(samplers: dict[str, Callable[[int], float]], repeats: int, sample_s: float,
-                 stat: str) -> dict[str, float]:
+                 stat: str, settle_s: float = 0.0) -> dict[str, float]:
     """Seconds per call of each candidate (the median or the fastest of its samples), one
-    sample of each in turn, each after an untimed sample of its own.
+    sample of each in turn, each after a pause of settle_s (the other candidates' idle
+    threads stop spinning) and an untimed sample of its own.
 
     The untimed sample puts the candidate's own weight where its level says before the clock
     starts (one call was not enough for a weight as large as L3): the candidates read
@@ -178,6 +185,7 @@ def _interleaved(samplers: dict[str, Callable[[int], float]], repeats: int, samp
     times: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(repeats):
         for name, sample in samplers.items():
+            time.sleep(settle_s)
             sample(calls[name])
             times[name].append(sample(calls[name]))
     pick = statistics.median if stat == "median" else min
@@ -223,7 +231,7 @@ def _on_huge_pages(array):
 
 
 def run_child(threads: int, ms: list[int], repeats: int, sample_s: float, dram_bytes: int, cache_dir: Path,
-              stat: str) -> dict:
+              stat: str, settle_s: float = 0.0) -> dict:
     import numpy as np
 
     from shapeshift.runtime import huge_pages
@@ -275,7 +283,7 @@ def run_child(threads: int, ms: list[int], repeats: int, sample_s: float, dram_b
                 "numpy": _python_loop(lambda i: np.dot(x, weights[i % copies], out=c_np)),
                 "onnxruntime": lambda calls: _python_loop(lambda i: session.run(None, feed))(calls) / copies,
             }
-            seconds = _interleaved(samplers, repeats, sample_s, stat)
+            seconds = _interleaved(samplers, repeats, sample_s, stat, settle_s if threads > 1 else 0.0)
             want = x.astype(np.float64) @ weights[-1].astype(np.float64)
             lib.bench_ss_gemv_prepacked(1, 1, (ctypes.c_void_p * 1)(packed[-1].ctypes.data), m, n, k,
                                         x.ctypes.data, c_gemv.ctypes.data)
@@ -311,6 +319,8 @@ def main() -> None:
     parser.add_argument("--dram-mb", type=float, default=None,
                         help="bytes of distinct weights the DRAM rows cycle through (default: twice the last-level "
                              "cache, at most 1024 MB)")
+    parser.add_argument("--settle-ms", type=float, default=100.0,
+                        help="pause before each candidate's samples at 2 or more threads")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "gemv.md")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
@@ -322,7 +332,7 @@ def main() -> None:
     dram_bytes = int(args.dram_mb * 2**20)
     if args.child is not None:
         print(json.dumps(run_child(args.child, args.ms, args.repeats, args.sample_ms / 1e3, dram_bytes,
-                                   args.cache_dir, args.stat)))
+                                   args.cache_dir, args.stat, args.settle_ms / 1e3)))
         return
     load_before = os.getloadavg()
     bandwidth, rows = [], []
@@ -331,7 +341,7 @@ def main() -> None:
             env = dict(os.environ, **machine.peer_env(threads))
             cmd = [sys.executable, __file__, "--child", str(threads), "--ms", *map(str, args.ms), "--repeats",
                    str(args.repeats), "--sample-ms", str(args.sample_ms), "--dram-mb", str(args.dram_mb),
-                   "--stat", args.stat,
+                   "--stat", args.stat, "--settle-ms", str(args.settle_ms),
                    "--cache-dir", cache]
             out = json.loads(subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout)
             bandwidth += out["bandwidth"]
@@ -361,7 +371,8 @@ def main() -> None:
         "weight was meant to sit and the parenthesis where its working set falls by those sizes. The DRAM rows "
         f"cycle through {args.dram_mb:.0f} MiB of distinct weights. {'Median' if args.stat == 'median' else 'Fastest'} "
         f"of {args.repeats} interleaved samples of about {args.sample_ms:g} ms each (read loop: the fastest of "
-        f"{5 * args.repeats} samples). GB/s = weight bytes / time per call; "
+        f"{5 * args.repeats} samples); at 2 or more threads each candidate's samples after a {args.settle_ms:g} ms "
+        "pause, so that no other candidate's idle threads still spin. GB/s = weight bytes / time per call; "
         "numpy and onnxruntime include their Python call overhead. The machine is shared: the load average "
         f"(1, 5, 15 min) was {', '.join(f'{x:.1f}' for x in load_before)} before the run and "
         f"{', '.join(f'{x:.1f}' for x in load_after)} after it, on {os.cpu_count()} CPUs: under load a figure "
