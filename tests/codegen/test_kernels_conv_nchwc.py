@@ -229,8 +229,9 @@ def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
 # taps fall inside it by RX (12 in zmm, 6 in ymm), the rest of them by one RX tile
 # overlapping the last, else by 4 (the same overlap) and 1; the border pixels are checked
 # tiles of 4 and 1. The depthwise conv's 3x3 and 5x5 taps at stride 1 and 2 take tiles of 8
-# and one of the rest (1..7), those at a row's ends skipping the input columns in the pads
-# (on the left, the right or both, by one or two columns: symmetric and uneven pads); its
+# and the rest in one of 7, 6, 4, 2, 1 (overlapping where wider), those at a row's ends
+# skipping the input columns in the pads (on the left, the right or both, by one or two
+# columns: symmetric and uneven pads); its
 # other taps tile by 8, the same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked
 # border tiles of 4 and 1. Rows of every width 1..31 hit each of those cases at every width
 # of tile.

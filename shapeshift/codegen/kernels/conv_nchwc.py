@@ -39,10 +39,11 @@ makes it a GEMM [pixels x C] x [C x M] that reads the activations in place: no p
 no transposes; 1x1 unpadded convs (any stride) take a kernel of their own blocked for the
 caches (``ss_cnc_pointwise_L``: input channels in chunks whose weights stay in L1, output
 pixels in ranges whose input stays in L2). The depthwise conv keeps the channels in the
-lanes: for 3x3 and 5x5 taps at stride 1 or 2, tiles of 8 output pixels and one of the rest,
-each input vector loaded once for all the tile's taps that read it, the tiles at a row's
-ends skipping the input columns in the padding; other taps through a tile with a load per
-tap and pixel, its border tiles checked or its rows staged with their padding.
+lanes: for 3x3 and 5x5 taps at stride 1 or 2, tiles of 8 output pixels and the rest in one
+of 7, 6, 4, 2 or 1 (moved left over done pixels where wider), each input vector loaded once
+for all the tile's taps that read it, the tiles at a row's ends skipping the input columns
+in the padding; other taps through a tile with a load per tap and pixel, its border tiles
+checked or its rows staged with their padding.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def dense_pixels(lanes: int, registers: int) -> int:
     """Output pixels per dense register tile: 2 blocks x RX accumulators, 2 weight vectors
     and one broadcast within the register file (16 ymm with AVX2, 32 with AVX-512)."""
     return max(1, min(12, (registers - 4) // 2))
+
+
+def dw_widths(dw_pixels: int) -> list[int]:
+    """The depthwise fixed tile's widths, widest first: DW_PIXELS (or the tuned width), 7 and 6
+    (MobileNet's rows of 7 and 14 output pixels: 7, 8 + 6), 4, 2 and 1. Without 7 a row of 7
+    took a tile of 6 and one of 1, whose single FMA chain waits on each FMA: 480 channels 5x5
+    stride 2 on 14x14 1.3x the time (AMD Zen 4)."""
+    return sorted({dw_pixels, *(w for w in (7, 6, 4, 2, 1) if w < dw_pixels)}, reverse=True)
 
 
 def default_pixels(lanes: int) -> int:
@@ -609,6 +618,10 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_@L@(
    and the input held in registers. A BORDER tile skips the first zl and the last zr of the
    row's input vectors, the columns that fall in the padding (their products are zero): a
    tile at a row's ends needs no copy of the input with its padding and no check per tap. */
+/* The fixed tile's widths at a row's end, for the r < DWX pixels left: the narrowest that
+   holds them (cover) and the widest that they fill (fit). */
+static const int ss_dwc_cover_@L@[@DWX@] = {@COVER@};
+static const int ss_dwc_fit_@L@[@DWX@] = {@FIT@};
 static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
     const float* xp, const float* wc, int64_t KH, const int KWC, const int SC, const int RX, const int BORDER,
     int zl, int zr, int64_t H, int64_t W, int64_t iy0, int64_t dh, int64_t ix0, ss_vf@L@ acc[@DWX@])
@@ -641,7 +654,7 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
 
 _DW = r"""
 /* 3x3 and 5x5 taps at stride 1 or 2, dilation 1 (MobileNet's and PP-OCR's): every row in
-   tiles of DWX pixels and one of the rest, each through the fixed tile, which loads each
+   tiles of DWX pixels and the rest (below), each through the fixed tile, which loads each
    input vector once for all of the tile's taps that read it; the tiles at a row's ends skip
    the input columns in the padding. Others (dilated, 7x7, ...): where most output columns
    read padding, each (image, channel block, run of output rows) first stages the input rows
@@ -731,10 +744,17 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                             ss_dwc_tile_fixed_@L@(xp, wc, KH, 5, 2, RXT, BORDER, zl, zr, H, W, iy0, dh, ix0, acc); \
                         SS_DWC_STORE(RXT); \
                     } while (0)
-                        /* Tiles of DWX, then one of the rest: a narrower tile has fewer FMA
-                           chains but is cheaper than a full one overlapping the last. */
+                        /* Tiles of DWX, then the rest in the narrowest tile width (of
+                           dw_widths()) that holds it, moved left over pixels already done where
+                           it is wider, or where the row is narrower than it, in the widest
+                           that fits. Every width 1..DWX had one expanded tile per taps and
+                           stride: gcc took 13-15 s on the fragment (AMD Zen 4), 10-12 with
+                           dw_widths() but 7. */
                         while (ox < OW) {
-                            const int rxt = OW - ox >= @DWX@ ? @DWX@ : (int)(OW - ox);
+                            const int64_t rest = OW - ox;
+                            int rxt = rest >= @DWX@ ? @DWX@ : ss_dwc_cover_@L@[rest];
+                            if (rxt > OW) rxt = ss_dwc_fit_@L@[rest];
+                            if (rxt > rest) ox = OW - rxt;
                             const int64_t iy0 = oy * sh - ph, ix0 = ox * sw - pw, ni = (int64_t)(rxt - 1) * sw + KW;
                             const int zl = ix0 < 0 ? (int)(-ix0 < ni ? -ix0 : ni) : 0;
                             const int zr = ix0 + ni > W ? (int)(ix0 + ni - W < ni ? ix0 + ni - W : ni) : 0;
@@ -857,7 +877,7 @@ def _functions(lanes: int, rx: Optional[int] = None, dw_pixels: int = DW_PIXELS,
     depthwise = Function("void", f"ss_dwconv_nchwc_{lanes}", DEPTHWISE_PARAMS, fill(
         _DW, L=lanes, DWX=dw_pixels,
         BORDER_CASES="\n".join(f"                            case {r}: SS_DWC_FIXED({r}, 1); break;"
-                                for r in range(dw_pixels, 0, -1))))
+                                for r in dw_widths(dw_pixels))))
     # The depthwise kernel stores through the dense tile's store and epilogue helpers.
     parts = [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx))]
     if "dense" in entries:
@@ -865,7 +885,11 @@ def _functions(lanes: int, rx: Optional[int] = None, dw_pixels: int = DW_PIXELS,
                                   for nb in (1, 2))),
                   Private(fill(_POINTWISE, L=lanes, RX=rx, L1SHARE=l1_share, L2SHARE=l2_share))]
     if "depthwise" in entries:
-        parts.append(Private(fill(_DW_TILE, L=lanes, DWX=dw_pixels)))
+        widths = dw_widths(dw_pixels)
+        cover = [min((w for w in widths if w >= r), default=dw_pixels) for r in range(dw_pixels)]
+        fit = [max((w for w in widths if w <= r), default=1) for r in range(dw_pixels)]
+        parts.append(Private(fill(_DW_TILE, L=lanes, DWX=dw_pixels, COVER=", ".join(map(str, cover)),
+                                  FIT=", ".join(map(str, fit)))))
     return parts + [f for e, f in (("dense", dense), ("depthwise", depthwise)) if e in entries]
 
 
