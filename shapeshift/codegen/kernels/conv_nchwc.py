@@ -612,16 +612,16 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_@L@(
     }
 }
 
+/* The fixed tile's widths at a row's end, for the r < DWX pixels left: the narrowest that
+   holds them (cover) and the widest that they fill (fit). */
+static const int ss_dwc_cover_@L@[@DWX@] = {@COVER@};
+static const int ss_dwc_fit_@L@[@DWX@] = {@FIT@};
 /* A tile of RX pixels with the row's taps (KWC), stride (SC) and RX as constants and
    dilation 1: each input vector of a row is loaded once and feeds every tap that reads it
    (3x3 stride 1: 10 loads for 24 FMAs, where a load per tap and pixel took 24), the weights
    and the input held in registers. A BORDER tile skips the first zl and the last zr of the
    row's input vectors, the columns that fall in the padding (their products are zero): a
    tile at a row's ends needs no copy of the input with its padding and no check per tap. */
-/* The fixed tile's widths at a row's end, for the r < DWX pixels left: the narrowest that
-   holds them (cover) and the widest that they fill (fit). */
-static const int ss_dwc_cover_@L@[@DWX@] = {@COVER@};
-static const int ss_dwc_fit_@L@[@DWX@] = {@FIT@};
 static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
     const float* xp, const float* wc, int64_t KH, const int KWC, const int SC, const int RX, const int BORDER,
     int zl, int zr, int64_t H, int64_t W, int64_t iy0, int64_t dh, int64_t ix0, ss_vf@L@ acc[@DWX@])
@@ -773,6 +773,16 @@ const int64_t Rmax = (run_rows - 1) * sh + (KH - 1) * dh + 1;
                         ss_dwc_tile_@L@(SRC, wc, EDGE, RXT, KH, KW, RH, RW, IY0, dh, IX0, sw, dw, acc); \
                         SS_DWC_STORE(RXT); \
                     } while (0)
+                        /* A staged row narrower than a tile as one tile of its width (tiles of 2
+                           and 1 leave one or two FMA chains waiting on each FMA's latency: a 7x7
+                           conv on a 7x7 plane). */
+                        if (buf && OW < @DWX@) {
+                            switch (OW) {
+@NARROW_CASES@
+                            default: break;
+                            }
+                            ox = OW;
+                        }
                         /* The row's tiles, each shape expanded once, as in the dense conv: from
                            the staged rows (no checks), or from x itself (the border columns'
                            tiles check each tap). */
@@ -877,7 +887,9 @@ def _functions(lanes: int, rx: Optional[int] = None, dw_pixels: int = DW_PIXELS,
     depthwise = Function("void", f"ss_dwconv_nchwc_{lanes}", DEPTHWISE_PARAMS, fill(
         _DW, L=lanes, DWX=dw_pixels,
         BORDER_CASES="\n".join(f"                            case {r}: SS_DWC_FIXED({r}, 1); break;"
-                                for r in dw_widths(dw_pixels))))
+                                for r in dw_widths(dw_pixels)),
+        NARROW_CASES="\n".join(" " * 28 + f"case {r}: SS_DWC_TILE({r}, buf, 0, R, Wp, (oy - oy0) * sh, 0); break;"
+                                for r in range(dw_pixels - 1, 0, -1))))
     # The depthwise kernel stores through the dense tile's store and epilogue helpers.
     parts = [Private(fill(_FMA, L=lanes)), Private(fill(_DENSE_TILE, L=lanes, RX=rx))]
     if "dense" in entries:
