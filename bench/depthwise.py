@@ -54,11 +54,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from conv import Case, build_model, sampler  # noqa: E402
-from conv_blocked import blocked  # noqa: E402
+from conv_blocked import kernel_call  # noqa: E402
+from rnn import geomean  # noqa: E402
 
 from shapeshift.codegen.build import compile_library  # noqa: E402
 from shapeshift.codegen.kernels import conv_nchwc, nchwc  # noqa: E402
-from shapeshift.codegen.kernels.nchwc import ACT_RELU, block_width  # noqa: E402
+from shapeshift.codegen.kernels.nchwc import block_width  # noqa: E402
 from shapeshift.codegen.kernels.prelude import PRELUDE  # noqa: E402
 from shapeshift.target import host_target  # noqa: E402
 
@@ -87,19 +88,15 @@ def load_repeat(lanes: int):
 
 
 def kernel_runner(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, lanes: int, repeat):
-    """run(reps): the case's kernel reps times; and its output [1, ceil(C/L), OH, OW, L]."""
-    k, s, pad = case.k, case.stride, case.k // 2
-    oh, ow = (case.h + 2 * pad - k) // s + 1, (case.w + 2 * pad - k) // s + 1
-    y = np.zeros((1, -(-case.c // lanes), oh, ow, lanes), np.float32)
-    xb, wp, bias = blocked(x, lanes), conv_nchwc.pack_depthwise(w, lanes), conv_nchwc.pad_channels(b, lanes)
-    ptr = (lambda a: a.ctypes.data_as(_F32P))
-    args = (ptr(xb), ptr(wp), ptr(bias), ptr(y), 1, case.c, case.h, case.w, k, k, oh, ow, s, s, pad, pad, 1, 1,
-            None, ACT_RELU, 0.0, 0.0, 0, 0.0, 0.0)
-    keep = (xb, wp, bias)
+    """run(reps): the case's kernel reps times, with conv_blocked.kernel_call's arguments;
+    and its output [1, ceil(C/L), OH, OW, L]."""
+    reps = [1]
+    once, y, keep = kernel_call(case, x, w, b, lanes, None, lambda *args: repeat(reps[0], *args))
 
-    def run(reps: int) -> None:
-        repeat(reps, *args)
-        run.keep = keep
+    def run(count: int) -> None:
+        reps[0] = count
+        once()
+    run.keep = keep
     return run, y
 
 
@@ -122,15 +119,21 @@ def cases(channels, planes, kernels=KERNELS, strides=STRIDES) -> list[Case]:
             for k in kernels for s in strides for p in planes for c in channels]
 
 
-def ort_node_seconds(model_bytes: bytes, feed: dict, seconds_a_run: float, workdir: str) -> tuple[float, str]:
-    """onnxruntime's profiler mean over its conv node, and the node's op type (Conv, FusedConv)."""
+def ort_session(model_bytes: bytes, profile_prefix: str = ""):
+    """onnxruntime on one thread, profiling into files named from ``profile_prefix`` if given."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    opts.enable_profiling = True
-    opts.profile_file_prefix = str(Path(workdir) / f"ort-dw-{os.getpid()}")
-    session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    if profile_prefix:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+
+
+def ort_node_seconds(model_bytes: bytes, feed: dict, seconds_a_run: float, workdir: str) -> tuple[float, str]:
+    """onnxruntime's profiler mean over its conv node, and the node's op type (Conv, FusedConv)."""
+    session = ort_session(model_bytes, str(Path(workdir) / f"ort-dw-{os.getpid()}"))
     runs = max(PROFILE_RUNS, int(PROFILE_S / max(seconds_a_run, 1e-7)))
     for _ in range(WARMUP + runs):
         session.run(None, feed)
@@ -154,15 +157,12 @@ def ort_node_seconds(model_bytes: bytes, feed: dict, seconds_a_run: float, workd
 
 
 def bench_case(case: Case, repeats: int, sample_s: float, lanes: int, repeat, workdir: str) -> dict:
-    import onnxruntime as ort
     from onnx import numpy_helper
 
     model = build_model(case)
     model_bytes = model.SerializeToString()
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    ref = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    ref = ort_session(model_bytes)
     x = np.random.default_rng(1).standard_normal((1, case.c, case.h, case.w)).astype(np.float32)
     feed = {"x": x}
     run, y = kernel_runner(case, x, inits["w"], inits["b"], lanes, repeat)
@@ -181,11 +181,6 @@ def bench_case(case: Case, repeats: int, sample_s: float, lanes: int, repeat, wo
     row = {"case": case, **{k: statistics.median(v) for k, v in times.items()}, "diff": diff}
     row["ort_node"], row["ort_op"] = ort_node_seconds(model_bytes, feed, row["ort_run"], workdir)
     return row
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def table(rows: list[dict], lanes: int) -> str:
