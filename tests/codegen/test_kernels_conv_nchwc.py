@@ -190,7 +190,10 @@ DEPTHWISE = [
                            # wide planes: tiles read x itself (no staged copy), the borders checked
                            (16, 40, 40, 3, 2), (9, 20, 67, 3, 1)]
 ] + [((2, 33, 13, 7), 33, (3, 3), (1, 2), (0, 1, 2, 1), (2, 1), 33),
-     ((1, 100, 5, 9), 100, (3, 3), (2, 2), (0, 0, 1, 1), (1, 1), 100)]
+     ((1, 100, 5, 9), 100, (3, 3), (2, 2), (0, 0, 1, 1), (1, 1), 100),
+     # dilated along a row: the generic tile, rows staged (narrow plane) or read in place (wide)
+     ((1, 24, 13, 17), 24, (3, 3), (1, 1), (2, 2, 2, 2), (1, 2), 24),
+     ((1, 17, 9, 45), 17, (3, 3), (2, 2), (1, 2, 1, 2), (2, 2), 17)]
 
 
 def _id(case):
@@ -228,12 +231,11 @@ def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
 # Row tilings: kernel, stride, pads, depthwise. The dense conv tiles a row's pixels whose
 # taps fall inside it by RX (12 in zmm, 6 in ymm), the rest of them by one RX tile
 # overlapping the last, else by 4 (the same overlap) and 1; the border pixels are checked
-# tiles of 4 and 1. The depthwise conv's 3x3 and 5x5 taps at stride 1 and 2 take tiles of 8
-# and the rest in one of 7, 6, 4, 2, 1 (overlapping where wider), those at a row's ends
-# skipping the input columns in the pads (on the left, the right or both, by one or two
-# columns: symmetric and uneven pads); its
-# other taps tile by 8, the same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked
-# border tiles of 4 and 1. Rows of every width 1..31 hit each of those cases at every width
+# tiles of 4 and 1. The depthwise conv's 3-, 5- and 7-wide taps at stride 1 and 2 take tiles
+# of 8 and the rest in one of 7, 6, 4, 2, 1 (overlapping where wider), those at a row's ends
+# skipping the input columns in the pads (on the left, the right or both, by one to three
+# columns: symmetric and uneven pads); its other taps (dilated along a row) tile by 8, the
+# same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked border tiles of 4 and 1. Rows of every width 1..31 hit each of those cases at every width
 # of tile.
 ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1), False), ((3, 3), (2, 2), (1, 1, 1, 1), False),
                ((1, 1), (1, 1), (0, 0, 0, 0), False), ((1, 5), (1, 1), (0, 2, 0, 1), False),
@@ -241,7 +243,8 @@ ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1), False), ((3, 3), (2, 2), (1, 1, 1,
                ((5, 5), (1, 1), (2, 2, 2, 2), True), ((5, 5), (2, 2), (2, 2, 2, 2), True),
                ((3, 3), (1, 1), (0, 0, 0, 0), True), ((3, 3), (2, 2), (0, 0, 1, 1), True),
                ((5, 5), (2, 2), (1, 2, 2, 1), True), ((3, 5), (1, 1), (1, 0, 1, 2), True),
-               ((1, 7), (1, 1), (0, 3, 0, 3), True),
+               ((1, 7), (1, 1), (0, 3, 0, 3), True), ((7, 7), (1, 1), (3, 3, 3, 3), True),
+               ((7, 7), (1, 1), (3, 1, 3, 2), True), ((7, 7), (2, 2), (3, 3, 3, 3), True),
                ((1, 3), (1, 1), (0, 1, 0, 1), True)]  # read in place, not staged, from 12 pixels on
 
 
