@@ -340,12 +340,8 @@ def report(args, runs, trace: dict, sims: dict) -> str:
 
 
 def plot(sims: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = machine.pyplot()
+    if plt is None:
         return
     ws = list(sims)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 4))

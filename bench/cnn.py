@@ -73,7 +73,8 @@ sys.path.insert(0, str(BENCH))
 
 import machine  # noqa: E402
 from conv import sampler  # noqa: E402
-from e2e import _geomean as geomean, _max_diff as max_diff  # noqa: E402
+from e2e import _max_diff as max_diff  # noqa: E402
+from machine import geomean  # noqa: E402
 
 MODELS_DIR = ROOT.parent / "shared" / "models"
 RESULTS = ROOT / "bench" / "results"
@@ -494,13 +495,8 @@ def verdict(rows: list[Row]) -> list[str]:
 
 
 def plot(rows: list[Row], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+    plt = machine.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rows) + 2) + 3, 4.5))
     models = list(dict.fromkeys(r.model for r in rows))

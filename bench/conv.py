@@ -36,6 +36,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import machine  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -194,11 +197,10 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {case.name} | {gmac:.3f} | {nat * 1e3:.3f} | {plain * 1e3:.3f} | {ref * 1e3:.3f} | "
                      f"{nat / ref:.2f} | {plain / ref:.2f} | {2 * gmac / nat:.1f} | {r['diff']:.1e} |")
 
-    def geomean(key: str) -> float:
-        ratios = [r[key] / r["onnxruntime"] for r in rows]
-        return float(np.exp(np.mean(np.log(ratios)))) if ratios else float("nan")
+    def ratios(key: str) -> float:
+        return machine.geomean(r[key] / r["onnxruntime"] for r in rows)
 
-    lines.append(f"| **geomean** | | | | | **{geomean('native'):.2f}** | **{geomean('native NCHW'):.2f}** | | |")
+    lines.append(f"| **geomean** | | | | | **{ratios('native'):.2f}** | **{ratios('native NCHW'):.2f}** | | |")
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import machine  # noqa: E402
 from conv import CASES, Case, build_model, sampler  # noqa: E402
 
 from shapeshift.codegen.build import compile_library  # noqa: E402
@@ -125,7 +126,7 @@ def table(rows: list[dict], lanes: int) -> str:
         lines.append(f"| {case.name} | {gmac:.3f} | {ours * 1e3:.3f} | {ref * 1e3:.3f} | {ours / ref:.2f} | "
                      f"{2 * gmac / ours:.1f} | {r['diff']:.1e} |")
     ratios = [r["kernel"] / r["onnxruntime"] for r in rows]
-    geo = float(np.exp(np.mean(np.log(ratios)))) if ratios else float("nan")
+    geo = machine.geomean(ratios)
     lines.append(f"| **geomean** | | | | **{geo:.2f}** | | |")
     return "\n".join(lines)
 

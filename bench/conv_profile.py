@@ -227,13 +227,8 @@ def report(results: dict, args, variants: dict) -> str:
 
 
 def plot(results: dict, variants: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+    plt = machine.pyplot()
+    if plt is None:
         return
 
     peer = results[cnn.PEER]

@@ -55,7 +55,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from conv import Case, build_model, sampler  # noqa: E402
 from conv_blocked import kernel_call  # noqa: E402
-from rnn import geomean  # noqa: E402
+import machine  # noqa: E402
+from machine import geomean  # noqa: E402
 
 from shapeshift.codegen.build import compile_library  # noqa: E402
 from shapeshift.codegen.kernels import conv_nchwc, nchwc  # noqa: E402
@@ -211,13 +212,8 @@ def verdict(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
+    plt = machine.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(9, 5))
     for k in KERNELS:

@@ -21,10 +21,16 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import machine  # noqa: E402
+from machine import geomean  # noqa: E402
 
 # Per-shape tuning is extrapolated to every T up to this (issue #5: "every T in [1, 128]").
 EXTRAPOLATE_TO_T = 128
@@ -77,10 +83,6 @@ def extrapolate_count(lo: int, hi: int) -> int:
 
 
 # ---- numbers ----------------------------------------------------------------------------
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
-
 
 def _ratios(rows: Sequence[dict], num: str, den: str, field: str = "gflops") -> list[tuple[float, float]]:
     """(GFLOPS ratio, T) of the rows that have both columns."""
@@ -264,14 +266,9 @@ def render(meta: dict, results: Sequence[dict], png: Optional[str], partial: boo
 
 def plot(results: Sequence[dict], path: Path) -> bool:
     """Draw the GFLOPS plot into ``path``; False (with a message) without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+    plt = machine.pyplot()
+    if plt is None:
         return False
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     panels = []  # (title, {label: (ts, gflops)}, {label: (ts, gflops)} drawn as markers)
     for res in results:

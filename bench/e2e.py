@@ -335,11 +335,6 @@ def _max_diff(a_path: str, b_path: str) -> float:
     return worst
 
 
-def _geomean(values) -> float:
-    values = [v for v in values if v and v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
-
-
 def _models(args) -> list[str]:
     models = [] if args.no_bert else [BERT]
     if args.models is not None:
@@ -454,7 +449,7 @@ def merge_rounds(rounds: list[dict]) -> dict:
 def round_geomeans(tool: dict, reference: dict, labels) -> list[float]:
     """The geomean latency ratio tool / reference of each round, from that round's own medians."""
     pairs = zip(tool.get("round_latency", []), reference.get("round_latency", []))
-    return [_geomean(mine[l] / theirs[l] for l in labels) for mine, theirs in pairs
+    return [machine.geomean(mine[l] / theirs[l] for l in labels) for mine, theirs in pairs
             if all(l in mine and l in theirs for l in labels)]
 
 
@@ -509,7 +504,7 @@ def _report(results: dict, args) -> str:
             cache = f"{r['cache_load_s']:.2f}" if "cache_load_s" in r else ""
             build = f"{r['cache_compile_s']:.3f}" if "cache_compile_s" in r else ""
             lines.append(f"| {tool} | {r['load_s']:.2f} | {cache} | {build} | {r['peak_mb']:.0f} | " + " | ".join(cells)
-                         + f" | {_geomean(ratios):.2f} | {max(diffs) if diffs else 0:.2e} | {fallback} |")
+                         + f" | {machine.geomean(ratios):.2f} | {max(diffs) if diffs else 0:.2e} | {fallback} |")
         lines.append("")
         if model == BERT:
             lines += _targets(results, labels, args) + _tuned_targets(results, labels, args)
@@ -521,7 +516,7 @@ def _tuned_targets(results: dict, labels: list[str], args) -> list[str]:
         results.get((BERT, "native"), {})
     if "latency" not in tuned or "latency" not in ort_r:
         return []
-    geo = _geomean(tuned["latency"][l] / ort_r["latency"][l] for l in labels)
+    geo = machine.geomean(tuned["latency"][l] / ort_r["latency"][l] for l in labels)
     out = ["Target (issue 5, the encoder with tuned records, tool native-tuned):", "",
            f"- native-tuned / onnxruntime latency, geomean over the sequence lengths: {geo:.2f} "
            f"(target <= {TARGET_TUNED_GEOMEAN}) {'met' if geo <= TARGET_TUNED_GEOMEAN else 'NOT met'}"
@@ -529,7 +524,7 @@ def _tuned_targets(results: dict, labels: list[str], args) -> list[str]:
            f"{tuned.get('tuned', 0)} weight GEMM calls and {tuned.get('tuned_batched', 0)} batched (attention) "
            f"GEMM calls of the program run tuned kernels (records: {args.tuning_db})"]
     if "latency" in native:
-        gain = _geomean(native["latency"][l] / tuned["latency"][l] for l in labels)
+        gain = machine.geomean(native["latency"][l] / tuned["latency"][l] for l in labels)
         out.append(f"- native (default schedule) / native-tuned, geomean: {gain:.2f}")
     if getattr(args, "tune_s", None):
         out.append(f"- tuning (`shapeshift tune`, {args.tune} trials per task) took {args.tune_s:.0f} s")
@@ -541,7 +536,7 @@ def _targets(results: dict, labels: list[str], args) -> list[str]:
     if "latency" not in native or "latency" not in ort_r:
         return []
     ratios = {l: native["latency"][l] / ort_r["latency"][l] for l in labels}
-    geo = _geomean(ratios.values())
+    geo = machine.geomean(ratios.values())
     out = ["Targets (issue 4, BERT-base-size encoder):", "",
            f"- native / onnxruntime latency, geomean over the sequence lengths: {geo:.2f} "
            f"(target <= {TARGET_GEOMEAN}) {'met' if geo <= TARGET_GEOMEAN else 'NOT met'}"
@@ -560,7 +555,7 @@ def _targets(results: dict, labels: list[str], args) -> list[str]:
     out.append(f"- at {first}: {ratios[first]:.2f} (target <= {TARGET_SEQ1}) "
                f"{'met' if ratios[first] <= TARGET_SEQ1 else 'NOT met'}")
     if "latency" in ref:
-        speedup = _geomean(ref["latency"][l] / native["latency"][l] for l in labels)
+        speedup = machine.geomean(ref["latency"][l] / native["latency"][l] for l in labels)
         out.append(f"- reference / native, geomean: {speedup:.1f}x (target >= {TARGET_VS_REFERENCE:.0f}x) "
                    f"{'met' if speedup >= TARGET_VS_REFERENCE else 'NOT met'}")
     build = native.get("cache_compile_s")
@@ -574,13 +569,8 @@ def _targets(results: dict, labels: list[str], args) -> list[str]:
 
 
 def _plot(results: dict, args, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+    plt = machine.pyplot()
+    if plt is None:
         return
     models = sorted({m for m, _ in results}, key=lambda m: (m != BERT, m))
     fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)

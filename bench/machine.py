@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -102,6 +103,28 @@ def span_state(before: float | None, after: float | None) -> str | None:
     if a is None or b is None:
         return None
     return a if a == b else "changed"
+
+
+def geomean(values) -> float:
+    """The geometric mean of the positive, finite values (NaN when there are none): a ratio
+    a bench could not form (a time not above its floor, a failed run) is left out, not
+    turned into a NaN or an error for the whole line."""
+    kept = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, kept)) / len(kept)) if kept else math.nan
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (having said so) without matplotlib: the
+    plots are optional, the bench extra installs it and the test extra does not."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def peak_gflops() -> float:

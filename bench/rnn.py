@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import machine  # noqa: E402
+from machine import geomean  # noqa: E402
 
 OPS = ("LSTM", "GRU")
 GATES = {"LSTM": 4, "GRU": 3}
@@ -188,11 +189,6 @@ def bench_case(case: Case, ours, ref, repeats: int, sample_s: float, clock=time.
             times[name].append(sample())
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"case": case, "native": med["native"], "onnxruntime": med["onnxruntime"], "diff": diff}
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def _net_ratio(r: dict, floors: dict) -> Optional[float]:

@@ -198,7 +198,7 @@ def targets(results: dict, models: list[str], args) -> list[str]:
     recurrent = [r for threads in args.threads for model in models if model in RECURRENT
                  for r in ratios(results, threads, model).values()]
     if recurrent:
-        geo = e2e._geomean(recurrent)
+        geo = machine.geomean(recurrent)
         out.append(f"- recurrent models ({', '.join(m for m in models if m in RECURRENT)}), geomean over shapes "
                    f"and thread counts: {geo:.2f} (target <= {TARGET_RECURRENT_GEOMEAN}) "
                    f"{'met' if geo <= TARGET_RECURRENT_GEOMEAN else 'NOT met'}")
@@ -242,13 +242,8 @@ def scaling_targets(results: dict, models: list[str], args) -> list[str]:
 
 
 def plot(results: dict, models: list[str], args, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
+    plt = machine.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(models) * 3), 4))
     width = 0.8 / len(args.threads)

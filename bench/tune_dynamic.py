@@ -159,12 +159,8 @@ def report(model: str, sizes, ms: dict, wall: dict, args) -> str:
 
 
 def plot(sizes, ms: dict, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
+    plt = machine.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(sizes))

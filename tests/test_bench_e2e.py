@@ -43,7 +43,7 @@ def test_round_geomeans_compare_each_round_with_the_same_rounds_reference():
     # Round 1: ratios 2 and 4 (geomean sqrt 8); round 2: 1 and 1/4 (geomean 1/2).
     assert e2e.round_geomeans(tool, ref, ["a", "b"]) == pytest.approx([8 ** 0.5, 0.5])
     # The merged latencies mix rounds: a 1.0/1.0, b 1.0/2.0.
-    assert e2e._geomean(tool["latency"][k] / ref["latency"][k] for k in "ab") == pytest.approx(0.5 ** 0.5)
+    assert e2e.machine.geomean(tool["latency"][k] / ref["latency"][k] for k in "ab") == pytest.approx(0.5 ** 0.5)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")

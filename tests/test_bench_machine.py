@@ -1,6 +1,6 @@
-"""bench/machine.py's core-to-core probe: a round trip of one cache line between two
-threads, in nanoseconds, which the results' machine paragraph reports (2-thread results on
-these VMs depend on it)."""
+"""bench/machine.py: the core-to-core probe (a round trip of one cache line between two
+threads, in nanoseconds, which the results' machine paragraph reports: 2-thread results on
+these VMs depend on it), and the geomean and plot helpers every bench shares."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ def test_the_round_trip_is_measured_and_reported():
     assert ns is not None and math.isfinite(ns) and ns > 10
     assert time.monotonic() - start < 30
     assert "Core-to-core round trip when this was written:" in machine.describe()
+
+
+def test_geomean_leaves_out_what_is_not_a_ratio():
+    assert machine.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert machine.geomean(v for v in (0.5, 2.0, float("nan"), None, 0.0, -1.0, float("inf"))) == pytest.approx(1.0)
+    assert math.isnan(machine.geomean([])) and math.isnan(machine.geomean([float("nan")]))
+
+
+def test_pyplot_is_none_without_matplotlib(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert machine.pyplot() is None
+    assert "matplotlib is not installed" in capsys.readouterr().out
