@@ -40,7 +40,16 @@ Strategy of ss_conv2d:
   weights, which take the small-plane GEMM below. On yolov8n's 3x3 convs it ran 1.2-1.45x
   faster than the direct kernel that had served them.
 - 1x1, stride-1, unpadded: one ss_gemm per group straight on the NCHW data (the image
-  batch is ss_gemm's batch), then a vectorized activation pass.
+  batch is ss_gemm's batch), then a vectorized activation pass. Tried and not kept: a
+  kernel with the pixels in the lanes, reading x's rows in place and broadcasting the
+  prepacked weights (8 channels x 3 zmm vectors a tile, no packing at all). Alone it ran
+  ResNet-50's 1x1 shapes at 107-114 GFLOPS against these paths' 99-110 (AMD Zen 4, 1
+  thread), but inside ResNet-50 (bench/conv_profile.py, the two builds alternating) it
+  gained nothing at 1 thread and lost 13% of the whole net at 2: splitting the output
+  channels between the threads, it left each pixel's channels half in the other core's
+  cache, and the next conv, whose staging splits the image rows, read them from there (the
+  unchanged Winograd 3x3 convs after it ran 11-36% slower). A parallel kernel here keeps a thread on the pixels
+  it wrote, as ss_gemm's split of N (the pixels) does.
 - Depthwise (group == C, any channel multiplier M / C): parallel over output planes. Each
   input plane is first staged into a per-thread buffer with its zero padding, split into
   `sw` column phases (stride 2 by an AVX2 deinterleave), so every tap of a run of output
