@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import shapeshift
-from shapeshift.errors import ExecutionError, InvalidModelError, ShapeInferenceError, ShapeshiftError
+from shapeshift.errors import (ExecutionError, InvalidModelError, ShapeInferenceError, ShapeshiftError,
+                               UnsupportedModelError)
 
 
 F = TensorProto.FLOAT
@@ -543,3 +544,56 @@ def test_integer_division_by_zero_is_refused_as_onnxruntime_refuses_it(backend, 
         b[n - 1 - n // 3] = 0
         with pytest.raises(ExecutionError, match=f"\\({op}\\): integer division by zero"):
             session.run(None, {"a": a, "b": b})
+
+
+def test_an_op_newer_than_the_models_opset_is_refused_at_load():
+    """GatherElements (onnx opset 11) in an opset-7 model with one input reached the native
+    lowering, which indexed its missing second input (IndexError); now the load refuses it,
+    naming the node, the opset and the op's first one. (``--reproduce 1206:2932``)"""
+    nodes = [helper.make_node("GatherElements", ["x"], ["y"], name="total")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [3])], [helper.make_tensor_value_info("y", F, [3])],
+                   opset=7)
+    for backend in ("native", "reference"):
+        with pytest.raises(InvalidModelError, match=r"node 'total' \(GatherElements\).*opset 7 does not have "
+                                                    r"GatherElements \(onnx added it in opset 11\)"):
+            shapeshift.InferenceSession(model, backend=backend)
+    # The same op at its own opset loads.
+    nodes = [helper.make_node("GatherElements", ["x", "i"], ["y"], name="total")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [3]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
+                   [helper.make_tensor_value_info("y", F, [3])], opset=11)
+    x, i = np.arange(3, dtype=np.float32), np.array([2, 0, 1], np.int64)
+    np.testing.assert_array_equal(shapeshift.InferenceSession(model).run(None, {"x": x, "i": i})[0], x[i])
+
+
+def test_an_extent_past_64_bits_is_refused_by_the_native_run():
+    """A Pad by 2**63 - 1 makes an extent that int64 cannot hold: the native plan converted
+    it with NumPy and raised OverflowError; now the run refuses it with an ExecutionError,
+    as the reference backend does. (``--reproduce 1206:5881``)"""
+    pads = numpy_helper.from_array(np.array([0, (1 << 63) - 1], np.int64), "pads")
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["y"], name="pad")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n"])], [helper.make_tensor_value_info("y", F, None)],
+                   [pads])
+    for backend in ("native", "reference"):
+        session = shapeshift.InferenceSession(model, backend=backend)
+        with pytest.raises(ExecutionError):
+            session.run(None, {"x": np.ones(5, np.float32)})
+
+
+def test_a_parameter_no_graph_input_can_give_is_refused_by_the_export():
+    """A mutant of yolov8n whose Resize took a float activation as its sizes left a Range's
+    limit a static parameter over the Resize's data-dependent output dim; writing it back to
+    ONNX raised ValueError. Now simplify refuses the model, naming the node and the dim.
+    Not reduced: a small model with the same Resize simplified cleanly, so this is the
+    campaign's own mutant (``--reproduce 1206:2229``), which needs ../shared/models."""
+    from shapeshift.fuzz import mutate, runner
+    from shapeshift.fuzz.seeds import SHARED_MODELS, SHARED_SEEDS, seeds
+
+    missing = [name for name in SHARED_SEEDS if not (SHARED_MODELS / name).is_file()]
+    if missing:
+        pytest.skip(f"the mutant is drawn from the shared seed models; absent: {', '.join(missing)}")
+    found = mutate.mutant(1206, 2229, seeds(shared=True))
+    assert "yolov8n" in found.seed_model and "Resize" in " ".join(found.mutations)
+    with pytest.raises(UnsupportedModelError, match=r"node '/model.22/Range' \(Range\): its input 1 cannot be "
+                                                    r"written back to ONNX: it is computed from the dimension"):
+        runner.run_path("simplify", found.model, found.feed)

@@ -23,10 +23,19 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..errors import UnsupportedModelError
 from ..ir.graph import Graph, Node, StaticParam
 from ..ir.types import TensorType
 from ..symbolic import Expr, bounds
 from ..symbolic.expr import Atom
+
+
+class _UnsourcedSymbol(Exception):
+    """A parameter's dim reads a symbol that no graph input's dims define."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
 
 
 class ParamEmitter:
@@ -126,7 +135,7 @@ class ParamEmitter:
     def _symbol(self, name: str) -> str:
         source = self._sources.get(name)
         if source is None:
-            raise ValueError(f"symbol {name!r} is not a dimension of any graph input")
+            raise _UnsourcedSymbol(name)
         return self._dims.read(source, scalar=False, hint=f"{name}_dim")
 
     def _scalar_symbol(self, d) -> Optional[str]:
@@ -150,7 +159,15 @@ class ParamEmitter:
         if scalar is not None:
             joined = scalar
         else:
-            parts = [self.dim(d) for d in param.dims]
+            try:
+                parts = [self.dim(d) for d in param.dims]
+            except _UnsourcedSymbol as missing:
+                # A symbol that inference made for a data-dependent extent (a Resize's
+                # output whose sizes it could not read): ONNX can only say it by the
+                # computation the parameter replaced, which simplify has dropped.
+                raise UnsupportedModelError(
+                    f"node {node.name!r} ({node.op_type}): its input {index} cannot be written back to ONNX: it "
+                    f"is computed from the dimension {missing.name!r}, which no graph input's shape gives") from None
             joined = parts[0] if len(parts) == 1 else self._node("Concat", parts, "params", axis=0)
         if scalar is None and tuple(param.shape) != (len(param.dims),):
             joined = self._node("Reshape", [joined, self.constant(list(param.shape), shape=(len(param.shape),))],

@@ -197,7 +197,9 @@ class _Validator:
             if name and name not in scope:
                 self.undefined_input(proto, at, name)
         spec = self.spec(domain, op_type)
-        if spec is not None:
+        if spec is None:
+            self.not_yet_defined(domain, op_type, at)
+        else:
             self.arity(inputs, spec.inputs, spec.min_inputs, spec.max_inputs, "input", at)
             self.arity(outputs, spec.outputs, spec.min_outputs, spec.max_outputs, "output", at)
         if len(attrs):  # most nodes have none
@@ -263,6 +265,18 @@ class _Validator:
         for name in spec.required_attrs:
             if name not in given:
                 self.fail(f"{at}: required attribute {name!r} ({_kind_name(spec.attr_types[name])}) is missing")
+
+    def not_yet_defined(self, domain: str, op_type: str, at: NodeAt) -> None:
+        """Refuse an onnx op the model's opset is older than: our rules run an op by its
+        latest definition, so GatherElements in an opset 7 model reached the lowering with
+        whatever inputs it had and failed there."""
+        canonical = "" if domain == "ai.onnx" else domain
+        version = self.opsets.get(canonical)
+        if version is None or not isinstance(op_type, str):
+            return
+        first = first_version(canonical, op_type)
+        if first is not None and version < first:
+            self.fail(f"{at}: opset {version} does not have {op_type} (onnx added it in opset {first})")
 
     def spec(self, domain: str, op_type: str) -> Optional[OpSpec]:
         key = (domain, op_type)
@@ -355,6 +369,20 @@ class _Validator:
 
 
 @functools.lru_cache(maxsize=1024)
+def first_version(domain: str, op_type: str) -> Optional[int]:
+    """The opset onnx first defines ``op_type`` in, or None where it does not define it."""
+    return _first_versions().get((domain, op_type))
+
+
+@functools.cache
+def _first_versions() -> dict[tuple[str, str], int]:
+    first: dict[tuple[str, str], int] = {}
+    for schema in defs.get_all_schemas_with_history():
+        key = ("" if schema.domain == "ai.onnx" else schema.domain, schema.name)
+        first[key] = min(first.get(key, schema.since_version), schema.since_version)
+    return first
+
+
 def op_spec(domain: str, op_type: str, version: int) -> Optional[OpSpec]:
     """The spec of an op at an opset, or None where onnx has no schema for it: not an onnx
     op (a custom domain, or newer than the installed onnx), whose rules judge it, or a

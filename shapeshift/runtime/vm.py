@@ -227,10 +227,16 @@ class NativeVM:
         program = self.program
         late = set(program.late_extents)  # evaluated per run, once their symbols are bound
         try:
-            extents = np.array([0 if k in late else evaluate(d, binding) for k, d in enumerate(program.extents)]
-                               or [0], dtype=np.int64)
+            values = [0 if k in late else evaluate(d, binding) for k, d in enumerate(program.extents)]
         except ShapeshiftError as exc:
             raise ExecutionError(f"cannot evaluate the program's extents: {exc}") from None
+        huge = next((v for v in values if not -(1 << 63) <= v < 1 << 63), None)
+        if huge is not None:
+            # A constant parameter near int64's limit (a Pad of 2**63 - 1) sums past it: no
+            # buffer could have that extent, and the kernels' int64 arguments cannot hold it.
+            raise ExecutionError(f"an extent of the program would be {huge} for {_binding_text(binding)}: "
+                                 "past the 64-bit range")
+        extents = np.array(values or [0], dtype=np.int64)
         shapes: dict[int, tuple[int, ...]] = {}
         for slot in program.slots:
             if slot.value is not None and isinstance(slot.value.type, TensorType) \
