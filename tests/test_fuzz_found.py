@@ -597,3 +597,28 @@ def test_a_parameter_no_graph_input_can_give_is_refused_by_the_export():
     with pytest.raises(UnsupportedModelError, match=r"node '/model.22/Range' \(Range\): its input 1 cannot be "
                                                     r"written back to ONNX: it is computed from the dimension"):
         runner.run_path("simplify", found.model, found.feed)
+
+
+@pytest.mark.parametrize("step, start, end", [((1 << 63) - 1, 1, 100), (-(1 << 63) + 1, -1, -100),
+                                              ((1 << 63) - 1, 0, 1 << 62), (1 << 40, 2, -1)])
+def test_a_slice_step_past_the_axis_keeps_one_element(step, start, end):
+    """A Slice by 2**63 - 1 kept no row natively where it keeps one (the count's ceiling
+    division added the step to the window and overflowed in C), and the next ops ran on the
+    wrong shape; steps past the axis are now capped just past it, in the count and in the
+    stride. Against onnxruntime, forward and backward, at several lengths of the sliced
+    axis. (``--reproduce 1206:293``, the native path: a mismatch with the reference)"""
+    consts = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+              (("starts", [start, 0]), ("ends", [end, 8]), ("axes", [0, 1]), ("steps", [step, 2]))]
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["s"]),
+             helper.make_node("Pad", ["s", "pads"], ["y"])]
+    consts.append(numpy_helper.from_array(np.array([0, 1, 2, 0], np.int64), "pads"))
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n", 8])],
+                   [helper.make_tensor_value_info("y", F, None)], consts)
+    for backend in ("native", "reference"):
+        session = shapeshift.InferenceSession(model, backend=backend)
+        for n in (1, 2, 5, 7):
+            x = np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32)
+            expected = _ort(model, {"x": x})[0]
+            got = session.run(None, {"x": x})[0]
+            assert got.shape == expected.shape, (backend, n)
+            np.testing.assert_array_equal(got, expected)

@@ -59,11 +59,21 @@ def slice_range(start: Dim, end: Dim, step: int, dim: Dim) -> Optional[tuple[Dim
     return first, last
 
 
+def step_within(step: int, dim: Dim) -> int:
+    """``step`` capped to just past the axis: a step at least that long takes one element at
+    most, whatever its size, and an INT64_MAX-style step stays out of the expressions (the
+    count's ceiling division added it to the window and overflowed in C: a Slice by 2**63 - 1
+    kept no row instead of one)."""
+    reach = bounds(dim)[1] + 1
+    return step if abs(step) <= reach else (reach if step > 0 else -reach)
+
+
 def slice_extent(start: Dim, end: Dim, step: Dim, dim: Dim) -> Optional[Dim]:
     """The number of elements one axis keeps; None when it cannot be known."""
     if isinstance(step, Expr) or step == 0:
         return None
-    window = slice_range(start, end, int(step), dim)
+    step = step_within(int(step), dim)
+    window = slice_range(start, end, step, dim)
     if window is None:
         return None
     first, last = window

@@ -17,6 +17,7 @@ import numpy as np
 from ...ir.graph import Node, Value
 from ...ir.types import INT32, INT64
 from ...ops.common import product
+from ...ops.layout_ops import step_within
 from ...symbolic import Dim
 from . import lowers
 from .context import LowerContext, Lowered, Unsupported, c_array
@@ -105,7 +106,9 @@ def lower_slice(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         else:
             lines.append("  st = st < 0 ? -1 : (st > d - 1 ? d - 1 : st);")
         lines.append(f"  offset += st * {src_strides[axis]}; }}")
-        src_strides[axis] = f"({src_strides[axis]}) * ({int(step)})"
+        # Capped as the extent's rule caps it (no int64 overflow in the product; a step past
+        # the axis takes one element at most, so its stride is never walked).
+        src_strides[axis] = f"({src_strides[axis]}) * ({step_within(int(step), in_shape[axis])})"
     elem = ctx.elem_size(x)
     src = f"(const char*){ctx.raw_ptr(x)} + offset * {elem}"
     lines.append(copy_call(ctx, elem, _dims(ctx, out_shape), src, src_strides, ctx.raw_ptr(y),
