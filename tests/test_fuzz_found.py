@@ -622,3 +622,20 @@ def test_a_slice_step_past_the_axis_keeps_one_element(step, start, end):
             got = session.run(None, {"x": x})[0]
             assert got.shape == expected.shape, (backend, n)
             np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_a_softmax_row_holding_inf_matches_onnxruntime_on_both_backends(op):
+    """A Gemm bias of +inf (fuzz mismatch 1206:9282) gave the reference backend 0 for the
+    finite elements of the Softmax row where onnxruntime and the native kernel give NaN for
+    all of it; rows with -inf, NaN and only finite values agree with onnxruntime too."""
+    nodes = [helper.make_node(op, ["x"], ["y"], axis=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [5, 4])],
+                   [helper.make_tensor_value_info("y", F, [5, 4])])
+    inf, nan = np.inf, np.nan
+    x = np.array([[1, inf, 2, 3], [inf, inf, inf, inf], [-inf, -inf, -inf, -inf], [1, -inf, 2, 3], [1, nan, 2, 3]],
+                 np.float32)
+    expected = _ort(model, {"x": x})[0]
+    for backend in ("native", "reference"):
+        np.testing.assert_allclose(shapeshift.InferenceSession(model, backend=backend).run(None, {"x": x})[0], expected,
+                                   rtol=1e-6, equal_nan=True)

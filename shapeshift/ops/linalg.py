@@ -258,8 +258,10 @@ def _stable_shift(x: np.ndarray, axis: int) -> np.ndarray:
     if x.size == 0:
         return x
     peak = np.max(x, axis=axis, keepdims=True)
-    # Rows that are all -inf stay -inf rather than turning into NaN here.
-    return x - np.where(np.isfinite(peak), peak, 0)
+    # Rows that are all -inf stay -inf rather than turning into NaN here (their softmax is
+    # 0 / 0 either way). A row holding +inf is shifted by it, as onnxruntime and the native
+    # kernels do: every element NaN, where not shifting gave 0 for its finite ones.
+    return x - np.where(np.isneginf(peak), 0, peak)
 
 
 def _softmax_rows(x: np.ndarray, axis: int) -> np.ndarray:

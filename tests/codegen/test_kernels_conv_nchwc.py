@@ -235,8 +235,8 @@ def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
 # of 8 and the rest in one of 7, 6, 4, 2, 1 (overlapping where wider), those at a row's ends
 # skipping the input columns in the pads (on the left, the right or both, by one to three
 # columns: symmetric and uneven pads); its other taps (dilated along a row) tile by 8, the
-# same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked border tiles of 4 and 1. Rows of every width 1..31 hit each of those cases at every width
-# of tile.
+# same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked border tiles of 4 and 1.
+# Rows of every width 1..31 hit each of those cases at every width of tile.
 ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1), False), ((3, 3), (2, 2), (1, 1, 1, 1), False),
                ((1, 1), (1, 1), (0, 0, 0, 0), False), ((1, 5), (1, 1), (0, 2, 0, 1), False),
                ((3, 3), (1, 1), (1, 1, 1, 1), True), ((3, 3), (2, 2), (1, 1, 1, 1), True),

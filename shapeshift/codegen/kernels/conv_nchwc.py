@@ -42,8 +42,8 @@ pixels in ranges whose input stays in L2). The depthwise conv keeps the channels
 lanes: for 3x3, 5x5 and 7x7 taps (7-wide rows) at stride 1 or 2, tiles of 8 output
 pixels and the rest in one of 7, 6, 4, 2 or 1 (moved left over done pixels where wider),
 each input vector loaded once for all the tile's taps that read it, the tiles at a row's
-ends skipping the input columns in the padding; other taps through a tile with a load per tap and pixel, its border tiles
-checked or its rows staged with their padding.
+ends skipping the input columns in the padding; other taps through a tile with a load per
+tap and pixel, its border tiles checked or its rows staged with their padding.
 """
 
 from __future__ import annotations
