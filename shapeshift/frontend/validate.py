@@ -274,8 +274,8 @@ class _Validator:
         version = self.opsets.get(canonical)
         if version is None or not isinstance(op_type, str):
             return
-        first = first_version(canonical, op_type)
-        if first is not None and version < first:
+        first = first_version(canonical, op_type, version)
+        if first is not None:
             self.fail(f"{at}: opset {version} does not have {op_type} (onnx added it in opset {first})")
 
     def spec(self, domain: str, op_type: str) -> Optional[OpSpec]:
@@ -368,21 +368,26 @@ class _Validator:
                       f"{list(shape)}; expected kernel_shape {list(shape[2:])}")
 
 
+def first_version(domain: str, op_type: str, version: int) -> Optional[int]:
+    """The opset, after ``version``, in which onnx first defines ``op_type``; None where onnx
+    defines it by ``version`` already, or not at all (a custom op). Asked only of nodes with
+    no spec, and it walks the opsets only for an op that is missing at ``version``."""
+    if not defs.has(op_type, domain):
+        return None
+    try:
+        defs.get_schema(op_type, version, domain)
+        return None  # defined by then (a deprecated op has no spec either)
+    except defs.SchemaError:
+        pass
+    for later in range(version + 1, defs.onnx_opset_version() + 1):
+        try:
+            return defs.get_schema(op_type, later, domain).since_version
+        except defs.SchemaError:
+            continue
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
-def first_version(domain: str, op_type: str) -> Optional[int]:
-    """The opset onnx first defines ``op_type`` in, or None where it does not define it."""
-    return _first_versions().get((domain, op_type))
-
-
-@functools.cache
-def _first_versions() -> dict[tuple[str, str], int]:
-    first: dict[tuple[str, str], int] = {}
-    for schema in defs.get_all_schemas_with_history():
-        key = ("" if schema.domain == "ai.onnx" else schema.domain, schema.name)
-        first[key] = min(first.get(key, schema.since_version), schema.since_version)
-    return first
-
-
 def op_spec(domain: str, op_type: str, version: int) -> Optional[OpSpec]:
     """The spec of an op at an opset, or None where onnx has no schema for it: not an onnx
     op (a custom domain, or newer than the installed onnx), whose rules judge it, or a
