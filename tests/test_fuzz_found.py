@@ -639,3 +639,16 @@ def test_a_softmax_row_holding_inf_matches_onnxruntime_on_both_backends(op):
     for backend in ("native", "reference"):
         np.testing.assert_allclose(shapeshift.InferenceSession(model, backend=backend).run(None, {"x": x})[0], expected,
                                    rtol=1e-6, equal_nan=True)
+
+
+def test_buffers_past_64_bits_of_bytes_are_refused_by_the_native_run():
+    """A Conv padded by 2**31 - 1 on every side makes an output plane whose bytes pass int64:
+    the native plan put its offset into an int64 array and raised OverflowError; now the run
+    refuses it with an ExecutionError naming the input sizes. (``--reproduce 7:8843``)"""
+    w = numpy_helper.from_array(np.ones((2, 3, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[(1 << 31) - 1] * 4)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 3, "h", "w"])],
+                   [helper.make_tensor_value_info("y", F, None)], [w])
+    session = shapeshift.InferenceSession(model, backend="native")
+    with pytest.raises(ExecutionError, match="h=5, w=4 would pass the 64-bit range of bytes"):
+        session.run(None, {"x": np.ones((1, 3, 5, 4), np.float32)})

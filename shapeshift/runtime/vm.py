@@ -252,10 +252,16 @@ class NativeVM:
                                          f"{_binding_text(binding)}: a dimension is negative")
                 shapes[slot.index] = shape
         gaps: tuple = ()
-        if self._fenced:
-            offsets, total, gaps = _fenced_offsets(program, binding)
-        else:
-            offsets, total = _assign_offsets(program, binding)
+        try:
+            if self._fenced:
+                offsets, total, gaps = _fenced_offsets(program, binding)
+            else:
+                offsets, total = _assign_offsets(program, binding)
+        except OverflowError:
+            # Buffers whose bytes pass int64 (a Conv padded by 2**31 - 1 on each side): no
+            # arena could hold them, and the offsets' int64 array cannot say where they go.
+            raise ExecutionError(f"the buffers of a run for {_binding_text(binding)} would pass the 64-bit range "
+                                 "of bytes") from None
         direct = {}
         for index in self._direct_roots:
             try:
