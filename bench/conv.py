@@ -197,10 +197,10 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {case.name} | {gmac:.3f} | {nat * 1e3:.3f} | {plain * 1e3:.3f} | {ref * 1e3:.3f} | "
                      f"{nat / ref:.2f} | {plain / ref:.2f} | {2 * gmac / nat:.1f} | {r['diff']:.1e} |")
 
-    def ratios(key: str) -> float:
+    def geo(key: str) -> float:
         return machine.geomean(r[key] / r["onnxruntime"] for r in rows)
 
-    lines.append(f"| **geomean** | | | | | **{ratios('native'):.2f}** | **{ratios('native NCHW'):.2f}** | | |")
+    lines.append(f"| **geomean** | | | | | **{geo('native'):.2f}** | **{geo('native NCHW'):.2f}** | | |")
     return "\n".join(lines)
 
 

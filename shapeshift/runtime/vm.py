@@ -230,13 +230,14 @@ class NativeVM:
             values = [0 if k in late else evaluate(d, binding) for k, d in enumerate(program.extents)]
         except ShapeshiftError as exc:
             raise ExecutionError(f"cannot evaluate the program's extents: {exc}") from None
-        huge = next((v for v in values if not -(1 << 63) <= v < 1 << 63), None)
-        if huge is not None:
+        try:
+            extents = np.array(values or [0], dtype=np.int64)
+        except OverflowError:
             # A constant parameter near int64's limit (a Pad of 2**63 - 1) sums past it: no
             # buffer could have that extent, and the kernels' int64 arguments cannot hold it.
+            huge = next(v for v in values if not -(1 << 63) <= v < 1 << 63)
             raise ExecutionError(f"an extent of the program would be {huge} for {_binding_text(binding)}: "
-                                 "past the 64-bit range")
-        extents = np.array(values or [0], dtype=np.int64)
+                                 "past the 64-bit range") from None
         shapes: dict[int, tuple[int, ...]] = {}
         for slot in program.slots:
             if slot.value is not None and isinstance(slot.value.type, TensorType) \

@@ -48,8 +48,8 @@ Strategy of ss_conv2d:
   gained nothing at 1 thread and lost 13% of the whole net at 2: splitting the output
   channels between the threads, it left each pixel's channels half in the other core's
   cache, and the next conv, whose staging splits the image rows, read them from there (the
-  unchanged Winograd 3x3 convs after it ran 11-36% slower). A parallel kernel here keeps a thread on the pixels
-  it wrote, as ss_gemm's split of N (the pixels) does.
+  unchanged Winograd 3x3 convs after it ran 11-36% slower). A parallel kernel here keeps a
+  thread on the pixels it wrote, as ss_gemm's split of N (the pixels) does.
 - Depthwise (group == C, any channel multiplier M / C): parallel over output planes. Each
   input plane is first staged into a per-thread buffer with its zero padding, split into
   `sw` column phases (stride 2 by an AVX2 deinterleave), so every tap of a run of output

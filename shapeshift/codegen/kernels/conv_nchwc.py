@@ -657,12 +657,12 @@ _DW = r"""
    along a row: every row in tiles of DWX pixels and the rest (below), each through the
    fixed tile, which loads each input vector once for all of the tile's taps that read it;
    the tiles at a row's ends skip the input columns in the padding. 7x7 through it instead
-   of the tiles below, 1 thread, the kernel alone (AMD Zen 4): 480 channels on 14x14 144 ->
-   67 us at stride 1, 42 -> 18 at stride 2; on 56x56 2018 -> 1362 and 685 -> 456
-   (onnxruntime's node 106, 49, 1510, 707). It costs gcc 2-3 s more on this fragment
-   (10.7-11.2 -> 13.1-14.0 s; 11.8-12.5 with stride 1 alone). Others (dilated along a row,
-   ...): where most output columns
-   read padding, each (image, channel block, run of output rows) first stages the input rows
+   of the tiles below, 1 thread, the kernel alone (AMD Zen 4, bench/results/
+   depthwise_7x7_zen4.md): 480 channels on 14x14 144 -> 69 us at stride 1, 42 -> 19 at
+   stride 2; on 56x56 2018 -> 1310 and 685 -> 366 (onnxruntime's node 105, 42, 1418, 534).
+   It costs gcc 2-3 s more on this fragment (10.7-11.2 -> 13.1-14.0 s; 11.8-12.5 with
+   stride 1 alone). Others (dilated along a row, ...): where most output columns read
+   padding, each (image, channel block, run of output rows) first stages the input rows
    it reads into a per-thread buffer with the zero padding around them, so that every tile
    reads its taps with no bounds check; elsewhere tiles read x itself, only the border
    columns' checked. Runs of rows: enough (image, block, run) items for every thread to have
