@@ -2,6 +2,7 @@
 
     python bench/e2e.py [--threads 1] [--seqs 1 8 32 128 512] [--models NAME ...]
                         [--tools native onnxruntime reference] [--no-bert] [--runs 10] [--rounds 2] [--load N]
+                        [--pause-ms MS]
                         [--tuning-db FILE [--tune TRIALS]]
 
 ``--tuning-db FILE`` adds the tool "native-tuned": the native backend with the tuned GEMM
@@ -39,6 +40,11 @@ tool's process moved a geomean ratio by 10%. Each round's own geomean ratios are
 
 ``--load N`` keeps N busy processes (a Python loop each) running beside every worker: with
 one per core, each tool's threads share their cores with other work, as on a loaded server.
+
+``--pause-ms MS`` sleeps that long before each timed run (not the warm-up), as a server sits
+idle between requests: the threads of both tools go to sleep, and each run starts by waking
+them (on these VMs the host also takes an idle vCPU away; see the prelude's ss_place_workers
+in shapeshift/codegen/kernels/prelude.py for what that did to native's threads).
 
 The report starts with the CPU, its flags and its measured FMA peak (bench/machine.py), and
 gives native's rate on the encoder as GFLOPS over its matmul FLOPs and as % of that peak.
@@ -194,22 +200,24 @@ def _session(tool: str, path: str, threads: int, tuning_db=None, dynamic=None):
     return shapeshift.InferenceSession(path, dynamic, backend="reference")
 
 
-def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, tuning_db=None) -> dict:
+def worker(tool: str, model: str, threads: int, seqs, runs: int, workdir: str, tuning_db=None,
+           pause_s: float = 0.0) -> dict:
     workdir = Path(workdir)
     # The encoder's native sessions declare the ranges it is run (and tuned) at: with
     # batch left at its default range, its attention matmuls would have two dynamic dims,
     # which no batched tuning record covers.
     dynamic = {"batch": (1, 1), "seq": (1, max(seqs))} if model == BERT else GPT2_RANGES if model == GPT2 else None
     return measure(tool, _model_path(model, workdir), _feeds(model, seqs), threads, runs, workdir, model,
-                   tuning_db, dynamic)
+                   tuning_db, dynamic, pause_s=pause_s)
 
 
 def measure(tool: str, path: str, feeds, threads: int, runs: int, workdir: Path, tag: str, tuning_db=None,
-            dynamic=None, kernel_library: Optional[Path] = None) -> dict:
+            dynamic=None, kernel_library: Optional[Path] = None, pause_s: float = 0.0) -> dict:
     """One tool's session on the model at ``path``: load times, each feed's median latency,
     outputs saved under ``workdir`` (named by ``tag``), peak memory, and for native its fallbacks.
     ``kernel_library``: a build cache holding only the kernel library (bench/build_time.py's
-    ``build_fragment_cache``); native's session creation from a copy of it is timed too."""
+    ``build_fragment_cache``); native's session creation from a copy of it is timed too.
+    ``pause_s``: seconds slept before each timed run (``--pause-ms``)."""
     import numpy as np
 
     os.environ["SHAPESHIFT_CACHE_DIR"] = str(workdir / f"cache-{tool}-{tag}-{time.time_ns()}")
@@ -242,6 +250,8 @@ def measure(tool: str, path: str, feeds, threads: int, runs: int, workdir: Path,
         # threads slower): the report says in which state each tool's figure was taken.
         before = machine.core_to_core_ns() if threads >= 2 else None
         for _ in range(repeats):
+            if pause_s:
+                time.sleep(pause_s)
             t = time.perf_counter()
             session.run(None, feed)
             times.append(time.perf_counter() - t)
@@ -299,7 +309,7 @@ def _run_worker(tool: str, model: str, args, workdir: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads), OPENBLAS_THREAD_TIMEOUT="4")
     cmd = [sys.executable, __file__, "--worker", tool, model, "--threads", str(args.threads), "--runs",
-           str(args.runs), "--workdir", workdir, "--seqs", *map(str, args.seqs)]
+           str(args.runs), "--workdir", workdir, "--seqs", *map(str, args.seqs), "--pause-ms", str(args.pause_ms)]
     if tool == TUNED:
         cmd += ["--tuning-db", str(args.tuning_db)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -362,6 +372,8 @@ def main(argv=None) -> int:
                         help="run every worker this many times; each shape keeps its fastest round median")
     parser.add_argument("--load", type=int, default=0, metavar="N",
                         help="keep N busy processes (one per core: a loaded machine) running during every worker")
+    parser.add_argument("--pause-ms", type=float, default=0.0, metavar="MS",
+                        help="sleep this long before each timed run (a server idle between requests)")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--output", default=str(RESULTS / "e2e.md"))
     parser.add_argument("--worker", nargs=2, metavar=("TOOL", "MODEL"), help=argparse.SUPPRESS)
@@ -369,7 +381,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker[0], args.worker[1], args.threads, args.seqs, args.runs, args.workdir,
-                                args.tuning_db)))
+                                args.tuning_db, args.pause_ms / 1e3)))
         return 0
     if args.tune and not args.tuning_db:
         parser.error("--tune needs --tuning-db FILE")
@@ -466,6 +478,8 @@ def _report(results: dict, args) -> str:
     lines = ["# End-to-end latency: shapeshift native vs onnxruntime vs reference", "", machine.describe(), "",
              (f"Loaded machine: {args.load} busy process(es) (a Python loop each) ran beside every worker. "
               if args.load else "") +
+             (f"Each process slept {args.pause_ms:g} ms before each timed run (idle between requests). "
+              if args.pause_ms else "") +
              f"Python {platform.python_version()}, numpy {np.__version__}, onnxruntime {onnxruntime.__version__}; "
              f"{platform.machine()}, {os.cpu_count()} CPUs; {args.threads} thread(s) for every tool. "
              f"Latency: in each of {args.rounds} round(s) (every tool in turn, the order reversed each round), "

@@ -132,7 +132,8 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
             totals[kind] += len(b)
     if tuned or any(p.profiled for p in programs) or sum(totals.values()) < SMALL_PROGRAM_CHARS:
         return [Unit(PRELUDE + head + "".join(tuned) + "".join(
-            _profile_counters(p) + "".join(_function(p.segment_name(k), [b for b, _ in blocks[id(p), k]])
+            _profile_counters(p) + "".join(_function(p.segment_name(k), [b for b, _ in blocks[id(p), k]],
+                                                     segment=True)
                                            for k in range(len(p.segments)))
             for p in programs), HOT)]
 
@@ -277,15 +278,19 @@ def _profile_counters(program: "Program") -> str:
             f"double* {program.profile_symbol()}(void) {{ return {counters}; }}\n")
 
 
-def _function(name: str, blocks: list[str]) -> str:
-    return f"\nint {name}{_SIGNATURE} {{\n    (void)e;\n" + "".join(blocks) + "    return 0;\n}\n"
+def _function(name: str, blocks: list[str], segment: bool = False) -> str:
+    """A function running ``blocks``; a ``segment`` (what the VM calls) first runs the prelude's
+    ss_segment_enter (the thread count, the workers' placement)."""
+    enter = "    ss_segment_enter();\n" if segment else ""
+    return f"\nint {name}{_SIGNATURE} {{\n    (void)e;\n{enter}" + "".join(blocks) + "    return 0;\n}\n"
 
 
 def _calling(name: str, parts: list[str]) -> str:
-    """``name`` runs ``parts`` in order and returns the first nonzero error code."""
+    """Segment ``name`` runs ``parts`` in order and returns the first nonzero error code."""
     declared = "".join(f"int {part}{_SIGNATURE};\n" for part in parts)
     calls = "".join(f"    if ((code = {part}(v, e)) != 0) return code;\n" for part in parts)
-    return f"\n{declared}int {name}{_SIGNATURE} {{\n    int code;\n{calls}    return 0;\n}}\n"
+    enter = "    int code;\n    ss_segment_enter();\n"
+    return f"\n{declared}int {name}{_SIGNATURE} {{\n{enter}{calls}    return 0;\n}}\n"
 
 
 def _comment(text: str) -> str:

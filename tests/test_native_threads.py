@@ -1,0 +1,117 @@
+"""The native library's threads (the prelude's ss_segment_enter): a session's thread count
+holds in whichever thread runs it, and its OpenMP workers are kept off the CPU of the thread
+that calls them. Each check runs in a thread of its own, which OpenMP gives a team of its
+own: new worker threads, whose ids and affinity /proc and os.sched_getaffinity show."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import shapeshift
+
+W = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+
+
+def _model():
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "w"], ["Y"])], "matmul",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 64])],
+        initializer=[numpy_helper.from_array(W, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _in_thread(fn):
+    """fn()'s result, run in a new thread (its exceptions raised here)."""
+    out: dict = {}
+
+    def body():
+        try:
+            out["value"] = fn()
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            out["error"] = error
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _tasks() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _cpu() -> int:
+    return _LIBC.sched_getcpu()
+
+
+def test_the_thread_count_holds_in_a_thread_that_did_not_make_the_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
+    library = {}
+
+    def default_count():
+        # A fresh thread's own OpenMP default, before any session runs in it.
+        return library["cdll"].omp_get_max_threads()
+
+    wanted = (os.cpu_count() or 1) + 1
+    session = shapeshift.InferenceSession(_model(), backend="native", num_threads=wanted)
+    library["cdll"] = session._executor.vm.library.cdll
+    before = _in_thread(default_count)
+    assert before != wanted, "the test needs a default thread count other than the session's"
+    x = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)
+
+    def run_then_count():
+        y = session.run(None, {"X": x})[0]
+        return y, library["cdll"].omp_get_max_threads()
+
+    y, after = _in_thread(run_then_count)
+    np.testing.assert_allclose(y, x @ W, rtol=1e-5, atol=1e-5)
+    assert after == wanted
+
+
+def test_workers_are_kept_off_the_callers_cpu_and_follow_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("OMP_PROC_BIND", raising=False)  # read by libgomp at load: only a guard here
+    session = shapeshift.InferenceSession(_model(), backend="native", num_threads=2)
+    x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
+
+    def check():
+        allowed = os.sched_getaffinity(0)
+        existing = _tasks()
+        first_cpu = _cpu()
+        np.testing.assert_allclose(session.run(None, {"X": x})[0], x @ W, rtol=1e-5, atol=1e-5)
+        workers = _tasks() - existing
+        assert len(workers) == 1, f"expected this thread's one OpenMP worker, found {sorted(workers)}"
+        worker = workers.pop()
+        masks = [os.sched_getaffinity(worker)]
+        if len(allowed) < 2:
+            assert masks[0] == allowed  # nowhere else to go: left as it was
+            return
+        assert masks[0] == allowed - {first_cpu} or masks[0] == allowed - {_cpu()}
+        # Moved to another CPU (pinned there for a moment, then free again), the caller
+        # takes its worker's place: the worker moves off it at the next run.
+        other = min(allowed - {_cpu()})
+        for _ in range(5):
+            os.sched_setaffinity(0, {other})
+            os.sched_setaffinity(0, allowed)
+            if _cpu() != other:
+                continue
+            session.run(None, {"X": x})
+            if _cpu() == other:
+                masks.append(os.sched_getaffinity(worker))
+                break
+        assert len(masks) == 2, "the calling thread never stayed on the CPU it was moved to"
+        assert masks[1] == allowed - {other}
+        assert os.sched_getaffinity(0) == allowed  # the caller's own affinity is left alone
+
+    _in_thread(check)
