@@ -115,3 +115,68 @@ def test_workers_are_kept_off_the_callers_cpu_and_follow_it(tmp_path, monkeypatc
         assert os.sched_getaffinity(0) == allowed  # the caller's own affinity is left alone
 
     _in_thread(check)
+
+
+def _scaled_model(scale: float):
+    """Y = (X @ W) * scale: another model (another library) for each scale."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "w"], ["p"]), helper.make_node("Mul", ["p", "s"], ["Y"])], "scaled",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 64])],
+        initializer=[numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.float32(scale), "s")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _build_elsewhere(model_path: str, cache: str) -> None:
+    """The model's library built into ``cache`` by another process, so that this one has
+    not loaded it when it forks."""
+    import subprocess
+    import sys
+
+    code = ("import shapeshift; shapeshift.InferenceSession(%r, backend='native', num_threads=2)" % model_path)
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, SHAPESHIFT_CACHE_DIR=cache),
+                   timeout=300)
+
+
+def test_a_forked_child_runs_after_its_parent_ran_on_two_threads(tmp_path, monkeypatch):
+    """A server that forks its workers after a warm-up run: the child's first parallel
+    region waited forever for the parent's OpenMP workers. The child runs the parent's
+    session, a session of a library it loads itself, and a session in a new thread (which
+    gets OpenMP workers of its own: 2 threads again)."""
+    import multiprocessing
+    import onnx
+
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
+    later = str(tmp_path / "later.onnx")
+    onnx.save(_scaled_model(3.0), later)
+    _build_elsewhere(later, str(tmp_path / "cache"))
+    session = shapeshift.InferenceSession(_model(), backend="native", num_threads=2)
+    # 600 rows: 4.9 Mflop, past the GEMM's threshold for a parallel region.
+    x = np.random.default_rng(3).standard_normal((600, 64)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], x @ W, rtol=1e-5, atol=1e-5)
+
+    def child(results):
+        first = session.run(None, {"X": x})[0]
+        second = shapeshift.InferenceSession(later, backend="native", num_threads=2).run(None, {"X": x})[0]
+        threaded = _in_thread(lambda: (session.run(None, {"X": x})[0],
+                                       session._executor.vm.library.cdll.omp_get_max_threads()))
+        results.put((first, second, threaded[0], threaded[1]))
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    process = context.Process(target=child, args=(results,))
+    process.start()
+    try:
+        got = results.get(timeout=120)
+    except Exception:  # noqa: BLE001 - the queue's Empty: the child hung or died
+        got = None
+    process.join(10)
+    if process.is_alive():
+        process.kill()
+    assert got is not None, "the forked child gave no result in 120 s (hung in its first parallel region)"
+    assert process.exitcode == 0
+    first, second, threaded, threads = got
+    np.testing.assert_allclose(first, x @ W, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(second, (x @ W) * 3.0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(threaded, x @ W, rtol=1e-5, atol=1e-5)
+    assert threads == 2

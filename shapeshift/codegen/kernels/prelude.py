@@ -22,9 +22,11 @@ HEADER = """\
 #: each segment function runs first (``ss_segment_enter``).
 PRELUDE = HEADER + r"""
 #include <sys/syscall.h>
-/* glibc declares these only for _GNU_SOURCE / _DEFAULT_SOURCE, which -std=c11 leaves off. */
+/* glibc declares these only for _GNU_SOURCE / POSIX, which -std=c11 leaves off. */
 extern int sched_getcpu(void);
 extern long syscall(long number, ...);
+extern int setenv(const char* name, const char* value, int overwrite);
+extern int pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
 
 /* The thread count of this library's parallel regions. OpenMP keeps it per calling thread,
    so each segment sets it again where it differs: a session run from another thread than
@@ -80,9 +82,40 @@ static inline void ss_place_workers(int n) {
         }
 }
 
+/* A process forked from one whose forking thread had run parallel regions: libgomp keeps
+   that thread's pool of workers, which the child does not have, and the child's first
+   region waited for them forever (a server forking its workers after a warm-up run; a
+   multiprocessing pool). In the child, that thread (the child's first: its id is the
+   child's pid) runs one thread; other threads get pools of their own. The child handler of
+   each library loaded at the fork marks it, and names it in the environment for the
+   libraries loaded later. */
+#define SS_FORKED_ENV "SHAPESHIFT_FORKED_PID"
+/* Per library and thread: 0 not looked at yet, 1 may run a team, 2 a forked thread: one. */
+static _Thread_local int ss_thread_kind;
+
+static void ss_after_fork_in_child(void) {
+    char text[24], *end = text + sizeof text - 1;
+    long pid = syscall(SYS_getpid);
+    *end = 0;
+    do { *--end = (char)('0' + pid % 10); pid /= 10; } while (pid > 0 && end > text);
+    setenv(SS_FORKED_ENV, end, 1);
+    ss_thread_kind = 2;
+}
+
+__attribute__((constructor)) static void ss_prelude_loaded(void) {
+    pthread_atfork(NULL, NULL, ss_after_fork_in_child);
+}
+
+static int ss_forked_thread(void) {
+    const char* named = getenv(SS_FORKED_ENV);
+    const long pid = syscall(SYS_getpid);
+    return named && atol(named) == pid && syscall(SYS_gettid) == pid;
+}
+
 static inline void ss_segment_enter(void) {
-    const int n = ss_num_threads;
-    if (n <= 0) return;
+    if (ss_thread_kind == 0) ss_thread_kind = ss_forked_thread() ? 2 : 1;
+    /* No count set (the session's default): OpenMP's, every core or OMP_NUM_THREADS. */
+    const int n = ss_thread_kind == 2 ? 1 : ss_num_threads > 0 ? ss_num_threads : omp_get_max_threads();
     if (omp_get_max_threads() != n) omp_set_num_threads(n);
     if (n > 1 && omp_get_proc_bind() == omp_proc_bind_false && !omp_in_parallel()) ss_place_workers(n);
 }
