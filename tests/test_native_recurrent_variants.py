@@ -122,6 +122,27 @@ def test_steps_on_two_threads(threads):
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_single_steps_back_to_back(threads):
+    """A decoding loop's one-step calls: each below SEQ_PAR_MIN, so a call after an idle
+    spell runs on one thread, and one right after another (``warm``: the last call's team
+    still spinning) on the team, a step's worth of work (STEP_PAR_MIN) at hidden 256. Every
+    call of the loop, on either path, matches onnxruntime and the loop's first call."""
+    hidden = 256
+    assert 3 * hidden * hidden >= rnn_step.STEP_PAR_MIN and 4 * hidden * hidden < rnn_step.SEQ_PAR_MIN
+    nodes = [("LSTM", "forward", {}), ("GRU", "forward", {"linear_before_reset": 1}), ("GRU", "reverse", {})]
+    model, params = _recurrent_model(nodes, with_state=True, hidden=hidden, input_size=7, weight_scale=0.0625)
+    session = shapeshift.InferenceSession(model, backend="native", num_threads=threads)
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in _feeds(model, params, 0, bindings=((1, 1), (1, 3))):
+        want = reference.run(None, feed)
+        first = session.run(None, feed)
+        for got in [first] + [session.run(None, feed) for _ in range(4)]:
+            for g, f, w in zip(got, first, want):
+                np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+                np.testing.assert_array_equal(g, f)
+
+
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_batch_rows_on_two_threads(threads, layout):

@@ -182,6 +182,7 @@ typedef struct {
     const int32_t* acts;
     const float *alphas, *betas;
     float clip;
+    int warm;  /* a call right after another on this thread (ss_recur_run): its team is awake */
 } ss_recur_call;
 
 /* One step's view of one direction: its activations, state buffers and inputs. */
@@ -354,6 +355,9 @@ static void ss_recur_direction(const ss_recur_call* c, const float* Rp, int64_t 
     if (c->kind == 3) ss_recur_store_state(c->Y_c, cs, c->lens, g, d);
 }
 
+/* When this thread's last recurrent call ended (omp_get_wtime), for the next call's `warm`. */
+static _Thread_local double ss_recur_last_end = -1e9;
+
 /* The directions, on two threads when there are two of each and enough work to pay for
    waking the second (SS_RNN_DIR_PAR_MIN FMAs a direction); R packed into the
    workspace first unless the caller packed it. Workspace: each direction's part, then
@@ -373,6 +377,7 @@ static void ss_recur_run(const ss_recur_call* c, const float* R, float* work) {
     } else {
         for (int64_t d = 0; d < c->D; ++d) ss_recur_direction(c, Rp, d, work + d * per);
     }
+    ss_recur_last_end = omp_get_wtime();
 }
 
 static ss_recur_call ss_recur_setup(const float* X, const float* W, const float* const* Wp, const float* Rp,
@@ -387,6 +392,7 @@ static ss_recur_call ss_recur_setup(const float* X, const float* W, const float*
     c.g = ss_recur_geometry(T, B, H, (int64_t)ss_rnn_kind_gates(kind) * H, c.D, layout);
     c.I = I; c.direction = direction; c.layout = layout; c.kind = kind;
     c.acts = acts; c.alphas = alphas; c.betas = betas; c.clip = clip;
+    c.warm = omp_get_wtime() - ss_recur_last_end < SS_RNN_WARM_S;
     return c;
 }
 """

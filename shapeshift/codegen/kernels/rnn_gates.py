@@ -249,7 +249,9 @@ typedef void (*ss_recur_tile_fn)(const ss_recur_step* s, int64_t jb, int64_t b0,
    at all: at least two rows, and R small enough (SS_RNN_ROWS_R_MAX floats, half of L2) that
    each thread keeping all of it in its own cache costs nothing, else where the team does
    not pay. Either needs the sequence's work to pay for waking the threads
-   (SS_RNN_SEQ_PAR_MIN), every thread, and no enclosing region (the directions' own). LSTM
+   (SS_RNN_SEQ_PAR_MIN), or, in a call right after another (`warm`: a decoding loop's
+   steps, whose threads are still spinning from the last call's region), a step's worth
+   (SS_RNN_STEP_PAR_MIN); every thread, and no enclosing region (the directions' own). LSTM
    at batch 4, hidden 64, 128 steps, 2 threads (AMD Zen 2; 65536 FMAs a step, below the
    team's threshold): 0.65 ms on one thread against onnxruntime's 0.41. */
 enum { SS_RECUR_ONE = 0, SS_RECUR_TEAM = 1, SS_RECUR_ROWS = 2 };
@@ -257,7 +259,8 @@ enum { SS_RECUR_ONE = 0, SS_RECUR_TEAM = 1, SS_RECUR_ROWS = 2 };
 static int ss_recur_mode(const ss_recur_step* s) {
     const int64_t B = s->c->g.B, H = s->c->g.H;
     const int64_t step_fmas = B * s->c->g.G * H;
-    if (s->c->g.T * step_fmas < SS_RNN_SEQ_PAR_MIN || omp_in_parallel() || omp_get_max_threads() < 2)
+    const int64_t seq_min = s->c->warm ? SS_RNN_STEP_PAR_MIN : SS_RNN_SEQ_PAR_MIN;
+    if (s->c->g.T * step_fmas < seq_min || omp_in_parallel() || omp_get_max_threads() < 2)
         return SS_RECUR_ONE;
     if (B >= 2 && s->c->g.G * H <= SS_RNN_ROWS_R_MAX) return SS_RECUR_ROWS;
     /* The gates of the step's (first) tile: GRU without linear_before_reset runs z and r,

@@ -249,6 +249,10 @@ typedef __m256 ss_rnn_v;
 #define SS_RNN_STEP_PAR_MIN @STEP_PAR_MIN@
 #define SS_RNN_SEQ_PAR_MIN @SEQ_PAR_MIN@
 #define SS_RNN_DIR_PAR_MIN @DIR_PAR_MIN@
+/* A call that starts within this many seconds of the thread's last one ended is `warm`: the
+   threads of that call's region still spin (libgomp's GOMP_SPINCOUNT, about 250 us as
+   codegen/build.py sets it), and a team costs a barrier a step, not a wake-up. */
+#define SS_RNN_WARM_S 1e-4
 /* Floats of a direction's R up to which its steps run on the threads by batch rows rather
    than on a team (half of L2: every thread then keeps all of R in its own cache). */
 #define SS_RNN_ROWS_R_MAX @ROWS_R_MAX@
