@@ -21,12 +21,14 @@ HEADER = """\
 #: library exports (in one unit only: objects linked beside it must not define it), and what
 #: each segment function runs first (``ss_segment_enter``).
 PRELUDE = HEADER + r"""
+#ifdef __linux__
 #include <sys/syscall.h>
 /* glibc declares these only for _GNU_SOURCE / POSIX, which -std=c11 leaves off. */
 extern int sched_getcpu(void);
 extern long syscall(long number, ...);
 extern int setenv(const char* name, const char* value, int overwrite);
 extern int pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+#endif
 
 /* The thread count of this library's parallel regions. OpenMP keeps it per calling thread,
    so each segment sets it again where it differs: a session run from another thread than
@@ -44,17 +46,20 @@ void ss_set_num_threads(int n) { ss_num_threads = n; omp_set_num_threads(n); }
    on any CPU the caller may, but the caller's own; set again only when the caller has
    moved (sched_getcpu: a few nanoseconds), so a run pays one or two system calls at most.
    Not where the user binds threads (OMP_PROC_BIND, OMP_PLACES) or allows one CPU. The
-   workers' thread ids are the team's, gathered once per calling thread and team size. */
+   workers' thread ids are the team's, gathered once per calling thread and team size.
+   Linux only (its system calls), as is what it works around. */
+#ifdef __linux__
 #define SS_MAX_WORKERS 255
 #define SS_MASK_WORDS 16 /* 1024 CPUs */
 static _Thread_local long ss_worker_tids[SS_MAX_WORKERS];
-static _Thread_local int ss_workers = -1;     /* tids gathered for a team of ss_workers + 1 */
+static _Thread_local int ss_workers;          /* how many tids are known */
+static _Thread_local int ss_gathered_for;     /* the team size they were gathered for (0: none) */
 static _Thread_local int ss_placed_from = -1; /* the caller's CPU when they were placed */
 
 static inline void ss_place_workers(int n) {
     const int cpu = sched_getcpu();
-    if (cpu < 0 || cpu >= 64 * SS_MASK_WORDS || (cpu == ss_placed_from && ss_workers == n - 1)) return;
-    if (ss_workers != n - 1) {
+    if (cpu < 0 || cpu >= 64 * SS_MASK_WORDS || (cpu == ss_placed_from && ss_gathered_for == n)) return;
+    if (ss_gathered_for != n) {
         /* Into the caller's stack: inside the region each thread's _Thread_local is its own. */
         long tids[SS_MAX_WORKERS];
         int team = 1;
@@ -64,7 +69,10 @@ static inline void ss_place_workers(int n) {
             if (t == 0) team = omp_get_num_threads();
             else if (t <= SS_MAX_WORKERS) tids[t - 1] = syscall(SYS_gettid);
         }
+        /* OpenMP may give fewer threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC): those
+           it gave, and not asked again at every call. */
         ss_workers = team - 1 < SS_MAX_WORKERS ? team - 1 : SS_MAX_WORKERS;
+        ss_gathered_for = n;
         memcpy(ss_worker_tids, tids, (size_t)ss_workers * sizeof *tids);
     }
     unsigned long mask[SS_MASK_WORDS] = {0};
@@ -76,11 +84,14 @@ static inline void ss_place_workers(int n) {
     if (!others) return;
     for (int i = 0; i < ss_workers; ++i)
         if (syscall(SYS_sched_setaffinity, ss_worker_tids[i], sizeof mask, mask) != 0) {
-            ss_workers = -1; /* a thread the pool has replaced: gathered again next time */
+            ss_gathered_for = 0; /* a thread the pool has replaced: gathered again next time */
             ss_placed_from = -1;
             return;
         }
 }
+#else
+static inline void ss_place_workers(int n) { (void)n; }
+#endif
 
 /* A process forked from one whose forking thread had run parallel regions: libgomp keeps
    that thread's pool of workers, which the child does not have, and the child's first
@@ -93,6 +104,7 @@ static inline void ss_place_workers(int n) {
 /* Per library and thread: 0 not looked at yet, 1 may run a team, 2 a forked thread: one. */
 static _Thread_local int ss_thread_kind;
 
+#ifdef __linux__
 static void ss_after_fork_in_child(void) {
     char text[24], *end = text + sizeof text - 1;
     long pid = syscall(SYS_getpid);
@@ -111,6 +123,9 @@ static int ss_forked_thread(void) {
     const long pid = syscall(SYS_getpid);
     return named && atol(named) == pid && syscall(SYS_gettid) == pid;
 }
+#else
+static int ss_forked_thread(void) { return 0; }
+#endif
 
 static inline void ss_segment_enter(void) {
     if (ss_thread_kind == 0) ss_thread_kind = ss_forked_thread() ? 2 : 1;
