@@ -511,7 +511,25 @@ if (OW < 2 * @RX@ && OH * OW >= @RX@ && xblk == @L@) {
                 if (nb == 2) ss_cnc_flat_@L@(xg, wo, wob, 2, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
                 else ss_cnc_flat_@L@(xg, wo, wob, 1, @L@, @RX@, IB, KH, KW, bs, rs, H, W, iy0, ix0, dh, dw, acc);
                 const int64_t off = ((n * MB + ob) * P + p0) * @L@;
-                SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, nb, @RX@, (int)(pad_block - ob), acc);
+                /* The last tile overlaps the one before: it stores its own pixels only. The
+                   others belong to that tile, which may run on another thread: storing them
+                   again between its store and its epilogue (which reads y back) applied an
+                   out-of-line activation or a residual twice (Sigmoid on 5x5, 2 threads:
+                   1 to 4 runs in 6000). */
+                const int skip = (int)(t * @RX@ - p0);
+                if (skip == 0) {
+                    SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, nb, @RX@, (int)(pad_block - ob),
+                                     acc);
+                } else {
+                    ss_vf@L@ own[@RX@][2];
+                    for (int j = skip; j < @RX@; j++) {
+                        own[j - skip][0] = acc[j][0];
+                        own[j - skip][1] = acc[j][1];
+                    }
+                    const int64_t o2 = off + skip * @L@;
+                    SS_CNC_STORE_@L@(y + o2, res ? res + o2 : NULL, P * @L@, @L@, nb, @RX@ - skip, (int)(pad_block - ob),
+                                     own);
+                }
             }
     return;
 }
