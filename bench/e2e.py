@@ -331,6 +331,11 @@ def _tune_bert(args, workdir: str) -> float:
     return time.perf_counter() - start
 
 
+def pause_note(pause_ms: float) -> str:
+    """The report's sentence on ``--pause-ms`` (empty without it)."""
+    return f"Each process slept {pause_ms:g} ms before each timed run (idle between requests). " if pause_ms else ""
+
+
 def _max_diff(a_path: str, b_path: str) -> float:
     import numpy as np
 
@@ -478,8 +483,7 @@ def _report(results: dict, args) -> str:
     lines = ["# End-to-end latency: shapeshift native vs onnxruntime vs reference", "", machine.describe(), "",
              (f"Loaded machine: {args.load} busy process(es) (a Python loop each) ran beside every worker. "
               if args.load else "") +
-             (f"Each process slept {args.pause_ms:g} ms before each timed run (idle between requests). "
-              if args.pause_ms else "") +
+             pause_note(args.pause_ms) +
              f"Python {platform.python_version()}, numpy {np.__version__}, onnxruntime {onnxruntime.__version__}; "
              f"{platform.machine()}, {os.cpu_count()} CPUs; {args.threads} thread(s) for every tool. "
              f"Latency: in each of {args.rounds} round(s) (every tool in turn, the order reversed each round), "

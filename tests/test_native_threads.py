@@ -6,10 +6,14 @@ own: new worker threads, whose ids and affinity /proc and os.sched_getaffinity s
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import shapeshift
@@ -57,22 +61,17 @@ def _cpu() -> int:
 
 def test_the_thread_count_holds_in_a_thread_that_did_not_make_the_session(tmp_path, monkeypatch):
     monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
-    library = {}
-
-    def default_count():
-        # A fresh thread's own OpenMP default, before any session runs in it.
-        return library["cdll"].omp_get_max_threads()
-
     wanted = (os.cpu_count() or 1) + 1
     session = shapeshift.InferenceSession(_model(), backend="native", num_threads=wanted)
-    library["cdll"] = session._executor.vm.library.cdll
-    before = _in_thread(default_count)
+    cdll = session._executor.vm.library.cdll
+    # A fresh thread's own OpenMP default, before any session runs in it.
+    before = _in_thread(cdll.omp_get_max_threads)
     assert before != wanted, "the test needs a default thread count other than the session's"
     x = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)
 
     def run_then_count():
         y = session.run(None, {"X": x})[0]
-        return y, library["cdll"].omp_get_max_threads()
+        return y, cdll.omp_get_max_threads()
 
     y, after = _in_thread(run_then_count)
     np.testing.assert_allclose(y, x @ W, rtol=1e-5, atol=1e-5)
@@ -130,9 +129,6 @@ def _scaled_model(scale: float):
 def _build_elsewhere(model_path: str, cache: str) -> None:
     """The model's library built into ``cache`` by another process, so that this one has
     not loaded it when it forks."""
-    import subprocess
-    import sys
-
     code = ("import shapeshift; shapeshift.InferenceSession(%r, backend='native', num_threads=2)" % model_path)
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, SHAPESHIFT_CACHE_DIR=cache),
                    timeout=300)
@@ -143,9 +139,6 @@ def test_a_forked_child_runs_after_its_parent_ran_on_two_threads(tmp_path, monke
     region waited forever for the parent's OpenMP workers. The child runs the parent's
     session, a session of a library it loads itself, and a session in a new thread (which
     gets OpenMP workers of its own: 2 threads again)."""
-    import multiprocessing
-    import onnx
-
     monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path / "cache"))
     later = str(tmp_path / "later.onnx")
     onnx.save(_scaled_model(3.0), later)

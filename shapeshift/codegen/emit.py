@@ -80,6 +80,9 @@ SMALL_PROGRAM_CHARS = 8_000
 #: Outputs of at most this many elements in all, every dim static, make a loop warm.
 SMALL_ELEMENTS = 16_384
 _SIGNATURE = "(void* const* v, const int64_t* e)"
+#: What a segment function (the VM's entry) runs first: the prelude's thread count and
+#: workers' placement.
+_SEGMENT_ENTER = "    ss_segment_enter();\n"
 #: Steps whose code, but for the slots and extents it names and its error code, repeats
 #: in the program and is at least this long run as one function per unit
 #: (``_shared_steps``).
@@ -279,9 +282,8 @@ def _profile_counters(program: "Program") -> str:
 
 
 def _function(name: str, blocks: list[str], segment: bool = False) -> str:
-    """A function running ``blocks``; a ``segment`` (what the VM calls) first runs the prelude's
-    ss_segment_enter (the thread count, the workers' placement)."""
-    enter = "    ss_segment_enter();\n" if segment else ""
+    """A function running ``blocks``; a ``segment`` (what the VM calls) first runs _SEGMENT_ENTER."""
+    enter = _SEGMENT_ENTER if segment else ""
     return f"\nint {name}{_SIGNATURE} {{\n    (void)e;\n{enter}" + "".join(blocks) + "    return 0;\n}\n"
 
 
@@ -289,8 +291,7 @@ def _calling(name: str, parts: list[str]) -> str:
     """Segment ``name`` runs ``parts`` in order and returns the first nonzero error code."""
     declared = "".join(f"int {part}{_SIGNATURE};\n" for part in parts)
     calls = "".join(f"    if ((code = {part}(v, e)) != 0) return code;\n" for part in parts)
-    enter = "    int code;\n    ss_segment_enter();\n"
-    return f"\n{declared}int {name}{_SIGNATURE} {{\n{enter}{calls}    return 0;\n}}\n"
+    return f"\n{declared}int {name}{_SIGNATURE} {{\n    int code;\n{_SEGMENT_ENTER}{calls}    return 0;\n}}\n"
 
 
 def _comment(text: str) -> str:

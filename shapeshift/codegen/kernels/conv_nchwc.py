@@ -521,14 +521,9 @@ if (OW < 2 * @RX@ && OH * OW >= @RX@ && xblk == @L@) {
                     SS_CNC_STORE_@L@(y + off, res ? res + off : NULL, P * @L@, @L@, nb, @RX@, (int)(pad_block - ob),
                                      acc);
                 } else {
-                    ss_vf@L@ own[@RX@][2];
-                    for (int j = skip; j < @RX@; j++) {
-                        own[j - skip][0] = acc[j][0];
-                        own[j - skip][1] = acc[j][1];
-                    }
                     const int64_t o2 = off + skip * @L@;
                     SS_CNC_STORE_@L@(y + o2, res ? res + o2 : NULL, P * @L@, @L@, nb, @RX@ - skip, (int)(pad_block - ob),
-                                     own);
+                                     acc + skip);
                 }
             }
     return;
