@@ -130,6 +130,15 @@ def test_maxpool_other_types(dtype, outputs):
     _run_both(model, _feeds(shape, dtype), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [U8, I8, D, F], ids=["uint8", "int8", "double", "float"])
+@pytest.mark.parametrize("kernel", [2, 3])
+def test_maxpool_1d_stride_2(dtype, kernel):
+    """The stride-2 windows reduced straight from x's rows (kernels/pool.py), s = 7, 9, 12."""
+    shape = ["n", 3, "s"]
+    model = _pool_model("MaxPool", shape, dtype, kernel_shape=[kernel], strides=[2])
+    _run_both(model, _feeds(shape, dtype), rtol=0, atol=0)
+
+
 def test_averagepool_double():
     shape = ["n", 2, "s", 6, 5]
     model = _pool_model("AveragePool", shape, D, kernel_shape=[2, 2, 3], pads=[1, 0, 1, 1, 1, 0], ceil_mode=1)

@@ -79,6 +79,15 @@ CASES = [
     ((1, 16, 56, 56), (3, 3), (2, 2), (1, 1, 1, 1), 0),  # ResNet's stem pool, halved
     ((1, 2, 5, 4500), (3, 3), (2, 2), (1, 1, 1, 1), 0),  # a row past the cap: tap by tap
     ((1, 2, 7, 9), (2, 3), (2, 1), (0, 1, 0, 1), 1),  # strided rows only
+    # Stride-2 windows of 2 or 3 taps straight from the row, read in place where no tap pads:
+    ((1, 128, 64), (2,), (2,), (0, 0), 0),  # 1-D, as after a text classifier's Conv1d
+    ((2, 5, 33), (2,), (2,), (0, 0), 0),  # odd length: the last column is no window's
+    ((2, 5, 33), (2,), (2,), (0, 0), 1),  # ceil: the last window runs past x (padded copy)
+    ((1, 7, 41), (3,), (2,), (0, 0), 0),
+    ((1, 7, 40), (3,), (2,), (1, 0), 0),  # a begin pad: the padded copy
+    ((2, 3, 7, 12), (1, 2), (2, 2), (0, 0, 0, 0), 0),  # one window row, every other input row
+    ((1, 3, 8, 13), (1, 3), (3, 2), (0, 0, 0, 0), 1),  # ceil on the rows only
+    ((1, 4, 10, 14), (2, 2), (2, 2), (0, 0, 0, 0), 0),  # two window rows: the padded copy
     # Stride 1 (max pools run separably over padded planes):
     ((2, 40, 20, 20), (5, 5), (1, 1), (2, 2, 2, 2), 0),  # YOLO's SPPF: many chunks, OpenMP
     ((1, 3, 4, 4), (5, 5), (1, 1), (2, 2, 2, 2), 0),  # windows wider than the plane
