@@ -552,8 +552,9 @@ def test_packed_b_size_python_matches_c(libs):
 # fused Relu that keeps NaN: max_ps(zero, acc); then the B-streaming path drawn per width, its
 # dispatchers with its kernels, B vectors pinned with "+v"; then the epilogue's addend D and
 # the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
-# prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows).
-DEFAULT_SOURCE_SHA256 = "37c870a70b1b27f63f998a249d294e833916c2bd59d85b3bc90279e33fc604fe"
+# prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows;
+# then SS_GEMM_PAR_MIN_FLOPS 2 -> 1 Mflop).
+DEFAULT_SOURCE_SHA256 = "33376dbffe0d3cd36e8bd69a89b95bfe005f0f3b059449e0c96ae44b5c06cc0b"
 
 
 def test_default_prefix_source_unchanged():

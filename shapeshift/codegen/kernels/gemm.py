@@ -123,12 +123,15 @@ class GemmSchedule:
     group. With weights streamed from DRAM, 32 rows ahead made M = 6..8 about 30% faster
     (the hardware prefetcher falls behind once the loop has that much work per row), while
     at M <= 5 it measured neutral to slightly slower;
-    parallel_min_flops: calls with fewer flops (2*M*N*K*batch) run on one thread. 2 Mflop is
-    about 20 us on one core with the zmm micro-kernel, still well above the cost of waking
-    a second thread (a few us while it spins between regions). Against 4 Mflop, on 2
-    threads (alternating processes, best of 4): yolov8n 1.50 -> 1.36 and 1.31 -> 1.17 x
-    onnxruntime's time at 2x3x96x64 and 3x3x128x128 (its late convs are 2-4 Mflop
-    products), GPT-2 decoding 0.76 -> 0.72 at batch 4; 1 Mflop lost that back on GPT-2;
+    parallel_min_flops: calls with fewer flops (2*M*N*K*batch) run on one thread. 1 Mflop is
+    10-20 us on one core: small-plane convs stream their weights from L2 or L3 at 60-80
+    GFLOPS, and a region with the worker spinning costs a microsecond or two. Against 2
+    Mflop, on 2 threads, AMD Zen 4, median of 10 alternating processes: yolov8n 1x3x64x96
+    1.225 -> 1.089 ms (its 1x1 convs of 1-2 Mflop on 2x3..16x24 planes, 19-25 us each, had
+    run on one thread), ppocr_det 1x3x32x64 0.441 -> 0.372, ssdlite 3x96x128 24.2 -> 22.5;
+    the small GPT-2 on a 128-token prompt 2.34 -> 2.26 (noise). 1 Mflop had lost on that GPT-2
+    before the worker was kept off the caller's CPU (prelude.py), and 512 Kflop gained less
+    on yolov8n (1.165);
     small_panels: at most this many packed panels of B the B-streaming path reads at once,
     one from each of as many equal parts of the columns, so that B arrives in that many
     sequential streams (1: panel after panel, one stream). A read loop on one core drew
@@ -158,7 +161,7 @@ class GemmSchedule:
     pack_rows: int = 8
     prefetch_rows: int = 32
     prefetch_min_m: int = 6
-    parallel_min_flops: int = 1 << 21
+    parallel_min_flops: int = 1 << 20
     small_panels: int = 4
     lanes: int = 8
     registers: int = 16
