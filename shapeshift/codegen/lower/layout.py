@@ -90,10 +90,20 @@ def lower_slice(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     x, y = node.inputs[0], node.outputs[0]
     in_shape, out_shape = ctx.shape(x), ctx.shape(y)
     rank = len(in_shape)
+    if starts is None:
+        raise Unsupported("Slice without starts")
+    if axes is not None and not all(isinstance(a, (int, np.integer)) for a in axes):
+        raise Unsupported("Slice axes computed at run time")
     axes = list(range(len(starts))) if axes is None else [int(a) + rank if int(a) < 0 else int(a) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
     if not all(isinstance(s, (int, np.integer)) and s != 0 for s in steps):
         raise Unsupported("Slice steps computed at run time")
+    # Checked here too, as a mutated or hand-made model can reach the lowering with them wrong
+    # (the fuzz campaign: a Range turned Slice of a scalar; symbolic axes).
+    if len(axes) != len(starts) or len(steps) != len(starts):
+        raise Unsupported(f"Slice with {len(starts)} starts, {len(axes)} axes and {len(steps)} steps")
+    if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+        raise Unsupported(f"Slice axes {axes} for an input of rank {rank}")
     in_strides = contiguous_strides(in_shape)
     src_strides = _dims(ctx, in_strides)
     lines = ["int64_t offset = 0;"]
