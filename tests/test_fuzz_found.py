@@ -652,3 +652,19 @@ def test_buffers_past_64_bits_of_bytes_are_refused_by_the_native_run():
     session = shapeshift.InferenceSession(model, backend="native")
     with pytest.raises(ExecutionError, match="h=5, w=4 would pass the 64-bit range of bytes"):
         session.run(None, {"x": np.ones((1, 3, 5, 4), np.float32)})
+
+
+def test_a_slice_of_a_scalar_is_an_error_not_a_crash():
+    """The native lowering indexed the input's shape by each axis unchecked: a Range turned
+    Slice, Slice(0, 3, 1) over scalar constants whose output the model declares as int64[3]
+    (the mutant of ``--reproduce 1320:7987``, reduced), raised an IndexError out of the
+    build. The lowering now declines a Slice whose axes are not those of its input (or are
+    computed at run time: the TypeError of ``--reproduce 1320:5515``), and the run is a clear
+    error naming the node, as the reference backend's is."""
+    consts = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+              (("zero_i", 0), ("three_i", 3), ("one_i", 1))]
+    model = _model([helper.make_node("Slice", ["zero_i", "three_i", "one_i"], ["ramp"], name="range")], [],
+                   [helper.make_tensor_value_info("ramp", TensorProto.INT64, [3])], consts)
+    for backend in ("native", "reference"):
+        with pytest.raises(ShapeshiftError, match="range"):
+            shapeshift.InferenceSession(model, backend=backend).run(None, {})
