@@ -668,3 +668,20 @@ def test_a_slice_of_a_scalar_is_an_error_not_a_crash():
     for backend in ("native", "reference"):
         with pytest.raises(ShapeshiftError, match="range"):
             shapeshift.InferenceSession(model, backend=backend).run(None, {})
+
+
+def test_an_output_declared_with_the_wrong_shape_is_an_error_not_a_crash():
+    """A Squeeze by axes known only at run time is a view of its input, planned with the
+    shape the model declares for the output; declared [n, 3] over an [n, 8] input, the
+    native run raised numpy's ValueError (cannot reshape) out of InferenceSession.run (the
+    mutant of ``--reproduce 1320:9538``, GatherElements turned Squeeze, reduced). Now a clear
+    error naming the value."""
+    nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1),
+             helper.make_node("Squeeze", ["x", "indices"], ["y"], name="squeeze")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n", 8])],
+                   [helper.make_tensor_value_info("y", F, ["n", 3])],
+                   [numpy_helper.from_array(np.array([3], np.int64), "k")])
+    session = shapeshift.InferenceSession(model, backend="native")
+    for n in (1, 5):
+        with pytest.raises(ShapeshiftError, match="'y'"):
+            session.run(None, {"x": np.ones((n, 8), np.float32)})
