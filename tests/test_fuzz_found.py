@@ -675,7 +675,9 @@ def test_an_output_declared_with_the_wrong_shape_is_an_error_not_a_crash():
     shape the model declares for the output; declared [n, 3] over an [n, 8] input, the
     native run raised numpy's ValueError (cannot reshape) out of InferenceSession.run (the
     mutant of ``--reproduce 1320:9538``, GatherElements turned Squeeze, reduced). Now a clear
-    error naming the value."""
+    error: the view's element count is checked where the types cannot prove it (the
+    Squeeze's step names the node), and the run's read of a view of an input checks it
+    again (naming the value) for views whose types give no shape to check."""
     nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1),
              helper.make_node("Squeeze", ["x", "indices"], ["y"], name="squeeze")]
     model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n", 8])],
@@ -683,5 +685,27 @@ def test_an_output_declared_with_the_wrong_shape_is_an_error_not_a_crash():
                    [numpy_helper.from_array(np.array([3], np.int64), "k")])
     session = shapeshift.InferenceSession(model, backend="native")
     for n in (1, 5):
-        with pytest.raises(ShapeshiftError, match="'y'"):
+        with pytest.raises(ShapeshiftError, match="'squeeze'.*element count"):
             session.run(None, {"x": np.ones((n, 8), np.float32)})
+
+
+def test_a_squeeze_declared_with_another_element_count_is_an_error_not_a_truncation():
+    """Squeeze without axes over a dim the model leaves unknown ('?') has a rank inference
+    cannot tell, so its output keeps the type the model declares; declared [batch, seq] over
+    a [batch, seq, 16] input, the native backend made it a view of that shape and returned
+    the first batch * seq elements, silently (the mutant of ``--reproduce 1320:3028``,
+    reduced). A view op's element count is now checked at run time wherever the types
+    cannot prove it, as Reshape's was; the reference backend (as onnxruntime) squeezes
+    nothing and returns the [batch, seq, 16] values."""
+    nodes = [helper.make_node("Add", ["x", "x"], ["res2"]), helper.make_node("Squeeze", ["res2"], ["pooled"],
+                                                                          name="pool")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", "seq", 16])],
+                   [helper.make_tensor_value_info("res2", F, ["?", "seq", 16]),
+                    helper.make_tensor_value_info("pooled", F, ["batch", "seq"])])
+    native = shapeshift.InferenceSession(model, backend="native")
+    reference = shapeshift.InferenceSession(model, backend="reference")
+    for batch, seq in ((2, 5), (1, 3)):
+        x = np.random.default_rng(batch).standard_normal((batch, seq, 16)).astype(np.float32)
+        with pytest.raises(ShapeshiftError, match="'pool'.*element count"):
+            native.run(None, {"x": x})
+        np.testing.assert_array_equal(reference.run(None, {"x": x})[1], _ort(model, {"x": x})[1])

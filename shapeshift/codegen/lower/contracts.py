@@ -191,12 +191,15 @@ def _per_channel(node: Node) -> list[Agreement]:
     return [a for v in node.inputs[1:] if v is not None for a in _pair(v, 0, x, 1)]
 
 
-@_rule("Reshape")
+@_rule("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 def _reshape(node: Node) -> list[Agreement]:
     # A target shape computed at run time (from Shape, Gather, Concat...) types as symbols
     # whose element count the types may not tie to the input's: a view of the wrong count
-    # read past the input (or left output unwritten).
-    sx, sy = _shape(node.inputs[0]), _shape(node.outputs[0])
+    # read past the input (or left output unwritten). The other view ops too: their output
+    # may keep a type the model declares that inference could not check (a Squeeze without
+    # axes over a dim of unknown extent, declared as an output of another rank), and a view
+    # of that shape silently dropped elements (the fuzz campaign, --reproduce 1320:3028).
+    sx, sy = _shape(node.inputs[0]) if node.inputs else None, _shape(node.outputs[0])
     if sx is None or sy is None:
         return []
     count_x, count_y = 1, 1
@@ -204,8 +207,8 @@ def _reshape(node: Node) -> list[Agreement]:
         count_x = mul(count_x, d)
     for d in sy:
         count_y = mul(count_y, d)
-    return [Agreement(count_y, count_x, f"the target shape's element count must equal the input's "
-                      f"({node.inputs[0].name!r})")]
+    what = "the target shape's" if node.op_type == "Reshape" else "the output's"
+    return [Agreement(count_y, count_x, f"{what} element count must equal the input's ({node.inputs[0].name!r})")]
 
 
 @_rule("GatherElements")
