@@ -93,6 +93,13 @@ MALFORMED = [
     ("axis as string", lambda: _string_attribute("Gather", "axis", ["i"]),
      r"node 'bad' \(Gather\): attribute 'axis' is STRING, expected INT"),
     ("input of no element type", _undefined_input_type, r"graph input 'x' has element type UNDEFINED"),
+    # Squeeze's axes became an input at opset 13: as an attribute every rule ignored it (the
+    # fuzz campaign's --reproduce 1320:3028), and onnxruntime refuses the model.
+    ("axes attribute of Squeeze at opset 17", lambda: _unary_model("Squeeze", name="squeeze", axes=[0]),
+     r"node 'squeeze' \(Squeeze\): attribute 'axes' is not one of this op's at the model's opset \(its attributes: "
+     r"none\)"),
+    ("misspelt attribute", lambda: _unary_model("Softmax", name="sm", axs=1),
+     r"node 'sm' \(Softmax\): attribute 'axs' is not one of this op's at the model's opset \(its attributes: axis\)"),
 ]
 
 
