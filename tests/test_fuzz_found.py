@@ -709,3 +709,22 @@ def test_a_squeeze_declared_with_another_element_count_is_an_error_not_a_truncat
         with pytest.raises(ShapeshiftError, match="'pool'.*element count"):
             native.run(None, {"x": x})
         np.testing.assert_array_equal(reference.run(None, {"x": x})[1], _ort(model, {"x": x})[1])
+
+
+def test_a_slice_whose_axes_are_computed_at_run_time_is_an_error_not_a_crash():
+    """Slice axes from a Shape hold symbols (the mutant of ``--reproduce 1320:5515`` gave a
+    distilbert Slice the Shape of a [batch, 2, seq, 32] tensor as its axes; reduced here to
+    the Shape of a [k] input): the native lowering took int() of a symbol and raised a
+    TypeError out of the build. It now declines the Slice, and the run (an axis k >= 1 of a
+    rank-1 tensor) is a clear error naming the node."""
+    consts = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in (("starts", [0]), ("ends", [1]))]
+    nodes = [helper.make_node("Shape", ["x"], ["dims"]), helper.make_node("Shape", ["z"], ["axes"]),
+             helper.make_node("Slice", ["dims", "starts", "ends", "axes"], ["y"], name="the_slice")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", 2, "seq"]),
+                           helper.make_tensor_value_info("z", F, ["k"])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT64, None)], consts)
+    session = shapeshift.InferenceSession(model, backend="native")
+    x = np.zeros((3, 2, 5), np.float32)
+    for k in (1, 4):
+        with pytest.raises(ShapeshiftError, match="the_slice"):
+            session.run(None, {"x": x, "z": np.zeros(k, np.float32)})
