@@ -675,9 +675,8 @@ def test_an_output_declared_with_the_wrong_shape_is_an_error_not_a_crash():
     shape the model declares for the output; declared [n, 3] over an [n, 8] input, the
     native run raised numpy's ValueError (cannot reshape) out of InferenceSession.run (the
     mutant of ``--reproduce 1320:9538``, GatherElements turned Squeeze, reduced). Now a clear
-    error: the view's element count is checked where the types cannot prove it (the
-    Squeeze's step names the node), and the run's read of a view of an input checks it
-    again (naming the value) for views whose types give no shape to check."""
+    error naming the node: a view op's element count is checked at run time where the types
+    cannot prove it (codegen/lower/contracts.py)."""
     nodes = [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1),
              helper.make_node("Squeeze", ["x", "indices"], ["y"], name="squeeze")]
     model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n", 8])],

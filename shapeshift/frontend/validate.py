@@ -255,10 +255,10 @@ class _Validator:
                     known = ", ".join(sorted(spec.attr_types)) or "none"
                     self.fail(f"{at}: attribute {attr.name!r} is not one of this op's at the model's opset "
                               f"(its attributes: {known})")
-                expected = spec.attr_types.get(attr.name)
-                if expected is not None and kind != expected and kind and not attr.ref_attr_name:
+                expected = spec.attr_types[attr.name]
+                if kind != expected and kind and not attr.ref_attr_name:
                     self.fail(f"{at}: attribute {attr.name!r} is {_kind_name(kind)}, expected {_kind_name(expected)}")
-                if expected is not None and not kind and not attr.ref_attr_name:
+                if not kind and not attr.ref_attr_name:
                     # Neither a type nor a value: every reader took it as None, where a
                     # rule expected the attribute's default or a list.
                     self.fail(f"{at}: attribute {attr.name!r} has no type and no value, expected "

@@ -447,11 +447,6 @@ class NativeVM:
             return np.frombuffer(direct, dtype=dtype, count=math.prod(shape)).reshape(shape)
         if root.kind in (CONST, INPUT, DYNAMIC):
             data = np.asarray(root.value.const) if root.kind == CONST else arrays[root.index]
-            if shape is not None and data.size != math.prod(shape):
-                # A view whose planned shape came from a type the model declares wrongly (a
-                # Squeeze by axes known at run time, declared as an output of another shape).
-                raise ExecutionError(f"value {value.name!r} holds {data.size} elements at run time, where its "
-                                     f"declared type gives the shape {tuple(shape)}")
             return data if shape is None else data.reshape(shape)
         if plan.views_arena is not self._arena:  # a new arena: the views made on the last one are stale
             plan.views, plan.views_arena, plan.output_copies = {}, self._arena, None

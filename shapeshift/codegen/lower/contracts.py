@@ -192,7 +192,7 @@ def _per_channel(node: Node) -> list[Agreement]:
 
 
 @_rule("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
-def _reshape(node: Node) -> list[Agreement]:
+def _view_count(node: Node) -> list[Agreement]:
     # A target shape computed at run time (from Shape, Gather, Concat...) types as symbols
     # whose element count the types may not tie to the input's: a view of the wrong count
     # read past the input (or left output unwritten). The other view ops too: their output
