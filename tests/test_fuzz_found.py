@@ -727,3 +727,39 @@ def test_a_slice_whose_axes_are_computed_at_run_time_is_an_error_not_a_crash():
     for k in (1, 4):
         with pytest.raises(ShapeshiftError, match="the_slice"):
             session.run(None, {"x": x, "z": np.zeros(k, np.float32)})
+
+
+def _cumsum_model(axis_initializer=None):
+    """y = CumSum(x, axis): the axis a constant when given, else a graph input."""
+    nodes = [helper.make_node("CumSum", ["x", "axis"], ["y"], name="the_cumsum")]
+    inputs = [helper.make_tensor_value_info("x", F, ["n", 3])]
+    consts = []
+    if axis_initializer is None:
+        inputs.append(helper.make_tensor_value_info("axis", TensorProto.INT64, ["k"]))
+    else:
+        consts.append(numpy_helper.from_array(np.array(axis_initializer, np.int64), "axis"))
+    return _model(nodes, inputs, [helper.make_tensor_value_info("y", F, None)], consts)
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_a_cumsum_axis_of_two_elements_is_refused_at_load(backend):
+    """The mutant of ``--reproduce 1330:6700`` gave a CumSum a 2-element constant as its
+    axis (a Slice's ends): inference skipped it, the reference evaluator took its first
+    element, and the native lowering indexed the shape with it (an IndexError out of the
+    build). onnxruntime refuses such an axis; so does import now, naming the node."""
+    with pytest.raises(ShapeInferenceError, match="the_cumsum.*one element, got 2"):
+        shapeshift.InferenceSession(_cumsum_model([1, 100]), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_a_cumsum_axis_given_at_run_time_is_checked_at_run_time(backend):
+    """An axis fed at run time: one in range gives onnxruntime's result; two elements, or
+    one past the rank, are an error naming the node, not a crash or a guess."""
+    session = shapeshift.InferenceSession(_cumsum_model(), backend=backend)
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    for axis in ([0], [-1], [1]):
+        feed = {"x": x, "axis": np.array(axis, np.int64)}
+        np.testing.assert_allclose(session.run(None, feed)[0], _ort(_cumsum_model(), feed)[0], rtol=1e-6)
+    for axis, message in (([0, 1], "one element, got 2"), ([2], "out of range")):
+        with pytest.raises(ShapeshiftError, match=f"the_cumsum.*{message}"):
+            session.run(None, {"x": x, "axis": np.array(axis, np.int64)})

@@ -212,8 +212,12 @@ def lower_cumsum(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         raise Unsupported("CumSum dtype")
     shape = ctx.shape(x)
     axes = param_values(node, 1, ctx)
-    if not shape or not axes or not isinstance(axes[0], int):
+    if not shape or not axes or len(axes) != 1 or not isinstance(axes[0], int):
         raise Unsupported("CumSum axis")
+    # Checked here too: a model can reach the lowering with an axis inference could not see
+    # (the fuzz campaign's --reproduce 1330:6700); the reference evaluator then names the node.
+    if not -len(shape) <= axes[0] < len(shape):
+        raise Unsupported(f"CumSum axis {axes[0]} for an input of rank {len(shape)}")
     axis = int(axes[0]) + len(shape) if int(axes[0]) < 0 else int(axes[0])
     outer, n, inner = ctx.numel(shape[:axis]), ctx.dim(shape[axis]), ctx.numel(shape[axis + 1:])
     exclusive, reverse = int(node.attrs.get("exclusive", 0)), int(node.attrs.get("reverse", 0))
