@@ -729,37 +729,67 @@ def test_a_slice_whose_axes_are_computed_at_run_time_is_an_error_not_a_crash():
             session.run(None, {"x": x, "z": np.zeros(k, np.float32)})
 
 
-def _cumsum_model(axis_initializer=None):
-    """y = CumSum(x, axis): the axis a constant when given, else a graph input."""
-    nodes = [helper.make_node("CumSum", ["x", "axis"], ["y"], name="the_cumsum")]
-    inputs = [helper.make_tensor_value_info("x", F, ["n", 3])]
-    consts = []
-    if axis_initializer is None:
-        inputs.append(helper.make_tensor_value_info("axis", TensorProto.INT64, ["k"]))
-    else:
-        consts.append(numpy_helper.from_array(np.array(axis_initializer, np.int64), "axis"))
-    return _model(nodes, inputs, [helper.make_tensor_value_info("y", F, None)], consts)
+
+# Inputs the spec gives one element, each op with such an input fed [2, 3] (a scalar where
+# it is fine), its node named "n": (op, inputs, outputs, consts, feed, output dtype).
+_I64, _F32 = TensorProto.INT64, TensorProto.FLOAT
+_ONE_ELEMENT_CASES = {
+    "Range": (["a", "b", "c"], {"b": np.array(9, np.int64), "c": np.array(1, np.int64)},
+              {"a": np.array([0, 1], np.int64)}, _I64),
+    "TopK": (["x", "k"], {}, {"x": np.arange(5, dtype=np.float32), "k": np.array([2, 3], np.int64)}, _F32),
+    "OneHot": (["x", "d", "v"], {"v": np.array([0, 1], np.float32)},
+               {"x": np.array([0, 1, 2], np.int64), "d": np.array([4, 5], np.int64)}, _F32),
+    "Trilu": (["x", "k"], {}, {"x": np.ones((3, 3), np.float32), "k": np.array([1, 2], np.int64)}, _F32),
+    "Pad": (["x", "p", "c"], {"p": np.array([1, 1], np.int64)},
+            {"x": np.ones(3, np.float32), "c": np.array([5, 6], np.float32)}, _F32),
+    "CumSum": (["x", "axis"], {}, {"x": np.ones((2, 3), np.float32), "axis": np.array([0, 1], np.int64)}, _F32),
+}
+
+
+def _one_element_model(op, fed=True):
+    """The case's model; with ``fed`` False its [2]-element input is a constant instead."""
+    inputs, consts, feed, out_dtype = _ONE_ELEMENT_CASES[op]
+    outputs = ["y", "i"] if op == "TopK" else ["y"]
+    graph_inputs, initializers = [], [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    for name in inputs:
+        if name in consts:
+            continue
+        value = feed[name]
+        if fed or value.shape != (2,):
+            dims = ["two"] if value.shape == (2,) else list(value.shape)
+            graph_inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), dims))
+        else:
+            initializers.append(numpy_helper.from_array(value, name))
+    outs = [helper.make_tensor_value_info(o, out_dtype if o == "y" else _I64, None) for o in outputs]
+    model = _model([helper.make_node(op, inputs, outputs, name="n")], graph_inputs, outs, initializers)
+    return model, {k: v for k, v in feed.items() if fed or v.shape != (2,)}
 
 
 @pytest.mark.parametrize("backend", ["reference", "native"])
-def test_a_cumsum_axis_of_two_elements_is_refused_at_load(backend):
-    """The mutant of ``--reproduce 1330:6700`` gave a CumSum a 2-element constant as its
-    axis (a Slice's ends): inference skipped it, the reference evaluator took its first
-    element, and the native lowering indexed the shape with it (an IndexError out of the
-    build). onnxruntime refuses such an axis; so does import now, naming the node."""
-    with pytest.raises(ShapeInferenceError, match="the_cumsum.*one element, got 2"):
-        shapeshift.InferenceSession(_cumsum_model([1, 100]), backend=backend)
+@pytest.mark.parametrize("op", sorted(_ONE_ELEMENT_CASES))
+def test_an_input_of_one_element_given_two_is_an_error_naming_the_node(op, backend):
+    """Range's start, TopK's k, OneHot's depth, Trilu's k, Pad's constant_value and CumSum's
+    axis hold one element; onnxruntime refuses two. Both backends took the first and ran
+    (the fuzz campaign, seed 1330: a CumSum given a Slice's 2-element ends as its axis, the
+    native build raising an IndexError). Now: refused at load when it is a constant, and
+    an error naming the node and the input when it is fed."""
+    model, feed = _one_element_model(op)
+    with pytest.raises(Exception):
+        _ort(model, feed)
+    session = shapeshift.InferenceSession(model, backend=backend)
+    with pytest.raises(ShapeshiftError, match="'n'.*input [0-9] .* must hold one element"):
+        session.run(None, feed)
+    model, feed = _one_element_model(op, fed=False)
+    with pytest.raises(ShapeInferenceError, match="'n'.*must hold one element, got 2"):
+        shapeshift.InferenceSession(model, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["reference", "native"])
-def test_a_cumsum_axis_given_at_run_time_is_checked_at_run_time(backend):
-    """An axis fed at run time: one in range gives onnxruntime's result; two elements, or
-    one past the rank, are an error naming the node, not a crash or a guess."""
-    session = shapeshift.InferenceSession(_cumsum_model(), backend=backend)
-    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
-    for axis in ([0], [-1], [1]):
-        feed = {"x": x, "axis": np.array(axis, np.int64)}
-        np.testing.assert_allclose(session.run(None, feed)[0], _ort(_cumsum_model(), feed)[0], rtol=1e-6)
-    for axis, message in (([0, 1], "one element, got 2"), ([2], "out of range")):
-        with pytest.raises(ShapeshiftError, match=f"the_cumsum.*{message}"):
-            session.run(None, {"x": x, "axis": np.array(axis, np.int64)})
+@pytest.mark.parametrize("op", sorted(_ONE_ELEMENT_CASES))
+def test_an_input_of_one_element_fed_one_runs_as_onnxruntime(op, backend):
+    """The same models fed one element where they had two: the checks pass what is right."""
+    model, feed = _one_element_model(op)
+    feed = {k: (v[:1] if v.shape == (2,) else v) for k, v in feed.items()}
+    session = shapeshift.InferenceSession(model, backend=backend)
+    for got, want in zip(session.run(None, feed), _ort(model, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -174,7 +174,7 @@ def _range(ctx, start, limit, delta):
     return [(start + np.arange(count, dtype=dtype) * delta).astype(dtype)]
 
 
-define("Range", infer=_range_type, evaluate=_range, params=(0, 1, 2))
+define("Range", infer=_range_type, evaluate=_range, params=(0, 1, 2), single=(0, 1, 2))
 
 # -- EyeLike -------------------------------------------------------------------------------
 
@@ -232,4 +232,4 @@ def _one_hot(ctx, indices, depth, values):
     return [np.where(hot, on, off).astype(values.dtype)]
 
 
-define("OneHot", infer=_one_hot_type, evaluate=_one_hot, params=(1,))
+define("OneHot", infer=_one_hot_type, evaluate=_one_hot, params=(1,), single=(1,))

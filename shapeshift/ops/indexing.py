@@ -284,10 +284,7 @@ def _topk(ctx: EvalContext, x, k=None):
 
 def _cumsum_type(ctx: InferContext) -> list:
     shape, axis = ctx.input_shape(0), ctx.input_dims(1)
-    if axis is not None and len(axis) != 1:
-        # onnxruntime refuses it too; taking the first element would run another model.
-        ctx.fail(f"axis must hold one element, got {len(axis)}")
-    if shape is not None and axis is not None and _is_int(axis[0]):
+    if shape is not None and axis is not None and len(axis) == 1 and _is_int(axis[0]):
         normalize_axis(axis[0], len(shape), ctx)
     return [ctx.input_type(0)]
 
@@ -297,8 +294,6 @@ def _axis_slice(rank: int, axis: int, part: slice) -> tuple:
 
 
 def _cumsum(ctx: EvalContext, x, axis):
-    if np.asarray(axis).size != 1:
-        raise ValueError(f"axis must hold one element, got {np.asarray(axis).size}")
     axis = normalize_axis(int(np.asarray(axis).reshape(-1)[0]), x.ndim)
     reverse = bool(ctx.attr("reverse", 0))
     data = np.flip(x, axis) if reverse else x
@@ -455,8 +450,8 @@ define("ScatterElements", infer=same_as_input(0), evaluate=_scatter_elements)
 define("Scatter", infer=same_as_input(0), evaluate=_scatter_elements, since=9)
 define("ScatterND", infer=same_as_input(0), evaluate=_scatter_nd)
 define("NonZero", infer=_nonzero_type, evaluate=_nonzero)
-define("TopK", infer=_topk_type, evaluate=_topk, params=(1,))
-define("CumSum", infer=_cumsum_type, evaluate=_cumsum, params=(1,))
+define("TopK", infer=_topk_type, evaluate=_topk, params=(1,), single=(1,))
+define("CumSum", infer=_cumsum_type, evaluate=_cumsum, params=(1,), single=(1,))
 define("Compress", infer=_compress_type, evaluate=_compress)
 define("ReverseSequence", infer=_reverse_sequence_type, evaluate=_reverse_sequence)
 define("Unique", infer=_unique_type, evaluate=_unique)

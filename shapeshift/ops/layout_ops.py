@@ -240,7 +240,7 @@ def _pad(ctx, x, pads=None, constant_value=None, axes=None):
         ctx.fail(str(exc))
 
 
-define("Pad", infer=_pad_type, evaluate=_pad, params=(1, 2, 3))
+define("Pad", infer=_pad_type, evaluate=_pad, params=(1, 2, 3), single=(2,))
 
 # -- Trilu ---------------------------------------------------------------------------
 
@@ -259,7 +259,7 @@ def _trilu(ctx, x, k=None):
     return [np.tril(x, offset)]
 
 
-define("Trilu", infer=_trilu_type, evaluate=_trilu, params=(1,))
+define("Trilu", infer=_trilu_type, evaluate=_trilu, params=(1,), single=(1,))
 
 # -- DepthToSpace, SpaceToDepth --------------------------------------------------------
 

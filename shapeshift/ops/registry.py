@@ -10,6 +10,10 @@ An :class:`OpRule` gathers, in one place, what shapeshift knows of an op:
 * ``evaluate(ctx, *inputs) -> list[array]``: the NumPy evaluator.
 * ``params``: the input positions that are op *parameters* (shape, axes,
   pads, ...) rather than data; simplification turns them into node parameters.
+* ``single``: the input positions the spec gives one element (a 0-D or one-element 1-D
+  tensor: Range's start, TopK's k). Another size is refused, at load where the input's
+  shape says so, else when it runs (the native backend's check: codegen/lower/contracts.py),
+  as onnxruntime refuses it; the rules themselves then read element 0 without looking.
 
 Rules are keyed by ``(domain, op_type, since_version)``; a model's opset picks
 the newest rule whose ``since`` is not above it.  Rules whose behaviour changes
@@ -21,8 +25,11 @@ The table is filled once, when the op modules are imported, and only read after.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
+
+import numpy as np
 
 # The type of a rule's callables; kept loose so op modules stay short.
 InferFn = Callable[..., list]
@@ -39,6 +46,7 @@ class OpRule:
     params: tuple[int, ...] = ()
     #: True for rules that delegate to onnx's own reference/shape inference.
     delegated: bool = False
+    single: tuple[int, ...] = ()
 
 
 class OpRegistry:
@@ -64,6 +72,9 @@ class OpRegistry:
                 chosen = rule
         return chosen
 
+    def versions(self, domain: str, op_type: str) -> list[OpRule]:
+        return list(self._rules.get((_canonical_domain(domain), op_type), ()))
+
     def op_types(self, domain: str = "") -> list[str]:
         return sorted(op for (d, op) in self._rules if d == domain)
 
@@ -79,9 +90,47 @@ REGISTRY = OpRegistry()
 
 
 def define(op_type: str, *, infer: InferFn, evaluate: EvalFn, params: tuple[int, ...] = (),
-           since: int = 1, domain: str = "") -> OpRule:
+           since: int = 1, domain: str = "", single: tuple[int, ...] = ()) -> OpRule:
     """Register an op's rules. Call at module level in the op family's file."""
-    return REGISTRY.add(OpRule(op_type, infer, evaluate, domain, since, params))
+    if single:
+        infer, evaluate = _one_element_type(infer, single), _one_element_eval(evaluate, single)
+    return REGISTRY.add(OpRule(op_type, infer, evaluate, domain, since, params, single=single))
+
+
+def one_element_inputs(domain: str, op_type: str) -> tuple[int, ...]:
+    """The input positions of an op given one element (``define``'s ``single``), at any opset."""
+    return tuple(sorted({i for rule in REGISTRY.versions(domain, op_type) for i in rule.single}))
+
+
+def one_element_message(index: int, name: Optional[str]) -> str:
+    named = f" ({name!r})" if name else ""
+    return f"input {index}{named} must hold one element"
+
+
+def _input_name(ctx, index: int) -> Optional[str]:
+    inputs = ctx.node.inputs
+    return inputs[index].name if index < len(inputs) and inputs[index] is not None else None
+
+
+def _one_element_type(infer: InferFn, single: tuple[int, ...]) -> InferFn:
+    def checked(ctx) -> list:
+        for index in single:
+            shape = ctx.input_shape(index)
+            if shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) != 1:
+                ctx.fail(f"{one_element_message(index, _input_name(ctx, index))}, got {math.prod(shape)}")
+        return infer(ctx)
+
+    return checked
+
+
+def _one_element_eval(evaluate: EvalFn, single: tuple[int, ...]) -> EvalFn:
+    def checked(ctx, *inputs) -> list:
+        for index in single:
+            if index < len(inputs) and inputs[index] is not None and np.size(inputs[index]) != 1:
+                ctx.fail(f"{one_element_message(index, _input_name(ctx, index))}, got {np.size(inputs[index])}")
+        return evaluate(ctx, *inputs)
+
+    return checked
 
 
 @functools.lru_cache(maxsize=4096)

@@ -24,6 +24,7 @@ import numpy as np
 from ...ir.graph import Node, Value
 from ...ir.types import TensorType
 from ...ops.constant_ops import EXACT_INTEGERS, whole_number
+from ...ops.registry import one_element_inputs, one_element_message
 from ...symbolic import Dim, add, bounds, mul, prove_eq
 from .layout_assign import CONV, DOMAIN
 
@@ -67,9 +68,24 @@ def agreements(node: Node) -> list[Agreement]:
     """The node's agreements the types do not already prove (empty for most nodes)."""
     domain = "" if node.domain == "ai.onnx" else node.domain
     rule = _RULES.get((domain, node.op_type))
-    if rule is None:
-        return []
-    return [a for a in rule(node) if not a.proven()]
+    found = (rule(node) if rule is not None else []) + _one_element(node, domain)
+    return [a for a in found if not a.proven()]
+
+
+def _one_element(node: Node, domain: str) -> list[Agreement]:
+    # The inputs the spec gives one element (ops/registry.py's ``single``): a kernel reads
+    # element 0 of a run-time value, whatever its size (the fuzz campaign, seed 1330).
+    found = []
+    for index in one_element_inputs(domain, node.op_type):
+        value = _input(node, index)
+        shape = _shape(value)
+        if shape is None or index in node.params:
+            continue
+        count = 1
+        for d in shape:
+            count = mul(count, d)
+        found.append(Agreement(count, 1, f"{one_element_message(index, value.name)}: its element count"))
+    return found
 
 
 def _shape(value: Optional[Value]) -> Optional[tuple]:
