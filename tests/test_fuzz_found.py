@@ -793,3 +793,17 @@ def test_an_input_of_one_element_fed_one_runs_as_onnxruntime(op, backend):
     session = shapeshift.InferenceSession(model, backend=backend)
     for got, want in zip(session.run(None, feed), _ort(model, feed)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_a_cumsum_axis_fed_at_run_time_past_the_rank_is_an_error_naming_the_node(backend):
+    """CumSum's axis fed at run time: in range, onnxruntime's result; past the rank, an
+    error naming the node (the native lowering leaves such an axis to the evaluator)."""
+    model, _ = _one_element_model("CumSum")
+    session = shapeshift.InferenceSession(model, backend=backend)
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    for axis in ([0], [-1], [1]):
+        feed = {"x": x, "axis": np.array(axis, np.int64)}
+        np.testing.assert_allclose(session.run(None, feed)[0], _ort(model, feed)[0], rtol=1e-6)
+    with pytest.raises(ShapeshiftError, match="'n'.*out of range"):
+        session.run(None, {"x": x, "axis": np.array([2], np.int64)})
