@@ -51,6 +51,24 @@ BAD = {
                 helper.make_node("Relu", ["xb"], ["y"], name="relu")],
                [_t("x", TensorProto.FLOAT, [3])], [_t("y", TensorProto.BOOL, [3])]),
         r"node 'relu' \(Relu\): input 0 \('xb'\) is tensor\(bool\)"),
+    # An input of one fixed type rather than a constraint (the fuzz campaign, seed 1330 run
+    # 1331: an Expand given a float scalar as its shape ran, natively to another output shape).
+    "expand_float_shape": (
+        _model([helper.make_node("Expand", ["x", "s"], ["y"], name="expand")],
+               [_t("x", TensorProto.FLOAT, [3])], [_t("y", TensorProto.FLOAT, None)],
+               [helper.make_tensor("s", TensorProto.FLOAT, [], [1.0])]),
+        r"node 'expand' \(Expand\): input 1 \('s'\) is tensor\(float\), where Expand \(opset 17\) takes "
+        r"tensor\(int64\) only"),
+    "tile_int32_repeats": (  # a one-type constraint (T1), refused before too
+        _model([helper.make_node("Tile", ["x", "r"], ["y"], name="tile")],
+               [_t("x", TensorProto.FLOAT, [3])], [_t("y", TensorProto.FLOAT, None)],
+               [helper.make_tensor("r", TensorProto.INT32, [1], [2])]),
+        r"node 'tile' \(Tile\): input 1 \('r'\) is tensor\(int32\), which Tile .*allowed: int64$"),
+    "reshape_float_shape_computed": (  # the shape's type known only after inference
+        _model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+                helper.make_node("Reshape", ["x", "sf"], ["y"], name="reshape")],
+               [_t("x", TensorProto.FLOAT, [2, 3])], [_t("y", TensorProto.FLOAT, None)]),
+        r"node 'reshape' \(Reshape\): input 1 \('sf'\) is tensor\(float\), where Reshape"),
 }
 
 

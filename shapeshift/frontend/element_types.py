@@ -10,7 +10,8 @@ the node, the input and the types its op allows.
 
 What is checked, for each node of the default domain that onnx has a schema for (in every
 graph and body): a formal input typed by a constraint (``T``) accepts only that constraint's
-tensor types, and every input bound to the same constraint has the same element type (but
+tensor types, one typed by a fixed type (Expand's shape, ``tensor(int64)``) only that type,
+and every input bound to the same constraint has the same element type (but
 the items of a heterogeneous variadic input, such as a Scan's states, each have their own).
 Inputs whose type inference left unknown, and non-tensor values (sequences, optionals), are
 left to the op's own rule.
@@ -58,13 +59,18 @@ def _check_node(node: Node, version: int, label: str) -> None:
         type_str, variadic, homogeneous = formals[index] if index < len(formals) else formals[-1]
         if index >= len(formals) and not variadic:
             continue  # arity is the validator's check
-        kinds = allowed.get(type_str)
+        # A formal typed by a constraint, or by one fixed type (Expand's and Reshape's shape:
+        # tensor(int64); a float there was taken as a shape of its values cast).
+        kinds = allowed.get(type_str) or ((type_str,) if type_str.startswith("tensor(") else None)
         vtype = value.type
         if kinds is None or not isinstance(vtype, TensorType) or not vtype.dtype:
             continue
         got = _tensor_type_str(vtype.dtype)
         if got is None or not any(k.startswith("tensor(") for k in kinds):
             continue
+        if got not in kinds and type_str not in allowed:
+            raise InvalidModelError(f"{label}: {node.describe()}: input {index} ({value.name!r}) is {got}, where "
+                                    f"{node.op_type} (opset {version}) takes {type_str} only")
         if got not in kinds:
             tensors = sorted(k[7:-1] for k in kinds if k.startswith("tensor("))
             raise InvalidModelError(
