@@ -11,8 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import shapeshift
-from shapeshift.errors import (ExecutionError, InvalidModelError, ShapeInferenceError, ShapeshiftError,
-                               UnsupportedModelError)
+from shapeshift.errors import ExecutionError, InvalidModelError, ShapeInferenceError, ShapeshiftError
 
 
 F = TensorProto.FLOAT
@@ -114,7 +113,9 @@ def test_native_if_branch_that_does_not_type_check(op):
     of a matrix and a float scalar): the If rule types the other branch, but the native
     builder lowered this one on its stale types (AttributeError on a missing type,
     IndexError in the Gemm and Pad lowerings; Pad's type rule also took float pads). The
-    branch not taken must not matter; taken, it is a clear error on both backends."""
+    branch not taken must not matter; taken, it is a clear error on both backends. Pad's
+    float pads are a type its schema refuses (tensor(int64) only): refused at load, in a
+    branch too, as onnxruntime refuses both models (it shape-checks the Gemm too)."""
     then_body = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
                                   [helper.make_tensor_value_info("t", F, [3, 4])])
     else_body = helper.make_graph([helper.make_node(op, ["x", "two"], ["e"])], "else", [],
@@ -127,6 +128,10 @@ def test_native_if_branch_that_does_not_type_check(op):
                     numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
     x = np.ones((3, 4), np.float32)
     for backend in ("reference", "native"):
+        if op == "Pad":
+            with pytest.raises(InvalidModelError, match=r"\(Pad\): input 1 \('two'\) is tensor\(float\)"):
+                shapeshift.InferenceSession(model, backend=backend)
+            continue
         session = shapeshift.InferenceSession(model, backend=backend)
         (got,) = session.run(None, {"x": x})
         np.testing.assert_allclose(got, 2 * x)
@@ -583,9 +588,11 @@ def test_an_extent_past_64_bits_is_refused_by_the_native_run():
 def test_a_parameter_no_graph_input_can_give_is_refused_by_the_export():
     """A mutant of yolov8n whose Resize took a float activation as its sizes left a Range's
     limit a static parameter over the Resize's data-dependent output dim; writing it back to
-    ONNX raised ValueError. Now simplify refuses the model, naming the node and the dim.
-    Not reduced: a small model with the same Resize simplified cleanly, so this is the
-    campaign's own mutant (``--reproduce 1206:2229``), which needs ../shared/models."""
+    ONNX raised ValueError. Simplify then refused the model, naming the Range and the dim;
+    since c9b0ba9 import refuses it first, as onnxruntime does: Resize's sizes are
+    tensor(int64) only. Not reduced: a small model with the same Resize simplified cleanly,
+    so this is the campaign's own mutant (``--reproduce 1206:2229``), which needs
+    ../shared/models."""
     from shapeshift.fuzz import mutate, runner
     from shapeshift.fuzz.seeds import SHARED_MODELS, SHARED_SEEDS, seeds
 
@@ -594,8 +601,8 @@ def test_a_parameter_no_graph_input_can_give_is_refused_by_the_export():
         pytest.skip(f"the mutant is drawn from the shared seed models; absent: {', '.join(missing)}")
     found = mutate.mutant(1206, 2229, seeds(shared=True))
     assert "yolov8n" in found.seed_model and "Resize" in " ".join(found.mutations)
-    with pytest.raises(UnsupportedModelError, match=r"node '/model.22/Range' \(Range\): its input 1 cannot be "
-                                                    r"written back to ONNX: it is computed from the dimension"):
+    with pytest.raises(InvalidModelError, match=r"node '/model.13/Resize' \(Resize\): input 3 .* is "
+                                                 r"tensor\(float\), where Resize \(opset 17\) takes tensor\(int64\)"):
         runner.run_path("simplify", found.model, found.feed)
 
 
