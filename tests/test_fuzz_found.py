@@ -738,9 +738,22 @@ def test_a_slice_whose_axes_are_computed_at_run_time_is_an_error_not_a_crash():
 
 
 # Inputs the spec gives one element, each op with such an input fed [2, 3] (a scalar where
-# it is fine), its node named "n": (op, inputs, outputs, consts, feed, output dtype).
+# it is fine), its node named "n": (op, inputs, outputs, consts, feed, output dtype[, attributes]).
 _I64, _F32 = TensorProto.INT64, TensorProto.FLOAT
+_BRANCHES = {"then_branch": helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
+                                              [helper.make_tensor_value_info("t", F, [3])]),
+             "else_branch": helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                                              [helper.make_tensor_value_info("e", F, [3])])}
+_DOUBLING_BODY = {"body": helper.make_graph(
+    [helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Add", ["s", "s"], ["s2"])], "body",
+    [helper.make_tensor_value_info("i", _I64, []), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+     helper.make_tensor_value_info("s", F, [3])],
+    [helper.make_tensor_value_info("c2", TensorProto.BOOL, []), helper.make_tensor_value_info("s2", F, [3])])}
 _ONE_ELEMENT_CASES = {
+    "Clip": (["x", "lo"], {}, {"x": np.arange(3, dtype=np.float32), "lo": np.array([1, 2], np.float32)}, _F32),
+    "If": (["c"], {}, {"x": np.arange(3, dtype=np.float32), "c": np.array([True, False])}, _F32, _BRANCHES),
+    "Loop": (["M", "", "x"], {}, {"x": np.arange(3, dtype=np.float32), "M": np.array([2, 3], np.int64)}, _F32,
+             _DOUBLING_BODY),
     "Range": (["a", "b", "c"], {"b": np.array(9, np.int64), "c": np.array(1, np.int64)},
               {"a": np.array([0, 1], np.int64)}, _I64),
     "TopK": (["x", "k"], {}, {"x": np.arange(5, dtype=np.float32), "k": np.array([2, 3], np.int64)}, _F32),
@@ -755,12 +768,10 @@ _ONE_ELEMENT_CASES = {
 
 def _one_element_model(op, fed=True):
     """The case's model; with ``fed`` False its [2]-element input is a constant instead."""
-    inputs, consts, feed, out_dtype = _ONE_ELEMENT_CASES[op]
+    inputs, consts, feed, out_dtype, *attrs = _ONE_ELEMENT_CASES[op]
     outputs = ["y", "i"] if op == "TopK" else ["y"]
     graph_inputs, initializers = [], [numpy_helper.from_array(v, k) for k, v in consts.items()]
-    for name in inputs:
-        if name in consts:
-            continue
+    for name in feed:  # the graph inputs (If's branches read x, which the node does not name)
         value = feed[name]
         if fed or value.shape != (2,):
             dims = ["two"] if value.shape == (2,) else list(value.shape)
@@ -768,15 +779,17 @@ def _one_element_model(op, fed=True):
         else:
             initializers.append(numpy_helper.from_array(value, name))
     outs = [helper.make_tensor_value_info(o, out_dtype if o == "y" else _I64, None) for o in outputs]
-    model = _model([helper.make_node(op, inputs, outputs, name="n")], graph_inputs, outs, initializers)
+    node = helper.make_node(op, inputs, outputs, name="n", **(attrs[0] if attrs else {}))
+    model = _model([node], graph_inputs, outs, initializers)
     return model, {k: v for k, v in feed.items() if fed or v.shape != (2,)}
 
 
 @pytest.mark.parametrize("backend", ["reference", "native"])
 @pytest.mark.parametrize("op", sorted(_ONE_ELEMENT_CASES))
 def test_an_input_of_one_element_given_two_is_an_error_naming_the_node(op, backend):
-    """Range's start, TopK's k, OneHot's depth, Trilu's k, Pad's constant_value and CumSum's
-    axis hold one element; onnxruntime refuses two. Both backends took the first and ran
+    """Range's start, TopK's k, OneHot's depth, Trilu's k, Pad's constant_value, CumSum's
+    axis, Clip's min, If's condition and Loop's trip count hold one element; onnxruntime
+    refuses two. Both backends took the first and ran
     (the fuzz campaign, seed 1330: a CumSum given a Slice's 2-element ends as its axis, the
     native build raising an IndexError). Now: refused at load when it is a constant, and
     an error naming the node and the input when it is fed."""

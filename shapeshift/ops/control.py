@@ -79,7 +79,7 @@ def _if_eval(ctx: EvalContext, cond) -> list:
     return ctx.run_subgraph(branch, [])
 
 
-define("If", infer=_if_infer, evaluate=_if_eval)
+define("If", infer=_if_infer, evaluate=_if_eval, single=(0,))
 
 
 # -- Loop -----------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def _empty_scan_output(t) -> np.ndarray:
     return np.zeros((0,), dtype=dtype)
 
 
-define("Loop", infer=_loop_infer, evaluate=_loop_eval)
+define("Loop", infer=_loop_infer, evaluate=_loop_eval, single=(0, 1))
 
 
 # -- Scan -----------------------------------------------------------------------------

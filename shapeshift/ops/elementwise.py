@@ -293,7 +293,7 @@ def _identity_type(ctx: InferContext) -> list:
     return [ctx.input_type(0)]
 
 
-define("Clip", infer=same_as_input(), evaluate=_clip)
+define("Clip", infer=same_as_input(), evaluate=_clip, single=(1, 2))
 define("Identity", infer=_identity_type, evaluate=_identity)
 
 # -- Cast and CastLike ---------------------------------------------------------------

@@ -44,6 +44,7 @@ from ..errors import ExecutionError, ShapeshiftError
 from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
 from ..ops.context import EvalContext
+from ..ops.registry import one_element_message
 from ..symbolic import evaluate, free_symbols
 from . import huge_pages
 from .output_buffers import MIN_BYTES, OutputBuffers
@@ -578,7 +579,7 @@ class NativeVM:
         """An If whose branches are programs: run the taken one natively."""
         cond = np.asarray(env[node.inputs[0]])
         if cond.size != 1:
-            raise ExecutionError(f"{node.describe()}: condition has {cond.size} elements, expected one")
+            raise ExecutionError(f"{node.describe()}: {one_element_message(0, node.inputs[0].name)}, got {cond.size}")
         branch = branches[0] if bool(cond.reshape(-1)[0]) else branches[1]
         return branch.run({value: env[value] for value in branch.input_values}, binding)
 
