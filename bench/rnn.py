@@ -219,6 +219,7 @@ def table(rows: list[dict], floors: dict) -> str:
         lines.append(f"| {case.name} | {r['threads']} | {nat * 1e3:.4f} | {ref * 1e3:.4f} | {nat / ref:.2f} | "
                      f"{'below the floor' if net is None else f'{net:.2f}'} | {case.flops() / nat / 1e9:.1f} | "
                      f"{r['diff']:.1e} |")
+    overall = {}  # threads -> the geomean of every row's ratio
     for threads in sorted({r["threads"] for r in rows}):
         for op in OPS:
             mine = [r for r in rows if r["threads"] == threads and r["case"].op == op]
@@ -227,13 +228,14 @@ def table(rows: list[dict], floors: dict) -> str:
                              f"**{geomean(r['native'] / r['onnxruntime'] for r in mine):.2f}** | "
                              f"{_net_geomean(mine, floors)} | | |")
         mine = [r for r in rows if r["threads"] == threads]
-        lines.append(f"| **geomean all** | {threads} | | | **{geomean(r['native'] / r['onnxruntime'] for r in mine):.2f}** "
-                     f"| {_net_geomean(mine, floors)} | | |")
-    for threads in sorted({r["threads"] for r in rows}):
+        overall[threads] = geomean(r["native"] / r["onnxruntime"] for r in mine)
+        lines.append(f"| **geomean all** | {threads} | | | **{overall[threads]:.2f}** | "
+                     f"{_net_geomean(mine, floors)} | | |")
+    for threads, geo in overall.items():
         # Judged on the unrounded geomean: the table's two decimals print 0.8046 as 0.80.
-        geo = geomean(r["native"] / r["onnxruntime"] for r in rows if r["threads"] == threads)
         verdict = "met" if geo <= TARGET_GEOMEAN else "NOT met"
-        lines.append(f"\nIssue 32's kernel line at {threads} thread(s), geomean <= {TARGET_GEOMEAN}: {geo:.4f}, {verdict}.")
+        lines.append(f"\nIssue 32's kernel line at {threads} thread(s), geomean <= {TARGET_GEOMEAN}: "
+                     f"{geo:.4f}, {verdict}.")
     for threads, floor in sorted(floors.items()):
         lines.append(f"\nPer-run floor at {threads} thread(s) (a one-Relu model): native "
                      f"{floor['native'] * 1e6:.1f} us, onnxruntime {floor['onnxruntime'] * 1e6:.1f} us.")

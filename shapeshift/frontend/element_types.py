@@ -61,14 +61,15 @@ def _check_node(node: Node, version: int, label: str) -> None:
             continue  # arity is the validator's check
         # A formal typed by a constraint, or by one fixed type (Expand's and Reshape's shape:
         # tensor(int64); a float there was taken as a shape of its values cast).
-        kinds = allowed.get(type_str) or ((type_str,) if type_str.startswith("tensor(") else None)
+        fixed = type_str not in allowed and type_str.startswith("tensor(")
+        kinds = (type_str,) if fixed else allowed.get(type_str)
         vtype = value.type
         if kinds is None or not isinstance(vtype, TensorType) or not vtype.dtype:
             continue
         got = _tensor_type_str(vtype.dtype)
         if got is None or not any(k.startswith("tensor(") for k in kinds):
             continue
-        if got not in kinds and type_str not in allowed:
+        if got not in kinds and fixed:
             raise InvalidModelError(f"{label}: {node.describe()}: input {index} ({value.name!r}) is {got}, where "
                                     f"{node.op_type} (opset {version}) takes {type_str} only")
         if got not in kinds:

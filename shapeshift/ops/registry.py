@@ -116,8 +116,9 @@ def _one_element_type(infer: InferFn, single: tuple[int, ...]) -> InferFn:
     def checked(ctx) -> list:
         for index in single:
             shape = ctx.input_shape(index)
-            if shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) != 1:
-                ctx.fail(f"{one_element_message(index, _input_name(ctx, index))}, got {math.prod(shape)}")
+            count = math.prod(shape) if shape is not None and all(isinstance(d, int) for d in shape) else 1
+            if count != 1:
+                ctx.fail(f"{one_element_message(index, _input_name(ctx, index))}, got {count}")
         return infer(ctx)
 
     return checked
@@ -126,8 +127,9 @@ def _one_element_type(infer: InferFn, single: tuple[int, ...]) -> InferFn:
 def _one_element_eval(evaluate: EvalFn, single: tuple[int, ...]) -> EvalFn:
     def checked(ctx, *inputs) -> list:
         for index in single:
-            if index < len(inputs) and inputs[index] is not None and np.size(inputs[index]) != 1:
-                ctx.fail(f"{one_element_message(index, _input_name(ctx, index))}, got {np.size(inputs[index])}")
+            count = np.size(inputs[index]) if index < len(inputs) and inputs[index] is not None else 1
+            if count != 1:
+                ctx.fail(f"{one_element_message(index, _input_name(ctx, index))}, got {count}")
         return evaluate(ctx, *inputs)
 
     return checked

@@ -23,6 +23,7 @@ import numpy as np
 
 from ...ir.graph import Node, Value
 from ...ir.types import TensorType
+from ...ops.common import product
 from ...ops.constant_ops import EXACT_INTEGERS, whole_number
 from ...ops.registry import one_element_inputs, one_element_message
 from ...symbolic import Dim, add, bounds, mul, prove_eq
@@ -81,10 +82,7 @@ def _one_element(node: Node, domain: str) -> list[Agreement]:
         shape = _shape(value)
         if shape is None or index in node.params:
             continue
-        count = 1
-        for d in shape:
-            count = mul(count, d)
-        found.append(Agreement(count, 1, f"{one_element_message(index, value.name)}: its element count"))
+        found.append(Agreement(product(shape), 1, f"{one_element_message(index, value.name)}: its element count"))
     return found
 
 
@@ -218,13 +216,9 @@ def _view_count(node: Node) -> list[Agreement]:
     sx, sy = _shape(node.inputs[0]) if node.inputs else None, _shape(node.outputs[0])
     if sx is None or sy is None:
         return []
-    count_x, count_y = 1, 1
-    for d in sx:
-        count_x = mul(count_x, d)
-    for d in sy:
-        count_y = mul(count_y, d)
     what = "the target shape's" if node.op_type == "Reshape" else "the output's"
-    return [Agreement(count_y, count_x, f"{what} element count must equal the input's ({node.inputs[0].name!r})")]
+    return [Agreement(product(sy), product(sx),
+                      f"{what} element count must equal the input's ({node.inputs[0].name!r})")]
 
 
 @_rule("GatherElements")

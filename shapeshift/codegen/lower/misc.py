@@ -214,8 +214,9 @@ def lower_cumsum(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     axes = param_values(node, 1, ctx)
     if not shape or not axes or len(axes) != 1 or not isinstance(axes[0], int):
         raise Unsupported("CumSum axis")
-    # Checked here too: a model can reach the lowering with an axis inference could not see
-    # (the fuzz campaign's --reproduce 1330:6700); the reference evaluator then names the node.
+    # A guard, not a check any model is known to need: the mutant that reached here with an
+    # axis inference could not see (--reproduce 1330:6700, a 2-element axis) is refused at load
+    # since the one-element inputs (ops/registry.py); declining leaves the node to the evaluator.
     if not -len(shape) <= axes[0] < len(shape):
         raise Unsupported(f"CumSum axis {axes[0]} for an input of rank {len(shape)}")
     axis = int(axes[0]) + len(shape) if int(axes[0]) < 0 else int(axes[0])
