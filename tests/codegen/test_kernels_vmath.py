@@ -28,9 +28,10 @@ int ss_test_has_fma(void) {
 #endif
 }
 
-/* which: 0 exp, 1 log, 2 tanh, 3 erf, 4 sigmoid, 5 silu; vector: use the AVX2 helper. */
+/* which: 0 exp, 1 log, 2 tanh, 3 erf, 4 sigmoid, 5 silu, 6 exp for x <= 0 (ss_exp_nonpos8,
+   whose scalar twin is ss_expf); vector: use the AVX2 helper. */
 void ss_test_apply(int which, int vector, const float* x, float* y, int64_t n) {
-    static const ss_test_fn scalar[6] = {ss_expf, ss_logf, ss_tanhf, ss_erff, ss_sigmoidf, ss_siluf};
+    static const ss_test_fn scalar[7] = {ss_expf, ss_logf, ss_tanhf, ss_erff, ss_sigmoidf, ss_siluf, ss_expf};
     int64_t i = 0;
 #ifdef __AVX2__
     for (; vector && i < n; i += 8) {
@@ -44,7 +45,8 @@ void ss_test_apply(int which, int vector, const float* x, float* y, int64_t n) {
             case 2: v = ss_tanh8(v); break;
             case 3: v = ss_erf8(v); break;
             case 4: v = ss_sigmoid8(v); break;
-            default: v = ss_silu8(v); break;
+            case 5: v = ss_silu8(v); break;
+            default: v = ss_exp_nonpos8(v); break;
         }
         _mm256_storeu_ps(buf, v);
         memcpy(y + i, buf, (size_t)m * 4);
@@ -85,6 +87,8 @@ void ss_test_gelu(int tanh, int vector, const float* x, float* y, int64_t n) {
 """
 
 NAMES = ("exp", "log", "tanh", "erf", "sigmoid", "silu")
+# Tested against ss_exp8 only (test_exp_nonpos_is_exp_bit_for_bit): not in NAMES's sweeps.
+EXP_NONPOS = len(NAMES)
 RTOL = 4e-7
 # Results below the normal range are judged in absolute terms: one subnormal ulp.
 SUBNORMAL_ULP = 2.0 ** -149
@@ -124,7 +128,8 @@ def lib(tmp_path_factory):
 def apply(lib, name: str, vector: bool, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.full_like(x, 12345.0)
-    lib.ss_test_apply(NAMES.index(name), int(vector), x.ctypes.data, y.ctypes.data, x.size)
+    which = EXP_NONPOS if name == "exp_nonpos" else NAMES.index(name)
+    lib.ss_test_apply(which, int(vector), x.ctypes.data, y.ctypes.data, x.size)
     return y
 
 
@@ -208,6 +213,24 @@ def test_scalar_twin_matches_the_vector_helper_bit_for_bit(lib, name):
     x = sweep(name)
     x = x[np.isfinite(x)]
     assert np.array_equal(apply(lib, name, True, x).view(np.uint32), apply(lib, name, False, x).view(np.uint32))
+
+
+def test_exp_nonpos_is_exp_bit_for_bit(lib):
+    # Softmax's exponentials (x - max <= 0) take the short form where no lane of a vector is
+    # below ln(FLT_MIN) and ss_exp8 where one is: the same bits either way, subnormal
+    # results, -inf (0), -0 (1) and NaN included. Vectors mixing both kinds come from the
+    # dense sweep across the bound, whose lanes straddle it.
+    every = np.arange(0x80000000, 0xC3000000, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.float32(-87.3365479) + np.arange(-64, 64, dtype=np.float32) * np.float32(2.0 ** -17)
+    x = np.concatenate([every, np.linspace(-110, 0, 600_001, dtype=np.float32), edges,
+                        np.array([-np.inf, -0.0, 0.0, np.nan, -np.nan], np.float32)])
+    assert (x[~np.isnan(x)] <= 0).all()
+    got, want = apply(lib, "exp_nonpos", True, x), apply(lib, "exp", True, x)
+    nan = np.isnan(want)
+    assert np.array_equal(nan, np.isnan(got)) and nan.sum() == 2
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert (got[~nan] < np.float32(2.0 ** -126)).sum() > 1000  # the subnormal range was reached
+    assert got[x == -np.inf][0] == 0.0
 
 
 def test_vector_tail_lengths(lib):

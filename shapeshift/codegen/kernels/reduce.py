@@ -245,14 +245,14 @@ static inline float ss_sm_row_sumexp(const float* x, float* y, int64_t n, float 
 #ifdef __AVX2__
     __m256 mv = _mm256_set1_ps(m), s0 = _mm256_setzero_ps(), s1 = s0;
     for (; i + 16 <= n; i += 16) {
-        __m256 e0 = ss_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
-        __m256 e1 = ss_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv));
+        __m256 e0 = ss_exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        __m256 e1 = ss_exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), mv));
         if (y) { _mm256_storeu_ps(y + i, e0); _mm256_storeu_ps(y + i + 8, e1); }
         s0 = _mm256_add_ps(s0, e0);
         s1 = _mm256_add_ps(s1, e1);
     }
     for (; i + 8 <= n; i += 8) {
-        __m256 e0 = ss_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        __m256 e0 = ss_exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
         if (y) _mm256_storeu_ps(y + i, e0);
         s0 = _mm256_add_ps(s0, e0);
     }
