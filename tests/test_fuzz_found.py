@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import shapeshift
-from shapeshift.errors import ExecutionError, InvalidModelError, ShapeInferenceError, ShapeshiftError
+from shapeshift.errors import (ExecutionError, InvalidModelError, ShapeInferenceError, ShapeshiftError,
+                               UnsupportedModelError)
 
 
 F = TensorProto.FLOAT
@@ -604,6 +605,29 @@ def test_a_parameter_no_graph_input_can_give_is_refused_by_the_export():
     with pytest.raises(InvalidModelError, match=r"node '/model.13/Resize' \(Resize\): input 3 .* is "
                                                  r"tensor\(float\), where Resize \(opset 17\) takes tensor\(int64\)"):
         runner.run_path("simplify", found.model, found.feed)
+
+
+def test_a_parameter_past_int64_is_refused_by_the_export_naming_the_node():
+    """A Resize by 1e30 along a dynamic axis gives the output dim h * 10**30 (a float32's
+    1e30, exactly), and a Range up to it a static parameter over that expression; writing
+    the coefficient back to ONNX raised OverflowError inside NumPy. Simplify now refuses the
+    model naming the Range and the integer (reduced from the campaign's yolov8n mutant
+    ``--reproduce 1333:8447``, scales of 1e30); both sessions refuse it at run time."""
+    inits = [numpy_helper.from_array(np.array([1, 1, 1e30, 1], np.float32), "scales")]
+    inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("two", 2), ("zero", 0), ("one", 1))]
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", name="resize"),
+             helper.make_node("Shape", ["y"], ["s"]), helper.make_node("Gather", ["s", "two"], ["g"]),
+             helper.make_node("Range", ["zero", "g", "one"], ["r"], name="range")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 1, "h", 4])],
+                   [helper.make_tensor_value_info("r", TensorProto.INT64, None)], inits)
+    with pytest.raises(UnsupportedModelError, match=r"node 'range' \(Range\): its input 1 cannot be written back "
+                                                    r"to ONNX: it holds the integer 1000000015047466219876688855040, "
+                                                    r"past the 64-bit range"):
+        shapeshift.simplify(model)
+    for backend in ("reference", "native"):
+        session = shapeshift.InferenceSession(model, backend=backend)
+        with pytest.raises(ExecutionError):
+            session.run(None, {"x": np.ones((1, 1, 2, 4), np.float32)})
 
 
 @pytest.mark.parametrize("step, start, end", [((1 << 63) - 1, 1, 100), (-(1 << 63) + 1, -1, -100),

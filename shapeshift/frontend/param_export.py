@@ -38,6 +38,22 @@ class _UnsourcedSymbol(Exception):
         self.name = name
 
 
+class _PastInt64(Exception):
+    """A parameter's dim holds an integer (a constant or a coefficient) past int64."""
+
+    def __init__(self, value: int):
+        super().__init__(value)
+        self.value = value
+
+
+def _int64(value: int) -> int:
+    """``value``, or _PastInt64 where ONNX's int64 cannot hold it."""
+    value = int(value)
+    if not -2 ** 63 <= value < 2 ** 63:
+        raise _PastInt64(value)
+    return value
+
+
 class ParamEmitter:
     """Emits, once per distinct expression, the nodes computing it as a [1] int64 tensor.
 
@@ -88,12 +104,13 @@ class ParamEmitter:
     def dim(self, d) -> str:
         """A [1] int64 tensor holding dimension ``d``."""
         if not isinstance(d, Expr):
-            return self.constant([int(d)])
+            return self.constant([_int64(d)])
         cached = self._cache.get(d)
         if cached is not None:
             return cached
         total: Optional[str] = None
         for monomial, coeff in d.terms:
+            coeff = _int64(coeff)
             term = self.constant([coeff]) if not monomial else None
             for atom, power in monomial:
                 factor = self._atom(atom)
@@ -168,6 +185,13 @@ class ParamEmitter:
                 raise UnsupportedModelError(
                     f"node {node.name!r} ({node.op_type}): its input {index} cannot be written back to ONNX: it "
                     f"is computed from the dimension {missing.name!r}, which no graph input's shape gives") from None
+            except _PastInt64 as past:
+                # A Resize whose scales make every output extent astronomical: no runtime
+                # can run it either (the sessions refuse it at run time), but simplify must
+                # say so clearly rather than fail inside numpy.
+                raise UnsupportedModelError(
+                    f"node {node.name!r} ({node.op_type}): its input {index} cannot be written back to ONNX: it "
+                    f"holds the integer {past.value}, past the 64-bit range") from None
             joined = parts[0] if len(parts) == 1 else self._node("Concat", parts, "params", axis=0)
         if scalar is None and tuple(param.shape) != (len(param.dims),):
             joined = self._node("Reshape", [joined, self.constant(list(param.shape), shape=(len(param.shape),))],
