@@ -553,8 +553,9 @@ def test_packed_b_size_python_matches_c(libs):
 # dispatchers with its kernels, B vectors pinned with "+v"; then the epilogue's addend D and
 # the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
 # prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows;
-# then SS_GEMM_PAR_MIN_FLOPS 2 -> 1 Mflop).
-DEFAULT_SOURCE_SHA256 = "33376dbffe0d3cd36e8bd69a89b95bfe005f0f3b059449e0c96ae44b5c06cc0b"
+# then SS_GEMM_PAR_MIN_FLOPS 2 -> 1 Mflop; then a prepacked B's next panel prefetched into L2
+# over the tiles of the one before).
+DEFAULT_SOURCE_SHA256 = "8068b062a505f723197c141bd72c4408bb77ada6c794100fde20e792dd93cda4"
 
 
 def test_default_prefix_source_unchanged():

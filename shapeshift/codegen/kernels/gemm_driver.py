@@ -276,7 +276,12 @@ static void ss_gemm_edge_rows(int64_t mv, int64_t kc, const float* a, const floa
 TILE_LOOPS = {
     0: """    /* jr outside ir: one B micro-panel stays in L1 while the A panels stream from L2. */
     for (int64_t jr = 0; jr < nc; jr += SS_GEMM_NR) {
-        for (int64_t ir = 0; ir < mc; ir += SS_GEMM_MR) {""",
+        for (int64_t ir = 0; ir < mc; ir += SS_GEMM_MR) {
+            if (pf_lines && jr + SS_GEMM_NR < nc) {
+                const char* next = (const char*)(pb + (jr + SS_GEMM_NR) * kc);
+                const int64_t l0 = (ir / SS_GEMM_MR) * pf_lines, l1 = ss_gemm_min(l0 + pf_lines, panel_lines);
+                for (int64_t l = l0; l < l1; ++l) __builtin_prefetch(next + l * 64, 0, 2);  /* prefetcht1 */
+            }""",
     1: """    /* ir outside jr: one A micro-panel stays in L1 while the B panels stream from L2. */
     for (int64_t ir = 0; ir < mc; ir += SS_GEMM_MR) {
         for (int64_t jr = 0; jr < nc; jr += SS_GEMM_NR) {""",
@@ -298,6 +303,16 @@ static void ss_gemm_macro(int64_t mc, int64_t nc, int64_t kc, const float* pa, c
        be waiting for its cache line), unless the bias has a column stride other than 0 or 1. */
     const int in_kernel = epilogue && (!P->bias || P->cs_bias == 0 || P->cs_bias == 1);
     ss_gemm_epi e = {P->alpha, P->beta, NULL, P->rs_bias, P->cs_bias == 1, NULL, P->act == 1};
+    /* Prepacked B (constant weights) comes from L3 or DRAM, and its panels lie one after the
+       other in the order they are used: the jr-outside loop prefetches the block's next
+       panel into L2 a few lines a tile, spread over the current panel's tiles, so that its first
+       tile does not wait on a stream the hardware prefetcher restarts at every page. A
+       packed-per-call B is in L2 already. AMD Zen 3, 1 thread: ResNet-50's 14x14-stage 1x1
+       convs in a chain of 20 (40 MB of weights) 2.5-3.5% faster, MatMul 768x3072 and back
+       at M = 128 in a chain of 6 about 2%. */
+    const int64_t panel_lines = kc * SS_GEMM_NR / 16;
+    const int64_t pf_lines = P->packed_b ? ss_gemm_cdiv(panel_lines, ss_gemm_cdiv(mc, SS_GEMM_MR)) : 0;
+    (void)pf_lines;  /* the ir-outside loop (a_in_l1) has no panel to come */
 @TILE_LOOPS@
             const int64_t nv = ss_gemm_min(SS_GEMM_NR, nc - jr);
             const int64_t mv = ss_gemm_min(SS_GEMM_MR, mc - ir);
