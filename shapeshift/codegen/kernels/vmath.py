@@ -275,22 +275,15 @@ static inline __m256 ss_copysign8(__m256 mag, __m256 sign) {
 static inline __m256 ss_exp8(__m256 x) { return ss_exp_times8(x, _mm256_set1_ps(1.0f)); }
 
 /* ss_exp8 for x <= 0 or NaN, bit for bit. Where no lane lies below ln(FLT_MIN) every
-   2^n is a normal float: one scale, no clamps, and n's bits come from the sum that rounds
-   x log2(e) (1.5 * 2^23 added, an even number, so ties go to even n: its low bits are n
-   in two's complement), where ss_exp8 rounds,
-   converts, splits 2^n in two for the subnormal range and clamps both ends. The softmax
-   sums' exponentials (ss_sm_row_sumexp: the fused attention's and Softmax's) spent about a
-   third of the attention's time there. A lane below the bound takes ss_exp8 whole. */
+   2^n is a normal float: ss_exp8's own reduction, then one scale, where ss_exp8 clamps both
+   ends and splits 2^n in two for the subnormal range. The softmax sums' exponentials
+   (ss_sm_row_sumexp: the fused attention's and Softmax's) spent about a third of the
+   attention's time there. A lane below the bound takes ss_exp8 whole. */
 static inline __m256 ss_exp_nonpos8(__m256 x) {
     if (_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3365479f), _CMP_LT_OQ))) return ss_exp8(x);
-    const __m256 magic = _mm256_set1_ps(12582912.0f);
-    __m256 t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), magic);
-    __m256 nn = _mm256_sub_ps(magic, t);
-    __m256 r = ss_fmadd8(nn, _mm256_set1_ps(0.693145752f), x);
-    r = ss_fmadd8(nn, _mm256_set1_ps(1.42860677e-06f), r);
-@EXP_P@
-    __m256 y = _mm256_add_ps(ss_fmadd8(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i biased = _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127));
+    __m256 n;
+    __m256 y = ss_exp_reduced8(x, &n);
+    __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23)));
 }
 
@@ -534,7 +527,7 @@ def fragment() -> Fragment:
     scalar = fill(_SCALAR, **literals, EXP_P=horner("r", EXP_P, False, 1), LOG_P=horner("f", LOG_P, False, 1),
                   TANH_P=horner("z", TANH_P, False, 2), ERF_SMALL_P=horner("z", ERF_SMALL_P, False, 2),
                   ERF_LARGE_P=horner("t", ERF_LARGE_P, False, 1))
-    vector = fill(_VECTOR, **literals, EXP_CORE8=_exp_core(8), EXP_P=horner("r", EXP_P, True, 1), LOG_P=horner("f", LOG_P, True, 1),
+    vector = fill(_VECTOR, **literals, EXP_CORE8=_exp_core(8), LOG_P=horner("f", LOG_P, True, 1),
                   TANH_P=horner("z", TANH_P, True, 1), ERF_SMALL_P=horner("z", ERF_SMALL_P, True, 2),
                   ERF_LARGE_P=horner("t", ERF_LARGE_P, True, 2),
                   ZMM=fill(_ZMM, EXP_CORE16=_exp_core(16)))
