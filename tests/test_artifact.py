@@ -24,15 +24,6 @@ SEQ_LENGTHS = (1, 7, 64)
 
 
 @pytest.fixture(scope="module")
-def build_cache(tmp_path_factory) -> Path:
-    """One build cache for every compile in this module, shared by xdist workers (the build
-    cache locks each entry), so the encoder is compiled once."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return tmp_path_factory.getbasetemp().parent / "artifact-build-cache"
-    return tmp_path_factory.mktemp("artifact-build-cache")
-
-
-@pytest.fixture(scope="module")
 def compiled(encoder_path, build_cache, tmp_path_factory) -> Path:
     """The example encoder compiled with the Python API."""
     out = tmp_path_factory.mktemp("artifacts") / "encoder.ssa"

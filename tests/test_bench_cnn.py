@@ -35,11 +35,6 @@ def built():
     return {name: builder() for name, builder in cnn_models.BUILDERS.items()}
 
 
-@pytest.fixture
-def build_cache(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cnn-cache"))
-
-
 def _feed(batch: int, h: int, w: int, seed: int = 0) -> dict:
     return {"images": np.random.default_rng(seed).standard_normal((batch, 3, h, w)).astype(np.float32)}
 
@@ -107,7 +102,7 @@ def test_activations_neither_explode_nor_vanish(built, name):
 
 @needs_cc
 @pytest.mark.parametrize("name", list(cnn_models.BUILDERS))
-def test_native_matches_onnxruntime(built, build_cache, name):
+def test_native_matches_onnxruntime(built, name):
     import shapeshift
 
     session = shapeshift.InferenceSession(built[name], backend="native", num_threads=2)
@@ -118,7 +113,7 @@ def test_native_matches_onnxruntime(built, build_cache, name):
 
 @needs_cc
 @pytest.mark.parametrize("name", ["mobilenet_v3_small", "yolo_style"])
-def test_avx2_build_matches_onnxruntime(built, build_cache, tmp_path, name):
+def test_avx2_build_matches_onnxruntime(built, tmp_path, name):
     """The x86-64-v3 target (AVX2 kernels, ymm tiles), whatever this machine has. Not ResNet-50:
     its 53 conv instances built again for another target took 70-245 s here (a loaded 2-core
     machine); these two cover depthwise 3x3 and 5x5, dense 3x3 and 1x1 convs at stride 1 and 2."""
@@ -205,7 +200,7 @@ def test_shared_models_missing_are_skipped_with_a_reason(monkeypatch, tmp_path, 
 
 
 @needs_cc
-def test_a_tiny_bench_run_writes_its_table(build_cache, tmp_path):
+def test_a_tiny_bench_run_writes_its_table(tmp_path):
     """With the NCHWc-off column where the tree has the switch, and one more native column
     set through both kinds of setting (neither changes what runs: an unused variable and the
     session's default)."""

@@ -30,9 +30,8 @@ def test_conv_class_and_flops(x, w, y, key, flops):
 
 
 @needs_cc
-def test_every_conv_is_found_in_both_profiles_and_the_table_is_written(monkeypatch, tmp_path_factory, tmp_path,
+def test_every_conv_is_found_in_both_profiles_and_the_table_is_written(monkeypatch, tmp_path,
                                                                         capsys):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "conv-profile-cache"))
     workdir = str(tmp_path)
     native = conv_profile.worker("native", "mobilenet_v3_small", 1, (64, 64), 1, 2, workdir, {})
     peer = conv_profile.worker("onnxruntime", "mobilenet_v3_small", 1, (64, 64), 1, 2, workdir, {})

@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -439,3 +440,48 @@ def test_units_compile_at_most_one_per_core_largest_first(tmp_path, monkeypatch)
     sizes = [len(text) for text in started]
     # The two largest went first (in either order: the pool's two workers start together).
     assert sorted(sizes[:2], reverse=True) == sorted(sizes, reverse=True)[:2]
+
+
+# A loop gcc vectorizes at the widest width it may use: any ISA flag that mattered would show.
+SCALE_SOURCE = """
+void scale(float* x, long n, float a) { for (long i = 0; i < n; ++i) x[i] = x[i] * a + 1.0f; }
+"""
+
+
+def test_a_disabled_feature_the_cpu_lacks_is_the_same_build(tmp_path):
+    """With -march=native, `-mno-avx512f` on a CPU without AVX-512 makes the same object, so it
+    is the same cache entry (one compile, not two); on a CPU with it, two entries."""
+    cc = build.find_compiler()
+    macros = build.native_macros(cc)
+    assert "__x86_64__" in macros or "__aarch64__" in macros  # the compiler answered
+    lacks = "__AVX512F__" not in macros
+    no512 = (*DEFAULT_FLAGS, "-mno-avx512f")
+    (tmp_path / "s.c").write_text(SCALE_SOURCE)
+    objects = []
+    for i, flags in enumerate((DEFAULT_FLAGS, no512)):
+        out = tmp_path / f"s{i}.o"
+        subprocess.run([cc, *[f for f in flags if f != "-shared"], "-c", str(tmp_path / "s.c"), "-o", str(out)],
+                       check=True)
+        objects.append(out.read_bytes())
+    if lacks:
+        assert objects[0] == objects[1]  # the premise: the flag changes nothing here
+    a = compile_library(SCALE_SOURCE, flags=DEFAULT_FLAGS, cache_dir=tmp_path / "cache")
+    b = compile_library(SCALE_SOURCE, flags=no512, cache_dir=tmp_path / "cache")
+    assert (a.path == b.path) == lacks
+    assert len(so_files(tmp_path / "cache")) == (1 if lacks else 2)
+
+
+def test_key_flags_leave_out_only_disables_of_absent_features(monkeypatch):
+    avx2_only = frozenset({"__x86_64__", "__AVX2__", "__FMA__"})
+    monkeypatch.setattr(build, "native_macros", lambda cc: avx2_only)
+    flags = (*DEFAULT_FLAGS, "-mno-avx512f", "-mno-avx512vl", "-mno-fma", "-mno-sse4.2")
+    assert build.key_flags(flags, "cc") == (*DEFAULT_FLAGS, "-mno-fma", "-mno-sse4.2")
+    # A feature turned on again: the order of the flags matters, they are kept whole.
+    assert build.key_flags((*flags, "-mavx512f"), "cc") == (*flags, "-mavx512f")
+    # Not for this CPU: nothing is left out.
+    other = ("-O3", "-march=x86-64-v3", "-mno-avx512f")
+    assert build.key_flags(other, "cc") == other
+    monkeypatch.setattr(build, "native_macros", lambda cc: avx2_only | {"__AVX512F__", "__AVX512VL__"})
+    assert build.key_flags(flags, "cc") == flags
+    monkeypatch.setattr(build, "native_macros", lambda cc: frozenset())  # the compiler could not say
+    assert build.key_flags(flags, "cc") == flags

@@ -45,11 +45,6 @@ WITH_FALLBACK = ["test_nonmaxsuppression_center_point_box_format", "test_resize_
 CASES = {c.name: c for c in collect_cases()}
 
 
-@pytest.fixture(autouse=True)
-def _shared_cache(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-conformance-cache"))
-
-
 def test_sample_names_real_counted_cases():
     missing = [n for n in FULLY_NATIVE + WITH_FALLBACK if n not in CASES or not is_counted(CASES[n].model)]
     assert not missing, f"not counted node cases: {missing}"

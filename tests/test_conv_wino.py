@@ -51,10 +51,10 @@ VARIANTS = {"f4": "wino", "f2": "wino2"}
 
 
 @pytest.fixture(scope="module", params=[(b, k) for b in BUILDS for k in BLOCKS], ids=lambda p: f"{p[0]}-{p[1]}")
-def lib(request, tmp_path_factory):
+def lib(request, build_cache):
     build, blocks = request.param
     source = CONV_DEPS + conv.source() + conv_wino.source(block_floats=BLOCKS[blocks])
-    cdll = build_with_gemm(source, tmp_path_factory.mktemp(f"wino-{build}-{blocks}"), f"test_wino_{build}",
+    cdll = build_with_gemm(source, build_cache, f"test_wino_{build}",
                            flags=(*DEFAULT_FLAGS, *BUILDS[build])).cdll
     for name in VARIANTS.values():
         getattr(cdll, f"ss_conv_{name}_packed_b_size").restype = I64
@@ -210,9 +210,8 @@ def _model(c, m, pads=(1, 1, 1, 1), strides=(1, 1), dims=("N", None, "H", "W"), 
 
 
 @pytest.fixture(autouse=False)
-def nchw(monkeypatch, tmp_path_factory):
+def nchw(monkeypatch):
     monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wino-cache"))
     return monkeypatch
 
 

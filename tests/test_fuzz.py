@@ -53,9 +53,9 @@ def test_mutants_take_their_feed_from_the_declared_inputs():
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="no C compiler")
-def test_ci_campaign_has_no_crash_hang_or_unexpected_exception(tmp_path_factory):
+def test_ci_campaign_has_no_crash_hang_or_unexpected_exception(build_cache):
     results = runner.run(CI_SEED, CI_MUTANTS, jobs=2, use_shared=False, time_limit=60.0,
-                         cache_dir=tmp_path_factory.getbasetemp() / "fuzz-cache")
+                         cache_dir=build_cache)
     assert sorted(results) == list(range(CI_MUTANTS))
     table = runner.counts(results)
     bad = {(path, cls): n for path, row in table.items() for cls, n in row.items() if cls in runner.BAD and n}

@@ -31,11 +31,6 @@ def _ort(model, feed):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
 
 
-@pytest.fixture(autouse=True)
-def _cache(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fuzz-found-cache"))
-
-
 def test_native_output_that_is_a_view_of_a_folded_constant():
     """Found on the fuzzer's own indexing seed: Range(0, 3, 1) folds to a constant, the
     output is an Identity (a view) of it, and the VM had released the constant as unread:

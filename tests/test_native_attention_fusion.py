@@ -21,11 +21,6 @@ pytestmark = pytest.mark.skipif(
 F = TensorProto.FLOAT
 
 
-@pytest.fixture(autouse=True)
-def _shared_cache(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
-
-
 def _attention_model(scale=None, mask=None, guard=False, heads=2, dh=8, kv_len="t", opset=17,
                      softmax_axis=-1, extra_output=None, scale_after_mask=False, prescale=None) -> onnx.ModelProto:
     """q [b, heads, t, dh], k and v [b, heads, kv_len, dh]; the keys are transposed by a

@@ -27,12 +27,6 @@ F = TensorProto.FLOAT
 I64 = TensorProto.INT64
 
 
-@pytest.fixture(autouse=True)
-def _shared_cache(monkeypatch, tmp_path_factory):
-    # One cache for the module: cases that generate the same source build once.
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
-
-
 def _model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "case", inputs, outputs, initializer=list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

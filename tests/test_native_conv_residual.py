@@ -32,9 +32,8 @@ F = TensorProto.FLOAT
 
 
 @pytest.fixture(autouse=True)
-def _nchw(monkeypatch, tmp_path_factory):
+def _nchw(monkeypatch):
     monkeypatch.setenv("SHAPESHIFT_NCHWC", "0")
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
 
 
 def _model(nodes, inputs, outputs, inits):

@@ -31,7 +31,7 @@ from shapeshift.codegen.kernels.prelude import PRELUDE
 from shapeshift.target import named_target
 
 from . import test_native_ops_extra
-from .test_native_backend import _const, _input, _model, _output, _shared_cache  # noqa: F401 - autouse fixture
+from .test_native_backend import _const, _input, _model, _output
 
 pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler
 ort = pytest.importorskip("onnxruntime")
@@ -64,8 +64,8 @@ def _every_row(schedule):
 
 
 @pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("gemv_cache")
+def libs(build_cache):
+    cache = build_cache
     # Every row count on the streaming path (min_m 1) whatever this CPU's class takes it for,
     # so that its kernels are tested on every machine; "class": this machine's own schedule.
     return {

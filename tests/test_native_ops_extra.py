@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 import shapeshift
 
-from .test_native_backend import _const, _input, _output, _shared_cache  # noqa: F401 - _shared_cache is autouse
+from .test_native_backend import _const, _input, _output
 from .test_native_backend import _model as _model17
 
 pytestmark = pytest.mark.skipif(

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 import shapeshift
 from shapeshift.errors import ExecutionError
 
-from .test_native_backend import _const, _input, _output, _shared_cache  # noqa: F401 - _shared_cache is autouse
+from .test_native_backend import _const, _input, _output
 from .test_native_ops_extra import _model, _run_both
 
 pytestmark = pytest.mark.skipif(

@@ -23,11 +23,6 @@ from shapeshift.runtime.profile import BRANCH, by_op_type, exclusive, format_pro
 ort = pytest.importorskip("onnxruntime")
 
 
-@pytest.fixture(autouse=True)
-def _shared_cache(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "profile-cache"))
-
-
 def _mlp_with_unique(path) -> str:
     """y = Relu(x W + b) * Relu(x W + b); s = sum(Unique(round(x))): a GEMM, elementwise ops,
     and Unique, which has no native rule (a fallback step)."""

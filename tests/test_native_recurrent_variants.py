@@ -16,7 +16,6 @@ import shapeshift
 from shapeshift.codegen.kernels import rnn_step
 
 from . import test_native_ops_extra
-from .test_native_backend import _shared_cache  # noqa: F401 - autouse
 from .test_native_recurrent import DIRECTIONS, _check, _feeds, _layout0_twin, _recurrent_model, _to_layout0, \
     _from_layout0
 

@@ -19,7 +19,7 @@ import shapeshift
 from shapeshift.errors import InvalidModelError
 
 from . import test_native_ops_extra
-from .test_native_backend import _const, _shared_cache  # noqa: F401 - _shared_cache is autouse
+from .test_native_backend import _const
 from .test_native_ops_extra import _input, _model, _output, _run_both
 
 pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler

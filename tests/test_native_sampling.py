@@ -19,7 +19,7 @@ import shapeshift
 from shapeshift.errors import ShapeshiftError
 
 from . import test_native_ops_extra
-from .test_native_backend import _const, _input, _output, _shared_cache  # noqa: F401 - _shared_cache is autouse
+from .test_native_backend import _const, _input, _output
 from .test_native_ops_extra import _model
 
 pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler

@@ -11,7 +11,7 @@ from onnx import helper
 import shapeshift
 
 from . import test_native_ops_extra
-from .test_native_backend import _const, _input, _model, _output, _shared_cache  # noqa: F401 - autouse fixture
+from .test_native_backend import _const, _input, _model, _output
 
 pytestmark = test_native_ops_extra.pytestmark  # skipped without a C compiler
 ort = pytest.importorskip("onnxruntime")

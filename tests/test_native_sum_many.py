@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from .test_native_backend import _input, _output, _shared_cache  # noqa: F401 - _shared_cache is autouse
+from .test_native_backend import _input, _output
 from .test_native_ops_extra import _model, _rand, _run_both
 
 pytestmark = pytest.mark.skipif(

@@ -168,20 +168,20 @@ def _assert_clean(items: list[str], cache: Path) -> None:
 
 
 @needs_asan
-def test_ci_node_cases_have_no_sanitizer_reports(tmp_path_factory):
+def test_ci_node_cases_have_no_sanitizer_reports(build_cache):
     """bench/sanitize.py on 30 counted node cases: every case ends, with no report."""
     _assert_clean([f"case:{name}" for name in dict.fromkeys(_ci_cases())],
-                  tmp_path_factory.getbasetemp() / "sanitize-cache")
+                  build_cache)
 
 
 @needs_asan
 @pytest.mark.models
-def test_ci_shared_models_have_no_sanitizer_reports(tmp_path_factory):
+def test_ci_shared_models_have_no_sanitizer_reports(build_cache):
     """bench/sanitize.py on two shared models at their first shape."""
     missing = [m for m in CI_MODELS if not (SHARED_MODELS / m).exists()]
     if missing:
         pytest.skip(f"{SHARED_MODELS} lacks {missing} (../shared/models is absent on this machine)")
-    _assert_clean([f"model:{m}" for m in CI_MODELS], tmp_path_factory.getbasetemp() / "sanitize-cache")
+    _assert_clean([f"model:{m}" for m in CI_MODELS], build_cache)
 
 
 PLACED_PARTS = r"""

@@ -158,8 +158,7 @@ def test_opset_18_even_split_of_symbolic_rows():
 
 
 @pytest.mark.parametrize("gather_per_step", [True, False])
-def test_native_backend_runs_the_merged_lstm(monkeypatch, tmp_path_factory, gather_per_step):
-    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
+def test_native_backend_runs_the_merged_lstm(monkeypatch, gather_per_step):
     steps, inputs, hidden = 6, 20, 9
     model = unrolled_lstm(steps, inputs, hidden, gather_per_step=gather_per_step)
     session = shapeshift.InferenceSession(model, backend="native")

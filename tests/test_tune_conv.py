@@ -133,13 +133,13 @@ def _run(lib, fn: str, packer: str, case, rng, residual: bool = False) -> None:
 # ---- the kernel copies -----------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=["native", "no-avx512"])
-def copies(request, tmp_path_factory):
+def copies(request, build_cache):
     """Each schedule of KERNELS under its own prefix, next to the default fragments'
     declarations (as in a model's unit), in one library; and the same without AVX-512."""
     flags = None if request.param == "native" else (*DEFAULT_FLAGS, "-mno-avx512f")
     source = PRELUDE + fragments.declarations(["vmath", "gemm", "conv"]) + "".join(
         unit_source(s, prefix=f"ss_cp{i}_") for i, s in enumerate(KERNELS))
-    lib = compile_library(source, name_hint="conv_copies", cache_dir=tmp_path_factory.mktemp("copies"), flags=flags)
+    lib = compile_library(source, name_hint="conv_copies", cache_dir=build_cache, flags=flags)
     return _typed(lib.cdll, [f"ss_cp{i}_" for i in range(len(KERNELS))])
 
 
@@ -228,9 +228,9 @@ def test_worker_checks_and_times_every_instance(tmp_path):
 # ---- the dispatcher of a grouped task ------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def dispatcher(tmp_path_factory):
+def dispatcher(build_cache):
     source = PRELUDE + dispatch.tuned_conv_c(KERNELS, TREE, "ss_tc_", DIMS)
-    lib = compile_library(source, name_hint="conv_dispatch", cache_dir=tmp_path_factory.mktemp("disp")).cdll
+    lib = compile_library(source, name_hint="conv_dispatch", cache_dir=build_cache).cdll
     lib.ss_tc_choice.argtypes = [I64] * 5
     return _typed(lib, ["ss_tc_"])
 

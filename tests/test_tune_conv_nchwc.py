@@ -75,13 +75,13 @@ class _Named:
 
 
 @pytest.fixture(scope="module", params=["native", "no-avx512"])
-def copies(request, tmp_path_factory):
+def copies(request, build_cache):
     """Each schedule of KERNELS under its own prefix after the declarations a model's unit
     starts with, in one library; and the same without AVX-512."""
     flags = None if request.param == "native" else (*DEFAULT_FLAGS, "-mno-avx512f")
     source = PRELUDE + fragments.declarations(["nchwc", "conv_nchwc"]) + "".join(
         unit_source(s, prefix=f"ss_cp{i}_") for i, s in enumerate(KERNELS))
-    return compile_library(source, name_hint="cnc_copies", cache_dir=tmp_path_factory.mktemp("cnc"), flags=flags).cdll
+    return compile_library(source, name_hint="cnc_copies", cache_dir=build_cache, flags=flags).cdll
 
 
 CASES = DENSE + GROUPED + DEPTHWISE
@@ -213,13 +213,13 @@ UNIT_HEAD = PRELUDE + fragments.declarations(["nchwc", "conv_nchwc"])
 
 
 @pytest.fixture(scope="module")
-def dispatchers(tmp_path_factory):
+def dispatchers(build_cache):
     """A dense and a depthwise dispatcher, and a second dense one sharing two of the first's
     schedules (their kernels compiled once: the guards)."""
     source = UNIT_HEAD + dispatch.tuned_conv_nchwc_c(KERNELS, TREE, "ss_td_", DIMS, LANES, False) + \
         dispatch.tuned_conv_nchwc_c(KERNELS, TREE, "ss_tw_", DIMS, LANES, True) + \
         dispatch.tuned_conv_nchwc_c(KERNELS[::-1], TREE, "ss_te_", DIMS, LANES, False) + fragments.text("conv_nchwc")
-    return compile_library(source, name_hint="cnc_dispatch", cache_dir=tmp_path_factory.mktemp("disp")).cdll
+    return compile_library(source, name_hint="cnc_dispatch", cache_dir=build_cache).cdll
 
 
 @pytest.mark.parametrize("case", DENSE + DEPTHWISE, ids=_id)

@@ -193,6 +193,41 @@ def native_cpu() -> str:
     return "" if cpu is None else identity_text(cpu.model_name, cpu.flags)
 
 
+# Features a ``-mno-<feature>`` flag turns off, and the macro the compiler defines while one is on.
+_FEATURE_MACROS = {"avx512f": "__AVX512F__", "avx512vl": "__AVX512VL__", "avx512bw": "__AVX512BW__",
+                   "avx512dq": "__AVX512DQ__", "avx2": "__AVX2__", "fma": "__FMA__"}
+
+
+@functools.lru_cache(maxsize=None)
+def native_macros(cc: str) -> frozenset:
+    """The macros ``cc -march=native`` predefines here (empty where it cannot say)."""
+    try:
+        proc = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
+                              text=True, check=False, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    if proc.returncode != 0:
+        return frozenset()
+    return frozenset(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define "))
+
+
+def key_flags(flags: Sequence[str], cc: str) -> tuple[str, ...]:
+    """``flags`` as the cache key takes them: with -march=native, a ``-mno-<feature>`` for a
+    feature this CPU lacks changes nothing the compiler makes, so it is left out, and the build
+    is the one without it (an AVX2 machine's builds "without AVX-512", which the tests make to
+    cover the AVX2 forms on AVX-512 machines, were second copies of its native builds,
+    compiled again: gcc took 193 s on one of them on an AMD Zen 3). Kept whole where a flag
+    turns a listed feature on (then the order matters) or the compiler cannot be asked."""
+    flags = tuple(flags)
+    if "-march=native" not in flags or any(f"-m{name}" in flags for name in _FEATURE_MACROS):
+        return flags
+    macros = native_macros(cc)
+    if not macros:
+        return flags
+    return tuple(f for f in flags if not (f.startswith("-mno-") and f[5:] in _FEATURE_MACROS
+                                          and _FEATURE_MACROS[f[5:]] not in macros))
+
+
 def cache_key(source: str, flags: Sequence[str], version: str, linked: Sequence[str] = ()) -> str:
     """Hex sha256 over the cache format, compiler version, flags (with -march=native, what
     it means here: ``native_cpu``), source and the keys of the objects ``linked`` into it
@@ -227,10 +262,10 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
     linked = []
     for name, src, *opt in objects:
         unit_flags = with_opt(object_flags, opt[0] if opt else ())
-        linked.append(_Linked(name, src, unit_flags, cache_key(src, unit_flags, version)))
+        linked.append(_Linked(name, src, unit_flags, cache_key(src, key_flags(unit_flags, cc), version)))
     own_flags = with_opt(object_flags, source_opt) if linked else None
-    key = cache_key(source, flags if not (linked and source_opt) else (*flags, "\0own\0", *own_flags), version,
-                    [unit.key for unit in linked])
+    key = cache_key(source, key_flags(flags if not (linked and source_opt) else (*flags, "\0own\0", *own_flags), cc),
+                    version, [unit.key for unit in linked])
     entry = _entry(cache_dir, key, ".so")
 
     # Fast path, no lock: a complete entry is never modified, only replaced whole.

@@ -36,8 +36,8 @@ I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    cdll = build_with_gemm(CONV_DEPS + conv.source(), tmp_path_factory.mktemp("conv"), "test_conv").cdll
+def lib(build_cache):
+    cdll = build_with_gemm(CONV_DEPS + conv.source(), build_cache, "test_conv").cdll
     cdll.ss_conv2d_work_size.restype = I64
     cdll.ss_conv2d_work_size.argtypes = [I64] * 6
     cdll.ss_conv2d.restype = None
@@ -397,12 +397,12 @@ def test_conv2d_dense_without_the_implicit_gemm(direct_lib, case, act):
 
 
 @pytest.fixture(scope="module")
-def ymm_lib(tmp_path_factory):
+def ymm_lib(build_cache):
     """The fragment built without AVX-512 (on a machine that has it; elsewhere the default
     build is this one already): the implicit GEMM's ymm 6 x 16 tile instead of its zmm tiles."""
     from shapeshift.codegen.build import DEFAULT_FLAGS
 
-    return typed_conv(build_with_gemm(CONV_DEPS + conv.source(), tmp_path_factory.mktemp("conv_ymm"), "test_conv_ymm",
+    return typed_conv(build_with_gemm(CONV_DEPS + conv.source(), build_cache, "test_conv_ymm",
                                       flags=(*DEFAULT_FLAGS, "-mno-avx512f")).cdll)
 
 

@@ -51,15 +51,15 @@ def _typed(cdll):
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    return _typed(compile_library(SOURCE, "test_nchwc", cache_dir=tmp_path_factory.mktemp("nchwc")).cdll)
+def lib(build_cache):
+    return _typed(compile_library(SOURCE, "test_nchwc", cache_dir=build_cache).cdll)
 
 
 @pytest.fixture(scope="module")
-def ymm_lib(tmp_path_factory):
+def ymm_lib(build_cache):
     """Built without AVX-512: the 8-lane kernels as an AVX2 machine runs them."""
     return _typed(compile_library(SOURCE, "test_nchwc_ymm", flags=(*DEFAULT_FLAGS, "-mno-avx512f"),
-                                  cache_dir=tmp_path_factory.mktemp("nchwc_ymm")).cdll)
+                                  cache_dir=build_cache).cdll)
 
 
 def ptr(a):

@@ -27,9 +27,9 @@ POINTERS = {np.float32: ctypes.POINTER(ctypes.c_float), np.float64: ctypes.POINT
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     cdll = compile_library(PRELUDE + dropout.source(), name_hint="test_dropout",
-                           cache_dir=tmp_path_factory.mktemp("dropout")).cdll
+                           cache_dir=build_cache).cdll
     for name, dtype in (("ss_dropout_f32", np.float32), ("ss_dropout_f64", np.float64)):
         fn = getattr(cdll, name)
         fn.restype = None

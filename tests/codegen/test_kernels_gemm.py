@@ -74,8 +74,8 @@ def _load(source: str, schedule: GemmSchedule, cache_dir, flags=None) -> Lib:
 
 
 @pytest.fixture(scope="module")
-def libs(tmp_path_factory) -> dict[str, Lib]:
-    cache = tmp_path_factory.mktemp("gemm_cache")
+def libs(build_cache) -> dict[str, Lib]:
+    cache = build_cache
     return {
         "default": _load(PRELUDE + gemm.source(), default_schedule(), cache),
         "tiny": _load(PRELUDE + gemm.source(TINY), TINY, cache),

@@ -19,9 +19,9 @@ p64 = ctypes.POINTER(ctypes.c_int64)
 # The default build, and one whose tiny thresholds put small cases on the threaded paths.
 @pytest.fixture(scope="module", params=[{}, {"parallel_bytes": 64, "parallel_cast_elems": 16, "topk_parallel_elems": 16}],
                 ids=["default", "small"])
-def lib(request, tmp_path_factory):
+def lib(request, build_cache):
     cdll = compile_library(PRELUDE + indexing.source(**request.param), name_hint="indexing",
-                           cache_dir=tmp_path_factory.mktemp("cache")).cdll
+                           cache_dir=build_cache).cdll
     for name in ("ss_gather", "ss_gather_i32"):
         getattr(cdll, name).argtypes = [i64, vp, i64, i64, i64, vp, i64, vp]
         getattr(cdll, name).restype = ctypes.c_int

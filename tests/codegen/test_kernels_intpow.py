@@ -40,9 +40,9 @@ void t_ipow_real_i64(const int64_t* b, const double* e, int64_t* y, int64_t n) {
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     return compile_library(PRELUDE + intpow.source() + _WRAPPERS, name_hint="test_intpow",
-                           cache_dir=tmp_path_factory.mktemp("intpow")).cdll
+                           cache_dir=build_cache).cdll
 
 
 def _suffix(dtype) -> str:

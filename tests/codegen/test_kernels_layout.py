@@ -25,9 +25,9 @@ SENTINEL = 0xA5
 # The default build, and one whose tiny tile and threshold put small cases on the tiled
 # and threaded paths too.
 @pytest.fixture(scope="module", params=[{}, {"tile": 8, "parallel_bytes": 64, "chunk_bytes": 24}], ids=["default", "small"])
-def lib(request, tmp_path_factory):
+def lib(request, build_cache):
     cdll = compile_library(PRELUDE + layout.source(**request.param), name_hint="layout",
-                           cache_dir=tmp_path_factory.mktemp("cache")).cdll
+                           cache_dir=build_cache).cdll
     i64, vp = ctypes.c_int64, ctypes.c_void_p
     p64 = ctypes.POINTER(ctypes.c_int64)
     cdll.ss_copy.argtypes = [i64, i64, p64, vp, p64, vp, p64]

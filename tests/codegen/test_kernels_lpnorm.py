@@ -26,9 +26,9 @@ BLOCK = 8
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     source = PRELUDE + lpnorm.source(block=BLOCK, par_min=256)  # small: the OpenMP loop runs too
-    cdll = compile_library(source, name_hint="test_lpnorm", cache_dir=tmp_path_factory.mktemp("lpnorm")).cdll
+    cdll = compile_library(source, name_hint="test_lpnorm", cache_dir=build_cache).cdll
     cdll.ss_lp_normalize.restype = None
     cdll.ss_lp_normalize.argtypes = [F32P] * 2 + [I64] * 3 + [ctypes.c_int]
     return cdll

@@ -26,9 +26,9 @@ I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     source = PRELUDE + lppool.source(par_min=256)  # small: the test sizes run the OpenMP loop too
-    cdll = compile_library(source, name_hint="test_lppool", cache_dir=tmp_path_factory.mktemp("lppool")).cdll
+    cdll = compile_library(source, name_hint="test_lppool", cache_dir=build_cache).cdll
     cdll.ss_lppool3d.restype = None
     cdll.ss_lppool3d.argtypes = [F32P] * 2 + [I64] * 19 + [ctypes.c_float]
     return cdll

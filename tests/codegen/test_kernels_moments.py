@@ -27,9 +27,9 @@ SHAPES = [(1, 1, 1), (2, 3, 5), (1, 4, 1), (5, 1, 7), (3, 2, 0), (0, 3, 2), (4, 
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     source = PRELUDE + moments.source(par_work=256)  # small: the OpenMP loops run too
-    cdll = compile_library(source, name_hint="test_moments", cache_dir=tmp_path_factory.mktemp("moments")).cdll
+    cdll = compile_library(source, name_hint="test_moments", cache_dir=build_cache).cdll
     cdll.ss_channel_moments.restype = None
     cdll.ss_channel_moments.argtypes = [F32P, I64, I64, I64, F32P, F32P]
     cdll.ss_mvn.restype = None

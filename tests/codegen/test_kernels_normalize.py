@@ -20,9 +20,9 @@ RTOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     source = PRELUDE + vmath.source() + normalize.source()
-    cdll = compile_library(source, name_hint="test normalize", cache_dir=tmp_path_factory.mktemp("normalize")).cdll
+    cdll = compile_library(source, name_hint="test normalize", cache_dir=build_cache).cdll
     cdll.ss_layernorm.argtypes = [P, P, P, P, I64, I64, F, P, P]
     cdll.ss_group_norm.argtypes = [P, P, P, P, I64, I64, I64, I64, F]
     cdll.ss_batchnorm.argtypes = [P, P, P, P, P, P, I64, I64, I64, F]

@@ -29,8 +29,8 @@ I64, F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    cdll = compile_library(PRELUDE + pool.source(), name_hint="test_pool", cache_dir=tmp_path_factory.mktemp("pool")).cdll
+def lib(build_cache):
+    cdll = compile_library(PRELUDE + pool.source(), name_hint="test_pool", cache_dir=build_cache).cdll
     cdll.ss_maxpool2d.restype = None
     cdll.ss_maxpool2d.argtypes = [F32P] * 2 + [I64] * 13
     cdll.ss_avgpool2d.restype = None

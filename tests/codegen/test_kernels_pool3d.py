@@ -34,9 +34,9 @@ ARRAY3 = I64 * 3
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     cdll = compile_library(PRELUDE + pool.source(), name_hint="test_pool3d",
-                           cache_dir=tmp_path_factory.mktemp("pool3d")).cdll
+                           cache_dir=build_cache).cdll
     geometry = [ctypes.POINTER(I64)] * 6  # in, out, k, s, p, dil
     for sfx in MAX_DTYPES:
         fn = getattr(cdll, f"ss_maxpool3d_{sfx}")

@@ -30,9 +30,9 @@ ONNX_OPS = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min":
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     source = PRELUDE + vmath.source() + reduce.source()
-    cdll = compile_library(source, name_hint="test reduce", cache_dir=tmp_path_factory.mktemp("reduce")).cdll
+    cdll = compile_library(source, name_hint="test reduce", cache_dir=build_cache).cdll
     cdll.ss_reduce.argtypes = [ctypes.c_int, P, P, I64, I64, I64]
     for name in ("ss_argmax", "ss_argmin"):
         getattr(cdll, name).argtypes = [P, P, I64, I64, I64, ctypes.c_int]

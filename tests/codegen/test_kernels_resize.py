@@ -47,9 +47,9 @@ TARGETS = [
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     cdll = compile_library(PRELUDE + resize.source(), name_hint="test_resize",
-                           cache_dir=tmp_path_factory.mktemp("resize")).cdll
+                           cache_dir=build_cache).cdll
     cdll.ss_resize2d.restype = None
     cdll.ss_resize2d.argtypes = [F32P, F32P] + [I64] * 5 + [F32, F32, INT, INT, INT, F32, INT]
     return cdll

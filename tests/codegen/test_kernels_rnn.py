@@ -37,9 +37,9 @@ KIND_LSTM = 3
 
 
 @pytest.fixture(scope="module", params=["native", "ymm"])
-def lib(request, tmp_path_factory):
+def lib(request, build_cache):
     flags = (*DEFAULT_FLAGS, "-mno-avx512f") if request.param == "ymm" else None
-    cdll = build_with_gemm(vmath.source() + rnn.source(), tmp_path_factory.mktemp("rnn"), f"test_rnn_{request.param}",
+    cdll = build_with_gemm(vmath.source() + rnn.source(), build_cache, f"test_rnn_{request.param}",
                            flags=flags).cdll
     cdll.ss_lstm.restype = None
     cdll.ss_lstm.argtypes = ([F32P] * 6 + [I32P] + [F32P] * 6 + [I64] * 4 + [INT] * 3 + [I32P, F32P, F32P]

@@ -42,10 +42,10 @@ BUILDS = {"native": ((), None), "ymm": (("-mno-avx512f",), None), "chunks": ((),
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))
-def lib(request, tmp_path_factory):
+def lib(request, build_cache):
     extra, chunk = BUILDS[request.param]
     flags = (*DEFAULT_FLAGS, *extra) if extra else None
-    cdll = build_with_gemm(vmath.source() + rnn.source(chunk_floats=chunk), tmp_path_factory.mktemp("rnn_gru"),
+    cdll = build_with_gemm(vmath.source() + rnn.source(chunk_floats=chunk), build_cache,
                            f"test_rnn_gru_{request.param}", flags=flags).cdll
     head = [F32P] * 6 + [I32P] + [F32P] * 3 + [I64] * 4 + [ctypes.c_int] * 2
     tail = [I32P, F32P, F32P, ctypes.c_float, F32P]

@@ -29,9 +29,9 @@ I64, F32P, I64P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.POINTER
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     source = PRELUDE + rotary.source(par_min=64)  # small: the test sizes run the OpenMP loop too
-    cdll = compile_library(source, name_hint="test_rotary", cache_dir=tmp_path_factory.mktemp("rotary")).cdll
+    cdll = compile_library(source, name_hint="test_rotary", cache_dir=build_cache).cdll
     cdll.ss_rotary_embedding.restype = ctypes.c_int
     cdll.ss_rotary_embedding.argtypes = [F32P] * 3 + [I64P, F32P] + [I64] * 10 + [ctypes.c_int]
     return cdll

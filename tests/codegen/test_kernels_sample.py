@@ -31,10 +31,10 @@ PADDINGS = ("zeros", "border", "reflection")
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     # A small par_min so that the test sizes run the OpenMP loop too.
     source = PRELUDE + sample.source(block=8, par_min=256)
-    cdll = compile_library(source, name_hint="test_sample", cache_dir=tmp_path_factory.mktemp("sample")).cdll
+    cdll = compile_library(source, name_hint="test_sample", cache_dir=build_cache).cdll
     cdll.ss_grid_sample.restype = None
     cdll.ss_grid_sample.argtypes = [F32P] * 3 + [I64] * 3 + [I64P] * 2 + [ctypes.c_int] * 3
     return cdll

@@ -112,9 +112,9 @@ REFERENCE = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "erf": _erf64, "sigm
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def lib(build_cache):
     cdll = compile_library(PRELUDE + vmath.source() + WRAPPER, name_hint="test vmath",
-                           cache_dir=tmp_path_factory.mktemp("vmath")).cdll
+                           cache_dir=build_cache).cdll
     cdll.ss_test_apply.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     cdll.ss_test_apply.restype = None
     cdll.ss_test_has_fma.restype = ctypes.c_int
