@@ -7,7 +7,6 @@ and none of them a sampled size."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,11 +35,10 @@ def test_a_range_tuning_and_a_per_size_one_are_compared_and_written(tmp_path):
     path = tmp_path / "mobile_b.onnx"
     onnx.save(model, path)
     out = tmp_path / "dyn.md"
-    env = dict(os.environ, SHAPESHIFT_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "tune_dynamic.py"), "--model", str(path),
                            "--range", "64:128", "--trials", "1", "--held-out", "1", "--runs", "2", "--rounds", "1",
                            "--workdir", str(tmp_path / "work"), "--output", str(out)],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text()
     assert "measured FMA peak" in text and "Tuning wall time: range" in text

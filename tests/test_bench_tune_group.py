@@ -5,7 +5,6 @@ tunings' rows and every tool's latency row."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_grouped_and_per_instance_tunings_are_compared_and_written(tmp_path):
     out = tmp_path / "group.md"
-    env = dict(os.environ, SHAPESHIFT_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "tune_group.py"), "--layers", "1", "--hidden", "64",
                            "--seq", "8", "--trials", "1", "--runs", "2", "--rounds", "1", "--workdir",
                            str(tmp_path / "work"), "--output", str(out)],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text()
     assert "measured FMA peak" in text
