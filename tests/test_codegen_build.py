@@ -485,3 +485,6 @@ def test_key_flags_leave_out_only_disables_of_absent_features(monkeypatch):
     assert build.key_flags(flags, "cc") == flags
     monkeypatch.setattr(build, "native_macros", lambda cc: frozenset())  # the compiler could not say
     assert build.key_flags(flags, "cc") == flags
+    # Nothing to leave out: the compiler is not asked at all.
+    monkeypatch.setattr(build, "native_macros", lambda cc: pytest.fail("asked the compiler for nothing"))
+    assert build.key_flags(DEFAULT_FLAGS, "cc") == DEFAULT_FLAGS

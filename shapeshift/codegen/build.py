@@ -217,9 +217,11 @@ def key_flags(flags: Sequence[str], cc: str) -> tuple[str, ...]:
     is the one without it (an AVX2 machine's builds "without AVX-512", which the tests make to
     cover the AVX2 forms on AVX-512 machines, were second copies of its native builds,
     compiled again: gcc took 193 s on one of them on an AMD Zen 3). Kept whole where a flag
-    turns a listed feature on (then the order matters) or the compiler cannot be asked."""
+    turns a listed feature on (then the order matters) or the compiler cannot be asked. Flags
+    with no ``-mno-`` (every build a session makes) return as they are, without asking it."""
     flags = tuple(flags)
-    if "-march=native" not in flags or any(f"-m{name}" in flags for name in _FEATURE_MACROS):
+    if ("-march=native" not in flags or not any(f.startswith("-mno-") for f in flags)
+            or any(f"-m{name}" in flags for name in _FEATURE_MACROS)):
         return flags
     macros = native_macros(cc)
     if not macros:
