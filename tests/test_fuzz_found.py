@@ -846,3 +846,50 @@ def test_a_cumsum_axis_fed_at_run_time_past_the_rank_is_an_error_naming_the_node
         np.testing.assert_allclose(session.run(None, feed)[0], _ort(model, feed)[0], rtol=1e-6)
     with pytest.raises(ShapeshiftError, match="'n'.*out of range"):
         session.run(None, {"x": x, "axis": np.array([2], np.int64)})
+
+
+def _pads_folded_empty_model() -> onnx.ModelProto:
+    """A reflect Pad whose pads come out of a chain that import's type rules cannot evaluate
+    (a Slice from -1 to -2**63 + 1 with step 1: empty) but simplify folds: to no pads at all,
+    for a rank-2 input."""
+    def const(name, values):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64)))
+
+    nodes = [const("two", [2]), const("p2", [0, 64]),
+             helper.make_node("ConstantOfShape", ["two"], ["zeros"],
+                              value=numpy_helper.from_array(np.array([0], np.int64))),
+             helper.make_node("Concat", ["p2", "zeros"], ["p4"], axis=0), const("pairs", [-1, 2]),
+             helper.make_node("Reshape", ["p4", "pairs"], ["by_axis"]),
+             const("start", [-1]), const("end", [-(1 << 63) + 1]), const("axis", [0]), const("step", [1]),
+             helper.make_node("Slice", ["by_axis", "start", "end", "axis", "step"], ["none"]),
+             helper.make_node("Transpose", ["none"], ["flipped"]), const("flat", [-1]),
+             helper.make_node("Reshape", ["flipped", "flat"], ["pads"]),
+             helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect", name="pad")]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, [1, "n"])],
+                  [helper.make_tensor_value_info("y", F, None)])
+
+
+def test_pads_that_fold_to_the_wrong_count_are_a_clear_error_on_both_backends():
+    """silero_vad's STFT padding with its flip's step mutated from -1 to 1 (and a Constant of
+    the If's branch retyped): the pads fold to an empty tensor for a rank-2 input. Simplify's
+    re-typing refused the Pad but left it its earlier types, and the native lowering indexed
+    the missing pads: IndexError out of InferenceSession (the reference backend: an
+    ExecutionError naming only the IndexError). Now the native builder leaves a node whose
+    re-typing failed to the reference evaluator, which says what is wrong, on both backends.
+    (``--reproduce 1335:3725``)"""
+    model = _pads_folded_empty_model()
+    for backend in ("native", "reference"):
+        session = shapeshift.InferenceSession(model, backend=backend)
+        with pytest.raises(ExecutionError, match=r"node 'pad' \(Pad\): 0 pads for 2 axes"):
+            session.run(None, {"x": np.ones((1, 70), np.float32)})
+    reasons = [step.reason for program in shapeshift.InferenceSession(model, backend="native")._executor.programs()
+               for step in program.steps if step.node.op_type == "Pad"]
+    assert reasons == ["types stale (node 'pad' (Pad): 0 pads for 2 axes)"], reasons
+    # The chain unmutated (step -1: pads [0, 0, 0, 64]) still lowers and pads as onnxruntime does.
+    valid = _pads_folded_empty_model()
+    step = next(n for n in valid.graph.node if n.output == ["step"])
+    step.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array([-1], np.int64)))
+    x = np.random.default_rng(0).standard_normal((1, 70)).astype(np.float32)
+    session = shapeshift.InferenceSession(valid, backend="native")
+    assert not session._executor.program.fallback_ops()
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], _ort(valid, {"x": x})[0])

@@ -279,6 +279,10 @@ class _Builder:
 
     def _classify(self, node: Node) -> Step:
         self.current = self.position[id(node)]
+        if node.type_error is not None:
+            # Simplify folded its inputs into values its type rule refuses: the types it
+            # kept are stale. The reference evaluator runs it and says what is wrong.
+            return self._fallback(node, f"types stale ({node.type_error})")
         if node.has_subgraphs():
             step = self._fallback(node, "control flow")
             if node.op_type == "If" and node.domain in ("", "ai.onnx"):

@@ -131,7 +131,8 @@ class Node:
     input (whose slot is then None): the op is static, with symbolic parameters.
     """
 
-    __slots__ = ("op_type", "domain", "name", "inputs", "outputs", "attrs", "attr_types", "graph", "doc", "params")
+    __slots__ = ("op_type", "domain", "name", "inputs", "outputs", "attrs", "attr_types", "graph", "doc", "params",
+                 "type_error")
 
     def __init__(self, op_type: str, domain: str = "", name: str = ""):
         self.op_type = op_type
@@ -146,6 +147,9 @@ class Node:
         self.graph: Optional[Graph] = None
         self.doc = ""
         self.params: dict[int, StaticParam] = {}
+        # Why re-typing this node failed after its inputs changed (simplify folded them):
+        # its outputs keep their earlier types, which a lowering rule must not trust.
+        self.type_error: Optional[str] = None
 
     # An attribute list holds one kind of item (ONNX's GRAPHS, INTS...), so its
     # first item tells whether it is a list of bodies.

@@ -231,6 +231,8 @@ def _pad(ctx, x, pads=None, constant_value=None, axes=None):
         # The spec's default: 0, False, or the empty string.
         value = "" if x.dtype == object else 0
     axes = list(range(x.ndim)) if axes is None else normalize_axes(ints_of(axes), x.ndim)
+    if len(pads) != 2 * len(axes):
+        ctx.fail(f"{len(pads)} pads for {len(axes)} axes")  # as the type rule says it
     begins, ends = [0] * x.ndim, [0] * x.ndim
     for i, axis in enumerate(axes):
         begins[axis], ends[axis] = pads[i], pads[i + len(axes)]

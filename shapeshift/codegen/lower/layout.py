@@ -254,6 +254,8 @@ def lower_pad(node: Node, ctx: LowerContext, opset: int) -> Lowered:
         value = constant[0] if constant else 0
         axes = param_values(node, 3, ctx)
     axes = list(range(rank)) if axes is None else [int(a) + rank if int(a) < 0 else int(a) for a in axes]
+    if pads is None or len(pads) != 2 * len(axes) or not all(0 <= a < rank for a in axes):
+        raise Unsupported("pads that do not match the axes")  # the reference evaluator names the error
     begins: list[Dim] = [0] * rank
     for k, axis in enumerate(axes):
         begins[axis] = pads[k]

@@ -130,7 +130,9 @@ class _Simplifier:
             infer_node(node, retype_bodies=False)
         except ShapeshiftError as exc:
             self.stats.warnings.append(str(exc))
+            node.type_error = str(exc)
             return False
+        node.type_error = None
         for out, (old_type, old_contents) in zip(node.outputs, before):
             if out.type != old_type or out.shape_contents != old_contents:
                 self.rw.enqueue_users(out)
