@@ -6,6 +6,13 @@ its output. Ragged channel counts (3, 5, 17, 24, 33, 100 against blocks of 8 and
 planes (7, 13, 31), pads, strides, dilations, groups, every epilogue; both widths, in the
 native build and in one without AVX-512 (where the 16-lane vectors are two ymm halves).
 The lanes past C in each output's last block must come back zero.
+
+Each width's conv kernels are a library of their own: the 16-lane ones, where the build
+emulates them (no AVX-512: GCC vector extensions over pairs of ymm), at a lower -O level
+(``EMULATED_OPT``), since gcc -O3 took 150-175 s over them on an AMD Zen 3 (-O2 102 s,
+-O1 31 s, -Og 5 s), the one slowest step of the test suite, for code no machine without
+AVX-512 runs in a program (its layout pass blocks by 8 there). The same C at -O1 still checks
+what the 16-lane kernels compute.
 """
 
 from __future__ import annotations
@@ -30,11 +37,14 @@ pytestmark = pytest.mark.skipif(
     reason="no C compiler on this machine")
 
 I64, F32P, INT, F32 = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_float
-SOURCE = PRELUDE + nchwc.source() + conv_nchwc.source(widths=nchwc.WIDTHS)  # both widths on any machine
+#: Both widths on any machine, each width's conv kernels in a library of its own.
+SOURCES = {lanes: PRELUDE + nchwc.source() + conv_nchwc.source(widths=(lanes,)) for lanes in nchwc.WIDTHS}
+#: The -O level of emulated 16-lane kernels: the same C, compiled in seconds.
+EMULATED_OPT = "-O1"
 
 
-def _typed(cdll):
-    for lanes in nchwc.WIDTHS:
+def _typed(cdll, widths):
+    for lanes in widths:
         for name in ("ss_nchwc_block", "ss_nchwc_unblock"):
             fn = getattr(cdll, f"{name}_{lanes}")
             fn.restype, fn.argtypes = None, [F32P, F32P, I64, I64, I64]
@@ -50,16 +60,35 @@ def _typed(cdll):
     return cdll
 
 
+class _ByWidth:
+    """The kernels of both widths, each looked up in its width's library (names end in _8 or _16)."""
+
+    def __init__(self, libraries: dict):
+        self.libraries = libraries
+
+    def __getattr__(self, name: str):
+        return getattr(self.libraries[int(name.rsplit("_", 1)[1])], name)
+
+
+def _build(name: str, flags: tuple, cache_dir) -> _ByWidth:
+    emulated = "-mno-avx512f" in flags or not named_target("native").avx512
+    libraries = {}
+    for lanes, source in SOURCES.items():
+        own = (*flags, EMULATED_OPT) if lanes == 16 and emulated else flags  # gcc takes the last -O
+        libraries[lanes] = _typed(compile_library(source, f"{name}_{lanes}", flags=own, cache_dir=cache_dir).cdll,
+                                  (lanes,))
+    return _ByWidth(libraries)
+
+
 @pytest.fixture(scope="module")
 def lib(build_cache):
-    return _typed(compile_library(SOURCE, "test_nchwc", cache_dir=build_cache).cdll)
+    return _build("test_nchwc", DEFAULT_FLAGS, build_cache)
 
 
 @pytest.fixture(scope="module")
 def ymm_lib(build_cache):
     """Built without AVX-512: the 8-lane kernels as an AVX2 machine runs them."""
-    return _typed(compile_library(SOURCE, "test_nchwc_ymm", flags=(*DEFAULT_FLAGS, "-mno-avx512f"),
-                                  cache_dir=build_cache).cdll)
+    return _build("test_nchwc_ymm", (*DEFAULT_FLAGS, "-mno-avx512f"), build_cache)
 
 
 def ptr(a):
