@@ -140,17 +140,19 @@ print("fenced", len(plan.gaps))
 """
 
 
-def _clean_sanitized_stdout(code: str, tmp_path: Path) -> str:
-    """The stdout of ``code`` run sanitized, which must end well and leave no report."""
-    proc = _run_sanitized(code, tmp_path, tmp_path / "cache")
+def _clean_sanitized_stdout(code: str, tmp_path: Path, cache: Path) -> str:
+    """The stdout of ``code`` run sanitized (with the build cache ``cache``: the run's, whose
+    sanitized kernel objects the other tests here build too), which must end well and leave
+    no report."""
+    proc = _run_sanitized(code, tmp_path, cache)
     assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
     assert not sanitize.reports(tmp_path / "logs")
     return proc.stdout
 
 
 @needs_asan
-def test_a_sanitized_session_fences_its_arena(tmp_path):
-    assert "fenced" in _clean_sanitized_stdout(FENCED_RUN, tmp_path)
+def test_a_sanitized_session_fences_its_arena(tmp_path, build_cache):
+    assert "fenced" in _clean_sanitized_stdout(FENCED_RUN, tmp_path, build_cache)
 
 
 def _ci_cases() -> list[str]:
@@ -199,10 +201,10 @@ print("placed", len(session._executor.vm._plan({"n": 1, "h": 1, "w": 1}).offsets
 
 
 @needs_asan
-def test_parts_placed_inside_other_buffers_stay_inside(tmp_path):
+def test_parts_placed_inside_other_buffers_stay_inside(tmp_path, build_cache):
     """A C2f and an SPPF block at batch 1, its Split and Concat parts placed inside their
     hosts (codegen/placement.py), and at batch 2, copied: no report."""
-    assert "placed" in _clean_sanitized_stdout(PLACED_PARTS, tmp_path)
+    assert "placed" in _clean_sanitized_stdout(PLACED_PARTS, tmp_path, build_cache)
 
 
 SMALL_PLANE_CONV = r"""
@@ -224,5 +226,5 @@ print("shape", y.shape)
 
 
 @needs_asan
-def test_the_small_plane_conv_offset_table_is_aligned(tmp_path):
-    assert "shape (1, 16, 5, 1)" in _clean_sanitized_stdout(SMALL_PLANE_CONV, tmp_path)
+def test_the_small_plane_conv_offset_table_is_aligned(tmp_path, build_cache):
+    assert "shape (1, 16, 5, 1)" in _clean_sanitized_stdout(SMALL_PLANE_CONV, tmp_path, build_cache)
