@@ -302,7 +302,7 @@ def test_records_route_each_conv_to_its_dispatcher(tmp_path):
 def test_cli_tunes_each_conv_class_and_the_session_matches(tmp_path, capsys):
     model = _cnn(tmp_path)
     db = tmp_path / "tuned.db"
-    assert main(["tune", model, "--trials", "2", "--db", str(db)]) == 0
+    assert main(["tune", model, "--trials", "1", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert "3 task(s)" in out and "conv 3x3/2: 2 instance(s)" in out
     session = InferenceSession(model, backend="native", num_threads=1, tuning_db=db)
@@ -341,7 +341,7 @@ def test_dynamic_image_sizes_are_sampled_and_dispatched_at_held_out_sizes(tmp_pa
     assert sorted({b["h"] for b in bindings}) == sorted({b["w"] for b in bindings})  # every value of each dim
     model = _cnn(tmp_path, dynamic=True)
     db = tmp_path / "dyn.db"
-    assert main(["tune", model, "--dynamic", "h=64:160", "--dynamic", "w=64:160", "--trials", "2",
+    assert main(["tune", model, "--dynamic", "h=64:160", "--dynamic", "w=64:160", "--trials", "1",
                  "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert "conv 3x3/2: " in out and "conv 1x1/1: " in out  # classes over the sampled sizes

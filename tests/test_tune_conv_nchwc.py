@@ -346,7 +346,7 @@ def test_cli_tunes_blocked_classes_over_dynamic_sizes_and_the_session_matches(tm
     matches onnxruntime."""
     model = _mobile(tmp_path)
     db = tmp_path / "dyn.db"
-    assert main(["tune", model, "--dynamic", "h=64:160", "--dynamic", "w=64:160", "--trials", "2",
+    assert main(["tune", model, "--dynamic", "h=64:160", "--dynamic", "w=64:160", "--trials", "1",
                  "--db", str(db)]) == 0
     out = capsys.readouterr().out
     for label in (f"depthwise NCHW{LANES}c conv 3x3/1", f"depthwise NCHW{LANES}c conv 5x5/2",
