@@ -44,6 +44,17 @@ def _slow(schedule):
                                                    "while (omp_get_wtime() - t0 < 0.4) {} }")
 
 
+def _held(release):
+    """A source whose every call first waits until the file ``release`` exists (50 s at most):
+    a measurement that ends when the test says, however the machine schedules the workers."""
+    def source(schedule):
+        wait = (f'{{ double t0 = omp_get_wtime(); while (access("{release}", 0) != 0 && '
+                f'omp_get_wtime() - t0 < 50.0) {{}} }}')
+        return gemm.source(schedule).replace(
+            RUN_HEAD, "extern int access(const char* path, int mode);\n" + RUN_HEAD + "\n    " + wait)
+    return source
+
+
 def _crashes(schedule):
     return gemm.source(schedule).replace(RUN_HEAD, RUN_HEAD + "\n    abort();")
 
@@ -86,12 +97,16 @@ def test_a_tune_on_the_cluster_records_what_it_measured(tmp_path, cluster):
     assert len(shortlist) == 2 and sorted(shortlist[0] + shortlist[1]) == tuner.select_ms
 
 
-def test_wait_hands_back_what_finished_first_not_what_was_submitted_first(cluster):
-    """A slow candidate submitted first, a quick one after it: on two CPUs ``wait`` returns the
-    quick one alone, while the slow one runs on."""
-    slow = cluster.submit(measurement_source(SMALL, source_fn=_slow), WORKLOAD, [4], FAST)
+def test_wait_hands_back_what_finished_first_not_what_was_submitted_first(cluster, tmp_path):
+    """A held candidate submitted first, a quick one after it: on two CPUs ``wait`` returns the
+    quick one alone, while the held one runs on until the test releases it. (A candidate that
+    only spun 0.4 s a call finished first once under a loaded test run: the quick one had
+    waited for its worker.)"""
+    release = tmp_path / "release"
+    slow = cluster.submit(measurement_source(SMALL, source_fn=_held(release)), WORKLOAD, [4], FAST)
     quick = cluster.submit(measurement_source(SMALL), WORKLOAD, [1], FAST)
     first = cluster.wait([slow, quick])
+    release.touch()
     assert [t for t, _ in first] == [quick] and first[0][1].error is None
     (ticket, result), = cluster.wait([slow])
     assert ticket == slow and result.error is None and set(result.seconds) == {4}
