@@ -19,6 +19,7 @@ from shapeshift.errors import ExpressionError
 from shapeshift.symbolic import (
     Expr,
     add,
+    add_all,
     bounds,
     ceildiv,
     evaluate,
@@ -287,6 +288,48 @@ def test_equal_expressions_are_one_object(case):
         return  # capping depends on the order intermediate results grow in
     assert same(other, e), (tree, to_string(e), to_string(other))
     assert hash(other) == hash(e)
+
+
+@PROPERTY_SETTINGS
+@given(st.lists(cases(), min_size=1, max_size=4), st.integers(-3, 3))
+def test_add_all_is_the_sum_of_its_terms(parts, constant):
+    """A sum gathered in one pass is the very expression that adding in turn builds, and has
+    its value. Each part has symbols of its own (n -> n_2), its first one comes twice (so
+    that like terms merge), and a constant joins them."""
+    ranges, env, trees = {}, {}, []
+    for i, (part_ranges, tree, envs) in enumerate(parts):
+        suffix = f"_{i}"
+        trees.append(_suffixed(tree, suffix))
+        ranges.update({name + suffix: bound for name, bound in part_ranges.items()})
+        env.update({name + suffix: value for name, value in envs[0].items()})
+    trees.append(trees[0])
+    dims = [build(tree, ranges) for tree in trees] + [constant]
+    total = add_all(dims)
+    stepwise = 0
+    for d in dims:
+        stepwise = add(stepwise, d)
+    if not (is_capped(total) or is_capped(stepwise)):
+        assert same(total, stepwise), [to_string(d) for d in dims]
+    assert evaluate(total, env) == sum(py_eval(tree, env) for tree in trees) + constant
+    assert add_all([]) == 0 and add_all([3, 4]) == 7
+
+
+def _suffixed(tree, suffix):
+    """``tree`` with every symbol renamed to its name plus ``suffix``."""
+    if tree[0] == "sym":
+        return ("sym", tree[1] + suffix)
+    if tree[0] == "const":
+        return tree
+    return (tree[0], _suffixed(tree[1], suffix), _suffixed(tree[2], suffix))
+
+
+def test_add_all_of_many_data_sized_parts():
+    """SSDlite's per-class Concat: 90 parts, each sized by its own data (a NonZero's count)."""
+    counts = [symbol(f"k{i}", 0, 3234) for i in range(90)]
+    total = add_all(counts)
+    assert total is sum(counts[1:], counts[0])
+    assert bounds(total) == (0, 90 * 3234)
+    assert evaluate(total, {f"k{i}": i for i in range(90)}) == sum(range(90))
 
 
 @PROPERTY_SETTINGS

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..ir.types import INT64, INT_TYPES, TensorType
-from ..symbolic import Dim, Expr, add, bounds
+from ..symbolic import Dim, Expr, add_all, bounds
 from .common import Shape, normalize_axes, normalize_axis, product, tensor
 from .context import EvalContext, InferContext
 from .registry import define
@@ -116,10 +116,7 @@ def _track_contents(ctx: InferContext, shape: tuple, noop: bool) -> None:
     if ctx.node.op_type == "ReduceProd":
         ctx.set_contents(0, (product(contents),))
     else:
-        total: Dim = 0
-        for d in contents:
-            total = add(total, d)
-        ctx.set_contents(0, (total,))
+        ctx.set_contents(0, (add_all(contents),))
 
 
 # -- evaluation -------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..ir.types import INT64, TensorType
-from ..symbolic import Dim, Expr, add, bounds, ceildiv, floordiv, mul, sub
+from ..symbolic import Dim, Expr, add_all, bounds, ceildiv, floordiv, mul, sub
 from .common import broadcast_shapes, normalize_axes, normalize_axis, product, tensor
 from .context import InferContext
 from .registry import define
@@ -376,10 +376,7 @@ def _concat_type(ctx: InferContext) -> list:
 def _sum_dims(ctx, shapes, axis: int) -> Dim:
     if any(s is None for s in shapes):
         return ctx.fresh_dim("concat")
-    total: Dim = 0
-    for s in shapes:
-        total = add(total, s[axis])
-    return total
+    return add_all(s[axis] for s in shapes)
 
 
 def _concat(ctx, *inputs):
@@ -401,9 +398,7 @@ def _split_sizes(ctx, dim: Optional[Dim], count: int) -> Optional[list[Dim]]:
         split = list(split)
         if len(split) != count:
             ctx.fail(f"split has {len(split)} entries for {count} outputs")
-        total: Dim = 0
-        for s in split:
-            total = add(total, s)
+        total = add_all(split)
         if dim is not None and not isinstance(dim, Expr) and not isinstance(total, Expr) and total != dim:
             ctx.fail(f"split sizes add up to {total}, not the axis size {dim}")
         return split

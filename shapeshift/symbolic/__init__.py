@@ -6,6 +6,7 @@ from .expr import (
     Dim,
     Expr,
     add,
+    add_all,
     bounds,
     ceildiv,
     evaluate,
@@ -27,7 +28,7 @@ from .expr import (
 from .parse import parse_dim
 
 __all__ = [
-    "DEFAULT_HI", "DEFAULT_LO", "Dim", "Expr", "add", "bounds", "ceildiv", "evaluate",
+    "DEFAULT_HI", "DEFAULT_LO", "Dim", "Expr", "add", "add_all", "bounds", "ceildiv", "evaluate",
     "floordiv", "free_symbols", "is_dim", "is_static", "maximum", "minimum", "mod", "mul",
     "parse_dim", "prove_eq", "prove_le", "sub", "substitute", "symbol", "to_string",
 ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import weakref
-from typing import Mapping, Union
+from typing import Iterable, Mapping, Union
 
 from ..errors import ExpressionError
 
@@ -291,6 +291,28 @@ def _add_symbolic(a: Dim, b: Dim) -> Dim:
     terms = _terms_of(a)
     for m, c in _terms_of(b).items():
         terms[m] = terms.get(m, 0) + c
+    return Expr._from_terms(terms)
+
+
+def add_all(dims: Iterable[Dim]) -> Dim:
+    """The sum of ``dims``, its terms gathered in one pass: adding n symbolic dims one at a
+    time builds n growing expressions (SSDlite's Concats of 90 data-sized parts: 0.26 s of
+    its import's type inference). A sum too large for ``SIZE_CAP`` becomes one symbol for the
+    whole sum, where adding in turn capped the first partial sum past it."""
+    terms: dict = {}
+    constant = 0
+    symbolic = False
+    for d in dims:
+        if isinstance(d, Expr):
+            symbolic = True
+            for m, c in d.terms:
+                terms[m] = terms.get(m, 0) + c
+        else:
+            constant += int(d)
+    if not symbolic:
+        return constant
+    if constant:
+        terms[()] = terms.get((), 0) + constant
     return Expr._from_terms(terms)
 
 

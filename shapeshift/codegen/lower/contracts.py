@@ -26,7 +26,7 @@ from ...ir.types import TensorType
 from ...ops.common import product
 from ...ops.constant_ops import EXACT_INTEGERS, whole_number
 from ...ops.registry import one_element_inputs, one_element_message
-from ...symbolic import Dim, add, bounds, mul, prove_eq
+from ...symbolic import Dim, add_all, bounds, mul, prove_eq
 from .layout_assign import CONV, DOMAIN
 
 
@@ -190,9 +190,7 @@ def _split(node: Node) -> list[Agreement]:
     if sx is None or any(o is None or len(o) != len(sx) for o in outs) or not sx:
         return []
     axis = int(node.attrs.get("axis", 0)) % len(sx)
-    total = outs[0][axis]
-    for o in outs[1:]:
-        total = add(total, o[axis])
+    total = add_all(o[axis] for o in outs)
     return [Agreement(total, sx[axis], f"the parts' sizes along axis {axis} must add up to {_dim(x, axis)}")]
 
 
