@@ -157,3 +157,32 @@ def test_native_runs_read_only_feeds_and_return_outputs_of_their_own(encoder_pat
 def test_a_feed_that_is_no_mapping_is_refused(session):
     with pytest.raises(errors.InputError, match="must map input names to arrays .* got a list"):
         session.run(None, [np.zeros((1, 3), np.int64)])
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_an_if_whose_taken_branch_does_not_type_check_is_refused(backend):
+    """The condition comes from data, so both branches stay; the else branch multiplies
+    [N, 4] by [3, 2] and cannot type-check, so the If's types are the then branch's. Taking
+    it is an error that names the If, the branch and why, on both backends."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    weights = [onnx.numpy_helper.from_array(np.ones((4, 2), np.float32), "w_ok"),
+               onnx.numpy_helper.from_array(np.ones((3, 2), np.float32), "w_bad"),
+               onnx.numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    then = helper.make_graph([helper.make_node("MatMul", ["x", "w_ok"], ["t"], name="mm_ok")], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("MatMul", ["x", "w_bad"], ["e"], name="mm_bad")], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["r"], name="the_if", then_branch=then, else_branch=other),
+             helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                              weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = shapeshift.InferenceSession(model, backend=backend)
+    for n in (1, 5):
+        feed = np.random.default_rng(n).uniform(0.5, 1.5, (n, 4)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": feed})[0], feed @ np.ones((4, 2), np.float32), rtol=1e-6)
+        with pytest.raises(errors.ExecutionError, match=r"'the_if' \(If\): the condition chose the else_branch, "
+                                                        r"which does not type-check: node 'mm_bad'.*4 != 3"):
+            sess.run(None, {"x": -feed})

@@ -75,7 +75,12 @@ def _branch_types(ctx: InferContext, name: str) -> Optional[list]:
 
 
 def _if_eval(ctx: EvalContext, cond) -> list:
-    branch = ctx.attr("then_branch") if bool(np.asarray(cond).reshape(-1)[0]) else ctx.attr("else_branch")
+    name = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
+    branch = ctx.attr(name)
+    if branch.type_error is not None:
+        # The If's output types are the other branch's: whatever this one would compute
+        # (where an evaluator is laxer than the type rule), it is not what the graph says.
+        ctx.fail(f"the condition chose the {name}, which does not type-check: {branch.type_error}")
     return ctx.run_subgraph(branch, [])
 
 
