@@ -67,6 +67,31 @@ def test_sanitize_flags_are_part_of_the_flags_and_need_the_runtime(monkeypatch):
     assert build.target_flags() == plain
 
 
+def test_sanitized_builds_are_compiled_at_o1_at_most(monkeypatch, tmp_path):
+    """A sanitized library, its kernel objects and its own object are built at -O1 where
+    they would be at -O2 or -O3 (-O0 stays); a plain build keeps its levels."""
+    seen = []
+
+    def fake_build(entry, source, name_hint, flags, cc, version, linked, cache_dir, own_flags):
+        seen.append((flags, [unit.flags for unit in linked], own_flags))
+        raise RuntimeError("not built")
+
+    monkeypatch.setattr(build, "_build", fake_build)
+    objects = [("hot", "int f(void) { return 1; }", ("-O3",)), ("glue", "int g(void) { return 2; }", ("-O0",))]
+    for extra in (build.SANITIZE_FLAGS, ()):
+        with pytest.raises(RuntimeError, match="not built"):
+            build.compile_library("int f(void); int g(void);", flags=(*build.DEFAULT_FLAGS, *extra),
+                                  cache_dir=tmp_path, objects=objects, source_opt=("-O2",))
+    (lib, units, own), (plain_lib, plain_units, plain_own) = seen
+
+    def opt(flags):
+        return [f for f in flags if f.startswith("-O")]
+
+    assert (opt(lib), [opt(u) for u in units], opt(own)) == (["-O1"], [["-O1"], ["-O0"]], ["-O1"])
+    assert (opt(plain_lib), [opt(u) for u in plain_units], opt(plain_own)) == (["-O3"], [["-O3"], ["-O0"]], ["-O2"])
+    assert all(f in lib for f in build.SANITIZE_FLAGS)
+
+
 @needs_asan
 def test_environment_preloads_the_runtime_first():
     env = sanitize.environment({"LD_PRELOAD": "/lib/other.so", "ASAN_OPTIONS": "detect_leaks=1"},

@@ -122,6 +122,19 @@ SANITIZE_FLAGS: tuple[str, ...] = ("-fsanitize=address,undefined", "-fno-omit-fr
                                    "-fno-sanitize-recover=undefined")
 
 
+#: The highest -O level of a sanitized build. The sanitizers check the accesses the source
+#: makes, at any level; gcc -O3 with them on the kernel fragments was most of a sanitized
+#: test run (tests/test_sanitize.py with an empty cache, 2 jobs, AMD Zen 3: 122 s at -O3).
+SANITIZE_MAX_OPT = "-O1"
+
+
+def sanitizer_opt(flags: Sequence[str]) -> tuple[str, ...]:
+    """``flags``, their -O2 or -O3 lowered to ``SANITIZE_MAX_OPT`` where they sanitize."""
+    if not any(f.startswith("-fsanitize=") for f in flags):
+        return tuple(flags)
+    return tuple(SANITIZE_MAX_OPT if f in ("-O2", "-O3") else f for f in flags)
+
+
 def sanitizing() -> bool:
     """Whether ``$SHAPESHIFT_SANITIZE`` asks for sanitized native builds (set, and not 0)."""
     return os.environ.get("SHAPESHIFT_SANITIZE", "") not in ("", "0")
@@ -257,15 +270,15 @@ def compile_library(source: str, name_hint: str = "kernels", flags: Optional[Seq
     ``source`` itself, when it is compiled to an object (with ``objects``).
     Raises CompilerNotFoundError, or CompileError naming the kept source file.
     """
-    flags = tuple(DEFAULT_FLAGS if flags is None else flags)
+    flags = sanitizer_opt(DEFAULT_FLAGS if flags is None else flags)
     cc = find_compiler()
     version = compiler_version(cc)
     object_flags = _object_flags(flags)
     linked = []
     for name, src, *opt in objects:
-        unit_flags = with_opt(object_flags, opt[0] if opt else ())
+        unit_flags = sanitizer_opt(with_opt(object_flags, opt[0] if opt else ()))
         linked.append(_Linked(name, src, unit_flags, cache_key(src, key_flags(unit_flags, cc), version)))
-    own_flags = with_opt(object_flags, source_opt) if linked else None
+    own_flags = sanitizer_opt(with_opt(object_flags, source_opt)) if linked else None
     key = cache_key(source, key_flags(flags if not (linked and source_opt) else (*flags, "\0own\0", *own_flags), cc),
                     version, [unit.key for unit in linked])
     entry = _entry(cache_dir, key, ".so")
