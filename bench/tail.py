@@ -13,7 +13,8 @@ Every (threads, model, tool) runs in a fresh process through bench/e2e.py's work
 lowering, the C build of the kernels and of the model), again from the warm cache
 ("cache"), and for native from a cache holding only the kernel library ("library warm":
 the kernel objects and precompiled headers any earlier model leaves, bench/build_time.py's
-``build_fragment_cache``, built once before the workers), then per feed the median of
+``build_fragment_cache``, built once before the workers; timed in a new process, the
+package's session modules imported before the clock), then per feed the median of
 ``--runs`` runs after warm-up. ``OMP_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` are set
 to the thread count; onnxruntime gets the same ``intra_op_num_threads`` and its default
 graph optimizations. The whole set runs ``--rounds`` times with the tools' order reversed

@@ -56,3 +56,17 @@ def test_warm_cache_timing_rebuilds_what_the_session_built(encoder_path, compile
     e2e._time_warm_cache(result, session, str(encoder_path), 1, "native", None, None)
     assert len(compiler_calls) == built, "the second session and the build step come from the cache"
     assert result["cache_load_s"] > 0 and result["cache_compile_s"] >= 0
+
+
+def test_library_warm_load_is_timed_in_a_process_of_its_own(encoder_path, build_cache, tmp_path):
+    """The session is made in a new process from the cache given (here the run's, so nothing
+    compiles); a model that cannot load is an error that says so, not a time."""
+    import os
+
+    before = os.environ.get("SHAPESHIFT_CACHE_DIR")
+    seconds = e2e._fresh_process_load_s("native", str(encoder_path), 1, None, {"batch": (1, 2), "seq": (1, 8)},
+                                        build_cache)
+    assert 0 < seconds < 120
+    with pytest.raises(RuntimeError, match="session creation from .* failed"):
+        e2e._fresh_process_load_s("native", str(tmp_path / "missing.onnx"), 1, None, None, tmp_path)
+    assert os.environ.get("SHAPESHIFT_CACHE_DIR") == before  # this process's cache is left alone
