@@ -17,7 +17,10 @@ builds), each measurement is one session created in a fresh process (``num_threa
 
 Each process first imports the package (shapeshift's ``InferenceSession`` pulls in onnx,
 and onnx ml_dtypes: the "import" column, measured in the cache-hit process; onnxruntime's
-import is not counted either), then starts the clock. Each native figure is session
+import is not counted either), then starts the clock; it reads the package's modules
+compiled, as from an installed package (bench/machine.py's ``installed_env``: with
+PYTHONDONTWRITEBYTECODE=1, as these machines set it, the modules a session imports lazily
+were compiled from source inside the timed creation). Each native figure is session
 creation after that import: load, simplify, lowering, the build or the cache lookup and
 loading the library. "hit: build" is the part of a cache hit spent in the build cache
 (``compile_library``: keys, checks, dlopen). The ratios divide by onnxruntime's time
@@ -95,7 +98,7 @@ def _worker(tool: str, path: str) -> None:
 
 
 def _timed(tool: str, path: str, cache: Path, timeout: float) -> dict:
-    env = {**os.environ, "SHAPESHIFT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+    env = machine.installed_env({**os.environ, "SHAPESHIFT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"})
     proc = subprocess.run([sys.executable, __file__, "--worker", tool, path], env=env, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:

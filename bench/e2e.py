@@ -291,7 +291,8 @@ def _fresh_process_load_s(tool: str, path: str, threads: int, tuning_db, dynamic
         f"e2e._session({tool!r}, {path!r}, {threads}, {None if tuning_db is None else str(tuning_db)!r}, {dynamic!r})",
         "print(json.dumps(time.perf_counter() - start))",
     ])
-    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SHAPESHIFT_CACHE_DIR=str(cache)),
+    proc = subprocess.run([sys.executable, "-c", code],
+                          env=machine.installed_env(dict(os.environ, SHAPESHIFT_CACHE_DIR=str(cache))),
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"session creation from {cache} failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -326,8 +327,9 @@ def _run_worker(tool: str, model: str, args, workdir: str) -> dict:
     # session loads, spin up to 2^28 cycles (its default) before they sleep, holding the
     # second core at 2 threads: vit_interp's first 25 runs after its load took a median
     # 0.68 ms natively, 0.16 with 2^4 cycles, for every tool.
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads), OPENBLAS_THREAD_TIMEOUT="4")
+    env = machine.installed_env(dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+                                     OPENBLAS_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+                                     OPENBLAS_THREAD_TIMEOUT="4"))
     cmd = [sys.executable, __file__, "--worker", tool, model, "--threads", str(args.threads), "--runs",
            str(args.runs), "--workdir", workdir, "--seqs", *map(str, args.seqs), "--pause-ms", str(args.pause_ms)]
     if tool == TUNED:

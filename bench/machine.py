@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -137,6 +138,26 @@ def peak_gflops() -> float:
 # OPENBLAS_CORETYPE=Haswell, and on an AMD Zen 5 that ran NumPy at 112-116 GFLOPS on
 # 768x3072 at M = 512, 1 thread, where OpenBLAS's own choice (SkylakeX) ran 190-207.
 NARROW_OPENBLAS_KERNELS = frozenset({"haswell", "zen", "sandybridge", "nehalem", "core2", "prescott", "atom"})
+
+
+def installed_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` for a child process that times session creation, reading the package's
+    compiled bytecode as an installed package does (pip compiles it at install; numpy's,
+    onnx's and onnxruntime's were): these machines' environment sets PYTHONDONTWRITEBYTECODE=1,
+    so this checkout's modules were compiled from source in every process, the ones a
+    session imports lazily inside the timed creation (0.36 s of ssdlite320's under
+    cProfile, AMD Zen 3). The package is compiled beside its sources (``__pycache__``,
+    which git ignores) once per bench process."""
+    _compile_package()
+    env = dict(base)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+@functools.cache
+def _compile_package() -> None:
+    package = Path(__file__).resolve().parent.parent / "shapeshift"
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True, capture_output=True)
 
 
 def peer_env(threads: int) -> dict[str, str]:

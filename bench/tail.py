@@ -86,8 +86,8 @@ def worker(tool: str, model: str, threads: int, runs: int, workdir: str, quick: 
 
 
 def _run_worker(tool: str, model: str, threads: int, args, workdir: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads))
+    env = machine.installed_env(dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                                     MKL_NUM_THREADS=str(threads)))
     cmd = [sys.executable, __file__, "--worker", tool, model, "--threads", str(threads), "--runs", str(args.runs),
            "--workdir", workdir, "--pause-ms", str(args.pause_ms)] + (["--quick"] if args.quick else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)

@@ -39,3 +39,15 @@ def test_pyplot_is_none_without_matplotlib(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     assert machine.pyplot() is None
     assert "matplotlib is not installed" in capsys.readouterr().out
+
+
+def test_installed_env_reads_compiled_bytecode_like_an_installed_package():
+    """The child's environment lets Python read and write bytecode (these machines set
+    PYTHONDONTWRITEBYTECODE=1), the rest kept; the package is compiled beside its sources."""
+    import importlib.util
+
+    env = machine.installed_env({"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "2"})
+    assert env == {"OMP_NUM_THREADS": "2"}
+    package = Path(machine.__file__).resolve().parent.parent / "shapeshift"
+    for module in (package / "__init__.py", package / "codegen" / "program.py"):
+        assert Path(importlib.util.cache_from_source(str(module))).is_file(), module
