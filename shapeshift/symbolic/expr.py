@@ -297,7 +297,7 @@ def _add_symbolic(a: Dim, b: Dim) -> Dim:
 def add_all(dims: Iterable[Dim]) -> Dim:
     """The sum of ``dims``, its terms gathered in one pass: adding n symbolic dims one at a
     time builds n growing expressions (SSDlite's Concats of 90 data-sized parts: 0.26 s of
-    its import's type inference). A sum too large for ``SIZE_CAP`` becomes one symbol for the
+    its import's type inference under cProfile). A sum too large for ``SIZE_CAP`` becomes one symbol for the
     whole sum, where adding in turn capped the first partial sum past it."""
     terms: dict = {}
     constant = 0
