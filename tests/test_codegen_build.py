@@ -488,3 +488,12 @@ def test_key_flags_leave_out_only_disables_of_absent_features(monkeypatch):
     # Nothing to leave out: the compiler is not asked at all.
     monkeypatch.setattr(build, "native_macros", lambda cc: pytest.fail("asked the compiler for nothing"))
     assert build.key_flags(DEFAULT_FLAGS, "cc") == DEFAULT_FLAGS
+
+
+def test_units_start_by_expected_compile_time_not_size():
+    # SSDlite's 60 KB -O3 unit took longer than its 150 KB -O0 ones: started last, it ended
+    # after all of them. The order follows the -O level's cost per character.
+    hot, glue = "x" * 60_000, "x" * 150_000
+    assert build._expected_cost(hot, ("-O3", "-fPIC")) > build._expected_cost(glue, ("-O0", "-fPIC"))
+    assert build._expected_cost(glue, ("-O0",)) > build._expected_cost(hot, ("-O0",))
+    assert build._expected_cost(glue, ("-fPIC",)) == build._expected_cost(glue, ("-O0",))  # gcc's default

@@ -124,3 +124,34 @@ def test_parts_that_cannot_move_are_copied():
     assert placed == {"u": slot["c1"], "s0": outer, "s1": outer, "v": outer, "inner": outer, "w": outer,
                       "q": slot["kq"]}, placed
     assert _placed(session, {"n": 2}) == {"q": slot["kq"]}
+
+
+def _many_parts_model():
+    """A Split into five parts and Concats of six and four, which copy their parts in one loop
+    (lower/layout.py ``LOOPED_PARTS``): sizes 1 to 5 along the last axis (unaligned offsets),
+    a part concatenated twice, a graph input, parts out of order, and a Concat whose parts
+    its producers can write in place at batch 1."""
+    nodes = [
+        helper.make_node("Exp", ["x"], ["v"]),
+        helper.make_node("Split", ["v", "sizes"], ["s0", "s1", "s2", "s3", "s4"], axis=2),
+        helper.make_node("Concat", ["s4", "x", "s0", "s2", "s0", "s1"], ["c6"], axis=-1),
+        helper.make_node("Neg", ["x"], ["a"]),
+        helper.make_node("Abs", ["x"], ["b"]),
+        helper.make_node("Relu", ["x"], ["c"]),
+        helper.make_node("Sigmoid", ["x"], ["d"]),
+        helper.make_node("Concat", ["a", "b", "c", "d"], ["c4"], axis=1),
+        helper.make_node("Relu", ["c4"], ["r4"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([1, 2, 3, 4, 5], np.int64), "sizes")]
+    return _model(nodes, [_input("x", ["n", 3, 15])], [_output("c6"), _output("s3"), _output("r4")], inits)
+
+
+def test_many_parts_are_copied_in_a_loop():
+    session = _check(_many_parts_model(), [(1, 3, 15), (2, 3, 15), (5, 3, 15)])
+    source = session._executor.program.full_source()
+    for count in (4, 5, 6):
+        assert f"for (int k = 0; k < {count}; k++)" in source, count
+    # At batch 1, a, b, c and d are written into c4 where they belong: their copies are skipped.
+    slot = {s.value.name: s.index for s in session._executor.program.slots if s.value is not None}
+    placed = _placed(session, {"n": 1})
+    assert {name: placed.get(name) for name in "abcd"} == dict.fromkeys("abcd", slot["c4"]), placed

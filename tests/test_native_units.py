@@ -29,6 +29,21 @@ def small_units(monkeypatch):
     monkeypatch.setattr(emit, "SMALL_PROGRAM_CHARS", 0)
 
 
+def _shared_definitions(units: list[str]) -> dict[str, list[int]]:
+    """Each shared step function of a program's ``units``, with the units that define it."""
+    defined: dict[str, list[int]] = {}
+    for u, text in enumerate(units):
+        for name in re.findall(r"\bint (ss_step_shared_\d+)\([^)]*\) \{", text):
+            defined.setdefault(name, []).append(u)
+    return defined
+
+
+def _calls(text: str, name: str) -> int:
+    """How many steps ``text`` runs with shared function ``name``: calls, and rows of a table
+    of such steps run by one loop."""
+    return text.count(f"{name}(v, e,") + text.count(f"{{{name}, ")
+
+
 def _encoder_feed(batch: int, seq: int) -> dict:
     rng = np.random.default_rng(seq)
     return {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64),
@@ -139,7 +154,8 @@ def test_units_of_each_kind_compile_at_their_level_and_match_onnxruntime(small_u
 
 def test_repeated_steps_share_one_function_and_keep_their_error_codes(small_units):
     # Four GatherND steps alike but for their slots (warm loops over a static count): one
-    # shared function per unit, called with each step's slots and error code.
+    # shared function, defined once in a warm unit and called from glue code with each
+    # step's slots and error code.
     import onnxruntime as ort
 
     nodes = [helper.make_node("GatherND", [f"data{i}", f"idx{i}"], [f"y{i}"], name=f"gnd{i}") for i in range(4)]
@@ -154,9 +170,15 @@ def test_repeated_steps_share_one_function_and_keep_their_error_codes(small_unit
     program = session._executor.program
     assert not program.fallback_ops()
     text = program.full_source()
-    definitions = re.findall(r"static int (ss_step_shared_\d+)\(", text)
-    assert definitions, "the repeated steps share a function"
-    assert sum(text.count(f"{name}(v, e,") for name in set(definitions)) == 4
+    units = [program.source, *program.parts]
+    definitions = _shared_definitions(units)
+    assert len(definitions) == 1, definitions
+    (name, defined_in), = definitions.items()
+    assert [program.unit_kinds[u] for u in defined_in] == [emit.WARM]
+    calling = [u for u, unit in enumerate(units) if _calls(unit, name)]
+    assert calling and all(program.unit_kinds[u] == emit.GLUE for u in calling)
+    assert _calls(text, name) == 4
+    assert "static const ss_shared_step steps[]" in text  # the four run from one table
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(11)
     feed = {**{f"data{i}": rng.standard_normal((6, 5)).astype(np.float32) for i in range(4)},
@@ -171,7 +193,7 @@ def test_repeated_steps_share_one_function_and_keep_their_error_codes(small_unit
 def test_repeated_hot_steps_share_one_function_and_run_in_parallel(small_units):
     # Four elementwise chains alike but for their slots, each a parallel loop over a
     # symbolic size (hot: -O3), as a transformer repeats its layers' GELU and residual Add:
-    # one function per unit, called four times, computing what onnxruntime does whether or
+    # one function, called four times, computing what onnxruntime does whether or
     # not the loop splits across the threads.
     import onnxruntime as ort
 
@@ -186,13 +208,12 @@ def test_repeated_hot_steps_share_one_function_and_run_in_parallel(small_units):
     session = shapeshift.InferenceSession(model, backend="native", num_threads=2)
     program = session._executor.program
     units = [program.source, *program.parts]
-    definitions = {name: [u for u, text in enumerate(units) if f"static int {name}(" in text]
-                   for name in set(re.findall(r"static int (ss_step_shared_\d+)\(", program.full_source()))}
+    definitions = _shared_definitions(units)
     assert len(definitions) == 1, definitions
     (name, defined_in), = definitions.items()
-    assert all(program.unit_kinds[u] == emit.HOT for u in defined_in)
-    assert "#pragma omp parallel" in units[defined_in[0]].split(f"static int {name}(")[1]
-    assert program.full_source().count(f"{name}(v, e,") == 4
+    assert [program.unit_kinds[u] for u in defined_in] == [emit.HOT]
+    assert "#pragma omp parallel" in units[defined_in[0]].split(f"int {name}(")[1]
+    assert _calls(program.full_source(), name) == 4
     reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)
     for n in (1, 7, 33, 1000):  # 37000 elements: past the loop's parallel threshold

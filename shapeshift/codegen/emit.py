@@ -31,17 +31,28 @@ was most of the build.
 Units hold blocks of one kind, at most ``UNIT_CHARS`` characters of hot code (times
 ``UNIT_CHARS_FACTOR`` for the cheaper kinds), so their count grows with the model and each
 takes a bounded time; a segment's part is a run of consecutive blocks in one unit. The
-first unit, glue, holds the segment functions.
+first unit, glue, holds the segment functions; a segment whose blocks all fall in the
+first unit runs them itself, without a part.
 
 Steps whose code repeats but for the slots and extents it indexes and its error code share
-one static function per template, defined in each unit that calls it (``_shared_steps``):
-on SSDlite (1635 steps, 597 KB of step code) that left 2 warm units of 4 and cut gcc's
-serial time from 3.0 to 1.9 s. Hot steps share too: a transformer repeats each layer's
-GELU, residual Add and mask per layer, and sharing them (the functions noinline) took
-bert.ts from two hot units (1.2 s of gcc -O3 each) to one (0.55 s), its session creation on
-a warm kernel library from 2.1 to 1.1 s (AMD Zen 4). The shared loop is the same code (the
-template keeps every literal stride and size; only the slot and extent indices become
-arguments), so run time does not change.
+one noinline function per template (``_shared_steps``), defined once, in a unit of its
+kind, and called from glue: the call is glue whatever the function runs, so a segment's
+run of repeated steps stays one part instead of alternating between units (SSDlite's
+post-processing had a warm NonZero scan between glue steps in each of its 90 classes: 750
+part functions, each about half a millisecond of gcc even when empty). Consecutive calls
+of shared functions are a table run by one loop (``_call_table``): gcc compiles a row as
+data, where a call and its error check were statements. A template shares when it repeats
+and is a loop or at least ``SHARED_MIN_CHARS`` long, or a short glue step that repeats
+``SHORT_SHARED_MIN_USES`` times (SSDlite's per-class Gather, TopK and Shape steps, which
+then join their class's table). On SSDlite (1635 steps) the sharing, first per unit, cut
+gcc's serial time from 3.0 to 1.9 s; defined once, called from glue and run from tables,
+with its 90-input Concats as loops (lower/layout.py), its units took 1.65 s of gcc CPU
+where they had taken 2.90 (AMD Zen 3). Hot steps share too: a transformer repeats each
+layer's GELU, residual Add and mask per layer, and sharing them took bert.ts from two hot
+units (1.2 s of gcc -O3 each) to one (0.55 s), its session creation on a warm kernel
+library from 2.1 to 1.1 s (AMD Zen 4). The shared loop is the same code (the template
+keeps every literal stride and size; only the slot and extent indices become arguments),
+so run time does not change but for a call per step.
 
 How many units there are depends only on the program's size, never on the machine, so
 that one program always prints the same text (a compiled artifact is checked against it).
@@ -80,6 +91,17 @@ SMALL_PROGRAM_CHARS = 8_000
 #: Outputs of at most this many elements in all, every dim static, make a loop warm.
 SMALL_ELEMENTS = 16_384
 _SIGNATURE = "(void* const* v, const int64_t* e)"
+_SHARED_SIGNATURE = "(void* const* v, const int64_t* e, const int32_t* ss_s, const int32_t* ss_x, int ss_code)"
+#: A shared step function is defined once, in a unit of its kind, and called from units of
+#: any kind: linked, not exported. noinline: gcc -O3 otherwise inlined the function (its
+#: parallel loop outlined, what is left looks small) into every call in its unit and
+#: vectorized its serial tail loop again in each: bert.ts's hot unit took 1.16 s of gcc
+#: with the copies, 0.67 s without.
+_SHARED_ATTRIBUTES = '__attribute__((noinline, visibility("hidden")))'
+#: A row of a table of shared-function steps (``_call_table``).
+_SHARED_STEP = ("\ntypedef struct {\n"
+                "    int (*run)(void* const*, const int64_t*, const int32_t*, const int32_t*, int);\n"
+                "    const int32_t* s;\n    const int32_t* x;\n    int code;\n} ss_shared_step;\n")
 #: What a segment function (the VM's entry) runs first: the prelude's thread count and
 #: workers' placement.
 _SEGMENT_ENTER = "    ss_segment_enter();\n"
@@ -87,6 +109,8 @@ _SEGMENT_ENTER = "    ss_segment_enter();\n"
 #: in the program and is at least this long run as one function per unit
 #: (``_shared_steps``).
 SHARED_MIN_CHARS = 160
+#: ... or, glue, repeats at least this often.
+SHORT_SHARED_MIN_USES = 8
 # The slot and extent tables a step's code indexes with literals.
 _SLOT = re.compile(r"(?<![\w.>])v\[(\d+)\]")
 _EXTENT = re.compile(r"(?<![\w.>])e\[(\d+)\]")
@@ -98,6 +122,30 @@ _SHADOW = re.compile(r"\b(?:void|char|float|double|_Float16|bool|size_t|u?int(?:
 _PARALLEL = re.compile(r"^\s*#\s*pragma\s+omp\s+parallel\b", re.MULTILINE)
 # A loop: C's three loop statements.
 _LOOP = re.compile(r"\b(for|while)\s*\(|\bdo\s*\{")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A step run by a shared step function: its label comment, the function, the slot and
+    extent indices it passes and its error code."""
+
+    label: str
+    function: str
+    slots: tuple[str, ...]
+    extents: tuple[str, ...]
+    code: int
+
+    @property
+    def text(self) -> str:
+        """The step as a block of its own."""
+        tables = []
+        if self.slots:
+            tables.append(f"static const int32_t s[] = {{{', '.join(self.slots)}}};")
+        if self.extents:
+            tables.append(f"static const int32_t x[] = {{{', '.join(self.extents)}}};")
+        call = (f"const int c = {self.function}(v, e, {'s' if self.slots else 'NULL'}, "
+                f"{'x' if self.extents else 'NULL'}, {self.code}); if (c) return c;")
+        return self.label + "    {\n" + "".join(f"        {t}\n" for t in tables) + f"        {call}\n    }}\n"
 
 
 @dataclass(frozen=True)
@@ -144,11 +192,12 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
     totals = dict.fromkeys(KINDS, 0)
     for bs in blocks.values():
         for b, kind, _ in bs:
-            totals[kind] += len(b)
+            totals[kind] += len(b.text if isinstance(b, _Call) else b)
     for text, kind in shared.values():
         totals[kind] += len(text)
     if 0 < totals[WARM] < SMALL_PROGRAM_CHARS:  # too little for a unit's header: built with the hot code
         blocks = {key: [(b, HOT if kind == WARM else kind, f) for b, kind, f in bs] for key, bs in blocks.items()}
+        shared = {name: (text, HOT if kind == WARM else kind) for name, (text, kind) in shared.items()}
         totals[HOT], totals[WARM] = totals[HOT] + totals[WARM], 0
     # Units of each kind, filled in program order to an even share of that kind's code.
     counts = {kind: max(1, math.ceil(totals[kind] / (UNIT_CHARS * UNIT_CHARS_FACTOR[kind]))) for kind in KINDS}
@@ -160,31 +209,47 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
             kinds.append(kind)
     bodies: list[list[str]] = [[] for _ in kinds]
     defined: list[dict[str, str]] = [{} for _ in kinds]  # the shared step functions each unit defines
+    called: list[set[str]] = [set() for _ in kinds]
+    home: dict[str, int] = {}  # the unit defining each shared function
     filled, current = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
+
+    def next_unit(kind: str, size: int) -> int:
+        """The unit of ``kind`` that takes the next ``size`` characters of it."""
+        share = totals[kind] / counts[kind]
+        while current[kind] < counts[kind] - 1 and filled[kind] >= share * (current[kind] + 1):
+            current[kind] += 1
+        filled[kind] += size
+        return index[kind, current[kind]]
+
     segments: list[str] = []
     for p in programs:
         for k in range(len(p.segments)):
             parts: list[tuple[int, list[str]]] = []
             for block, kind, function in blocks[id(p), k]:
-                share = totals[kind] / counts[kind]
-                while current[kind] < counts[kind] - 1 and filled[kind] >= share * (current[kind] + 1):
-                    current[kind] += 1
-                unit = index[kind, current[kind]]
+                unit = next_unit(kind, len(block.text if isinstance(block, _Call) else block))
                 if not parts or parts[-1][0] != unit:
                     parts.append((unit, []))
                 parts[-1][1].append(block)
-                filled[kind] += len(block)
-                if function is not None and function not in defined[unit]:
-                    defined[unit][function] = shared[function][0]
-                    filled[kind] += len(shared[function][0])
+                if function is not None:
+                    called[unit].add(function)
+                    if function not in home:
+                        text, function_kind = shared[function]
+                        home[function] = next_unit(function_kind, len(text))
+                        defined[home[function]][function] = text
             name = p.segment_name(k)
+            if len(parts) == 1 and parts[0][0] == 0:  # the segment function runs its blocks itself
+                segments.append(_function(name, parts[0][1], segment=True))
+                continue
             for j, (u, part) in enumerate(parts):
                 bodies[u].append(_function(f"{name}_part{j}", part))
             segments.append(_calling(name, [f"{name}_part{j}" for j in range(len(parts))]))
-    texts = [PRELUDE + head + "".join(defined[0].values()) + "".join(segments) + "".join(bodies[0])]
-    texts += [HEADER + head + "".join(defs.values()) + "".join(body) for defs, body in zip(defined[1:], bodies[1:])]
+    declared = [_SHARED_STEP + "".join(_shared_declaration(name) for name in sorted(calls - set(defs), key=_natural))
+                for calls, defs in zip(called, defined)]
+    texts = [PRELUDE + head + declared[0] + "".join(defined[0].values()) + "".join(segments) + "".join(bodies[0])]
+    texts += [HEADER + head + decls + "".join(defs.values()) + "".join(body)
+              for decls, defs, body in zip(declared[1:], defined[1:], bodies[1:])]
     # A kind without code leaves an empty unit behind: dropped (the first always stays).
-    return [Unit(text, kind) for u, (text, kind) in enumerate(zip(texts, kinds)) if u == 0 or bodies[u]]
+    return [Unit(text, kind) for u, (text, kind) in enumerate(zip(texts, kinds)) if u == 0 or bodies[u] or defined[u]]
 
 
 def _step_blocks(program: "Program", indices: list[int]) -> list[tuple[str, str]]:
@@ -209,9 +274,9 @@ def _step_blocks(program: "Program", indices: list[int]) -> list[tuple[str, str]
 def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[str, tuple[str, str]]]:
     """``blocks`` with each step whose code repeats in ``programs`` (a template:
     its code with the slots and extents it indexes, in order of appearance, and its error
-    code as parameters) replaced by a call of one static function per template, which each
-    unit that calls it defines once. Returns the blocks as (text, kind, function name or
-    None) and the functions by name: (definition, kind).
+    code as parameters) replaced by a call of one function per template (a glue ``_Call``),
+    which one unit of the template's kind defines. Returns the blocks as (text or _Call,
+    kind, function name or None) and the functions by name: (definition, kind).
 
     A model that repeats a structure repeats its steps' code: SSDlite's post-processing per
     class (90 classes: 1635 steps, 597 KB of step code, 256 templates of 119 KB), a
@@ -239,38 +304,36 @@ def _shared_steps(programs: list["Program"], blocks: dict) -> tuple[dict, dict[s
                 return f"e[ss_x[{len(extents) - 1}]]"
 
             template = _EXTENT.sub(extent, _SLOT.sub(slot, code)).replace("STEP_ERROR", "ss_code")
-            if len(template) < SHARED_MIN_CHARS:
-                continue
             templates.setdefault(template, []).append((key, j))
             keyed[key, j] = (template, slots, extents, i)
     functions: dict[str, tuple[str, str]] = {}
     out = {key: [(text, kind, None) for text, kind in bs] for key, bs in blocks.items()}
     for template, uses in templates.items():
-        if len(uses) < 2:
+        kind = blocks[uses[0][0]][uses[0][1]][1]
+        # A loop shares at any length: its call is glue, so the steps around it stay in one
+        # part. A short glue step shares where it repeats enough for its calls to be table rows.
+        if len(uses) < 2 or (kind == GLUE and len(template) < SHARED_MIN_CHARS and len(uses) < SHORT_SHARED_MIN_USES):
             continue
         name = f"ss_step_shared_{len(functions)}"
-        kind = blocks[uses[0][0]][uses[0][1]][1]
-        # noinline: gcc -O3 otherwise inlines the function (its parallel loop outlined,
-        # what is left looks small) into every call, and vectorizes its serial tail loop
-        # again in each: bert.ts's hot unit took 1.16 s of gcc with the copies, 0.67 s without.
-        functions[name] = (f"\n__attribute__((noinline)) static int {name}(void* const* v, const int64_t* e, "
-                           f"const int32_t* ss_s, const int32_t* ss_x, int ss_code) {{\n"
+        functions[name] = (f"\n{_SHARED_ATTRIBUTES} int {name}{_SHARED_SIGNATURE} {{\n"
                            f"    (void)v; (void)e; (void)ss_s; (void)ss_x; (void)ss_code;\n"
                            f"    {{\n{_indent(template, 8)}\n    }}\n    return 0;\n}}\n", kind)
         for key, j in uses:
             _, slots, extents, i = keyed[key, j]
-            text, kind, _ = out[key][j]
-            label = text[:text.index("\n") + 1]
-            tables = []
-            if slots:
-                tables.append(f"static const int32_t s[] = {{{', '.join(slots)}}};")
-            if extents:
-                tables.append(f"static const int32_t x[] = {{{', '.join(extents)}}};")
-            call = (f"const int c = {name}(v, e, {'s' if slots else 'NULL'}, {'x' if extents else 'NULL'}, {i + 1}); "
-                    "if (c) return c;")
-            out[key][j] = (label + "    {\n" + "".join(f"        {t}\n" for t in tables) + f"        {call}\n    }}\n",
-                           kind, name)
+            text = out[key][j][0]
+            # The call is glue whatever the function's kind: it runs no loop of its own.
+            out[key][j] = (_Call(text[:text.index("\n") + 1], name, tuple(slots), tuple(extents), i + 1), GLUE, name)
     return out, functions
+
+
+def _shared_declaration(name: str) -> str:
+    return f"{_SHARED_ATTRIBUTES} int {name}{_SHARED_SIGNATURE};\n"
+
+
+def _natural(name: str) -> tuple[int, str]:
+    """``ss_step_shared_12`` after ``ss_step_shared_9``."""
+    digits = re.search(r"\d+$", name)
+    return (int(digits.group()) if digits else -1, name)
 
 
 def _profile_counters(program: "Program") -> str:
@@ -281,15 +344,52 @@ def _profile_counters(program: "Program") -> str:
             f"double* {program.profile_symbol()}(void) {{ return {counters}; }}\n")
 
 
-def _function(name: str, blocks: list[str], segment: bool = False) -> str:
-    """A function running ``blocks``; a ``segment`` (what the VM calls) first runs _SEGMENT_ENTER."""
+def _function(name: str, blocks: Sequence, segment: bool = False) -> str:
+    """A function running ``blocks`` (text, or ``_Call``s: a run of them becomes a table);
+    a ``segment`` (what the VM calls) first runs _SEGMENT_ENTER."""
     enter = _SEGMENT_ENTER if segment else ""
-    return f"\nint {name}{_SIGNATURE} {{\n    (void)e;\n{enter}" + "".join(blocks) + "    return 0;\n}\n"
+    body: list[str] = []
+    run: list[_Call] = []
+    for block in [*blocks, None]:
+        if isinstance(block, _Call):
+            run.append(block)
+            continue
+        if len(run) >= 2:
+            body.append(_call_table(run))
+        elif run:
+            body.append(run[0].text)
+        run = []
+        if block is not None:
+            body.append(block)
+    return f"\nint {name}{_SIGNATURE} {{\n    (void)e;\n{enter}" + "".join(body) + "    return 0;\n}\n"
+
+
+def _call_table(calls: list[_Call]) -> str:
+    """Consecutive shared-function steps as a table run by one loop: gcc compiles a table
+    entry as data, where a call and its error check were statements (at -O0 about a
+    millisecond each: SSDlite's post-processing has a thousand)."""
+    tables, rows = [], []
+    for n, call in enumerate(calls):
+        if call.slots:
+            tables.append(f"        static const int32_t s{n}[] = {{{', '.join(call.slots)}}};\n")
+        if call.extents:
+            tables.append(f"        static const int32_t x{n}[] = {{{', '.join(call.extents)}}};\n")
+        rows.append(f"            {{{call.function}, {f's{n}' if call.slots else 'NULL'}, "
+                    f"{f'x{n}' if call.extents else 'NULL'}, {call.code}}},  {call.label.strip()}\n")
+    return ("    {\n" + "".join(tables) + "        static const ss_shared_step steps[] = {\n" + "".join(rows)
+            + "        };\n"
+            f"        for (int i = 0; i < {len(calls)}; i++) {{\n"
+            "            const int c = steps[i].run(v, e, steps[i].s, steps[i].x, steps[i].code);\n"
+            "            if (c) return c;\n"
+            "        }\n"
+            "    }\n")
 
 
 def _calling(name: str, parts: list[str]) -> str:
     """Segment ``name`` runs ``parts`` in order and returns the first nonzero error code."""
     declared = "".join(f"int {part}{_SIGNATURE};\n" for part in parts)
+    if len(parts) == 1:
+        return f"\n{declared}int {name}{_SIGNATURE} {{\n{_SEGMENT_ENTER}    return {parts[0]}(v, e);\n}}\n"
     calls = "".join(f"    if ((code = {part}(v, e)) != 0) return code;\n" for part in parts)
     return f"\n{declared}int {name}{_SIGNATURE} {{\n    int code;\n{_SEGMENT_ENTER}{calls}    return 0;\n}}\n"
 
