@@ -151,6 +151,11 @@ def test_many_parts_are_copied_in_a_loop():
     source = session._executor.program.full_source()
     for count in (4, 5, 6):
         assert f"for (int k = 0; k < {count}; k++)" in source, count
+    # Loops that only call the copy kernel: glue, built at -O0 in a split program.
+    from shapeshift.codegen import emit
+    steps = [s for s in session._executor.program.steps if s.node.op_type in ("Concat", "Split")]
+    assert len(steps) == 3 and all(emit.block_kind(s.lowered.code, s.node.outputs, s.lowered.glue) == emit.GLUE
+                                   for s in steps)
     # At batch 1, a, b, c and d are written into c4 where they belong: their copies are skipped.
     slot = {s.value.name: s.index for s in session._executor.program.slots if s.value is not None}
     placed = _placed(session, {"n": 1})

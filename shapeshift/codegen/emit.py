@@ -156,9 +156,10 @@ class Unit:
     kind: str
 
 
-def block_kind(code: str, outputs: Sequence[Value]) -> str:
-    """The kind of a step whose C is ``code`` and whose node has ``outputs`` (see above)."""
-    if not _LOOP.search(code):
+def block_kind(code: str, outputs: Sequence[Value], glue: bool = False) -> str:
+    """The kind of a step whose C is ``code`` and whose node has ``outputs`` (see above);
+    ``glue``: its lowering says its loops only call kernels."""
+    if glue or not _LOOP.search(code):
         return GLUE
     if not _PARALLEL.search(code):
         return WARM
@@ -260,7 +261,7 @@ def _step_blocks(program: "Program", indices: list[int]) -> list[tuple[str, str]
     blocks = []
     for i in indices:
         step = program.steps[i]
-        kind = block_kind(step.lowered.code, step.node.outputs)
+        kind = block_kind(step.lowered.code, step.node.outputs, step.lowered.glue)
         code = _indent(step.lowered.code.replace("STEP_ERROR", str(i + 1)), 8)
         if program.profiled:
             code = (f"        const double ss_started = omp_get_wtime();\n        {{\n{_indent(code, 4)}\n"

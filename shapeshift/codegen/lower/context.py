@@ -72,6 +72,10 @@ class Lowered:
     # those dims into the lvalues ``late_dims`` named, from the inputs alone. They run in a
     # step of their own, before the outputs exist; ``code`` runs once the VM has bound them.
     size_code: str = ""
+    # The code's loops only call kernels, a few times each (a Concat's parts): compiled as
+    # glue, at -O0, whatever its loops (codegen/emit.py). gcc -O1 took 0.25 s over the
+    # table of a 90-part Concat, -O0 next to nothing.
+    glue: bool = False
 
 
 @dataclass

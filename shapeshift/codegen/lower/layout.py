@@ -146,7 +146,7 @@ def lower_concat(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     if len(parts) >= LOOPED_PARTS:
         return Lowered(_parts_loop(ctx, elem, outer, row, [product([ctx.shape(x)[axis], inner]) for x in parts],
                                    ctx.raw_ptr(y), [ctx.raw_ptr(x) for x in parts], concat=True),
-                       fragments=("layout",))
+                       fragments=("layout",), glue=True)
     lines = ["int64_t offset = 0;"]
     for k, x in enumerate(parts):
         piece = product([ctx.shape(x)[axis], inner])
@@ -172,7 +172,7 @@ def lower_split(node: Node, ctx: LowerContext, opset: int) -> Lowered:
     if len(node.outputs) >= LOOPED_PARTS:
         return Lowered(_parts_loop(ctx, elem, outer, row, [product([ctx.shape(y)[axis], inner]) for y in node.outputs],
                                    ctx.raw_ptr(x), [ctx.raw_ptr(y) for y in node.outputs], concat=False),
-                       fragments=("layout",))
+                       fragments=("layout",), glue=True)
     lines = ["int64_t offset = 0;"]
     for k, y in enumerate(node.outputs):
         piece = product([ctx.shape(y)[axis], inner])
