@@ -46,13 +46,13 @@ and is a loop or at least ``SHARED_MIN_CHARS`` long, or a short glue step that r
 ``SHORT_SHARED_MIN_USES`` times (SSDlite's per-class Gather, TopK and Shape steps, which
 then join their class's table). On SSDlite (1635 steps) the sharing, first per unit, cut
 gcc's serial time from 3.0 to 1.9 s; defined once, called from glue and run from tables,
-with its 90-input Concats as loops (lower/layout.py), its units took 1.65 s of gcc CPU
-where they had taken 2.90 (AMD Zen 3). Hot steps share too: a transformer repeats each
-layer's GELU, residual Add and mask per layer, and sharing them took bert.ts from two hot
-units (1.2 s of gcc -O3 each) to one (0.55 s), its session creation on a warm kernel
-library from 2.1 to 1.1 s (AMD Zen 4). The shared loop is the same code (the template
-keeps every literal stride and size; only the slot and extent indices become arguments),
-so run time does not change but for a call per step.
+with its 90-input Concats as loops built as glue (lower/layout.py), its units took 1.35 s
+of gcc CPU where they had taken 2.90 (AMD Zen 3). Hot steps share too: a transformer
+repeats each layer's GELU, residual Add and mask per layer, and sharing them took bert.ts
+from two hot units (1.2 s of gcc -O3 each) to one (0.55 s), its session creation on a warm
+kernel library from 2.1 to 1.1 s (AMD Zen 4). The shared loop is the same code (the
+template keeps every literal stride and size; only the slot and extent indices become
+arguments), so run time does not change but for a call per step.
 
 How many units there are depends only on the program's size, never on the machine, so
 that one program always prints the same text (a compiled artifact is checked against it).
