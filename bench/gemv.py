@@ -79,6 +79,10 @@ def _bench_source() -> str:
     from shapeshift.codegen.cwriter import CWriter, Function
 
     read = CWriter(level=1)
+    # Threads placed as a session places them (the prelude's ss_segment_enter, which every
+    # segment function runs first): unplaced, the GEMV's 2-thread rows on an AMD Zen 3 ran at
+    # about one thread's speed (58-60 GB/s where a session's MatMul streamed 94).
+    read.line("ss_segment_enter();")
     read.line("double best = 1e30, sink = 0.0;")
     with read.block("for (int64_t c = 0; c < calls; ++c)"):
         read.line("double start = omp_get_wtime(), total = 0.0;")
@@ -120,6 +124,7 @@ def _bench_source() -> str:
                               "chunk i of all[0:total_n]: the fastest of `calls` samples of `passes` passes.")]
     for fn in ("ss_gemv_prepacked", "ss_gemm_prepacked"):
         loop = CWriter(level=1)
+        loop.line("ss_segment_enter();  /* placed as in a session, as the read loop */")
         loop.line("double start = omp_get_wtime();")
         with loop.block("for (int64_t i = 0; i < calls; ++i)"):
             loop.line(f"{fn}(M, N, K, 1, 1, A, 0, 0, K, 1, packed[i % copies], C, 0, 0, N, 1.0f, NULL, 0.0f, 0, 0, 0);")
