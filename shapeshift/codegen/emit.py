@@ -135,17 +135,19 @@ class _Call:
     extents: tuple[str, ...]
     code: int
 
+    def tables(self, suffix: str = "") -> tuple[str, str, str]:
+        """Declarations of its slot and extent tables, named s<suffix> and x<suffix> (lines
+        indented for a step's block), and the two arguments that pass them (NULL for none)."""
+        lines = "".join(f"        static const int32_t {name}{suffix}[] = {{{', '.join(items)}}};\n"
+                        for name, items in (("s", self.slots), ("x", self.extents)) if items)
+        return lines, f"s{suffix}" if self.slots else "NULL", f"x{suffix}" if self.extents else "NULL"
+
     @property
     def text(self) -> str:
         """The step as a block of its own."""
-        tables = []
-        if self.slots:
-            tables.append(f"static const int32_t s[] = {{{', '.join(self.slots)}}};")
-        if self.extents:
-            tables.append(f"static const int32_t x[] = {{{', '.join(self.extents)}}};")
-        call = (f"const int c = {self.function}(v, e, {'s' if self.slots else 'NULL'}, "
-                f"{'x' if self.extents else 'NULL'}, {self.code}); if (c) return c;")
-        return self.label + "    {\n" + "".join(f"        {t}\n" for t in tables) + f"        {call}\n    }}\n"
+        lines, s, x = self.tables()
+        return (f"{self.label}    {{\n{lines}        const int c = {self.function}(v, e, {s}, {x}, {self.code}); "
+                "if (c) return c;\n    }\n")
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
     totals = dict.fromkeys(KINDS, 0)
     for bs in blocks.values():
         for b, kind, _ in bs:
-            totals[kind] += len(b.text if isinstance(b, _Call) else b)
+            totals[kind] += _size(b)
     for text, kind in shared.values():
         totals[kind] += len(text)
     if 0 < totals[WARM] < SMALL_PROGRAM_CHARS:  # too little for a unit's header: built with the hot code
@@ -227,7 +229,7 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
         for k in range(len(p.segments)):
             parts: list[tuple[int, list[str]]] = []
             for block, kind, function in blocks[id(p), k]:
-                unit = next_unit(kind, len(block.text if isinstance(block, _Call) else block))
+                unit = next_unit(kind, _size(block))
                 if not parts or parts[-1][0] != unit:
                     parts.append((unit, []))
                 parts[-1][1].append(block)
@@ -244,7 +246,8 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
             for j, (u, part) in enumerate(parts):
                 bodies[u].append(_function(f"{name}_part{j}", part))
             segments.append(_calling(name, [f"{name}_part{j}" for j in range(len(parts))]))
-    declared = [_SHARED_STEP + "".join(_shared_declaration(name) for name in sorted(calls - set(defs), key=_natural))
+    # Each unit declares the shared functions it calls but does not define, in the order they were made.
+    declared = [_SHARED_STEP + "".join(_shared_declaration(n) for n in shared if n in calls and n not in defs)
                 for calls, defs in zip(called, defined)]
     texts = [PRELUDE + head + declared[0] + "".join(defined[0].values()) + "".join(segments) + "".join(bodies[0])]
     texts += [HEADER + head + decls + "".join(defs.values()) + "".join(body)
@@ -331,10 +334,9 @@ def _shared_declaration(name: str) -> str:
     return f"{_SHARED_ATTRIBUTES} int {name}{_SHARED_SIGNATURE};\n"
 
 
-def _natural(name: str) -> tuple[int, str]:
-    """``ss_step_shared_12`` after ``ss_step_shared_9``."""
-    digits = re.search(r"\d+$", name)
-    return (int(digits.group()) if digits else -1, name)
+def _size(block) -> int:
+    """Characters of a block (text, or a ``_Call`` as a block of its own): what fills units."""
+    return len(block.text if isinstance(block, _Call) else block)
 
 
 def _profile_counters(program: "Program") -> str:
@@ -371,12 +373,9 @@ def _call_table(calls: list[_Call]) -> str:
     millisecond each: SSDlite's post-processing has a thousand)."""
     tables, rows = [], []
     for n, call in enumerate(calls):
-        if call.slots:
-            tables.append(f"        static const int32_t s{n}[] = {{{', '.join(call.slots)}}};\n")
-        if call.extents:
-            tables.append(f"        static const int32_t x{n}[] = {{{', '.join(call.extents)}}};\n")
-        rows.append(f"            {{{call.function}, {f's{n}' if call.slots else 'NULL'}, "
-                    f"{f'x{n}' if call.extents else 'NULL'}, {call.code}}},  {call.label.strip()}\n")
+        lines, s, x = call.tables(str(n))
+        tables.append(lines)
+        rows.append(f"            {{{call.function}, {s}, {x}, {call.code}}},  {call.label.strip()}\n")
     return ("    {\n" + "".join(tables) + "        static const ss_shared_step steps[] = {\n" + "".join(rows)
             + "        };\n"
             f"        for (int i = 0; i < {len(calls)}; i++) {{\n"

@@ -191,8 +191,8 @@ def _parts_loop(ctx: LowerContext, elem: int, outer: Dim, row: Dim, pieces: Sequ
     two thirds of the gcc time of the unit that held them."""
     n = len(parts)
     part_type = "const void*" if concat else "void*"
-    part_strides, whole_strides = "part_strides", "whole_strides"
     src, dst = ("parts[k]", "at") if concat else ("at", "parts[k]")
+    src_strides, dst_strides = ("part_strides", "whole_strides") if concat else ("whole_strides", "part_strides")
     return "\n".join([
         f"{part_type} const parts[{n}] = {{{', '.join(parts)}}};",
         c_array("pieces", [ctx.dim(d) for d in pieces]),
@@ -201,10 +201,9 @@ def _parts_loop(ctx: LowerContext, elem: int, outer: Dim, row: Dim, pieces: Sequ
         f"    char* const at = (char*){whole} + offset * {elem};",
         "    if ((const void*)parts[k] != (const void*)at) {",
         f"        const int64_t shape[2] = {{{ctx.dim(outer)}, pieces[k]}};",
-        f"        const int64_t {part_strides}[2] = {{pieces[k], 1}};",
-        f"        const int64_t {whole_strides}[2] = {{{ctx.dim(row)}, 1}};",
-        f"        ss_copy({elem}, 2, shape, {src}, {part_strides if concat else whole_strides}, {dst}, "
-        f"{whole_strides if concat else part_strides});",
+        "        const int64_t part_strides[2] = {pieces[k], 1};",
+        f"        const int64_t whole_strides[2] = {{{ctx.dim(row)}, 1}};",
+        f"        ss_copy({elem}, 2, shape, {src}, {src_strides}, {dst}, {dst_strides});",
         "    }",
         "    offset += pieces[k];",
         "}"])
