@@ -78,6 +78,33 @@ def test_the_thread_count_holds_in_a_thread_that_did_not_make_the_session(tmp_pa
     assert after == wanted
 
 
+def test_sessions_of_one_model_keep_their_own_thread_counts(tmp_path, monkeypatch):
+    """Two sessions of one model share its library: each still runs on its own count, the
+    one made first too, and a session made without one runs on OpenMP's default, not on the
+    count another session left in the thread (a 1-thread session ran on 2 threads once a
+    2-thread session of the model had been made)."""
+    monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    many = (os.cpu_count() or 1) + 2
+    one = shapeshift.InferenceSession(_model(), backend="native", num_threads=1)
+    several = shapeshift.InferenceSession(_model(), backend="native", num_threads=many)
+    default = shapeshift.InferenceSession(_model(), backend="native")
+    assert one._executor.vm.library.path == several._executor.vm.library.path, "the test needs one library"
+    cdll = one._executor.vm.library.cdll
+    fresh = _in_thread(cdll.omp_get_max_threads)  # a new thread's OpenMP default
+    assert fresh not in (1, many)
+    x = np.random.default_rng(4).standard_normal((7, 64)).astype(np.float32)
+
+    def counts():
+        seen = []
+        for session in (one, several, one, default, several, default):
+            np.testing.assert_allclose(session.run(None, {"X": x})[0], x @ W, rtol=1e-5, atol=1e-5)
+            seen.append(cdll.omp_get_max_threads())
+        return seen
+
+    assert _in_thread(counts) == [1, many, 1, fresh, many, fresh]
+
+
 def test_workers_are_kept_off_the_callers_cpu_and_follow_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SHAPESHIFT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("OMP_PROC_BIND", raising=False)  # read by libgomp at load: only a guard here

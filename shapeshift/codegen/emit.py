@@ -91,6 +91,8 @@ SMALL_PROGRAM_CHARS = 8_000
 #: Outputs of at most this many elements in all, every dim static, make a loop warm.
 SMALL_ELEMENTS = 16_384
 _SIGNATURE = "(void* const* v, const int64_t* e)"
+#: A segment (the VM's entry) also takes its session's thread count.
+_SEGMENT_SIGNATURE = "(void* const* v, const int64_t* e, int ss_threads)"
 _SHARED_SIGNATURE = "(void* const* v, const int64_t* e, const int32_t* ss_s, const int32_t* ss_x, int ss_code)"
 #: A shared step function is defined once, in a unit of its kind, and called from units of
 #: any kind: linked, not exported. noinline: gcc -O3 otherwise inlined the function (its
@@ -102,9 +104,9 @@ _SHARED_ATTRIBUTES = '__attribute__((noinline, visibility("hidden")))'
 _SHARED_STEP = ("\ntypedef struct {\n"
                 "    int (*run)(void* const*, const int64_t*, const int32_t*, const int32_t*, int);\n"
                 "    const int32_t* s;\n    const int32_t* x;\n    int code;\n} ss_shared_step;\n")
-#: What a segment function (the VM's entry) runs first: the prelude's thread count and
-#: workers' placement.
-_SEGMENT_ENTER = "    ss_segment_enter();\n"
+#: What a segment function (the VM's entry) runs first: its session's thread count and the
+#: workers' placement (the prelude's ss_enter_threads).
+_SEGMENT_ENTER = "    ss_enter_threads(ss_threads);\n"
 #: Steps whose code, but for the slots and extents it names and its error code, repeats
 #: in the program and is at least this long run as one function per unit
 #: (``_shared_steps``).
@@ -350,7 +352,7 @@ def _profile_counters(program: "Program") -> str:
 def _function(name: str, blocks: Sequence, segment: bool = False) -> str:
     """A function running ``blocks`` (text, or ``_Call``s: a run of them becomes a table);
     a ``segment`` (what the VM calls) first runs _SEGMENT_ENTER."""
-    enter = _SEGMENT_ENTER if segment else ""
+    enter, signature = (_SEGMENT_ENTER, _SEGMENT_SIGNATURE) if segment else ("", _SIGNATURE)
     body: list[str] = []
     run: list[_Call] = []
     for block in [*blocks, None]:
@@ -364,7 +366,7 @@ def _function(name: str, blocks: Sequence, segment: bool = False) -> str:
         run = []
         if block is not None:
             body.append(block)
-    return f"\nint {name}{_SIGNATURE} {{\n    (void)e;\n{enter}" + "".join(body) + "    return 0;\n}\n"
+    return f"\nint {name}{signature} {{\n    (void)e;\n{enter}" + "".join(body) + "    return 0;\n}\n"
 
 
 def _call_table(calls: list[_Call]) -> str:
@@ -389,9 +391,9 @@ def _calling(name: str, parts: list[str]) -> str:
     """Segment ``name`` runs ``parts`` in order and returns the first nonzero error code."""
     declared = "".join(f"int {part}{_SIGNATURE};\n" for part in parts)
     if len(parts) == 1:
-        return f"\n{declared}int {name}{_SIGNATURE} {{\n{_SEGMENT_ENTER}    return {parts[0]}(v, e);\n}}\n"
+        return f"\n{declared}int {name}{_SEGMENT_SIGNATURE} {{\n{_SEGMENT_ENTER}    return {parts[0]}(v, e);\n}}\n"
     calls = "".join(f"    if ((code = {part}(v, e)) != 0) return code;\n" for part in parts)
-    return f"\n{declared}int {name}{_SIGNATURE} {{\n    int code;\n{_SEGMENT_ENTER}{calls}    return 0;\n}}\n"
+    return f"\n{declared}int {name}{_SEGMENT_SIGNATURE} {{\n    int code;\n{_SEGMENT_ENTER}{calls}    return 0;\n}}\n"
 
 
 def _comment(text: str) -> str:

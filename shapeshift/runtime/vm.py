@@ -103,15 +103,15 @@ class NativeVM:
         self._reads: dict[int, list[Value]] = {}  # id(node) -> what its fallback step reads
         if self.library is None and program.has_code():
             self.library = compile_program(program, cache_dir)
-        if num_threads and self.library is not None:  # compiled here, or given by an artifact
-            self.library.cdll.ss_set_num_threads(ctypes.c_int(num_threads))
+        # Every segment call passes it: sessions of one model share its library.
+        self.threads = num_threads or openmp_default_threads()
         for k in range(len(program.segments)):
             fn = getattr(self.library.cdll, program.segment_name(k))
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             fn.restype = ctypes.c_int
             self._segments.append(fn)
-        self._branches = {key: (NativeVM(then_program, library=self.library),
-                                NativeVM(else_program, library=self.library))
+        self._branches = {key: (NativeVM(then_program, library=self.library, num_threads=self.threads),
+                                NativeVM(else_program, library=self.library, num_threads=self.threads))
                           for key, (then_program, else_program) in program.branches.items()}
         self._fixed = np.zeros(len(program.slots), dtype=np.uint64)  # constants and packed weights
         self._keep_alive: list[np.ndarray] = []
@@ -323,12 +323,12 @@ class NativeVM:
             ptrs[index] = address
             if index in view_children:
                 self._set_views(ptrs, index, address)
-        ptr_address = self._ptrs_address
+        ptr_address, threads = self._ptrs_address, self.threads
         extents_address = plan.extents_address
         steps = program.steps
         if self._native_only:
             for segment in self._segments:
-                code = segment(ptr_address, extents_address)
+                code = segment(ptr_address, extents_address, threads)
                 if code:
                     raise ExecutionError(_rejection(steps[code - 1], binding))
             return [self._output(value, feeds, arrays, plan, binding) if copy is None else copy()
@@ -339,7 +339,7 @@ class NativeVM:
             step = steps[i]
             if step.kind == NATIVE:
                 indices = program.segments[step.segment]
-                code = self._segments[step.segment](ptr_address, extents_address)
+                code = self._segments[step.segment](ptr_address, extents_address, threads)
                 if code:
                     raise ExecutionError(_rejection(steps[code - 1], binding))
                 last = steps[indices[-1]]
@@ -604,6 +604,20 @@ class NativeVM:
         if slot is not None and value not in env and (slot.root if slot.kind == VIEW else index) in self._direct:
             return result  # written in place into a buffer of the pool: the caller's now
         return self._outputs.copy(result)
+
+
+def openmp_default_threads() -> int:
+    """The team OpenMP gives a region when no count is set (libgomp's rule): OMP_NUM_THREADS's
+    first entry, else every CPU this process may run on. A session made without num_threads
+    passes it to its segments rather than leave the count to OpenMP, which keeps it per
+    calling thread: another session run in that thread before would have set it."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if first.isdigit() and int(first) > 0:
+        return int(first)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity on this platform
+        return os.cpu_count() or 1
 
 
 def _rejection(step, binding: Mapping[str, int]) -> str:

@@ -19,7 +19,7 @@ HEADER = """\
 
 #: A model's translation unit starts with this: the includes, the one function every model
 #: library exports (in one unit only: objects linked beside it must not define it), and what
-#: each segment function runs first (``ss_segment_enter``).
+#: each segment function runs first (``ss_enter_threads``, with its session's thread count).
 PRELUDE = HEADER + r"""
 #ifdef __linux__
 #include <sys/syscall.h>
@@ -30,11 +30,13 @@ extern int setenv(const char* name, const char* value, int overwrite);
 extern int pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void));
 #endif
 
-/* The thread count of this library's parallel regions. OpenMP keeps it per calling thread,
-   so each segment sets it again where it differs: a session run from another thread than
-   the one that made it ran its regions on every core instead. */
+/* The thread count of a kernel library's parallel regions where no session gives one: what
+   the tuner's workers and the benches time kernels with (ss_segment_enter). A model's
+   segments take their session's count as an argument instead (ss_enter_threads): two
+   sessions of one model share this library, and with the count kept here the one made last
+   set it for both (a session of 1 thread ran on 2 after a 2-thread session of the same
+   model was made in the process). */
 static int ss_num_threads;
-/* Exported so that the VM sets the thread count of every parallel region it runs. */
 void ss_set_num_threads(int n) { ss_num_threads = n; omp_set_num_threads(n); }
 
 /* Keeps the calling thread's OpenMP workers off the CPU it runs on. After the process has
@@ -127,11 +129,18 @@ static int ss_forked_thread(void) {
 static int ss_forked_thread(void) { return 0; }
 #endif
 
-static inline void ss_segment_enter(void) {
+/* Runs this thread's parallel regions on `threads` threads (<= 0: the library's count,
+   else OpenMP's). OpenMP keeps the count per calling thread, so it is set again wherever
+   it differs: a session run from another thread than the one that made it ran its regions
+   on every core instead. */
+static inline void ss_enter_threads(int threads) {
     if (ss_thread_kind == 0) ss_thread_kind = ss_forked_thread() ? 2 : 1;
-    /* No count set (the session's default): OpenMP's, every core or OMP_NUM_THREADS. */
-    const int n = ss_thread_kind == 2 ? 1 : ss_num_threads > 0 ? ss_num_threads : omp_get_max_threads();
+    const int n = ss_thread_kind == 2 ? 1 : threads > 0 ? threads
+                  : ss_num_threads > 0 ? ss_num_threads : omp_get_max_threads();
     if (omp_get_max_threads() != n) omp_set_num_threads(n);
     if (n > 1 && omp_get_proc_bind() == omp_proc_bind_false && !omp_in_parallel()) ss_place_workers(n);
 }
+
+/* What a kernel timed outside a session runs first: the library's count. */
+static inline void ss_segment_enter(void) { ss_enter_threads(0); }
 """
