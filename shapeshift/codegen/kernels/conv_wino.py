@@ -458,7 +458,7 @@ static int ss_wino_run_@F@(const float* x, const float* bias, float* y, int64_t 
     const int threads = macs >= SS_WINO_PAR_MIN ? omp_get_max_threads() : 1;
     /* Tiles a block. Every block rereads all of U. While U fits beside a block in L2, blocks
        of V and Mo in about SS_WINO_BLOCK_FLOATS (half of L2), whole GEMM row tiles, at least
-       two, and each thread runs whole blocks when there are two or more for each. Past
+       two, and each thread runs whole blocks when there is one or more for each. Past
        that, U comes from L3 or DRAM at every reading (ResNet-50's 256-channel 3 x 3 convs:
        9.4 MB each), so blocks up to SS_WINO_BIG_BLOCK times larger, shared by the threads
        phase by phase (the XI GEMMs split between them: U read once a block in all). */
@@ -482,7 +482,10 @@ static int ss_wino_run_@F@(const float* x, const float* bias, float* y, int64_t 
     }
     if (tb > J.T) tb = J.T;
     J.tb = tb;
-    J.shared = threads > 1 && (big_u || (J.T + tb - 1) / tb < 2 * threads);
+    /* Shared only with fewer blocks than threads: with one block a thread, a 16 -> 16 conv on
+       32 x 48 (96 tiles) ran 55-66 us a call at 2 threads against 79-99 shared (1 thread:
+       81), the three phases' barriers and V and Mo crossing between the cores gone. */
+    J.shared = threads > 1 && (big_u || (J.T + tb - 1) / tb < threads);
     const int64_t per_thread = tb * per_tile, buffers = J.shared ? 1 : threads;
     /* In the caller's scratch when it is large enough (the VM's arena: its pages stay mapped
        from run to run, where a large malloc may come back as fresh pages to fault in). */
