@@ -11,7 +11,9 @@ times on small shapes, and the default schedule without AVX2 (the scalar fallbac
 from __future__ import annotations
 
 import ctypes
+import os
 import random
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -393,6 +395,43 @@ def test_several_panels_threads_agree(libs, build, m):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+
+def _starts_workers(lib, m: int, k: int, n: int) -> bool:
+    """Whether ss_gemm_prepacked of m rows by a k x n weight, 2 threads, opens a parallel
+    region: run in a new thread, whose first region makes OpenMP start a worker of its own."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    packed = np.empty(lib.cdll.ss_gemm_packed_b_size(k, n), dtype=np.float32)
+    lib.cdll.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
+    c = np.full((m, n), np.nan, dtype=np.float32)
+    seen: dict = {}
+
+    def call():
+        before = set(os.listdir("/proc/self/task"))
+        lib.cdll.ss_set_num_threads(2)
+        lib.cdll.ss_gemm_prepacked(m, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, packed.ctypes.data,
+                                   c.ctypes.data, 0, 0, n, 1.0, None, 0.0, 0, 0, 0)
+        seen["workers"] = len(set(os.listdir("/proc/self/task")) - before)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    lib.cdll.ss_set_num_threads(1)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    return seen["workers"] > 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                    reason="needs Linux's /proc/self/task and two CPUs")
+def test_one_row_by_a_large_weight_streams_it_on_two_threads(libs):
+    """A product of one row takes the time of streaming its weight: 1 MB of weight (0.5 Mflop,
+    under the 1 Mflop threshold as flops) runs on two threads, a quarter of it on one."""
+    lib = libs["default"]
+    assert lib.schedule.parallel_min_flops == 1 << 20
+    assert _starts_workers(lib, 1, 256, 1024)
+    assert not _starts_workers(lib, 1, 128, 512)
+
 def test_edge_tile_shapes():
     assert gemm_tiles.edge_shapes(GemmSchedule(mr=2, nr=16), 8) == [(1, 1), (1, 2), (2, 1)]
     assert len(gemm_tiles.edge_shapes(EDGE_WIDE, 8)) == 4 * 3 - 1
@@ -555,7 +594,7 @@ def test_packed_b_size_python_matches_c(libs):
 # prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows;
 # then SS_GEMM_PAR_MIN_FLOPS 2 -> 1 Mflop; then a prepacked B's next panel prefetched into L2
 # over the tiles of the one before; then one thread's plan inside another kernel's parallel region).
-DEFAULT_SOURCE_SHA256 = "8cdcac67cfe178c3d56b736e157e2495331625021d07b81bb44614f2786380d4"
+DEFAULT_SOURCE_SHA256 = "1c673568597fdab68224a6c4c73a3ef9f603231fafa390e979c0535f203b8e3a"
 
 
 def test_default_prefix_source_unchanged():

@@ -105,6 +105,14 @@ MAX_SMALL_M = 32
 MAX_SMALL_PANELS = 8
 
 
+
+#: What the threads threshold (GemmSchedule.parallel_min_flops) counts a float of B as: a
+#: call of one or two rows is as long as B takes to stream in, not its flops. 1 MB of B (an
+#: LSTM's input weight at hidden 256, one step, batch 1: 0.5 Mflop) took as long from L2 or
+#: L3 as 1 Mflop of a larger call in the registers; on one thread that one-step LSTM ran
+#: 40 us at 2 threads against onnxruntime's 30 (AMD Zen 4).
+FLOPS_PER_B_FLOAT = 4
+
 @dataclass(frozen=True)
 class GemmSchedule:
     """Tuning parameters of the GEMM fragment.
@@ -301,7 +309,8 @@ def fragment(schedule: Optional[GemmSchedule] = None) -> Fragment:
     defines.lines(f"#define SS_GEMM_{name.upper()} {value}" for name, value in (
         ("mr", s.mr), ("nr", s.nr), ("kc", s.kc), ("mc", s.mc), ("nc", s.nc), ("small_m", s.small_m),
         ("small_nc", s.small_nc), ("pack_rows", s.pack_rows)))
-    defines.line(f"#define SS_GEMM_PAR_MIN_FLOPS {float(s.parallel_min_flops)!r}")
+    defines.line(f"#define SS_GEMM_PAR_MIN_FLOPS {float(s.parallel_min_flops)!r}",
+                 f"#define SS_GEMM_FLOPS_PER_B_FLOAT {float(FLOPS_PER_B_FLOAT)!r}")
     kernels = CWriter()
     with kernels.guard("__AVX2__"):
         kernels.raw(tiles.in_lanes(s, tiles.full_tile_kernel))

@@ -520,7 +520,12 @@ static void ss_gemm_run(const ss_gemm_problem* P)
        thread count: a plan cut for it only packs A once per part on one thread (2 heads of
        32 at 1500 tokens, 2 threads, AMD Zen 3: the second product's A, the scores, packed
        twice, 5.46 ms where each head alone took 4.78 on its core). */
-    const int64_t threads = flops >= SS_GEMM_PAR_MIN_FLOPS && !omp_in_parallel() ? omp_get_max_threads() : 1;
+    /* A call of one or two rows streams B: it takes the time of SS_GEMM_FLOPS_PER_B_FLOAT
+       flops a float of B (1 MB of B, 0.5 Mflop at M = 1, took as long to stream from L2 or L3
+       as 1 Mflop of a larger call to compute), and on two threads each core streams half. */
+    const double b_floats = (double)P->K * (double)P->N * (double)(P->sb0 || P->sb1 ? P->batch0 * P->batch1 : 1);
+    const double work = flops > SS_GEMM_FLOPS_PER_B_FLOAT * b_floats ? flops : SS_GEMM_FLOPS_PER_B_FLOAT * b_floats;
+    const int64_t threads = work >= SS_GEMM_PAR_MIN_FLOPS && !omp_in_parallel() ? omp_get_max_threads() : 1;
     const ss_gemm_plan plan = ss_gemm_make_plan(P, threads);
     const int64_t parts = ss_gemm_min(threads, plan.items);
     if (parts <= 1) {
