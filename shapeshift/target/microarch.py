@@ -85,7 +85,14 @@ ZEN4 = MicroarchClass(
               "geomean (min 1.04x), 97-108 GFLOPS at M >= 128 (82-91% of peak); 6x32 1.36x, 8x32 "
               "1.35x, 4x64 1.33x, 14x32 1.32x, 8x48 1.31x, 12x32 1.31x, 6x64 1.30x, each with a "
               "row below 1.0x (bench/results/gemm_tiles_amd-zen4.md)",
-    zmm_full_rate=False)
+    zmm_full_rate=False,
+    # The GEMM's small-M path: on an AMD EPYC of family 25 model 17, bench/gemv.py at 1 and 2
+    # threads, M = 1, 2, 4, weights in L1 to DRAM, it read the packed weight faster than the
+    # GEMV kernel in 22 of the 24 rows on 2026-12-06 (bench/results/gemv_zen4.md's history) and
+    # in 23 on 2026-12-07 (at 1 thread every row, 3-31%: M = 1 82 against 74 GB/s in L3, 35.7
+    # against 27.2 from DRAM); a one-step LSTM at hidden 1024 streaming its 16 MB input weight
+    # from DRAM ran 0.92-1.0 ms through it against 1.25-1.37 through the GEMV.
+    gemv_min_m=5)
 AVX2 = MicroarchClass(
     name="avx2",
     summary="x86-64 with AVX2 and FMA, 16 ymm registers (and any CPU no other class matches)",
