@@ -104,7 +104,7 @@ class NativeVM:
         if self.library is None and program.has_code():
             self.library = compile_program(program, cache_dir)
         # Every segment call passes it: sessions of one model share its library.
-        self.threads = num_threads or openmp_default_threads()
+        self.threads = num_threads or (openmp_default_threads(self.library.cdll) if self.library else 1)
         for k in range(len(program.segments)):
             fn = getattr(self.library.cdll, program.segment_name(k))
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
@@ -606,18 +606,23 @@ class NativeVM:
         return self._outputs.copy(result)
 
 
-def openmp_default_threads() -> int:
-    """The team OpenMP gives a region when no count is set (libgomp's rule): OMP_NUM_THREADS's
-    first entry, else every CPU this process may run on. A session made without num_threads
-    passes it to its segments rather than leave the count to OpenMP, which keeps it per
-    calling thread: another session run in that thread before would have set it."""
-    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if first.isdigit() and int(first) > 0:
-        return int(first)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no sched_getaffinity on this platform
-        return os.cpu_count() or 1
+_DEFAULT_THREADS: list[int] = []  # OpenMP's default team size, once asked
+
+
+def openmp_default_threads(cdll) -> int:
+    """The team OpenMP gives a region when no count is set: the count a new thread starts with
+    (OMP_NUM_THREADS as the runtime read it when it loaded, else every CPU the process may
+    use), asked of ``cdll``'s OpenMP in a new thread, since a thread keeps the count last set
+    in it. A session made without num_threads passes it to its segments rather than run on
+    whatever count another session left in the calling thread. Asked once per process: the
+    runtime reads its environment once."""
+    if not _DEFAULT_THREADS:
+        got: list[int] = []
+        thread = threading.Thread(target=lambda: got.append(int(cdll.omp_get_max_threads())))
+        thread.start()
+        thread.join()
+        _DEFAULT_THREADS.append(max(1, got[0]) if got else 1)
+    return _DEFAULT_THREADS[0]
 
 
 def _rejection(step, binding: Mapping[str, int]) -> str:
