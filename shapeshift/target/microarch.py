@@ -89,8 +89,8 @@ ZEN4 = MicroarchClass(
     # The GEMM's small-M path: on an AMD EPYC of family 25 model 17, bench/gemv.py at 1 and 2
     # threads, M = 1, 2, 4, weights in L1 to DRAM, it read the packed weight faster than the
     # GEMV kernel in 22 of the 24 rows on 2026-12-06 (bench/results/gemv_zen4.md's history) and
-    # in 23 on 2026-12-07 (at 1 thread every row, 3-31%: M = 1 82 against 74 GB/s in L3, 35.7
-    # against 27.2 from DRAM); a one-step LSTM at hidden 1024 streaming its 16 MB input weight
+    # in 23 on 2026-12-07 (at 1 thread every row, 3-31%: M = 1 in L3 83.3 against 78.1 GB/s,
+    # from DRAM 35.7 against 27.2); a one-step LSTM at hidden 1024 streaming its 16 MB input weight
     # from DRAM ran 0.92-1.0 ms through it against 1.25-1.37 through the GEMV.
     gemv_min_m=5)
 AVX2 = MicroarchClass(

@@ -104,14 +104,13 @@ MAX_SMALL_M = 32
 # Read streams past four gained nothing in a read loop on one core (24 GB/s at 4, 8 and 16).
 MAX_SMALL_PANELS = 8
 
-
-
 #: What the threads threshold (GemmSchedule.parallel_min_flops) counts a float of B as: a
 #: call of one or two rows is as long as B takes to stream in, not its flops. 1 MB of B (an
 #: LSTM's input weight at hidden 256, one step, batch 1: 0.5 Mflop) took as long from L2 or
-#: L3 as 1 Mflop of a larger call in the registers; on one thread that one-step LSTM ran
-#: 40 us at 2 threads against onnxruntime's 30 (AMD Zen 4).
+#: L3 as 1 Mflop of a larger call in the registers. With that product on one thread, the
+#: one-step LSTM ran 40 us at 2 threads against onnxruntime's 30; on both, 32 (AMD Zen 4).
 FLOPS_PER_B_FLOAT = 4
+
 
 @dataclass(frozen=True)
 class GemmSchedule:
