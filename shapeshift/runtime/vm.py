@@ -104,7 +104,7 @@ class NativeVM:
         if self.library is None and program.has_code():
             self.library = compile_program(program, cache_dir)
         # Every segment call passes it: sessions of one model share its library.
-        self.threads = num_threads or (openmp_default_threads(self.library.cdll) if self.library else 1)
+        self.threads = num_threads or (openmp_default_threads(self.library.cdll) if self.library is not None else 1)
         for k in range(len(program.segments)):
             fn = getattr(self.library.cdll, program.segment_name(k))
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import os
 import random
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +24,8 @@ from shapeshift.codegen.kernels import gemm, gemm_tiles
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.codegen.kernels.prelude import PRELUDE
 from shapeshift.target import named_target
+
+from ..test_native_threads import _in_thread, _tasks
 
 TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2, prefetch_min_m=2,
                     parallel_min_flops=0)
@@ -395,7 +396,6 @@ def test_several_panels_threads_agree(libs, build, m):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-
 def _starts_workers(lib, m: int, k: int, n: int) -> bool:
     """Whether ss_gemm_prepacked of m rows by a k x n weight, 2 threads, opens a parallel
     region: run in a new thread, whose first region makes OpenMP start a worker of its own."""
@@ -405,21 +405,20 @@ def _starts_workers(lib, m: int, k: int, n: int) -> bool:
     packed = np.empty(lib.cdll.ss_gemm_packed_b_size(k, n), dtype=np.float32)
     lib.cdll.ss_gemm_pack_b(k, n, b.ctypes.data, n, 1, packed.ctypes.data)
     c = np.full((m, n), np.nan, dtype=np.float32)
-    seen: dict = {}
 
-    def call():
-        before = set(os.listdir("/proc/self/task"))
+    def call() -> int:
+        before = _tasks()
         lib.cdll.ss_set_num_threads(2)
         lib.cdll.ss_gemm_prepacked(m, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, packed.ctypes.data,
                                    c.ctypes.data, 0, 0, n, 1.0, None, 0.0, 0, 0, 0)
-        seen["workers"] = len(set(os.listdir("/proc/self/task")) - before)
+        return len(_tasks() - before)
 
-    thread = threading.Thread(target=call)
-    thread.start()
-    thread.join()
-    lib.cdll.ss_set_num_threads(1)
+    try:
+        workers = _in_thread(call)
+    finally:
+        lib.cdll.ss_set_num_threads(1)
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
-    return seen["workers"] > 0
+    return workers > 0
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
@@ -431,6 +430,7 @@ def test_one_row_by_a_large_weight_streams_it_on_two_threads(libs):
     assert lib.schedule.parallel_min_flops == 1 << 20
     assert _starts_workers(lib, 1, 256, 1024)
     assert not _starts_workers(lib, 1, 128, 512)
+
 
 def test_edge_tile_shapes():
     assert gemm_tiles.edge_shapes(GemmSchedule(mr=2, nr=16), 8) == [(1, 1), (1, 2), (2, 1)]
