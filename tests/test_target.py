@@ -64,8 +64,10 @@ def test_zen4(tmp_path):
     assert t.cpu.vendor == "AuthenticAMD" and t.avx512 and t.vnni and not t.amx
     assert t.microarch.name == "amd-zen4"
     s = default_schedule(t)
-    assert (s.mr, s.nr, s.lanes, s.registers) == (6, 16, 16, 32)
-    assert s.kc == 256  # the hand-tuned kc of this tile on Zen 4's 32 KiB L1d, from the rule
+    assert (s.mr, s.nr, s.lanes, s.registers) == (8, 16, 16, 32)
+    # The cache rule's blocking (the class measures none of its own): 3/4 of the 32 KiB L1d
+    # over 8 + 16 floats a k gives kc 256; a quarter of the 1 MiB L2 caps mc at 24 panels.
+    assert (s.kc, s.mc) == (256, 192) and t.microarch.blocking is None
 
 
 def test_zen5(tmp_path):
@@ -178,7 +180,8 @@ def test_info_machine(tmp_path, monkeypatch, capsys):
 def test_conv_paths_follow_the_gemm_tile(tmp_path):
     # The wide zmm tiles (Zen 5, Xeon: 8x48) run small-plane dense convs in the GEMM's own
     # tile up to conv_panels.MAX_PLANE pixels and the small-plane GEMM up to 64; the narrow
-    # 6x16 tile (Zen 4, AVX2) takes neither switch of theirs: no conv_panels, 9 pixels.
+    # 16-column tiles (Zen 4's 8x16 zmm, AVX2's 6x16 ymm) take neither switch of theirs: no
+    # conv_panels, 9 pixels.
     from shapeshift.codegen.defaults import conv_igemm_min_plane, conv_panels_max_plane
     from shapeshift.codegen.kernels import conv_panels
 

@@ -88,7 +88,8 @@ WIDE_TILE_COLUMNS = 32
 # onnxruntime interleaved, it -> the implicit GEMM or the small-plane GEMM: 64->64 on 20x20
 # 1.38x -> 1.12x onnxruntime's time, 128->128 on 20x20 1.11x -> 1.07x, 128->128 on 10x10
 # 1.28x -> 1.16x, 64->64 on 14x14 1.34x -> 1.26x, and alike on 5x5 to 7x7 planes; so
-# narrow tiles do not take it.
+# narrow tiles do not take it. (Zen 4's tile has been 8x16 since, 8 accumulators of one
+# vector of channels: this switch is not remeasured for it.)
 
 
 def conv_panels_max_plane(target: Optional[Target] = None) -> int:

@@ -78,13 +78,18 @@ ZEN4 = MicroarchClass(
     name="amd-zen4",
     summary="AMD Zen 4 and later with AVX-512: a 512-bit FMA issues as two 256-bit halves, "
             "ymm and zmm peak alike (~112 GFLOPS a core)",
-    lanes=16, tile=(6, 16),
+    lanes=16, tile=(8, 16),
     chosen_by="an AMD EPYC of family 25 model 17 (measured FMA peak 118 GFLOPS a core at either "
               "width), 1 thread, bench/gemm_tiles.py (the dense GEMM on BERT-base weights at M = 16, "
-              "128, 512, best of 9 interleaved samples against OpenBLAS): zmm 6x16 1.38x OpenBLAS "
-              "geomean (min 1.04x), 97-108 GFLOPS at M >= 128 (82-91% of peak); 6x32 1.36x, 8x32 "
-              "1.35x, 4x64 1.33x, 14x32 1.32x, 8x48 1.31x, 12x32 1.31x, 6x64 1.30x, each with a "
-              "row below 1.0x (bench/results/gemm_tiles_amd-zen4.md)",
+              "128, 512, best of 9 interleaved samples against OpenBLAS): zmm 8x16 (kc 256, mc 192, "
+              "the cache rule's) 1.30x and 1.31x OpenBLAS geomean in two sweeps (min 1.09x), 112-115 "
+              "GFLOPS at M >= 128 (95-97% of peak) where the earlier 6x16 reached 107-113 (1.27x, "
+              "1.29x), 10x16 and 12x16 1.27-1.28x, 7x16 1.26-1.27x, 6x32 1.28x, 8x32 1.25-1.26x "
+              "(bench/results/gemm_tiles_amd-zen4.md); in a sweep of 2026-12-05 "
+              "6x16 led 6x32, 8x32, 4x64, 14x32, 8x48, 12x32 and 6x64 (1.30-1.36x). Eight "
+              "rows divide M = 128 and 32 (6x16 left an edge panel of 2 rows): the BERT-base-size "
+              "encoder at 1 thread, seq 32 64 -> 59 ms, seq 128 216 -> 208 (alternating processes); "
+              "ResNet-50 and MobileNetV3-small unchanged",
     zmm_full_rate=False,
     # The GEMM's small-M path: on an AMD EPYC of family 25 model 17, bench/gemv.py at 1 and 2
     # threads, M = 1, 2, 4, weights in L1 to DRAM, it read the packed weight faster than the
