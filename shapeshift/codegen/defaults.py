@@ -12,7 +12,8 @@ The dense and batched GEMM (kernels/gemm.py), and the fused attention that calls
   most 3/4 of L1d, so that the B micro-panel stays in L1 while A micro-panels stream past;
 - mc: A blocks of at most a quarter of L2 (2 to 24 micro-panels);
 - kc and mc from the class instead where it names them (``blocking``, with the measurement);
-- nc and the small-M path: as hand-tuned (nc 3072 columns, rounded to whole panels).
+- nc and the small-M path: as hand-tuned (nc 3072 columns, rounded to whole panels); the
+  most rows the small-M path takes from the class where it names them (``small_m``).
 
 ``conv_panels_max_plane(target)``: the output planes up to which a dense k x k conv with
 prepacked weights runs the GEMM's own register tile over the image (kernels/conv_panels.py):
@@ -62,8 +63,10 @@ def tile_schedule(target: Target, mr: int, nr: int, lanes: int) -> GemmSchedule:
         mc = mr * max(MC_PANELS[0], min(MC_PANELS[1], panels))
     nc = -(-3072 // nr) * nr
     small_nc = -(-256 // nr) * nr
+    own = (mr, nr, lanes) == (*klass.tile, klass.lanes)
+    extra = {"small_m": klass.small_m} if own and klass.small_m is not None else {}
     return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, small_nc=small_nc, lanes=lanes,
-                        registers=target.vector_registers)
+                        registers=target.vector_registers, **extra)
 
 
 # Planes up to which the small-plane GEMM beats the implicit GEMM. Measured at 1 thread,

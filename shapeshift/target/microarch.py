@@ -45,6 +45,9 @@ class MicroarchClass:
     # The fewest rows a product by a constant weight takes the GEMV kernel for
     # (kernels/gemv.py); fewer go to the GEMM's small-M path. 5 (past its 4 rows): none.
     gemv_min_m: int = 1
+    # The most rows the GEMM's B-streaming path takes (GemmSchedule.small_m) with the class's
+    # own tile, where measured; None: the schedule's default (8).
+    small_m: Optional[int] = None
 
 
 INTEL_AVX512 = MicroarchClass(
@@ -97,7 +100,17 @@ ZEN4 = MicroarchClass(
     # in 23 on 2026-12-07 (at 1 thread every row, 3-31%: M = 1 in L3 83.3 against 78.1 GB/s,
     # from DRAM 35.7 against 27.2); a one-step LSTM at hidden 1024 streaming its 16 MB input weight
     # from DRAM ran 0.92-1.0 ms through it against 1.25-1.37 through the GEMV.
-    gemv_min_m=5)
+    gemv_min_m=5,
+    # 9 to 11 rows on the B-streaming path: the 8x16 tile's packed path ran them as a full
+    # panel and an edge of 1 to 3 rows. On an AMD EPYC of family 25 model 17 (the dense GEMM,
+    # BERT-base weights, prepacked, best of 7 interleaved samples, /tmp drivers on
+    # bench/gemm.py's harness) 1 thread, weights hot: M = 9-10 +17-34%, M = 11 +13% with K =
+    # 768, a tie with K = 3072; from DRAM +15-35% at every such M; 2 threads +12-35%, 11 x
+    # 3072 x 768 a tie (182 against 186 GFLOPS). At M = 12 the path lost with K = 3072 (83
+    # against 96 GFLOPS), and at 13-14 more (64-72 against 97-98). yolov8n at 96x96, 1 thread
+    # (its last stage's 3x3 convs on 3x3 planes are 9-row products, kernels/conv.py's
+    # small-plane path): 2.76 -> 2.11 ms, onnxruntime 2.25-2.31.
+    small_m=11)
 AVX2 = MicroarchClass(
     name="avx2",
     summary="x86-64 with AVX2 and FMA, 16 ymm registers (and any CPU no other class matches)",

@@ -14,6 +14,7 @@ import ctypes
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,8 @@ from shapeshift.codegen.kernels import gemm, gemm_tiles
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.codegen.kernels.prelude import PRELUDE
 from shapeshift.target import named_target
+from shapeshift.target.cpu import Caches, parse_cpuinfo
+from shapeshift.target.description import target_from_cpu
 
 from ..test_native_threads import _in_thread, _tasks
 
@@ -44,6 +47,11 @@ PANELS_WIDE = GemmSchedule(mr=2, nr=32, mc=8, nc=64, small_m=2, small_nc=64, sma
 # The untuned schedules of the two psABI levels: ymm 6x16 and the zmm tile of the AVX-512 class.
 AVX2_DEFAULT = default_schedule(named_target("x86-64-v3"))
 AVX512_DEFAULT = default_schedule(named_target("x86-64-v4"))
+# The amd-zen4 class's own schedule (its 8 x 16 zmm tile, products of up to 11 rows on the
+# B-streaming path), from the Zen 4 sample, whatever CPU runs the tests.
+ZEN4_DEFAULT = default_schedule(target_from_cpu(
+    parse_cpuinfo((Path(__file__).parent.parent / "target_samples" / "zen4.cpuinfo").read_text()),
+    Caches(32768, 1 << 20, 32 << 20)))
 A_IN_L1 = GemmSchedule(mr=4, nr=24, kc=37, mc=12, nc=48, small_m=2, small_nc=48, a_in_l1=1)
 SCALAR_FLAGS = tuple(f for f in DEFAULT_FLAGS if f != "-march=native")
 
@@ -89,6 +97,7 @@ def libs(build_cache) -> dict[str, Lib]:
         "zmm_as_ymm": _load(PRELUDE + gemm.source(AVX512_DEFAULT), AVX512_DEFAULT, cache,
                             flags=(*DEFAULT_FLAGS, "-mno-avx512f")),
         "zmm": _load(PRELUDE + gemm.source(AVX512_DEFAULT), AVX512_DEFAULT, cache),
+        "zen4": _load(PRELUDE + gemm.source(ZEN4_DEFAULT), ZEN4_DEFAULT, cache),
         # The other tile-loop order: an A micro-panel in L1, B's streaming from L2.
         "a_in_l1": _load(PRELUDE + gemm.source(A_IN_L1), A_IN_L1, cache),
         "grouped": _load(PRELUDE + gemm.source(GROUPED), GROUPED, cache),
@@ -243,7 +252,7 @@ def test_gemm_matches_numpy(libs, build, case):
     run_case(libs[build], case)
 
 
-@pytest.mark.parametrize("build", ["grouped", "grouped_wide"])
+@pytest.mark.parametrize("build", ["grouped", "grouped_wide", "zen4"])
 @pytest.mark.parametrize("m", range(1, 21))
 @pytest.mark.parametrize("prepacked,b_t", [(True, False), (False, False), (False, True)])
 def test_small_path_row_groups(libs, build, m, prepacked, b_t):
@@ -251,7 +260,7 @@ def test_small_path_row_groups(libs, build, m, prepacked, b_t):
     run_case(libs[build], Case(m, 70, 300, b_t=b_t, bias="col", act=1, prepacked=prepacked))
 
 
-@pytest.mark.parametrize("build", ["edge_wide", "default", "ymm", "zmm", "zmm_as_ymm", "tiny", "a_in_l1"])
+@pytest.mark.parametrize("build", ["edge_wide", "default", "ymm", "zmm", "zmm_as_ymm", "tiny", "a_in_l1", "zen4"])
 @pytest.mark.parametrize("m", [13, 14, 15, 16, 17, 20])
 def test_edge_rows_over_groups_of_panels(libs, build, m):
     """The last rows of M (fewer than MR) run several B panels at once (gemm_tiles.edge_group):
