@@ -54,8 +54,9 @@ def label(s) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiles", nargs="+", default=["6x16", "6x32", "8x32", "12x32", "14x32", "8x48", "6x64",
-                                                       "4x64"])
+    # 8x16 led on an AMD Zen 4 (bench/results/gemm_tiles_amd-zen4.md) where it had not been swept before.
+    parser.add_argument("--tiles", nargs="+", default=["6x16", "8x16", "6x32", "8x32", "12x32", "14x32", "8x48",
+                                                       "6x64", "4x64"])
     parser.add_argument("--ms", type=int, nargs="+", default=[16, 128, 512])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--sample-ms", type=float, default=20.0)
