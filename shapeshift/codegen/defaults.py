@@ -51,10 +51,11 @@ def default_schedule(target: Optional[Target] = None) -> GemmSchedule:
 
 def tile_schedule(target: Target, mr: int, nr: int, lanes: int) -> GemmSchedule:
     """The untuned schedule of register tile mr x nr in vectors of ``lanes`` floats: the
-    class's measured blocking for its own tile, else the cache rule (bench/gemm_tiles.py
-    times other tiles this way)."""
+    class's measured blocking and small-M bound for its own tile, else the cache rule and the
+    schedule's default (bench/gemm_tiles.py times other tiles this way)."""
     klass = target.microarch
-    if klass.blocking is not None and (mr, nr, lanes) == (*klass.tile, klass.lanes):
+    own = (mr, nr, lanes) == (*klass.tile, klass.lanes)
+    if own and klass.blocking is not None:
         kc, mc = klass.blocking  # measured where the cache rule below lost
     else:
         floats_l1 = target.caches.l1d // 4
@@ -63,7 +64,6 @@ def tile_schedule(target: Target, mr: int, nr: int, lanes: int) -> GemmSchedule:
         mc = mr * max(MC_PANELS[0], min(MC_PANELS[1], panels))
     nc = -(-3072 // nr) * nr
     small_nc = -(-256 // nr) * nr
-    own = (mr, nr, lanes) == (*klass.tile, klass.lanes)
     extra = {"small_m": klass.small_m} if own and klass.small_m is not None else {}
     return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, small_nc=small_nc, lanes=lanes,
                         registers=target.vector_registers, **extra)
