@@ -101,16 +101,18 @@ ZEN4 = MicroarchClass(
     # from DRAM 35.7 against 27.2); a one-step LSTM at hidden 1024 streaming its 16 MB input weight
     # from DRAM ran 0.92-1.0 ms through it against 1.25-1.37 through the GEMV.
     gemv_min_m=5,
-    # 9 to 11 rows on the B-streaming path: the 8x16 tile's packed path ran them as a full
-    # panel and an edge of 1 to 3 rows. On an AMD EPYC of family 25 model 17 (the dense GEMM,
+    # 9 and 10 rows on the B-streaming path: the 8x16 tile's packed path ran them as a full
+    # panel and an edge of 1 or 2 rows. On an AMD EPYC of family 25 model 17 (the dense GEMM,
     # BERT-base weights, prepacked, best of 7 interleaved samples, /tmp drivers on
-    # bench/gemm.py's harness) 1 thread, weights hot: M = 9-10 +17-34%, M = 11 +13% with K =
-    # 768, a tie with K = 3072; from DRAM +15-35% at every such M; 2 threads +12-35%, 11 x
-    # 3072 x 768 a tie (182 against 186 GFLOPS). At M = 12 the path lost with K = 3072 (83
-    # against 96 GFLOPS), and at 13-14 more (64-72 against 97-98). yolov8n at 96x96, 1 thread
-    # (its last stage's 3x3 convs on 3x3 planes are 9-row products, kernels/conv.py's
-    # small-plane path): 2.76 -> 2.11 ms, onnxruntime 2.25-2.31.
-    small_m=11)
+    # bench/gemm.py's harness) 1 thread, weights hot: M = 9-10 +17-34%; from DRAM +11-44%;
+    # 2 threads +9-35%. Not 11, though that row count gained too (+13% hot with K = 768, a tie
+    # with K = 3072): a build whose bound was 11 ran M = 8 from DRAM 5-16% slower (8 x 3072
+    # x 768: 62.7-68.7 against 70.4-76.1 GFLOPS in five runs), its 8-row code unchanged in
+    # the source, and BERT's seq 8 with it (17.4-19.1 -> 19.2-21.9 ms); with 10, M = 8 as with
+    # 8. Not 12 and up: with K = 3072 the path lost at 12 (83 against 96 GFLOPS) and more at
+    # 13-14. yolov8n at 96x96, 1 thread (its last stage's 3x3 convs on 3x3 planes are 9-row
+    # products, kernels/conv.py's small-plane path): 2.76 -> 2.11 ms, onnxruntime 2.25-2.31.
+    small_m=10)
 AVX2 = MicroarchClass(
     name="avx2",
     summary="x86-64 with AVX2 and FMA, 16 ymm registers (and any CPU no other class matches)",
