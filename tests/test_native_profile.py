@@ -120,6 +120,25 @@ def test_if_branches_are_rows_of_their_own(tmp_path):
     assert all(r.kind != BRANCH for r in exclusive(rows))
 
 
+def test_sessions_of_one_library_keep_their_own_counters(tmp_path):
+    """Two profiled sessions of one model load one library; each counts its own runs (the
+    counters were once the library's, so that one session's profile showed the other's)."""
+    path = _if_on_data(tmp_path)
+    first = shapeshift.InferenceSession(path, {"n": (1, 64)}, backend="native", profile=True)
+    second = shapeshift.InferenceSession(path, {"n": (1, 64)}, backend="native", profile=True)
+    assert first._executor.vm.library.cdll._handle == second._executor.vm.library.cdll._handle, "one loaded library"
+    x = np.linspace(-1, 2, 9).astype(np.float32)
+    for _ in range(3):
+        first.run(None, {"x": x})
+    second.run(None, {"x": np.linspace(-3, -1, 5).astype(np.float32)})  # max(x) <= 0: the else branch
+    calls = [{(r.node, r.program): r.calls for r in s.profile()} for s in (first, second)]
+    assert calls[0][("relu", "")] == 3 and calls[1][("relu", "")] == 1
+    then, other = (next(k for k in calls[0] if k[0] == name) for name in ("then_sigmoid", "else_neg"))
+    assert (calls[0][then], calls[0][other]) == (3, 0) and (calls[1][then], calls[1][other]) == (0, 1)
+    first.profile(reset=True)
+    assert all(r.calls == 0 for r in first.profile()) and second.profile()[-1].calls == 1
+
+
 def test_profile_is_refused_where_there_are_no_timers(tmp_path):
     path = _mlp_with_unique(tmp_path)
     with pytest.raises(ShapeshiftError, match="native backend"):

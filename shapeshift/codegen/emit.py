@@ -56,9 +56,8 @@ arguments), so run time does not change but for a call per step.
 
 How many units there are depends only on the program's size, never on the machine, so
 that one program always prints the same text (a compiled artifact is checked against it).
-A small program, a profiled one or one that calls tuned dispatchers stays one unit, built
-at -O3: the profiled program's counters and the dispatchers are private to the unit that
-defines them.
+A small program or one that calls tuned dispatchers stays one unit, built at -O3: the
+dispatchers are private to the unit that defines them.
 """
 
 from __future__ import annotations
@@ -186,12 +185,10 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
     for bs in blocks.values():
         for b, kind in bs:
             totals[kind] += len(b)
-    if tuned or any(p.profiled for p in programs) or sum(totals.values()) < SMALL_PROGRAM_CHARS:
+    if tuned or sum(totals.values()) < SMALL_PROGRAM_CHARS:
         return [Unit(PRELUDE + head + "".join(tuned) + "".join(
-            _profile_counters(p) + "".join(_function(p.segment_name(k), [b for b, _ in blocks[id(p), k]],
-                                                     segment=True)
-                                           for k in range(len(p.segments)))
-            for p in programs), HOT)]
+            _function(p.segment_name(k), [b for b, _ in blocks[id(p), k]], segment=True)
+            for p in programs for k in range(len(p.segments))), HOT)]
 
     blocks, shared = _shared_steps(programs, blocks)
     totals = dict.fromkeys(KINDS, 0)
@@ -260,9 +257,9 @@ def emit_units(programs: list["Program"], fragments: tuple[str, ...], tuned: Seq
 
 def _step_blocks(program: "Program", indices: list[int]) -> list[tuple[str, str]]:
     """One braced block per step, with its kind (``block_kind``). A profiled program's steps
-    each add their wall time and one call to its counters (omp_get_wtime: one clock read
-    before and one after each step)."""
-    counters = f"ss_profile{program.prefix}"
+    each add their wall time and one call to its counters, the COUNTERS slot that the
+    session's VM owns (omp_get_wtime: one clock read before and one after each step)."""
+    counters = f"((double*)v[{program.profile_slot}])"
     blocks = []
     for i in indices:
         step = program.steps[i]
@@ -339,14 +336,6 @@ def _shared_declaration(name: str) -> str:
 def _size(block) -> int:
     """Characters of a block (text, or a ``_Call`` as a block of its own): what fills units."""
     return len(block.text if isinstance(block, _Call) else block)
-
-
-def _profile_counters(program: "Program") -> str:
-    if not program.profiled:
-        return ""
-    counters = f"ss_profile{program.prefix}"
-    return (f"\nstatic double {counters}[{2 * max(1, len(program.steps))}];\n"
-            f"double* {program.profile_symbol()}(void) {{ return {counters}; }}\n")
 
 
 def _function(name: str, blocks: Sequence, segment: bool = False) -> str:

@@ -43,8 +43,8 @@ from .lower.context import C_TYPES, LowerContext, Lowered, PackRequest, Unsuppor
 from .lower.contracts import agreements, c_checks
 from .lower.layout import VIEW_OPS
 from .placement import place
-from .slots import (ARENA, CONST, DEAD, DIMS, DYNAMIC, INPUT, LATE, PACKED, VIEW, WORK, Slot,  # noqa: F401 - re-exported
-                    tensor_nbytes)
+from .slots import (ARENA, CONST, COUNTERS, DEAD, DIMS, DYNAMIC, INPUT, LATE, PACKED, VIEW,  # noqa: F401 - re-exported
+                    WORK, Slot, tensor_nbytes)
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,11 @@ class Program:
     late_extents: list[int] = field(default_factory=list)
     # Prefixes of the tuned batched-GEMM dispatchers its steps call (tune/records.py).
     tuned_calls: list[str] = field(default_factory=list)
-    # Built with per-step timers (see codegen/emit.py): its library exports
-    # ``profile_symbol()``, two doubles per step (seconds, calls) that the VM reads.
+    # Built with per-step timers (see codegen/emit.py): its native steps add their seconds
+    # and a call to the COUNTERS slot ``profile_slot``, two doubles per step, that each VM
+    # allocates for itself and reads.
     profiled: bool = False
+    profile_slot: int = -1
     # The target description it is built for (None: this machine): the kernels' default
     # schedules and the compiler's -march.
     target: Optional[Target] = None
@@ -141,8 +143,12 @@ class Program:
     def segment_name(self, k: int) -> str:
         return f"ss_segment{self.prefix}_{k}"
 
-    def profile_symbol(self) -> str:
-        return f"ss_profile{self.prefix}_counters"
+    def add_profile_counters(self) -> None:
+        """Make it a profiled program: a COUNTERS slot (after every other, so that the
+        placement of its buffers is not touched) for its steps' timers."""
+        self.profiled = True
+        self.profile_slot = len(self.slots)
+        self.slots.append(Slot(self.profile_slot, COUNTERS, nbytes=16 * max(1, len(self.steps))))
 
     def all_programs(self) -> list["Program"]:
         """This program and every branch program under it."""
@@ -252,7 +258,8 @@ class _Builder:
             program.fragments = dependency_order(
                 {f for p in programs for s in p.steps if s.lowered for f in s.lowered.fragments})
             for each in programs:
-                each.profiled = self.profile
+                if self.profile:
+                    each.add_profile_counters()
                 each.target = self.target
             units = emit_units(programs, program.fragments, self._tuned_sources(program), self.target)
             program.source, *program.parts = [unit.text for unit in units]

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 CONST, INPUT, ARENA, DYNAMIC, PACKED, VIEW, WORK = "const", "input", "arena", "dynamic", "packed", "view", "work"
 LATE = "late"  # an ARENA or WORK buffer sized by late symbols: allocated per run once they are bound
 DIMS = "dims"  # int64 dims that a size step computes, for the VM to bind as late symbols
+# A profiled program's (seconds, calls) doubles per step, which its native steps add to:
+# each VM allocates its own, so two sessions of one library keep apart.
+COUNTERS = "counters"
 DEAD = "dead"  # the output of a step a later rule dropped: never written, never read
 
 

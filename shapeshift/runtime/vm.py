@@ -38,8 +38,8 @@ import numpy as np
 
 from ..codegen.build import CompiledLibrary
 from ..codegen.placement import resolve as resolve_placements
-from ..codegen.program import (ARENA, CONST, DIMS, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK, Program,
-                               compile_program)
+from ..codegen.program import (ARENA, CONST, COUNTERS, DIMS, DYNAMIC, FALLBACK, INPUT, LATE, NATIVE, VIEW, WORK,
+                               Program, compile_program)
 from ..errors import ExecutionError, ShapeshiftError
 from ..ir.graph import Node, Value, values_read
 from ..ir.types import TensorType, to_numpy_dtype
@@ -159,14 +159,19 @@ class NativeVM:
         # like the arena, it keeps the largest size a run needed).
         self._late_buffers: dict[int, tuple[np.ndarray, int, int]] = {}
         self._release_unread_constants()
-        # Profiled programs: native steps count into the library's table, fallback steps here.
-        self._counters = _profile_counters(program, self.library)
+        # Profiled programs: native steps count into this VM's COUNTERS slot (_counters), fallback steps here.
         self._fallback_times = np.zeros((len(program.steps), 2)) if program.profiled else None
 
     # -- load time -------------------------------------------------------------------------
 
     def _load_constants(self) -> None:
+        self._counters: Optional[np.ndarray] = None
         for slot in self.program.slots:
+            if slot.kind == COUNTERS:  # the profiled steps' timers: this VM's own
+                table = np.zeros((max(int(slot.nbytes) // 16, 1), 2))
+                self._keep_alive.append(table)
+                self._fixed[slot.index] = table.ctypes.data
+                self._counters = table
             if slot.kind == DIMS:  # filled by a size step, read back by the VM
                 dims = np.zeros(max(int(slot.nbytes) // 8, 1), dtype=np.int64)
                 self._keep_alive.append(dims)
@@ -643,17 +648,6 @@ def _rejection(step, binding: Mapping[str, int]) -> str:
         return f"{step.node.describe()}: {step.lowered.rejects}"
     return (f"{step.node.describe()}: its kernel rejected the inputs "
             "(an index out of range, a size that is negative or not a number, or shapes that do not broadcast)")
-
-
-def _profile_counters(program: Program, library: Optional[CompiledLibrary]) -> Optional[np.ndarray]:
-    """The library's per-step (seconds, calls) doubles of a profiled program, as a (steps, 2)
-    array like the VM's own table of fallback steps."""
-    if not program.profiled or library is None:
-        return None
-    function = getattr(library.cdll, program.profile_symbol())
-    function.restype = ctypes.c_void_p
-    table = (ctypes.c_double * (2 * max(1, len(program.steps)))).from_address(function())
-    return np.ctypeslib.as_array(table).reshape(-1, 2)
 
 
 def _packing_functions(lib, prefix: str):
