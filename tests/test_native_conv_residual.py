@@ -7,7 +7,8 @@ operand. Covered: 1x1 and 3x3 convs at ragged channel counts, odd planes, pads a
 strides, either Add operand order, with and without the Relu, dynamic batch and image
 sizes (batch 1 and 2); an Add of two convs' outputs (the later conv takes it); and the
 cases that must not fuse (the conv's output read elsewhere or a graph output, a
-broadcast operand), which still match. The NCHW kernels throughout: with the blocked
+broadcast operand), which still match; an exporter's BatchNormalization between the conv
+and the Add, folded into the conv first. The NCHW kernels throughout: with the blocked
 layout on (``SHAPESHIFT_NCHWC``), layout_assign.py fuses the residual into its own convs.
 """
 
@@ -135,6 +136,51 @@ def test_resnet_bottlenecks_fuse_every_residual_add():
     program = _run(model, feeds)
     assert "Add" not in _steps(program) and "Relu" not in _steps(program)
     assert sum("ss_conv2d_residual(" in s.lowered.code for s in program.steps if s.lowered) == 16
+
+
+def _batch_norm(rng, m, prefix="bn"):
+    """BatchNormalization parameters of ``m`` channels (scale, bias, mean, variance)."""
+    return {f"{prefix}_s": (rng.random(m) + 0.5).astype(np.float32),
+            f"{prefix}_b": rng.standard_normal(m).astype(np.float32),
+            f"{prefix}_m": (0.3 * rng.standard_normal(m)).astype(np.float32),
+            f"{prefix}_v": (rng.random(m) + 0.5).astype(np.float32)}
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES,
+                         ids=lambda g: f"k{g[0]}s{g[1]}p{''.join(map(str, g[2]))}C{g[3]}M{g[4]}")
+def test_batch_norm_folds_into_the_conv(geometry):
+    # As some exporters write a ResNet block: Conv (no bias) -> BatchNormalization -> Add ->
+    # Relu. The native backend folds the BatchNormalization into the conv's weights and bias
+    # (simplify's fold_batch_norm), so the Add and Relu ride in the conv as well: one step
+    # where there were four (the BatchNormalization was an elementwise pass of its own).
+    k, s, pads, c, m = geometry
+    rng = np.random.default_rng(k * 10 + s + 1)
+    inits = {"w": _weights(rng, m, c, k), "ws": _weights(rng, m, c, k), **_batch_norm(rng, m)}
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=pads)
+    nodes = [helper.make_node("Conv", ["x", "ws"], ["shortcut"], name="shortcut", **attrs),
+             helper.make_node("Conv", ["x", "w"], ["c"], name="conv", **attrs),
+             helper.make_node("BatchNormalization", ["c", "bn_s", "bn_b", "bn_m", "bn_v"], ["n"], name="bn"),
+             helper.make_node("Add", ["n", "shortcut"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n", c, "h", "w"])], ["y"], inits)
+    feeds = [{"x": rng.standard_normal((n, c, h, w)).astype(np.float32)} for n, h, w in PLANES]
+    program = _run(model, feeds)
+    assert _steps(program) == ["Conv", "Conv"]
+    assert _absorbed(program)["conv"] == ["Add", "Relu"]
+
+
+def test_batch_norm_of_a_conv_read_elsewhere_stays():
+    # The conv's output also feeds a Sigmoid: folding would change what the Sigmoid reads, so
+    # the BatchNormalization runs as a step of its own, and everything still matches.
+    rng = np.random.default_rng(8)
+    inits = {"w": _weights(rng, 12, 5, 3), **_batch_norm(rng, 12)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "bn_s", "bn_b", "bn_m", "bn_v"], ["y"], name="bn"),
+             helper.make_node("Sigmoid", ["c"], ["s"], name="sigmoid")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, ["n", 5, "h", "w"])], ["y", "s"], inits)
+    feeds = [{"x": rng.standard_normal((n, 5, h, w)).astype(np.float32)} for n, h, w in ((1, 9, 7), (2, 4, 13))]
+    program = _run(model, feeds)
+    assert "BatchNormalization" in _steps(program)
 
 
 def _not_fused(program, add_name="add"):

@@ -152,19 +152,24 @@ def test_blocks_match_onnxruntime_at_the_native_width(name):
 
 def test_mobilenet_block_keeps_its_trunk_blocked():
     """One conversion per plain reader: the Flatten of the head and the graph output p;
-    the stem reads the image plain; BN, HardSwish, Relu, HardSigmoid and the residual Add
-    ride in the conv epilogues."""
-    stats = _stats(shapeshift.InferenceSession(mobilenet_block(), backend="native"))
+    the stem reads the image plain; the BatchNormalizations are the convs' weights and bias
+    (simplify folds them), HardSwish, Relu, HardSigmoid and the residual Add ride in the conv
+    epilogues."""
+    session = shapeshift.InferenceSession(mobilenet_block(), backend="native")
+    stats = _stats(session)
+    assert "BatchNormalization" not in {n.op_type for n in session.graph.nodes}
     assert (stats.to_blocked, stats.to_plain) == (0, 2)
-    assert stats.fused == 2 + 2 + 1 + 1 + 1 + 1  # 2x(BN+HardSwish), Relu, HardSigmoid, Add, Relu
+    assert stats.fused == 2 + 1 + 1 + 1 + 1  # 2x HardSwish, Relu, HardSigmoid, Add, Relu
     assert stats.ops == 4  # 2 GlobalAveragePool, the SE Mul, the AveragePool
 
 
 def test_resnet_bottleneck_fuses_batchnorm_add_and_relu():
-    stats = _stats(shapeshift.InferenceSession(resnet_bottleneck(), backend="native"))
+    session = shapeshift.InferenceSession(resnet_bottleneck(), backend="native")
+    stats = _stats(session)
+    assert "BatchNormalization" not in {n.op_type for n in session.graph.nodes}  # folded by simplify
     assert (stats.convs, stats.to_blocked, stats.to_plain) == (5, 0, 1)
-    # 5 BN, 3 Relu after them, and the last conv's Add + Relu (the shortcut conv runs first).
-    assert stats.fused == 5 + 3 + 2
+    # 3 Relu after the convs, and the last conv's Add + Relu (the shortcut conv runs first).
+    assert stats.fused == 3 + 2
 
 
 @pytest.mark.parametrize("c", [16, 17, 24, 32])

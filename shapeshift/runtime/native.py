@@ -27,13 +27,21 @@ from .vm import NativeVM
 NATIVE_FOLD_ANY_SIZE = frozenset({"DequantizeLinear"})
 
 
+def simplify_options() -> SimplifyOptions:
+    """What the native backend simplifies a graph with (the tuner too: it must see the
+    graph a session lowers)."""
+    # shared_weights: products by one constant weight of independent inputs run as one
+    # (passes/simplify/shared_weight.py), so the weight streams once for all their rows;
+    # fold_batch_norm: a Conv's BatchNormalization becomes its weights and bias (what
+    # onnxruntime's optimizer does too).
+    return SimplifyOptions(fold_any_size=NATIVE_FOLD_ANY_SIZE, shared_weights=True, fold_batch_norm=True)
+
+
 def prepare_program(graph: Graph, tuning=None, profile: bool = False, target=None) -> Program:
     """Simplify ``graph`` in place and build its native program (with the tuned GEMM
     dispatchers of ``tuning``, a shapeshift.tune.records.GemmTuning, where it has them;
     with step timers when ``profile``)."""
-    # shared_weights: products by one constant weight of independent inputs run as one
-    # (passes/simplify/shared_weight.py), so the weight streams once for all their rows.
-    simplify_graph(graph, SimplifyOptions(fold_any_size=NATIVE_FOLD_ANY_SIZE, shared_weights=True))
+    simplify_graph(graph, simplify_options())
     restore_output_names(graph)
     return build_program(graph, tuning, profile, target)
 

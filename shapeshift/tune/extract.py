@@ -333,8 +333,10 @@ def model_tasks(model: ModelSource, dynamic: Optional[Mapping[str, tuple[int, in
     ConvTask unless ``convs`` is False, one per class with ``group_convs``, else one per
     instance; convs of dynamic sizes at ``sampled_bindings`` of the declared ranges), the
     most work first."""
+    from ..runtime.native import simplify_options
+
     graph = import_model(model, dict(dynamic or {}))
-    simplify_graph(graph)
+    simplify_graph(graph, simplify_options())  # the graph a native session lowers
     tasks: list = graph_tasks(graph)
     if batched or convs:
         recorder = _lowering_calls(graph)

@@ -6,9 +6,10 @@ c = 16 with AVX-512, else 8, from the target description):
 
 - every 2-D float Conv with constant weights that is dense, depthwise (group == C == M) or
   grouped with whole blocks per group, as one ``NCHWcConv`` node (domain com.shapeshift)
-  with its weights packed here, once, and its epilogue fused: a BatchNormalization after
-  it, or Mul / Add / Sub / Div by per-channel constants (a BatchNormalization that an
-  exporter wrote out), folded into the weights and bias, then one activation (Relu, Clip, HardSwish, HardSigmoid,
+  with its weights packed here, once, and its epilogue fused: Mul / Add / Sub / Div by
+  per-channel constants (a BatchNormalization that an exporter wrote out; a
+  BatchNormalization node itself the native backend's simplify has folded into the conv
+  already), folded into the weights and bias, then one activation (Relu, Clip, HardSwish, HardSigmoid,
   Sigmoid, SiLU as ``x * Sigmoid(x)``, LeakyRelu), then a residual Add of a tensor of its
   output's shape and one more activation. The fused node sits where the chain's last node
   was, so the residual exists when it runs. A dense conv whose input is not blocked reads
@@ -340,18 +341,6 @@ class _Pass:
         attributes, residual value or None)."""
         chain: list[Node] = []
         cur = conv.outputs[0]
-        user = cur.users[0][0] if self.single(cur) else None
-        if user is not None and _std(user) and user.op_type == "BatchNormalization" and user.inputs[0] is cur \
-                and len([v for v in user.outputs if v is not None]) == 1 \
-                and not int(user.attrs.get("training_mode", 0)) \
-                and all(v is not None and v.const is not None for v in user.inputs[1:5]):
-            scale, shift, mean, var = (np.asarray(v.const, np.float64).reshape(-1) for v in user.inputs[1:5])
-            if scale.size == weights.shape[0]:
-                factor = scale / np.sqrt(var + float(user.attrs.get("epsilon", 1e-5)))
-                weights = (weights * factor[:, None, None, None]).astype(np.float32)
-                bias = ((bias - mean) * factor + shift).astype(np.float32)
-                chain.append(user)
-                cur = user.outputs[0]
         while self.single(cur):
             folded = self.fold_affine(cur, weights, bias)
             if folded is None:

@@ -70,12 +70,20 @@ class SimplifyOptions:
     #: that the compiler's own callers (native lowering, tuning) see the graph they were
     #: written against until they opt in.
     fusions: bool = False
+    #: BatchNormalization folded into the Conv, ConvTranspose, Gemm or MatMul before it, the
+    #: one fusion the native backend takes (its NCHW convs have no BatchNormalization
+    #: epilogue: left in, each one was a pass of its own and kept the conv's activation and
+    #: residual Add out of its kernel too). ``fusions`` turns it on as well.
+    fold_batch_norm: bool = False
     #: With ``fusions``: MatMuls of one input and constant weights merged into one MatMul
     #: and a Split (fewer, wider GEMMs; a deployment may want the separate ones).
     merge_matmuls: bool = True
     #: MatMul/Gemm nodes of independent inputs and one constant weight stacked into one
     #: product (shared_weight.py). The native backend sets it; off by default.
     shared_weights: bool = False
+
+    def __post_init__(self) -> None:
+        self.fold_batch_norm = self.fold_batch_norm or self.fusions
 
 
 @dataclass
