@@ -28,6 +28,8 @@ from shapeshift.tune.builder import measurement_source
 from shapeshift.tune.runner import RunnerConfig
 from shapeshift.tune.workload import GemmWorkload
 
+from .sample_targets import sample_target
+
 pytest.importorskip("sklearn")
 pytest.importorskip("ray")
 
@@ -194,7 +196,7 @@ def test_a_database_of_several_models_warns_only_for_workloads_without_this_mach
     from shapeshift.tune.database import Database
     from shapeshift.tune.records import GemmTuning
 
-    other = target_from_cpu(parse_cpuinfo((SAMPLES / "zen4.cpuinfo").read_text()), GENERIC_CACHES)
+    other = sample_target("zen4", GENERIC_CACHES)
     mine, theirs = [SMALL], [SMALL, GemmSchedule()]
     tree = {"le": 8, "left": {"leaf": 0}, "right": {"leaf": 1}}
     db = tmp_path / "t.db"

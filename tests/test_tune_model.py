@@ -215,12 +215,10 @@ def test_records_tuned_on_another_cpu_are_refused_with_a_warning(files, tmp_path
     database, migrated when a tuner opens it) is used as it is, with a warning."""
     import sqlite3
 
-    from shapeshift.target.cpu import Caches, parse_cpuinfo
-    from shapeshift.target.description import target_from_cpu
+    from .sample_targets import sample_target
 
     model, _, _ = files
-    samples = Path(__file__).parent / "target_samples"
-    zen4 = target_from_cpu(parse_cpuinfo((samples / "zen4.cpuinfo").read_text()), Caches(32768, 1 << 20, 32 << 20))
+    zen4 = sample_target("zen4")
     out = str(tmp_path / "zen4.db")
     with Database(out) as db:
         for k, n in ((64, 96), (96, 48)):

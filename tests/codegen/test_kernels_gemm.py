@@ -14,7 +14,6 @@ import ctypes
 import os
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,9 +24,8 @@ from shapeshift.codegen.kernels import gemm, gemm_tiles
 from shapeshift.codegen.kernels.gemm import GemmSchedule
 from shapeshift.codegen.kernels.prelude import PRELUDE
 from shapeshift.target import named_target
-from shapeshift.target.cpu import Caches, parse_cpuinfo
-from shapeshift.target.description import target_from_cpu
 
+from ..sample_targets import sample_target
 from ..test_native_threads import _in_thread, _tasks
 
 TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2, prefetch_min_m=2,
@@ -49,9 +47,7 @@ AVX2_DEFAULT = default_schedule(named_target("x86-64-v3"))
 AVX512_DEFAULT = default_schedule(named_target("x86-64-v4"))
 # The amd-zen4 class's own schedule (its 8 x 16 zmm tile, products of up to 10 rows on the
 # B-streaming path), from the Zen 4 sample, whatever CPU runs the tests.
-ZEN4_DEFAULT = default_schedule(target_from_cpu(
-    parse_cpuinfo((Path(__file__).parent.parent / "target_samples" / "zen4.cpuinfo").read_text()),
-    Caches(32768, 1 << 20, 32 << 20)))
+ZEN4_DEFAULT = default_schedule(sample_target("zen4"))
 A_IN_L1 = GemmSchedule(mr=4, nr=24, kc=37, mc=12, nc=48, small_m=2, small_nc=48, a_in_l1=1)
 SCALAR_FLAGS = tuple(f for f in DEFAULT_FLAGS if f != "-march=native")
 
