@@ -5,11 +5,14 @@
                         [--out bench/results/cnn.md]
                         [--no-nchwc-off] [--native-variant LABEL SETTING ...]
 
-Models (``--models``; default all):
+Models (``--models``; default all but ``resnet50_bn``):
 
 - built here with onnx.helper and seeded random weights (bench/cnn_models.py): ``resnet50``
   (torchvision's layout, BatchNorm folded) and ``mobilenet_v3_small`` (BatchNormalization
   nodes left in) at 224x224, ``yolo_style`` (C2f, SPPF, Resize neck) at 320 and 640;
+  ``resnet50_bn`` (only when named: ResNet-50 with its 53 BatchNormalizations left in, as
+  some exporters write it; the native backend folds them into the convs, as onnxruntime
+  does, since db99189; before, they cost it 2-4% of the net on an AMD Zen 4);
 - from ../shared/models (skipped with a printed reason when the folder is absent):
   ``yolov8n_nudenet.320n`` at 320, 640 and 96 (whose last stage's 3x3 convs run on 3x3 planes:
   9-row products, 1.09-1.19x onnxruntime's latency on an AMD Zen 4 until 3c1c1b1),
@@ -97,10 +100,14 @@ class Spec:
     pixels: str = "normal"  # "normal" (a normalised image) or "uniform" ([0, 1], the model normalises)
     shared: bool = False  # in ../shared/models (else built by bench/cnn_models.py)
     note: str = ""
+    default: bool = True  # measured when --models is not given
 
 
 SPECS = (
     Spec("resnet50", ((224, 224),)),
+    Spec("resnet50_bn", ((224, 224),), default=False,
+         note="ResNet-50 with its BatchNormalizations left in (a conv without bias, then the BN), as some exporters "
+              "write it: only with --models"),
     Spec("mobilenet_v3_small", ((224, 224),)),
     Spec("yolo_style", ((320, 320), (640, 640)), pixels="uniform"),
     Spec("yolov8n_nudenet.320n", ((320, 320), (640, 640), (96, 96)), pixels="uniform", shared=True),
@@ -529,7 +536,8 @@ def _size(text: str) -> tuple:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 thread, batch 1, each model's first size")
-    parser.add_argument("--models", nargs="+", default=[s.name for s in SPECS], choices=[s.name for s in SPECS])
+    parser.add_argument("--models", nargs="+", default=[s.name for s in SPECS if s.default],
+                        choices=[s.name for s in SPECS])
     parser.add_argument("--threads", type=int, nargs="+", default=None, help="default 1 2 (--quick: 1)")
     parser.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 4 (--quick: 1)")
     parser.add_argument("--sizes", type=_size, nargs="+", default=None,

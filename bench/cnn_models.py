@@ -170,12 +170,19 @@ def _evaluate(node: onnx.NodeProto, values: dict) -> list:
 RESNET50_BLOCKS = (3, 4, 6, 3)
 
 
-def resnet50(seed: int = 0, num_classes: int = 1000, width: int = 64) -> onnx.ModelProto:
+def resnet50(seed: int = 0, num_classes: int = 1000, width: int = 64, batchnorm: bool = False) -> onnx.ModelProto:
     """torchvision.models.resnet50's graph with BatchNorm folded (conv + bias). ``width``: the
     stem's channels and the first stage's bottleneck width (64 in ResNet-50; a smaller one
-    gives the same graph with fewer weights, for tests)."""
+    gives the same graph with fewer weights, for tests). ``batchnorm``: every conv without a
+    bias and followed by a BatchNormalization, as some exporters write it."""
     net = _Net(seed)
-    x = net.act(net.conv(INPUT, 3, width, 7, stride=2), "relu")
+
+    def conv(x: str, c_in: int, c_out: int, k: int, stride: int = 1, scale: float = 1.0) -> str:
+        if not batchnorm:
+            return net.conv(x, c_in, c_out, k, stride=stride, scale=scale)
+        return net.batchnorm(net.conv(x, c_in, c_out, k, stride=stride, scale=scale, bias=False), c_out)
+
+    x = net.act(conv(INPUT, 3, width, 7, stride=2), "relu")
     x = net.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     c_in = width
     for stage, blocks in enumerate(RESNET50_BLOCKS):
@@ -183,16 +190,22 @@ def resnet50(seed: int = 0, num_classes: int = 1000, width: int = 64) -> onnx.Mo
         c_out = inner * 4
         for block in range(blocks):
             stride = 2 if stage > 0 and block == 0 else 1
-            y = net.act(net.conv(x, c_in, inner, 1), "relu")
-            y = net.act(net.conv(y, inner, inner, 3, stride=stride), "relu")  # v1.5: stride on the 3x3
-            y = net.conv(y, inner, c_out, 1, scale=RESIDUAL_SCALE)
-            shortcut = x if block > 0 else net.conv(x, c_in, c_out, 1, stride=stride)
+            y = net.act(conv(x, c_in, inner, 1), "relu")
+            y = net.act(conv(y, inner, inner, 3, stride=stride), "relu")  # v1.5: stride on the 3x3
+            y = conv(y, inner, c_out, 1, scale=RESIDUAL_SCALE)
+            shortcut = x if block > 0 else conv(x, c_in, c_out, 1, stride=stride)
             x = net.act(net.node("Add", [y, shortcut], "residual"), "relu")
             c_in = c_out
     x = net.node("GlobalAveragePool", [x], "gap")
     x = net.node("Flatten", [x], "flat", axis=1)
     x = net.gemm(x, c_in, num_classes)
-    return net.model(x, "resnet50", ["batch", 3, "height", "width"], ["batch", num_classes])
+    return net.model(x, "resnet50_bn" if batchnorm else "resnet50", ["batch", 3, "height", "width"],
+                     ["batch", num_classes])
+
+
+def resnet50_bn(seed: int = 0, num_classes: int = 1000, width: int = 64) -> onnx.ModelProto:
+    """ResNet-50 with its 53 BatchNormalizations left in (``resnet50(batchnorm=True)``)."""
+    return resnet50(seed, num_classes, width, batchnorm=True)
 
 
 # -- MobileNetV3-small ----------------------------------------------------------------------------
@@ -330,6 +343,7 @@ def yolo_style(seed: int = 0) -> onnx.ModelProto:
 
 BUILDERS: dict[str, Callable[..., onnx.ModelProto]] = {
     "resnet50": resnet50,
+    "resnet50_bn": resnet50_bn,
     "mobilenet_v3_small": mobilenet_v3_small,
     "yolo_style": yolo_style,
 }

@@ -24,6 +24,7 @@ needs_cc = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc")
 # YOLO-style net needs multiples of 32 for its Concat of upsampled and skipped maps).
 SIZES = {
     "resnet50": [(1, 64, 64), (2, 57, 83)],
+    "resnet50_bn": [(1, 64, 64), (2, 57, 83)],
     "mobilenet_v3_small": [(1, 64, 64), (2, 71, 45)],
     "yolo_style": [(1, 64, 96), (2, 96, 64)],
 }
@@ -93,6 +94,14 @@ def test_yolo_style_has_its_blocks(built):
     assert ops.count("Resize") == 2 and ops.count("MaxPool") == 3 and ops.count("Split") == 8
 
 
+def test_resnet50_bn_is_resnet50_with_its_batchnorms_left_in(built):
+    ops = [n.op_type for n in built["resnet50_bn"].graph.node]
+    assert ops.count("Conv") == ops.count("BatchNormalization") == 53
+    convs = [n for n in built["resnet50_bn"].graph.node if n.op_type == "Conv"]
+    assert all(len(n.input) == 2 for n in convs)  # no bias: the BatchNormalization after each has it
+    assert [op for op in ops if op != "BatchNormalization"] == [n.op_type for n in built["resnet50"].graph.node]
+
+
 @pytest.mark.parametrize("name", list(cnn_models.BUILDERS))
 def test_activations_neither_explode_nor_vanish(built, name):
     for size in (64, 320):
@@ -139,7 +148,8 @@ def test_bad_activation_is_named():
 def test_quick_is_one_thread_batch_one_first_size():
     args = cnn.parse_args(["--quick"])
     configs = cnn.configurations(args)
-    assert [spec.name for spec, _, _ in configs] == [s.name for s in cnn.SPECS]
+    assert [spec.name for spec, _, _ in configs] == [s.name for s in cnn.SPECS if s.default]
+    assert "resnet50_bn" not in [spec.name for spec, _, _ in configs]  # only when asked for
     for spec, threads, shapes in configs:
         assert threads == 1 and shapes == [(1, spec.sizes[0])]
     full = cnn.configurations(cnn.parse_args(["--models", "yolo_style", "ssdlite320_mobilenet_v3_large.ts"]))
