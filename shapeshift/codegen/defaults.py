@@ -79,6 +79,10 @@ def tile_schedule(target: Target, mr: int, nr: int, lanes: int) -> GemmSchedule:
 #   64 channels, so the switch stays at the small-plane path's own 64 pixels. ResNet-50 at
 #   224x224, 1 thread: 49.7 -> 43.4 ms. The Xeon class's 8x48 tile takes the same switch,
 #   not measured there.
+# - 8x16 zmm tiles (Zen 4 since c975fdd), remeasured 2026-12-07 (3x3 + SiLU, alternating
+#   sessions in one process, best of 3 x 7 samples): the small-plane path (the switch at 64)
+#   ran 3x5, 4x4 and 5x5 planes 1.00-1.21x the implicit GEMM's time (64-256 channels), 6x10
+#   stride 2 1.09-1.18x, 512->512 stride 2 on 7x7 0.97x: the switch stays at 9.
 IGEMM_MIN_PLANE_NARROW = 9
 IGEMM_MIN_PLANE_WIDE = 64
 WIDE_TILE_COLUMNS = 32
