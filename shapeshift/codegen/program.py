@@ -91,10 +91,9 @@ class Program:
     late_extents: list[int] = field(default_factory=list)
     # Prefixes of the tuned batched-GEMM dispatchers its steps call (tune/records.py).
     tuned_calls: list[str] = field(default_factory=list)
-    # Built with per-step timers (see codegen/emit.py): its native steps add their seconds
-    # and a call to the COUNTERS slot ``profile_slot``, two doubles per step, that each VM
-    # allocates for itself and reads.
-    profiled: bool = False
+    # Built with per-step timers (see codegen/emit.py) when >= 0: its native steps add their
+    # seconds and a call to this COUNTERS slot, two doubles per step, that each VM allocates
+    # for itself and reads.
     profile_slot: int = -1
     # The target description it is built for (None: this machine): the kernels' default
     # schedules and the compiler's -march.
@@ -143,10 +142,14 @@ class Program:
     def segment_name(self, k: int) -> str:
         return f"ss_segment{self.prefix}_{k}"
 
+    @property
+    def profiled(self) -> bool:
+        """Whether it was built with per-step timers (a COUNTERS slot)."""
+        return self.profile_slot >= 0
+
     def add_profile_counters(self) -> None:
         """Make it a profiled program: a COUNTERS slot (after every other, so that the
         placement of its buffers is not touched) for its steps' timers."""
-        self.profiled = True
         self.profile_slot = len(self.slots)
         self.slots.append(Slot(self.profile_slot, COUNTERS, nbytes=16 * max(1, len(self.steps))))
 

@@ -167,16 +167,16 @@ class NativeVM:
     def _load_constants(self) -> None:
         self._counters: Optional[np.ndarray] = None
         for slot in self.program.slots:
-            if slot.kind == COUNTERS:  # the profiled steps' timers: this VM's own
-                table = np.zeros((max(int(slot.nbytes) // 16, 1), 2))
-                self._keep_alive.append(table)
-                self._fixed[slot.index] = table.ctypes.data
-                self._counters = table
-            if slot.kind == DIMS:  # filled by a size step, read back by the VM
-                dims = np.zeros(max(int(slot.nbytes) // 8, 1), dtype=np.int64)
-                self._keep_alive.append(dims)
-                self._fixed[slot.index] = dims.ctypes.data
-                self._dims[slot.index] = dims
+            # This VM's own buffers: the dims a size step fills and the VM binds (DIMS), the
+            # profiled steps' (seconds, calls) timers (COUNTERS).
+            if slot.kind in (DIMS, COUNTERS):
+                own = np.zeros(max(int(slot.nbytes) // 8, 1), dtype=np.int64 if slot.kind == DIMS else np.float64)
+                self._keep_alive.append(own)
+                self._fixed[slot.index] = own.ctypes.data
+                if slot.kind == DIMS:
+                    self._dims[slot.index] = own
+                else:
+                    self._counters = own.reshape(-1, 2)
         unread = {id(v) for v in self.program.unread_consts}
         for slot in self.program.slots:
             if slot.kind == CONST and id(slot.value) not in unread:

@@ -73,7 +73,7 @@ class SimplifyOptions:
     #: BatchNormalization folded into the Conv, ConvTranspose, Gemm or MatMul before it, the
     #: one fusion the native backend takes (its NCHW convs have no BatchNormalization
     #: epilogue: left in, each one was a pass of its own and kept the conv's activation and
-    #: residual Add out of its kernel too). ``fusions`` turns it on as well.
+    #: residual Add out of its kernel too). ``fusions`` runs it as well (``folds_batch_norm``).
     fold_batch_norm: bool = False
     #: With ``fusions``: MatMuls of one input and constant weights merged into one MatMul
     #: and a Split (fewer, wider GEMMs; a deployment may want the separate ones).
@@ -82,8 +82,10 @@ class SimplifyOptions:
     #: product (shared_weight.py). The native backend sets it; off by default.
     shared_weights: bool = False
 
-    def __post_init__(self) -> None:
-        self.fold_batch_norm = self.fold_batch_norm or self.fusions
+    @property
+    def folds_batch_norm(self) -> bool:
+        """Whether the BatchNormalization fold runs: asked for alone or with the fusions."""
+        return self.fold_batch_norm or self.fusions
 
 
 @dataclass

@@ -302,7 +302,7 @@ _BATCH_NORM_FOLDS = {"Conv": _into_conv, "ConvTranspose": _into_conv_transpose, 
                      "Gemm": _into_gemm}
 
 
-@rewrite("BatchNormalization", options=("fold_batch_norm",))
+@rewrite("BatchNormalization", options=("folds_batch_norm",))
 def batch_norm_into_producer(node: Node, rw: Rewriter) -> bool:
     """BN(Conv(x, W, b)) -> Conv(x, W*s, b*s + t); likewise ConvTranspose, Gemm, and a
     MatMul of a 2-D input (into a Gemm), when the producer's output feeds the BN alone."""

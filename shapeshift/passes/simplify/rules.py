@@ -45,7 +45,7 @@ def rewrite(*op_types: str, options: Sequence[str] = ()):
 
     The registered rule skips nodes of other domains (a custom ``Identity`` is
     not ONNX's); the decorated function itself is returned unchanged.
-    ``options`` names SimplifyOptions fields that must all be true for the engine
+    ``options`` names SimplifyOptions fields (or properties) that must all be true for the engine
     to run the rule (the fusions of fusions.py: see :func:`rules_for`).
     """
 
