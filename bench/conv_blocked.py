@@ -10,7 +10,10 @@ what a conv inside an NCHWc trunk costs, with no layout conversion. A first conv
 fewer channels than a block reads its image plain, as the lowering has it do.
 onnxruntime runs the one-node model (intra_op_num_threads=1), whole session.run calls,
 so its figure includes its per-call overhead (a few microseconds); bench/conv.py has the
-whole-session comparison. The two run interleaved, --repeats samples of about
+whole-session comparison. The kernel's arrays start on 64-byte boundaries, as the native
+runtime's buffers do (numpy's start 16 bytes past one as often as not: then every vector of
+a zmm kernel spans two cache lines, and the depthwise kernel took 1.2-1.25x its time on
+3-12 MB planes, AMD Zen 4). The two run interleaved, --repeats samples of about
 --sample-ms each; the table gives the medians. Writes bench/results/conv_blocked.md.
 """
 
@@ -39,6 +42,7 @@ from shapeshift.codegen.build import compile_library  # noqa: E402
 from shapeshift.codegen.kernels import conv_nchwc, nchwc  # noqa: E402
 from shapeshift.codegen.kernels.nchwc import ACT_RELU, ACT_SILU  # noqa: E402
 from shapeshift.codegen.kernels.prelude import PRELUDE  # noqa: E402
+from shapeshift.runtime.vm import ALIGNMENT  # noqa: E402
 from shapeshift.codegen.kernels.nchwc import block_width  # noqa: E402
 from shapeshift.target import host_target  # noqa: E402
 
@@ -58,6 +62,16 @@ def _ptr(a):
     return a.ctypes.data_as(F32P)
 
 
+def aligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``a`` starting at a multiple of the runtime's ALIGNMENT (its
+    memory held through the view's base)."""
+    raw = np.empty(a.nbytes + ALIGNMENT, np.uint8)
+    skew = -raw.ctypes.data % ALIGNMENT
+    out = raw[skew:skew + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def blocked(x: np.ndarray, lanes: int) -> np.ndarray:
     n, c = x.shape[:2]
     cb = -(-c // lanes)
@@ -72,18 +86,18 @@ def kernel_call(case: Case, x: np.ndarray, w: np.ndarray, b: np.ndarray, lanes: 
     oh = (case.h + 2 * pad - k) // s + 1
     ow = (case.w + 2 * pad - k) // s + 1
     act = ACT_SILU if case.act == "silu" else (ACT_RELU if case.act == "relu" else 0)
-    y = np.zeros((1, -(-case.m // lanes), oh, ow, lanes), np.float32)
-    bias = conv_nchwc.pad_channels(b, lanes)
+    y = aligned(np.zeros((1, -(-case.m // lanes), oh, ow, lanes), np.float32))
+    bias = aligned(conv_nchwc.pad_channels(b, lanes))
     keep = [y, bias]
     if case.group == case.c == case.m and case.group > 1:
-        xb, wp = blocked(x, lanes), conv_nchwc.pack_depthwise(w, lanes)
+        xb, wp = aligned(blocked(x, lanes)), aligned(conv_nchwc.pack_depthwise(w, lanes))
         keep += [xb, wp]
         args = (_ptr(xb), _ptr(wp), _ptr(bias), _ptr(y), 1, case.c, case.h, case.w, k, k, oh, ow, s, s, pad, pad, 1, 1,
                 None, act, 0.0, 0.0, 0, 0.0, 0.0)
         return (lambda: depthwise(*args)), y, keep
     xblk = 1 if case.c < lanes else lanes
-    xin = np.ascontiguousarray(x) if xblk == 1 else blocked(x, lanes)
-    wp = conv_nchwc.pack_dense(w, 1, lanes, xblk)
+    xin = aligned(x if xblk == 1 else blocked(x, lanes))
+    wp = aligned(conv_nchwc.pack_dense(w, 1, lanes, xblk))
     keep += [xin, wp]
     h, wd, oh2, ow2 = case.h, case.w, oh, ow
     if k == 1 and s == 1:  # the plane as one row, as the lowering calls it

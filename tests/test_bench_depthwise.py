@@ -18,7 +18,8 @@ import depthwise  # noqa: E402
 def _row(name: str, kernel: float, node: float) -> dict:
     c, k, s, p = 16, 3, 1, 7
     return {"case": depthwise.Case(name, c, c, p, p, k, s, group=c, act="relu"), "kernel": kernel,
-            "ort_node": node, "ort_run": 2 * node, "ort_op": "Conv", "diff": 0.0}
+            "ort_node": node, "ort_run": 2 * node, "ort_op": "Conv", "diff": 0.0, "ratio": kernel / node,
+            "run_ratio": kernel / (2 * node)}
 
 
 def test_the_verdict_names_every_conv_above_onnxruntimes_node():
