@@ -28,9 +28,26 @@ def _smaps_entry(address: int) -> str:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
-def test_small_buffers_stay_on_malloc():
-    a = huge_pages.empty(1000, np.float32)
-    assert a.shape == (1000,) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+@pytest.mark.parametrize("count", [1, 3, 1000, 4097])
+def test_small_buffers_stay_on_malloc_on_a_cache_line(count):
+    for _ in range(8):  # malloc's addresses vary: 16 bytes past a line as often as not
+        a = huge_pages.empty(count, np.float32)
+        assert a.shape == (count,) and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+        assert a.ctypes.data % huge_pages.ALIGNMENT == 0
+        a[:] = 1.0
+
+
+def test_aligned_copies_only_what_is_off_a_cache_line():
+    raw = np.arange(40, dtype=np.float32)
+    skew = -raw.ctypes.data % huge_pages.ALIGNMENT // 4
+    on, off = raw[skew:skew + 16].reshape(4, 4), raw[skew + 1:skew + 17].reshape(4, 4)
+    assert huge_pages.aligned(on) is on
+    copy = huge_pages.aligned(off)
+    assert copy.ctypes.data % huge_pages.ALIGNMENT == 0 and copy.shape == (4, 4)
+    np.testing.assert_array_equal(copy, off)
+    strided = huge_pages.aligned(raw[::2])
+    assert strided.flags.c_contiguous and strided.ctypes.data % huge_pages.ALIGNMENT == 0
+    np.testing.assert_array_equal(strided, raw[::2])
 
 
 @pytest.mark.parametrize("count", [huge_pages.MIN_BYTES // 4, huge_pages.MIN_BYTES // 4 + 12345])
@@ -84,3 +101,37 @@ def test_vm_packs_large_weights_on_huge_pages():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     large = [a for a in vm._keep_alive if a.nbytes >= huge_pages.MIN_BYTES]
     assert large and all(a.ctypes.data % huge_pages.HUGE_PAGE == 0 for a in large)
+
+
+def test_vm_constants_start_on_a_cache_line():
+    """Initializers come from onnx at whatever address numpy gives their bytes (16 past a
+    line as often as not): the VM reads each through a copy on a cache line, the graph's
+    value holding that copy, and the model still agrees with onnxruntime."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from shapeshift.runtime.session import InferenceSession
+    from shapeshift.runtime.vm import CONST
+
+    rng = np.random.default_rng(4)
+    nodes, inits, prev, rows = [], [], "x", 6
+    for i, n in enumerate((5, 7, 3, 9, 6, 11, 4, 8)):  # odd sizes: the next one's bytes land anywhere
+        w = rng.standard_normal((rows, n)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"])]
+        prev, rows = f"y{i}", n
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    session = InferenceSession(data, backend="native")
+    vm = session._executor.vm
+    consts = [slot for slot in vm.program.slots if slot.kind == CONST and vm._fixed[slot.index]]
+    assert len(consts) >= 8
+    assert all(int(vm._fixed[slot.index]) % huge_pages.ALIGNMENT == 0 for slot in consts)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)

@@ -51,7 +51,7 @@ from .output_buffers import MIN_BYTES, OutputBuffers
 from .profile import BRANCH, StepTime
 from .reference import ReferenceExecutor, materialize
 
-ALIGNMENT = 64
+ALIGNMENT = huge_pages.ALIGNMENT
 PLAN_CACHE_SIZE = 64
 # Late sizes kept per plan (Plan.late_sizes): enough for a few hundred distinct late values.
 LATE_SIZES_KEPT = 1024
@@ -180,7 +180,11 @@ class NativeVM:
         unread = {id(v) for v in self.program.unread_consts}
         for slot in self.program.slots:
             if slot.kind == CONST and id(slot.value) not in unread:
-                array = np.asarray(slot.value.const, order="C")
+                # On a cache line, as every buffer a kernel reads (huge_pages.py); the graph's
+                # value takes the aligned copy, so that the weights are not held twice.
+                array = huge_pages.aligned(slot.value.const)
+                if array is not slot.value.const:
+                    slot.value.const = array
                 self._keep_alive.append(array)
                 self._fixed[slot.index] = array.ctypes.data
         for view in self.program.slots:
