@@ -42,7 +42,7 @@ from shapeshift.codegen.build import compile_library  # noqa: E402
 from shapeshift.codegen.kernels import conv_nchwc, nchwc  # noqa: E402
 from shapeshift.codegen.kernels.nchwc import ACT_RELU, ACT_SILU  # noqa: E402
 from shapeshift.codegen.kernels.prelude import PRELUDE  # noqa: E402
-from shapeshift.runtime.vm import ALIGNMENT  # noqa: E402
+from shapeshift.runtime.huge_pages import aligned  # noqa: E402
 from shapeshift.codegen.kernels.nchwc import block_width  # noqa: E402
 from shapeshift.target import host_target  # noqa: E402
 
@@ -60,16 +60,6 @@ def load_library(lanes: int):
 
 def _ptr(a):
     return a.ctypes.data_as(F32P)
-
-
-def aligned(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``a`` starting at a multiple of the runtime's ALIGNMENT (its
-    memory held through the view's base)."""
-    raw = np.empty(a.nbytes + ALIGNMENT, np.uint8)
-    skew = -raw.ctypes.data % ALIGNMENT
-    out = raw[skew:skew + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
 
 
 def blocked(x: np.ndarray, lanes: int) -> np.ndarray:

@@ -8,7 +8,8 @@ reference) and the two attention matmuls over 12 heads on strided views of [T, 1
 tensors: scores = Q K^T ([12,T,64] x [12,64,T], B transposed through its strides) and
 context = P V ([12,T,T] x [12,T,64], written straight into a [T, 12, 64] output).
 
-Each thread count runs in its own process with OPENBLAS_NUM_THREADS set, so NumPy uses
+Our kernels' arrays start on cache lines, as the native runtime's buffers do
+(runtime/huge_pages.py); NumPy's are its own. Each thread count runs in its own process with OPENBLAS_NUM_THREADS set, so NumPy uses
 the same number of threads as ours (ss_set_num_threads) without needing threadpoolctl.
 Per shape, the candidates run interleaved: one sample (enough calls for --sample-ms) of
 each in turn, --repeats times; the table gives the median sample. Prints the table and
@@ -115,14 +116,16 @@ def _time_interleaved(samplers: dict[str, Callable[[int], float]], repeats: int,
 
 
 def _dense_candidates(lib, np, t: int, k: int, n: int):
+    from shapeshift.runtime.huge_pages import aligned, empty
+
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((t, k)).astype(np.float32)
-    w = rng.standard_normal((k, n)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    packed = np.empty(lib.ss_gemm_packed_b_size(k, n), dtype=np.float32)
+    a = aligned(rng.standard_normal((t, k)).astype(np.float32))
+    w = aligned(rng.standard_normal((k, n)).astype(np.float32))
+    bias = aligned(rng.standard_normal(n).astype(np.float32))
+    packed = empty(lib.ss_gemm_packed_b_size(k, n), np.float32)
     lib.ss_gemm_pack_b(k, n, w.ctypes.data, n, 1, packed.ctypes.data)
-    c_pre = np.empty((t, n), dtype=np.float32)
-    c_plain = np.empty((t, n), dtype=np.float32)
+    c_pre = empty(t * n, np.float32).reshape(t, n)
+    c_plain = empty(t * n, np.float32).reshape(t, n)
 
     def prepacked(calls):
         return lib.bench_ss_gemm_prepacked(calls, t, n, k, 1, 1, a.ctypes.data, 0, 0, k, 1, packed.ctypes.data,
@@ -151,16 +154,18 @@ def _dense_candidates(lib, np, t: int, k: int, n: int):
 def _dense_cold_candidates(lib, np, t: int, k: int, n: int):
     """Dense GEMMs whose weight comes from DRAM: each call takes the next of enough
     distinct weights (COLD_BYTES in all) that none is still cached; numpy rotates alike."""
+    from shapeshift.runtime.huge_pages import aligned, empty
+
     rng = np.random.default_rng(2)
     count = max(2, int(COLD_BYTES // (k * n * 4)))
-    a = rng.standard_normal((t, k)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
+    a = aligned(rng.standard_normal((t, k)).astype(np.float32))
+    bias = aligned(rng.standard_normal(n).astype(np.float32))
     weights = [rng.standard_normal((k, n)).astype(np.float32) for _ in range(count)]
-    packed = [np.empty(lib.ss_gemm_packed_b_size(k, n), dtype=np.float32) for _ in range(count)]
+    packed = [empty(lib.ss_gemm_packed_b_size(k, n), np.float32) for _ in range(count)]
     for w, p in zip(weights, packed):
         lib.ss_gemm_pack_b(k, n, w.ctypes.data, n, 1, p.ctypes.data)
     table = (ctypes.c_void_p * count)(*[p.ctypes.data for p in packed])
-    c = np.empty((t, n), dtype=np.float32)
+    c = empty(t * n, np.float32).reshape(t, n)
     position = {"ours": 0, "numpy": 0}
 
     def prepacked(calls, _keep_alive=packed):  # the table points into these arrays
@@ -189,12 +194,14 @@ def _dense_cold_candidates(lib, np, t: int, k: int, n: int):
 
 
 def _attention_candidates(lib, np, t: int, which: str):
+    from shapeshift.runtime.huge_pages import aligned
+
     rng = np.random.default_rng(1)
     hd = HEADS * HEAD_DIM
-    q = rng.standard_normal((t, HEADS, HEAD_DIM)).astype(np.float32)
-    kv = rng.standard_normal((t, HEADS, HEAD_DIM)).astype(np.float32)
+    q = aligned(rng.standard_normal((t, HEADS, HEAD_DIM)).astype(np.float32))
+    kv = aligned(rng.standard_normal((t, HEADS, HEAD_DIM)).astype(np.float32))
     if which == "scores":
-        out = np.empty((HEADS, t, t), dtype=np.float32)
+        out = aligned(np.zeros((HEADS, t, t), dtype=np.float32))
 
         def ours(calls):
             # A(m,k) = q[m,h,k]; B(k,n) = kv[n,h,k]
@@ -210,8 +217,8 @@ def _attention_candidates(lib, np, t: int, which: str):
             assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), "ss_gemm disagrees with numpy"
 
         return {"ss_gemm": ours, "numpy": python_loop(numpy_matmul)}, 2.0 * HEADS * t * t * HEAD_DIM, check
-    p = rng.random((HEADS, t, t)).astype(np.float32)
-    out = np.empty((t, HEADS, HEAD_DIM), dtype=np.float32)
+    p = aligned(rng.random((HEADS, t, t)).astype(np.float32))
+    out = aligned(np.zeros((t, HEADS, HEAD_DIM), dtype=np.float32))
 
     def ours_ctx(calls):
         # B(k,n) = kv[k,h,n]; C(m,n) = out[m,h,n]

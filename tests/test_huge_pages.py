@@ -135,3 +135,21 @@ def test_vm_constants_start_on_a_cache_line():
     x = rng.standard_normal((3, 6)).astype(np.float32)
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("count", [1000, huge_pages.MIN_BYTES // 4 + 3])
+def test_views_hold_the_buffer_itself(count):
+    """The VM reuses a late output's buffer only when nothing but itself holds it
+    (sys.getrefcount): every view of a buffer must hold the buffer, not the memory under it."""
+    import sys
+
+    a = huge_pages.empty(count, np.float32)
+    before = sys.getrefcount(a)
+    view = a[3:]
+    inner = view[1:]
+    held = sys.getrefcount(a)  # outside the asserts: pytest's rewriting keeps their operands
+    assert held == before + 2
+    assert view.base is a and inner.base is a
+    del view, inner
+    released = sys.getrefcount(a)
+    assert released == before

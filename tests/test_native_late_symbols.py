@@ -215,6 +215,35 @@ def test_window_functions_of_a_size_given_at_run_time(op, periodic):
     _compare(model, feeds, {})
 
 
+def test_a_viewed_late_buffer_past_the_huge_page_size_is_not_reused():
+    # A late buffer of at least huge_pages.MIN_BYTES lies on a mapping of its own: a view of
+    # it (a fallback's result over it, an output handed back without a copy; here one taken
+    # by hand) must keep it from the next run as it does a small one. It did not: the
+    # view's base was the mapping's array, not the buffer, and the next run of the same
+    # count wrote over it.
+    from shapeshift.runtime.huge_pages import MIN_BYTES
+
+    nodes = [_scalar("zero_f", 0.0), helper.make_node("Greater", ["x", "zero_f"], ["positive"]),
+             helper.make_node("NonZero", ["positive"], ["where"]),
+             _scalar("zero_i", 0, I64), helper.make_node("Gather", ["where", "zero_i"], ["index"], axis=0),
+             helper.make_node("Gather", ["x", "index"], ["y"], axis=0)]
+    session = shapeshift.InferenceSession(_model(nodes, [_input("x", ["n"])], [_output("y")]), backend="native")
+    n = MIN_BYTES // 4 + 1000
+    first = np.arange(1, n + 1, dtype=np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": first})[0], first)
+    vm = session._executor.vm
+    large = [(index, entry[0]) for index, entry in vm._late_buffers.items() if entry[0].nbytes >= MIN_BYTES]
+    assert large
+    views = [(index, buffer[:]) for index, buffer in large]
+    before = [view.copy() for _, view in views]
+    del large
+    again = first[::-1].copy()
+    np.testing.assert_array_equal(session.run(None, {"x": again})[0], again)
+    for (index, view), was in zip(views, before):
+        assert vm._late_buffers[index][0] is not view.base
+        np.testing.assert_array_equal(view, was)
+
+
 def test_late_buffers_are_reused_only_when_nothing_holds_them():
     # A late buffer is kept for the next run and its sizes remembered per late value: the
     # same input length with a different NonZero count must size it anew, an output the

@@ -56,8 +56,7 @@ def empty(count: int, dtype=np.uint8) -> np.ndarray:
     nbytes = int(count) * dtype.itemsize
     if nbytes < MIN_BYTES:
         raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-        skew = -raw.ctypes.data % ALIGNMENT
-        return raw[skew:skew + nbytes].view(dtype)
+        return _over(raw, -raw.ctypes.data % ALIGNMENT, nbytes, dtype)
     # One huge page more than rounded up, so that a 2 MiB-aligned run of that length fits;
     # the part before it is never touched, so never backed.
     length = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE
@@ -74,4 +73,13 @@ def empty(count: int, dtype=np.uint8) -> np.ndarray:
         except OSError:  # THP compiled out of this kernel: ordinary pages
             pass
     # The array's base chain holds the mapping: it is unmapped when the last view goes.
-    return raw[skew:skew + nbytes].view(dtype)
+    return _over(memory, skew, nbytes, dtype)
+
+
+def _over(memory, skew: int, nbytes: int, dtype) -> np.ndarray:
+    """An array over bytes [skew, skew + nbytes) of ``memory`` that every view of it holds:
+    made from a memoryview, so numpy takes the array itself as its views' base. A slice of
+    an array (``raw[skew:].view(dtype)``) would not be: numpy gives its views the array that
+    owns the bytes as their base, and the VM, which reuses a late output's buffer when
+    nothing holds it (sys.getrefcount), overwrote an output the caller still held."""
+    return np.frombuffer(memoryview(memory)[skew:skew + nbytes], dtype=dtype)
