@@ -103,40 +103,6 @@ def test_vm_packs_large_weights_on_huge_pages():
     assert large and all(a.ctypes.data % huge_pages.HUGE_PAGE == 0 for a in large)
 
 
-def test_vm_constants_start_on_a_cache_line():
-    """Initializers come from onnx at whatever address numpy gives their bytes (16 past a
-    line as often as not): the VM reads each through a copy on a cache line, the graph's
-    value holding that copy, and the model still agrees with onnxruntime."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    from shapeshift.runtime.session import InferenceSession
-    from shapeshift.runtime.vm import CONST
-
-    rng = np.random.default_rng(4)
-    nodes, inits, prev, rows = [], [], "x", 6
-    for i, n in enumerate((5, 7, 3, 9, 6, 11, 4, 8)):  # odd sizes: the next one's bytes land anywhere
-        w = rng.standard_normal((rows, n)).astype(np.float32)
-        b = rng.standard_normal(n).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"])]
-        prev, rows = f"y{i}", n
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    data = model.SerializeToString()
-    session = InferenceSession(data, backend="native")
-    vm = session._executor.vm
-    consts = [slot for slot in vm.program.slots if slot.kind == CONST and vm._fixed[slot.index]]
-    assert len(consts) >= 8
-    assert all(int(vm._fixed[slot.index]) % huge_pages.ALIGNMENT == 0 for slot in consts)
-    x = rng.standard_normal((3, 6)).astype(np.float32)
-    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.parametrize("count", [1000, huge_pages.MIN_BYTES // 4 + 3])
 def test_views_hold_the_buffer_itself(count):
     """The VM reuses a late output's buffer only when nothing but itself holds it

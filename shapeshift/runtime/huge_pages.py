@@ -1,13 +1,11 @@
-"""The VM's own buffers (packed weights, constants, the arena): on cache-line boundaries
+"""The VM's own buffers (packed weights, the arena, late outputs): on cache-line boundaries
 always, on transparent huge pages when large.
 
 Every buffer starts on a multiple of ``ALIGNMENT`` (a cache line): numpy's and malloc's start
 16 bytes past one as often as not, and then every 64-byte vector a kernel loads from the
-buffer spans two lines. ResNet-50's packed conv weights were so (60 of its 64 weights past
-4 KiB, 94 MB of them). The depthwise conv kernel alone took 1.2-1.25x its time on 3-12 MB
-planes so; whole models did not show it (ResNet-50 and the BERT-base-size encoder at 1
-thread the same within 1-2%, alternating processes; AMD Zen 4), but a kernel's speed no
-longer depends on where malloc put a buffer.
+buffer spans two lines: the depthwise conv kernel alone took 1.2-1.25x its time on 3-12 MB
+planes so (AMD Zen 4). The graph's constants are read where they lie (runtime/vm.py says
+why); ``aligned`` copies an array onto a line, for a bench that calls a kernel directly.
 
 A kernel that streams a weight of several megabytes per call (a recurrent step's R, a
 matrix-vector product) touches a new 4 KiB page every 1024 floats, and past the TLB's
