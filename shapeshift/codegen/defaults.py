@@ -13,7 +13,10 @@ The dense and batched GEMM (kernels/gemm.py), and the fused attention that calls
 - mc: A blocks of at most a quarter of L2 (2 to 24 micro-panels);
 - kc and mc from the class instead where it names them (``blocking``, with the measurement);
 - nc and the small-M path: as hand-tuned (nc 3072 columns, rounded to whole panels); the
-  most rows the small-M path takes from the class where it names them (``small_m``).
+  most rows the small-M path takes from the class where it names them (``small_m``);
+- one_block_nc (the packed blocks of B of calls whose rows are one block of A): the whole
+  panels of kc rows in half of L2, at most nc, so that each block is read back from L2
+  right after its packing.
 
 ``conv_panels_max_plane(target)``: the output planes up to which a dense k x k conv with
 prepacked weights runs the GEMM's own register tile over the image (kernels/conv_panels.py):
@@ -63,9 +66,10 @@ def tile_schedule(target: Target, mr: int, nr: int, lanes: int) -> GemmSchedule:
         panels = (target.caches.l2 // 4 // 4) // (kc * mr)
         mc = mr * max(MC_PANELS[0], min(MC_PANELS[1], panels))
     nc = -(-3072 // nr) * nr
+    one_block_nc = min(nc, max(nr, (target.caches.l2 // 4 // 2) // kc // nr * nr))
     small_nc = -(-256 // nr) * nr
     extra = {"small_m": klass.small_m} if own and klass.small_m is not None else {}
-    return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, small_nc=small_nc, lanes=lanes,
+    return GemmSchedule(mr=mr, nr=nr, kc=kc, mc=mc, nc=nc, one_block_nc=one_block_nc, small_nc=small_nc, lanes=lanes,
                         registers=target.vector_registers, **extra)
 
 

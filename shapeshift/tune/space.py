@@ -21,6 +21,8 @@ NR_VECTORS = (1, 2, 3, 4)
 KC_CHOICES = (64, 128, 192, 256, 384, 512)
 MC_PANELS = (2, 4, 6, 8, 12, 16, 24)  # mc = mr * panels
 NC_PANELS = (4, 8, 16, 32, 64, 192)  # nc = nr * panels
+# one_block_nc = nr * panels (0: nc itself), for the calls whose rows are one block of A.
+ONE_BLOCK_NC_PANELS = (0, 8, 16, 32, 48, 64)
 UNROLL_CHOICES = (1, 2, 4, 8)
 SMALL_M_CHOICES = (0, 1, 2, 4, 6, 8, 10, 12, 14, 16, 24, 32)
 SMALL_NC_PANELS = (4, 8, 16, 32)
@@ -29,16 +31,16 @@ PREFETCH_ROWS_CHOICES = (0, 16, 32, 64)  # rows of B the B-streaming path prefet
 PREFETCH_MIN_M_CHOICES = (1, 4, 6, 8)
 PAR_MIN_FLOPS_CHOICES = (1 << 20, 1 << 22, 1 << 24)
 SMALL_PANELS_CHOICES = (1, 2, 4)  # packed panels of B the B-streaming path reads at once
-FIELDS = ("mr", "nr", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
+FIELDS = ("mr", "nr", "kc", "mc", "nc", "one_block_nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
           "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers", "prefetch_c", "a_in_l1")
 # Fields a mutation may change ("tile" is mr, nr and the width together).
-MUTABLE = ("tile", "kc", "mc", "nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
+MUTABLE = ("tile", "kc", "mc", "nc", "one_block_nc", "unroll_k", "small_m", "small_nc", "pack_rows", "prefetch_rows",
            "prefetch_min_m", "parallel_min_flops", "small_panels", "prefetch_c", "a_in_l1")
 # Schedules recorded before a field existed ran as this value of it (from_json): before
 # the width was a field, every tile ran in ymm registers on AVX2's 16 but the full tile of
 # an nr multiple of 16 on AVX-512 builds, which lanes = 8 does not reproduce exactly (the
 # tile then runs in ymm); such records came from before target descriptions.
-BEFORE_FIELD = {"small_panels": 1, "lanes": 8, "registers": 16, "prefetch_c": 0, "a_in_l1": 0}
+BEFORE_FIELD = {"one_block_nc": 0, "small_panels": 1, "lanes": 8, "registers": 16, "prefetch_c": 0, "a_in_l1": 0}
 
 
 def tile_choices(target: Target) -> list[tuple[int, int, int]]:
@@ -62,6 +64,7 @@ def _make(rng: random.Random, **fixed) -> GemmSchedule:
     mr, nr = fixed["mr"], fixed["nr"]
     values = dict(
         kc=rng.choice(KC_CHOICES), mc=mr * rng.choice(MC_PANELS), nc=nr * rng.choice(NC_PANELS),
+        one_block_nc=nr * rng.choice(ONE_BLOCK_NC_PANELS),
         unroll_k=rng.choice(UNROLL_CHOICES), small_m=rng.choice(SMALL_M_CHOICES),
         small_nc=nr * rng.choice(SMALL_NC_PANELS), pack_rows=rng.choice(PACK_ROWS_CHOICES),
         prefetch_rows=rng.choice(PREFETCH_ROWS_CHOICES), prefetch_min_m=rng.choice(PREFETCH_MIN_M_CHOICES),
@@ -82,6 +85,7 @@ def mutate(schedule: GemmSchedule, rng: random.Random, target: Target) -> GemmSc
             fields.update(mr=mr, nr=nr, lanes=lanes, registers=target.vector_registers,
                           mc=mr * max(1, fields["mc"] // fields["mr"]),
                           nc=nr * max(1, fields["nc"] // fields["nr"]),
+                          one_block_nc=nr * (fields["one_block_nc"] // fields["nr"]),
                           small_nc=nr * max(1, fields["small_nc"] // fields["nr"]))
         elif name == "kc":
             fields["kc"] = rng.choice(KC_CHOICES)
@@ -89,6 +93,8 @@ def mutate(schedule: GemmSchedule, rng: random.Random, target: Target) -> GemmSc
             fields["mc"] = fields["mr"] * rng.choice(MC_PANELS)
         elif name == "nc":
             fields["nc"] = fields["nr"] * rng.choice(NC_PANELS)
+        elif name == "one_block_nc":
+            fields["one_block_nc"] = fields["nr"] * rng.choice(ONE_BLOCK_NC_PANELS)
         elif name == "unroll_k":
             fields["unroll_k"] = rng.choice(UNROLL_CHOICES)
         elif name == "small_m":

@@ -28,7 +28,7 @@ from shapeshift.target import named_target
 from ..sample_targets import sample_target
 from ..test_native_threads import _in_thread, _tasks
 
-TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2, prefetch_min_m=2,
+TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, one_block_nc=8, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2, prefetch_min_m=2,
                     parallel_min_flops=0)
 # B-streaming path up to 20 rows: every m past 6 rows (nr 16) runs as row groups.
 GROUPED = GemmSchedule(small_m=20)
@@ -36,7 +36,7 @@ GROUPED = GemmSchedule(small_m=20)
 GROUPED_WIDE = GemmSchedule(mr=2, nr=32, mc=64, nc=256, small_m=9, small_nc=64)
 # nr = 24 (3 vectors) and small blocks: every edge tile shape (rows x vectors) of the packed
 # path, and narrower B-streaming passes for partial panels.
-EDGE_WIDE = GemmSchedule(mr=4, nr=24, kc=7, mc=8, nc=48, unroll_k=2, small_m=5, small_nc=48)
+EDGE_WIDE = GemmSchedule(mr=4, nr=24, kc=7, mc=8, nc=48, one_block_nc=24, unroll_k=2, small_m=5, small_nc=48)
 # Several panels of a packed B at once: M = 1 three panels, M = 2 two; M = 3, 4 one. Small
 # kc for several K blocks; every call parallel.
 PANELS3 = GemmSchedule(kc=40, small_m=4, small_panels=3, parallel_min_flops=0)
@@ -214,6 +214,9 @@ def _cases() -> list[Case]:
         Case(17, 96, 300, bias="col", prepacked=True), Case(1, 3072 // 4, 768 // 2, bias="col", prepacked=True),
         Case(5, 2304 // 8, 768 // 4, bias="col", act=1, prepacked=True),
         Case(40, 40, 64, batch0=3, batch1=4, b_t=True), Case(40, 64, 40, batch0=12),
+        # Rows of one block of A (M <= mc) take B in blocks of one_block_nc columns, more rows in
+        # blocks of nc: N past both, with a partial last block (a 1 x 1 conv's pixels).
+        Case(64, 1100, 40, bias="row", act=1), Case(64, 1100, 300, b_t=True), Case(200, 1100, 40, bias="col"),
     ]
     for kind in ("none", "scalar", "col", "row", "full", "full_t"):
         for m in (3, 20):
@@ -545,6 +548,8 @@ def test_threads_agree(libs, build, case):
     (dict(mc=70), "multiple of mr"),
     (dict(nc=3000), "multiple of nr"),
     (dict(small_nc=100), "multiple of nr"),
+    (dict(one_block_nc=100), "multiple of nr"),
+    (dict(one_block_nc=-16), "one_block_nc must be >= 0"),
     (dict(prefetch_rows=-1), "prefetch_rows"),
     (dict(prefetch_min_m=-1), "prefetch_min_m"),
     (dict(kc=0), ">= 1"),
@@ -598,8 +603,9 @@ def test_packed_b_size_python_matches_c(libs):
 # the ss_gemm_add / ss_gemm_prepacked_add entries, for a conv's fused residual, its lines
 # prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows;
 # then SS_GEMM_PAR_MIN_FLOPS 2 -> 1 Mflop; then a prepacked B's next panel prefetched into L2
-# over the tiles of the one before; then one thread's plan inside another kernel's parallel region).
-DEFAULT_SOURCE_SHA256 = "1c673568597fdab68224a6c4c73a3ef9f603231fafa390e979c0535f203b8e3a"
+# over the tiles of the one before; then one thread's plan inside another kernel's parallel region;
+# then B blocks of one_block_nc columns for the rows of one block of A).
+DEFAULT_SOURCE_SHA256 = "072512be80adc68550c1108dcbffc46948562b9edd9bd61c4cbbc56d7f7928bd"
 
 
 def test_default_prefix_source_unchanged():

@@ -350,8 +350,11 @@ static void ss_gemm_block_item(const ss_gemm_problem* P, const float* A, const f
                                int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, float* abuf, float* bbuf)
 {
     const int64_t K = P->K, padded_n = ss_gemm_cdiv(P->N, SS_GEMM_NR) * SS_GEMM_NR;
-    for (int64_t jc = n_lo; jc < n_hi; jc += SS_GEMM_NC) {
-        const int64_t nc = ss_gemm_min(SS_GEMM_NC, n_hi - jc);
+    /* Rows of one block of A read each packed block of B once, right after its packing: a
+       block of one_block_nc columns (L2-sized) is read back from L2, one of nc from L3. */
+    const int64_t nc_step = m_hi - m_lo <= SS_GEMM_MC ? SS_GEMM_ONE_BLOCK_NC : SS_GEMM_NC;
+    for (int64_t jc = n_lo; jc < n_hi; jc += nc_step) {
+        const int64_t nc = ss_gemm_min(nc_step, n_hi - jc);
         for (int64_t pc = 0; pc < K; pc += SS_GEMM_KC) {
             const int64_t kc = ss_gemm_min(SS_GEMM_KC, K - pc);
             const float* pb;
@@ -450,7 +453,8 @@ static void ss_gemm_items(const ss_gemm_problem* P, const ss_gemm_plan* plan, in
     const int rows_in_place = plan->small && ss_gemm_small_in_place(P);
     const int need_b = !P->packed_b && (!rows_in_place || P->N % SS_GEMM_NR != 0);
     const int64_t b_floats = rows_in_place ? SS_GEMM_PACK_ROWS * SS_GEMM_NR
-                           : kc * ss_gemm_min(plan->small ? SS_GEMM_SMALL_NC : SS_GEMM_NC, plan->n_chunk);
+                           : kc * ss_gemm_min(plan->small ? SS_GEMM_SMALL_NC : SS_GEMM_NC > SS_GEMM_ONE_BLOCK_NC
+                                                   ? SS_GEMM_NC : SS_GEMM_ONE_BLOCK_NC, plan->n_chunk);
     const int64_t a_floats = plan->small ? 0 : kc * ss_gemm_min(SS_GEMM_MC, ss_gemm_cdiv(plan->m_chunk, SS_GEMM_MR) * SS_GEMM_MR);
     float* abuf = a_floats ? (float*)ss_gemm_alloc(a_floats + SS_GEMM_A_SLACK) : NULL;
     float* bbuf = need_b ? (float*)ss_gemm_alloc(b_floats) : NULL;
