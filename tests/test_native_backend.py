@@ -499,10 +499,11 @@ def test_fallback_nodes_run_between_segments():
     assert kinds == {"Relu": "native", "Unique": "fallback", "ReduceSum": "native", "Mul": "native"}
 
 
-def test_arena_always_holds_the_plan_after_alignment():
+def test_arena_always_holds_the_plan_and_starts_aligned():
     # Regression: the arena grew only when smaller than the plan, forgetting the bytes
-    # lost to aligning its base, so a slightly larger binding wrote past its end.
-    from shapeshift.runtime.vm import _aligned_base
+    # then lost to aligning its base, so a slightly larger binding wrote past its end. The
+    # arena now starts on a cache line itself (huge_pages.empty), and must still hold the plan.
+    from shapeshift.runtime.vm import ALIGNMENT
 
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_input("x", ["m", 5])], [_output("y")])
     session = shapeshift.InferenceSession(model, backend="native")
@@ -511,7 +512,8 @@ def test_arena_always_holds_the_plan_after_alignment():
         x = np.random.default_rng(m).standard_normal((m, 5)).astype(np.float32)
         np.testing.assert_array_equal(session.run(None, {"x": x})[0], np.maximum(x, 0))
         plan = vm._plan({"m": m})
-        assert _aligned_base(vm._arena) - vm._arena.ctypes.data + plan.arena_bytes <= vm._arena.nbytes
+        assert plan.arena_bytes <= vm._arena.nbytes
+        assert vm._arena.ctypes.data == vm._arena_base and vm._arena_base % ALIGNMENT == 0
 
 
 def test_broadcast_decided_at_run_time():

@@ -124,9 +124,10 @@ class NativeVM:
         self._last_plan: tuple[dict, Optional[Plan]] = ({}, None)
         self._fenced = _sanitized()
         self._fenced_for: tuple = ()  # (arena, plan) whose gaps are poisoned now
-        self._arena = np.empty(0, dtype=np.uint8)
-        self._arena_base = _aligned_base(self._arena)  # first aligned address in the arena
-        self._arena_skew = self._arena_base - self._arena.ctypes.data  # base - the buffer's start
+        # huge_pages buffers start on a cache line (ALIGNMENT), so buffer offsets that are
+        # multiples of it are aligned too. The address is kept: asking numpy costs microseconds.
+        self._arena = huge_pages.empty(0)
+        self._arena_base = self._arena.ctypes.data
         # The pointer table, reused by every run (runs are serialized): its address is fixed.
         self._ptrs = self._fixed.copy()
         self._ptrs_address = self._ptrs.ctypes.data
@@ -295,11 +296,9 @@ class NativeVM:
         self._outputs.start_run()
         if program.late_symbols:
             binding = dict(binding)  # grows with the late symbols as they are bound
-        if self._arena.nbytes < plan.arena_bytes + ALIGNMENT:  # room to align the base too
-            self._arena = _allocate(plan.arena_bytes + ALIGNMENT, f"this run ({_binding_text(binding)}) needs",
-                                    "of buffers")
-            self._arena_base = _aligned_base(self._arena)
-            self._arena_skew = self._arena_base - self._arena.ctypes.data
+        if self._arena.nbytes < plan.arena_bytes:
+            self._arena = _allocate(plan.arena_bytes, f"this run ({_binding_text(binding)}) needs", "of buffers")
+            self._arena_base = self._arena.ctypes.data
         base = self._arena_base
         if self._fenced and not (self._fenced_for and self._fenced_for[0] is self._arena
                                  and self._fenced_for[1] is plan):
@@ -395,17 +394,16 @@ class NativeVM:
         lifting the last plan's (its gaps may be this plan's buffers)."""
         from ..sanitize import poison, unpoison
 
-        start, base = self._arena.ctypes.data, self._arena_base
+        base = self._arena_base
         if not (self._fenced_for and self._fenced_for[0] is self._arena):
             # Lifted before numpy frees the arena (an array's weak references are cleared
             # before its data goes): numpy keeps small blocks in a cache of its own and
             # hands them to later arrays without malloc, which would find them poisoned.
-            weakref.finalize(self._arena, unpoison, start, self._arena.nbytes)
-        unpoison(start, self._arena.nbytes)
-        poison(start, base - start)
+            weakref.finalize(self._arena, unpoison, base, self._arena.nbytes)
+        unpoison(base, self._arena.nbytes)
         for offset, size in plan.gaps:
             poison(base + offset, size)
-        poison(base + plan.arena_bytes, start + self._arena.nbytes - base - plan.arena_bytes)
+        poison(base + plan.arena_bytes, self._arena.nbytes - plan.arena_bytes)
         self._fenced_for = (self._arena, plan)
 
     # -- profiling ---------------------------------------------------------------------------
@@ -462,7 +460,7 @@ class NativeVM:
             plan.views, plan.views_arena, plan.output_copies = {}, self._arena, None
         view = plan.views.get(index)
         if view is None:
-            offset = int(plan.offsets[root.index]) + self._arena_skew
+            offset = int(plan.offsets[root.index])
             view = np.frombuffer(self._arena, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
             if not program.late_symbols:  # a late symbol's value may differ from run to run
                 plan.views[index] = view
@@ -527,7 +525,7 @@ class NativeVM:
         sizes = plan.late_sizes.get(key)
         if sizes is None:
             sizes = ([evaluate(program.extents[index], binding) for index in extents],
-                     [max(evaluate(slot.nbytes, binding), 1) + ALIGNMENT for slot in slots])
+                     [max(evaluate(slot.nbytes, binding), 1) for slot in slots])
             if len(plan.late_sizes) < LATE_SIZES_KEPT:  # late values that vary every run fill it once
                 plan.late_sizes[key] = sizes
         if any(n >= 1 << 62 for n in (*sizes[0], *sizes[1])):  # past int64 (and any memory)
@@ -537,18 +535,17 @@ class NativeVM:
             plan.extents[index] = extent
         for slot, nbytes in zip(slots, sizes[1]):
             entry = self._late_buffers.get(slot.index)
-            # (buffer, its address, the aligned address): reused when large enough and held
-            # by nothing but this entry (getrefcount counts the tuple and its own argument):
+            # (buffer, its address): reused when large enough and held by nothing but this
+            # entry (getrefcount counts the tuple and its own argument):
             # a returned output, or any view of one, holds it, and then it is left to its
             # holder. Never under the sanitizer, whose runs must each see fresh memory. The
             # addresses are kept because asking numpy for one costs microseconds.
             if entry is None or entry[0].nbytes < nbytes or sys.getrefcount(entry[0]) > 2 or self._fenced:
                 buffer = _allocate(nbytes, f"{step.node.describe()}: its output needs")
-                entry = (buffer, buffer.ctypes.data, _aligned_base(buffer))
+                entry = (buffer, buffer.ctypes.data)
                 self._late_buffers[slot.index] = entry
-            buffer, start, address = entry
-            # Kept as the raw buffer: _array views it at its aligned start.
-            arrays[slot.index] = buffer[address - start:]
+            buffer, address = entry
+            arrays[slot.index] = buffer
             ptrs[slot.index] = address
             self._set_views(ptrs, slot.index, address)
 
@@ -728,11 +725,6 @@ def _direct_output_roots(program: Program) -> list[int]:
                 or not isinstance(value.type, TensorType) or to_numpy_dtype(value.type.dtype).hasobject:
             unfit.add(root.index)
     return [index for index, count in outputs.items() if count == 1 and index not in unfit]
-
-
-def _aligned_base(arena: np.ndarray) -> int:
-    address = arena.ctypes.data
-    return (address + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
 def _view_children(program: Program) -> dict[int, list[int]]:
