@@ -260,8 +260,8 @@ typedef __m256 ss_rnn_v;
 #define SS_RNN_PREFETCH_K @PREFETCH_K@
 /* Floats of input projection computed ahead of the steps that read it (a quarter of L2). */
 #define SS_RNN_CHUNK_FLOATS @CHUNK_FLOATS@
-/* Floats of L2 (the steps' block order, rnn_gates.py's ss_recur_tiles). */
-#define SS_RNN_L2_FLOATS @L2_FLOATS@
+/* Floats of L1d (the steps' block order, rnn_gates.py's ss_recur_tiles). */
+#define SS_RNN_L1_FLOATS @L1_FLOATS@
 """
 
 _PACK = r"""
@@ -334,7 +334,7 @@ def parts(target: Optional[Target] = None, step_par_min: int = STEP_PAR_MIN, chu
     w.raw(fill(_VECTOR_MACROS, WIDE=int(wide), STEP_PAR_MIN=int(step_par_min), SEQ_PAR_MIN=int(seq_par_min),
                DIR_PAR_MIN=int(dir_par_min),
                CHUNK_FLOATS=chunk_floats or max(1024, target.caches.l2 // 4 // 4), PREFETCH_K=prefetch_k,
-               ROWS_R_MAX=target.caches.l2 // 2 // 4, L2_FLOATS=target.caches.l2 // 4))
+               ROWS_R_MAX=target.caches.l2 // 2 // 4, L1_FLOATS=target.caches.l1d // 4))
     with w.guard(f"{int(wide)} && defined(__AVX512F__)"):
         w.raw(_vector_branch(target.vector_registers, 16))
         w.raw("#elif defined(__AVX2__) && defined(__FMA__)")
