@@ -893,3 +893,44 @@ def test_pads_that_fold_to_the_wrong_count_are_a_clear_error_on_both_backends():
     session = shapeshift.InferenceSession(valid, backend="native")
     assert not session._executor.program.fallback_ops()
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], _ort(valid, {"x": x})[0])
+
+
+_HUGE = 2147483648  # 2**31 entries declared for a 1-D shape or axes input
+
+
+@pytest.mark.parametrize("op,inputs,param,x_shape", [
+    ("Unsqueeze", ["x", "p"], 1, [2, 3]), ("Squeeze", ["x", "p"], 1, [2, 3]), ("Reshape", ["x", "p"], 1, [2, 3]),
+    ("Expand", ["x", "p"], 1, [2, 3]), ("Tile", ["x", "p"], 1, None), ("ConstantOfShape", ["p"], 0, None),
+    ("Slice", ["x", "p", "p"], 1, [2, 3]),
+])
+@pytest.mark.parametrize("path", ["simplify", "reference", "native"])
+def test_a_shape_input_declared_past_the_largest_rank_is_refused_at_once(op, inputs, param, x_shape, path):
+    """--reproduce 1351:5196 (distilbert.dynamo, an Unsqueeze's axes declared
+    int64[2147483648]): type inference made one fresh dim per declared entry, 2**31 of them,
+    and ran for minutes towards gigabytes (4 GiB in 45 s, when the fuzz worker's address
+    space ran out). A shape, axes or starts input has one entry per dimension, so a
+    declared length past MAX_RANK (64) is refused, naming the node and the input. (Tile
+    reads the length only where the data's rank is unknown, ConstantOfShape always.)"""
+    from shapeshift.passes.simplify import simplify_model
+
+    declared = [helper.make_tensor_value_info("p", TensorProto.INT64, [_HUGE])]
+    if "x" in inputs:
+        declared.insert(0, helper.make_tensor_value_info("x", F, x_shape))
+    model = _model([helper.make_node(op, inputs, ["y"], name="n")], declared,
+                   [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(ShapeInferenceError, match=rf"'n' \({op}\): input {param} is declared with {_HUGE} entries"):
+        if path == "simplify":
+            simplify_model(model)
+        else:
+            shapeshift.InferenceSession(model, backend=path)
+
+
+def test_a_squeeze_of_more_axes_than_the_rank_is_refused():
+    """The same bound the other way: Squeeze axes declared int64[5] on a rank-2 input would
+    leave rank -3 (fresh_shape made an empty shape of it)."""
+    model = _model([helper.make_node("Squeeze", ["x", "p"], ["y"], name="n")],
+                   [helper.make_tensor_value_info("x", F, [2, 3]),
+                    helper.make_tensor_value_info("p", TensorProto.INT64, [5])],
+                   [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(ShapeInferenceError, match=r"'n' \(Squeeze\): its output would have rank -3"):
+        shapeshift.InferenceSession(model, backend="reference")

@@ -16,6 +16,13 @@ from .context import InferContext
 
 Shape = Optional[tuple[Dim, ...]]
 
+#: The most dimensions a tensor may have: numpy's own limit (``np.empty((1,) * 65)`` is
+#: refused), so neither backend could hold more. A shape or axes input has one entry per
+#: dimension, so at most this many: a mutated model whose Unsqueeze axes were declared
+#: int64[2147483648] had inference make that many fresh dims, for minutes and gigabytes
+#: (``python -m shapeshift.fuzz --reproduce 1351:5196``).
+MAX_RANK = 64
+
 
 def broadcast_dim(a: Dim, b: Dim, ctx: Optional[InferContext] = None) -> Dim:
     """The multidirectional (NumPy) broadcast of two dimensions."""

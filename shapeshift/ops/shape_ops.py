@@ -20,7 +20,7 @@ import numpy as np
 
 from ..ir.types import INT64, TensorType
 from ..symbolic import Dim, Expr, add_all, bounds, ceildiv, floordiv, mul, sub
-from .common import broadcast_shapes, normalize_axes, normalize_axis, product, tensor
+from .common import MAX_RANK, broadcast_shapes, normalize_axes, normalize_axis, product, tensor
 from .context import InferContext
 from .registry import define
 
@@ -42,14 +42,20 @@ def fresh_shape(ctx: InferContext, rank: Optional[int], prefix: str) -> Optional
     """A shape of ``rank`` fresh dims (None when the rank is unknown too)."""
     if rank is None:
         return None
+    if not 0 <= rank <= MAX_RANK:
+        ctx.fail(f"its output would have rank {rank}; a tensor has 0 to {MAX_RANK} dimensions")
     return tuple(ctx.fresh_dim(prefix) for _ in range(rank))
 
 
 def param_length(ctx: InferContext, index: int) -> Optional[int]:
-    """The static length of 1-D parameter input ``index``, from its type."""
+    """The static length of 1-D parameter input ``index``, from its type: a shape, axes
+    or starts list, one entry per dimension, so at most MAX_RANK."""
     shape = ctx.input_shape(index)
     if shape is None or len(shape) != 1 or isinstance(shape[0], Expr):
         return None
+    if shape[0] > MAX_RANK:
+        ctx.fail(f"input {index} is declared with {shape[0]} entries, one per dimension, and a tensor has at most "
+                 f"{MAX_RANK} dimensions")
     return int(shape[0])
 
 
