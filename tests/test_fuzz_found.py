@@ -934,3 +934,29 @@ def test_a_squeeze_of_more_axes_than_the_rank_is_refused():
                    [helper.make_tensor_value_info("y", F, None)])
     with pytest.raises(ShapeInferenceError, match=r"'n' \(Squeeze\): its output would have rank -3"):
         shapeshift.InferenceSession(model, backend="reference")
+
+
+@pytest.mark.parametrize("raised,kept", [(MemoryError, False), (ValueError, True)])
+def test_a_type_rule_out_of_memory_is_not_taken_for_a_failed_rule(monkeypatch, raised, kept):
+    """--reproduce 1351:5196 again: under the fuzz worker's address-space limit the runaway
+    rule ended in a MemoryError, which inference took for a rule's bug (kept the declared
+    types, recorded a warning) and went on; the memory stayed spent and a later mutant
+    reported it. A rule's other exceptions still keep the declared types."""
+    from shapeshift.passes import infer_types
+    from shapeshift.passes.simplify import simplify_model
+
+    real = infer_types.lookup
+
+    class Failing:
+        def infer(self, ctx):
+            raise raised("from the rule")
+
+    monkeypatch.setattr(infer_types, "lookup", lambda domain, op, opset: Failing() if op == "Relu"
+                        else real(domain, op, opset))
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="n")], [helper.make_tensor_value_info("x", F, [2])],
+                   [helper.make_tensor_value_info("y", F, [2])])
+    if kept:
+        simplify_model(model)
+    else:
+        with pytest.raises(MemoryError, match="from the rule"):
+            simplify_model(model)

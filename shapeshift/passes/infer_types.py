@@ -4,7 +4,10 @@ Types flow into subgraphs (If branches, Loop and Scan bodies) through the
 control-flow rules, which call back into :func:`infer_graph`.  A rule that
 raises anything but ShapeInferenceError is a bug in that rule; rather than
 crash the import, the node's outputs keep the types the model declared and a
-warning is recorded in ``graph.metadata["inference_warnings"]``.
+warning is recorded in ``graph.metadata["inference_warnings"]``. A MemoryError
+goes on up: it says the process is out of memory, not that the rule is wrong
+(taken for a failed rule, a rule that ran away with the memory was reported as
+an error of whatever came next, and the memory was still gone).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def infer_node(node: Node, retype_bodies: bool = True) -> None:
     ctx = InferContext(node, opset, graph.symbols, infer_subgraph=body_types)
     try:
         types = list(rule.infer(ctx))
-    except ShapeInferenceError:
+    except (ShapeInferenceError, MemoryError):
         raise
     except Exception as exc:  # noqa: BLE001 - see module docstring
         graph.root.metadata.setdefault("inference_warnings", []).append(
