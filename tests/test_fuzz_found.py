@@ -960,3 +960,28 @@ def test_a_type_rule_out_of_memory_is_not_taken_for_a_failed_rule(monkeypatch, r
     else:
         with pytest.raises(MemoryError, match="from the rule"):
             simplify_model(model)
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_a_transpose_perm_with_a_negative_entry_is_refused_naming_the_node(backend):
+    """--reproduce 1352:8387 (attention_block, a Transpose's perm = [0, -2, 1, 3]): inference
+    read -2 as axis 2 and took the perm, then the native lowering of the attention's
+    transposed views looked the raw -2 up: ``ValueError: 2 is not in list``. ONNX defines
+    perm entries as 0 .. rank-1 (onnx's inference and onnxruntime refuse this one)."""
+    model = _model([helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[0, -2, 1, 3])],
+                   [helper.make_tensor_value_info("x", F, [1, 2, 3, 4])], [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(ShapeInferenceError, match=r"'t' \(Transpose\): perm \[0, -2, 1, 3\] is not a permutation"):
+        shapeshift.InferenceSession(model, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_a_gather_nd_with_negative_batch_dims_is_refused_naming_the_node(backend):
+    """--reproduce 1352:6551 (distilbert.dynamo, GatherND batch_dims = -1): the native
+    lowering indexed the data's shape from -1 (``IndexError: tuple index out of range``);
+    onnxruntime fails at run time with an integer overflow."""
+    model = _model([helper.make_node("GatherND", ["d", "i"], ["y"], name="g", batch_dims=-1)],
+                   [helper.make_tensor_value_info("d", F, [2, 3]),
+                    helper.make_tensor_value_info("i", TensorProto.INT64, [2, 1])],
+                   [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(ShapeInferenceError, match=r"'g' \(GatherND\): batch_dims=-1"):
+        shapeshift.InferenceSession(model, backend=backend)

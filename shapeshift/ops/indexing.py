@@ -159,6 +159,8 @@ def _scatter_elements(ctx: EvalContext, data, indices, updates):
 def _gather_nd_type(ctx: InferContext) -> list:
     dtype, data, indices = ctx.input_dtype(0), ctx.input_shape(0), ctx.input_shape(1)
     b = ctx.attr("batch_dims", 0)
+    if b < 0:
+        ctx.fail(f"batch_dims={b}: it counts leading dimensions, so it is 0 or more")
     if data is None or indices is None or not indices or not _is_int(indices[-1]):
         return [tensor(dtype, None)]
     m = indices[-1]

@@ -317,9 +317,11 @@ def _perm(ctx, rank: int) -> list[int]:
     perm = ctx.attr("perm")
     if perm is None:
         return list(range(rank))[::-1]
-    perm = normalize_axes(perm, rank, ctx)
+    # Entries are 0 .. rank-1 as written: ONNX defines no negative ones (onnx's inference and
+    # onnxruntime refuse them), and the lowering reads the attribute as given.
+    perm = [int(p) for p in perm]
     if sorted(perm) != list(range(rank)):
-        ctx.fail(f"perm {perm} is not a permutation of rank {rank}")
+        ctx.fail(f"perm {perm} is not a permutation of 0..{rank - 1} (rank {rank})")
     return perm
 
 
