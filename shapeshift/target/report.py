@@ -37,7 +37,7 @@ def describe(target: Target, calibration: Optional[FmaCalibration] = None) -> li
     s = default_schedule(target)
     width = "zmm" if s.lanes == 16 else "ymm"
     lines.append(f"gemm:       untuned tile {s.mr}x{s.nr} in {width} ({s.registers} registers), kc {s.kc}, "
-                 f"mc {s.mc}, nc {s.nc} ({s.one_block_nc or s.nc} for one block of A); products of up to "
+                 f"mc {s.mc}, nc {s.nc} ({s.one_block_columns} for one block of A); products of up to "
                  f"{s.small_m} rows stream B (the small-M path)")
     lines.append(f"            tile chosen by: {target.microarch.chosen_by}")
     return lines

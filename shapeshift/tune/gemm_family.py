@@ -114,10 +114,9 @@ def features(s: GemmSchedule, m: int, k: int, n: int, threads: int, batch: int =
     prefetching = float(small and s.prefetch_rows > 0 and m >= s.prefetch_min_m)
     # Packed panels of B the first row group reads at once (read streams), 0 off the B-streaming path.
     in_flight = gemm_tiles.small_panels(s, *gemm_tiles.small_calls(s, m)[0]) if small else 0
-    return [s.mr, s.nr, s.kc, s.mc, s.nc, s.one_block_nc or s.nc, s.unroll_k, s.small_m, s.small_nc, s.pack_rows,
-            s.prefetch_rows,
-            prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), math.log2(n), math.log2(k), float(small),
-            pad_m, pad_n, work, n % s.nr, m % s.mr, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
+    return [s.mr, s.nr, s.kc, s.mc, s.nc, s.one_block_columns, s.unroll_k, s.small_m, s.small_nc, s.pack_rows,
+            s.prefetch_rows, prefetching, math.log2(s.parallel_min_flops), m, math.log2(m), math.log2(n), math.log2(k),
+            float(small), pad_m, pad_n, work, n % s.nr, m % s.mr, _cdiv(m, s.mc), _cdiv(n, s.nc), _cdiv(k, s.kc),
             m_panels * n_panels, balance, parts, s.small_panels, in_flight, s.lanes, s.prefetch_c, s.a_in_l1]
 
 

@@ -28,8 +28,8 @@ from shapeshift.target import named_target
 from ..sample_targets import sample_target
 from ..test_native_threads import _in_thread, _tasks
 
-TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, one_block_nc=8, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2, prefetch_min_m=2,
-                    parallel_min_flops=0)
+TINY = GemmSchedule(mr=4, nr=8, kc=5, mc=8, nc=16, one_block_nc=8, unroll_k=3, small_m=3, small_nc=16, prefetch_rows=2,
+                    prefetch_min_m=2, parallel_min_flops=0)
 # B-streaming path up to 20 rows: every m past 6 rows (nr 16) runs as row groups.
 GROUPED = GemmSchedule(small_m=20)
 # nr = 32 keeps at most 2 rows at full width, so groups of 1 and 2 rows.
@@ -604,8 +604,9 @@ def test_packed_b_size_python_matches_c(libs):
 # prefetched a tile ahead; then the last rows of M over groups of B panels, ss_gemm_edge_rows;
 # then SS_GEMM_PAR_MIN_FLOPS 2 -> 1 Mflop; then a prepacked B's next panel prefetched into L2
 # over the tiles of the one before; then one thread's plan inside another kernel's parallel region;
-# then B blocks of one_block_nc columns for the rows of one block of A).
-DEFAULT_SOURCE_SHA256 = "072512be80adc68550c1108dcbffc46948562b9edd9bd61c4cbbc56d7f7928bd"
+# then B blocks of one_block_nc columns for the rows of one block of A; then SS_GEMM_NC_MAX for the
+# size of B's packing buffer).
+DEFAULT_SOURCE_SHA256 = "9c575afca192ad106e869b54c8e2350eee07eddad93d12a23f876180c6baedcb"
 
 
 def test_default_prefix_source_unchanged():

@@ -183,6 +183,12 @@ class GemmSchedule:
     prefetch_c: int = 1
     a_in_l1: int = 0
 
+    @property
+    def one_block_columns(self) -> int:
+        """The columns of B's packed blocks where the rows are one block of A: one_block_nc,
+        or nc where that is 0."""
+        return self.one_block_nc or self.nc
+
     def __post_init__(self) -> None:
         for name in ("mr", "nr", "kc", "mc", "nc", "one_block_nc", "unroll_k", "small_m", "small_nc", "pack_rows",
                      "prefetch_rows", "prefetch_min_m", "parallel_min_flops", "small_panels", "lanes", "registers",
@@ -318,7 +324,7 @@ def fragment(schedule: Optional[GemmSchedule] = None) -> Fragment:
     defines.comment("---- gemm (shapeshift/codegen/kernels/gemm.py) ----")
     defines.lines(f"#define SS_GEMM_{name.upper()} {value}" for name, value in (
         ("mr", s.mr), ("nr", s.nr), ("kc", s.kc), ("mc", s.mc), ("nc", s.nc),
-        ("one_block_nc", s.one_block_nc or s.nc), ("small_m", s.small_m),
+        ("one_block_nc", s.one_block_columns), ("nc_max", max(s.nc, s.one_block_columns)), ("small_m", s.small_m),
         ("small_nc", s.small_nc), ("pack_rows", s.pack_rows)))
     defines.line(f"#define SS_GEMM_PAR_MIN_FLOPS {float(s.parallel_min_flops)!r}",
                  f"#define SS_GEMM_FLOPS_PER_B_FLOAT {float(FLOPS_PER_B_FLOAT)!r}")

@@ -453,8 +453,7 @@ static void ss_gemm_items(const ss_gemm_problem* P, const ss_gemm_plan* plan, in
     const int rows_in_place = plan->small && ss_gemm_small_in_place(P);
     const int need_b = !P->packed_b && (!rows_in_place || P->N % SS_GEMM_NR != 0);
     const int64_t b_floats = rows_in_place ? SS_GEMM_PACK_ROWS * SS_GEMM_NR
-                           : kc * ss_gemm_min(plan->small ? SS_GEMM_SMALL_NC : SS_GEMM_NC > SS_GEMM_ONE_BLOCK_NC
-                                                   ? SS_GEMM_NC : SS_GEMM_ONE_BLOCK_NC, plan->n_chunk);
+                           : kc * ss_gemm_min(plan->small ? SS_GEMM_SMALL_NC : SS_GEMM_NC_MAX, plan->n_chunk);
     const int64_t a_floats = plan->small ? 0 : kc * ss_gemm_min(SS_GEMM_MC, ss_gemm_cdiv(plan->m_chunk, SS_GEMM_MR) * SS_GEMM_MR);
     float* abuf = a_floats ? (float*)ss_gemm_alloc(a_floats + SS_GEMM_A_SLACK) : NULL;
     float* bbuf = need_b ? (float*)ss_gemm_alloc(b_floats) : NULL;
