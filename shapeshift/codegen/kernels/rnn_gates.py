@@ -300,7 +300,7 @@ static void ss_recur_tiles(const ss_recur_step* s, int ng, ss_recur_tile_fn tile
        hidden 512 over 128 steps on 2 threads (2 MB a thread) 5.1-5.7 -> 4.7-5.4 ms (L2);
        hidden 64 (R 64 KB, 32 KB L1d) over 512 steps, L1: a small gain at best, within this
        machine's spread: 1109 -> 1056 ns a step (medians of 4 alternating processes), 1073
-       -> 1066 (5), 1131 -> 1105 (11); GRU 846 -> 813 (4); batch 4 and 16, and 2 threads,
+       -> 1057 (5), 1131 -> 1105 (11); GRU 846 -> 813 (4); batch 4 and 16, and 2 threads,
        within 1%. */
     const int back = (s->t & 1) && (double)ng * H * H * (double)(t_hi - t_lo) / (double)tasks > SS_RNN_L1_FLOATS / 2;
     /* Alone, not even an inactive OpenMP region: at a few microseconds a step, entering
